@@ -1,0 +1,1 @@
+//! ace-planner: The slow loop: GPU allocator, commitment sizing, valley filling. (being built; see the issue that owns it).

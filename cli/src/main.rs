@@ -1,1 +1,51 @@
-fn main() {}
+//! `ace`: the command-line front door to every part of ACE.
+//!
+//! Each subcommand lives in its own module and owns its arguments; this file
+//! only dispatches. Errors print as `error: ...` with their causes and exit 1;
+//! a subcommand that finds a problem in its input (a mismatch, an invalid
+//! plan) returns its own non-zero exit code.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod demo;
+mod plan;
+mod policy;
+
+#[derive(Debug, Parser)]
+#[command(name = "ace", version, about = "Merit-order dispatch for GPU and API fleets, inside Envoy")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compile, verify and explain Cedar feasibility policies.
+    #[command(subcommand)]
+    Policy(policy::Command),
+    /// Plan owned GPUs over a 24 h horizon and compare with baselines.
+    Plan(plan::Args),
+    /// Start Envoy with the ACE filter and a few upstreams, send requests,
+    /// and print where each went and why.
+    Demo(demo::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Policy(c) => policy::run(c),
+        Command::Plan(a) => plan::run(a),
+        Command::Demo(a) => demo::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

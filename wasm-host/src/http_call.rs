@@ -1,0 +1,97 @@
+//! HTTP callouts (`dispatch_http_call`): what the filter sent, and what the
+//! test answers.
+//!
+//! Envoy delivers a callout's response on the plugin's root context after
+//! the callback that dispatched it has returned, with `n_headers == 0` when
+//! the call failed (reset, timeout without a local reply, buffer overflow).
+//! A cluster either answers through a function
+//! ([`Process::add_cluster_with`](crate::Process::add_cluster_with)) or
+//! leaves calls pending for the test to complete
+//! ([`Vm::complete_http_call`](crate::Vm::complete_http_call)).
+
+use crate::headers::Headers;
+use std::time::Duration;
+
+/// A callout as the filter dispatched it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRequest {
+    /// The token returned to the filter.
+    pub token: u32,
+    /// The cluster (Envoy `cluster_manager` name) it targets.
+    pub cluster: String,
+    /// Request headers, `:method`, `:path` and `:authority` included.
+    pub headers: Headers,
+    /// Request body.
+    pub body: Vec<u8>,
+    /// Request trailers.
+    pub trailers: Headers,
+    /// The timeout the filter asked for; `None` for 0 (Envoy: no timeout).
+    pub timeout: Option<Duration>,
+    /// The stream context that was current (or effective) when it was sent;
+    /// the root context id for calls made outside a stream.
+    pub context_id: u32,
+}
+
+impl CallRequest {
+    /// A request header's first value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)
+    }
+}
+
+/// A callout's response.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallResponse {
+    /// Response headers; `:status` is added by [`CallResponse::new`].
+    pub headers: Headers,
+    /// Response body.
+    pub body: Vec<u8>,
+    /// Response trailers.
+    pub trailers: Headers,
+}
+
+impl CallResponse {
+    /// A response with `:status` set.
+    pub fn new(status: u16) -> CallResponse {
+        let mut headers = Headers::new();
+        headers.add(":status", status.to_string());
+        CallResponse {
+            headers,
+            body: Vec::new(),
+            trailers: Headers::new(),
+        }
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: &str, value: &str) -> CallResponse {
+        self.headers.add(name, value);
+        self
+    }
+
+    /// Sets the body.
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> CallResponse {
+        self.body = body.into();
+        self
+    }
+
+    /// Adds a trailer.
+    pub fn trailer(mut self, name: &str, value: &str) -> CallResponse {
+        self.trailers.add(name, value);
+        self
+    }
+}
+
+/// How a callout ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallResult {
+    /// The cluster answered.
+    Response(CallResponse),
+    /// The call failed without a response (delivered as `n_headers == 0`).
+    Reset,
+}
+
+impl From<CallResponse> for CallResult {
+    fn from(r: CallResponse) -> CallResult {
+        CallResult::Response(r)
+    }
+}

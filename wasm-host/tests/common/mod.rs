@@ -1,0 +1,56 @@
+//! Shared by the test binaries: build each guest once per binary.
+#![allow(dead_code)]
+
+use ace_wasm_host::FilterModule;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// Builds a workspace cdylib for wasm32-wasip1 with `scripts/build-wasm.sh`
+/// (once per test binary) and returns the `.wasm` path.
+pub fn wasm_path(package: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(package) {
+        return p.clone();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("bash")
+        .arg(root.join("scripts/build-wasm.sh"))
+        .arg(package)
+        .current_dir(&root)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run scripts/build-wasm.sh: {e}"));
+    assert!(
+        out.status.success(),
+        "building {package} for wasm32-wasip1 failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    built.insert(package.to_string(), path.clone());
+    path
+}
+
+/// The compiled module for a workspace package (compiled once per binary).
+pub fn module(package: &str) -> FilterModule {
+    static MODULES: OnceLock<Mutex<HashMap<String, FilterModule>>> = OnceLock::new();
+    let modules = MODULES.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(m) = modules
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(package)
+    {
+        return m.clone();
+    }
+    let path = wasm_path(package);
+    let m = FilterModule::from_file(&path)
+        .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    modules
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(package.to_string(), m.clone());
+    m
+}

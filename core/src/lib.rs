@@ -13,5 +13,8 @@
 
 extern crate alloc;
 
+pub mod cost;
+pub mod dispatch;
+pub mod health;
 pub mod merit;
 pub mod tables;

@@ -58,7 +58,7 @@ pub fn choose(offers: &[Offer]) -> Option<Choice> {
         }
         match best {
             Some((_, c)) if o.cost_usd >= c => {
-                if second.map_or(true, |(_, s)| o.cost_usd < s) {
+                if second.is_none_or(|(_, s)| o.cost_usd < s) {
                     second = Some((i, o.cost_usd));
                 }
             }
@@ -117,7 +117,10 @@ mod tests {
         let mut o = [offer(0.5), offer(4.0)];
         o[0].available = false;
         let c = choose(&o);
-        assert_eq!(c.map(|c| (c.index, c.reason)), Some((1, Reason::OnlyOption)));
+        assert_eq!(
+            c.map(|c| (c.index, c.reason)),
+            Some((1, Reason::OnlyOption))
+        );
         o[1].available = false;
         assert_eq!(choose(&o), None);
     }

@@ -1,0 +1,331 @@
+//! Cost curves: what one more request costs on a destination, by tier.
+//!
+//! Two numbers come out of here and they must not be confused:
+//!
+//! - the **marginal cost** is what the organisation really pays for this
+//!   request on this destination (the ledger books it);
+//! - the **effective cost** is what merit order ranks by: the marginal cost
+//!   plus a latency penalty past the stutter knee, scaled by the health
+//!   derate and the operator's preference bias. It moves the ranking only.
+//!
+//! All prices are US dollars. Utilisation is in-flight requests over the
+//! destination's capacity (capacity 0 means unlimited, as for pay-as-you-go).
+
+/// The kind of capacity a destination is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// GPUs the organisation owns: operating cost per token up to what it owns.
+    InHouse,
+    /// A committed block (e.g. Azure PTU): sunk up to the commitment.
+    Reserved,
+    /// Spot GPUs: cheap per GPU-hour, with an eviction-risk premium.
+    Spot,
+    /// On-demand GPUs: per GPU-hour.
+    OnDemand,
+    /// Pay-as-you-go API: list price per token, capacity until throttled.
+    Payg,
+}
+
+impl Tier {
+    /// The manifest and event name of the tier.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Tier::InHouse => "inhouse",
+            Tier::Reserved => "reserved",
+            Tier::Spot => "spot",
+            Tier::OnDemand => "ondemand",
+            Tier::Payg => "payg",
+        }
+    }
+
+    /// Parse a manifest tier name.
+    pub fn parse(s: &str) -> Option<Tier> {
+        Some(match s {
+            "inhouse" => Tier::InHouse,
+            "reserved" => Tier::Reserved,
+            "spot" => Tier::Spot,
+            "ondemand" => Tier::OnDemand,
+            "payg" => Tier::Payg,
+            _ => return None,
+        })
+    }
+}
+
+/// A destination's cost parameters. Validated once at load
+/// ([`CostModel::validate`]), then trusted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    /// The tier decides which curve applies.
+    pub tier: Tier,
+    /// Per input token: list price (payg) or operating cost (in-house,
+    /// reserved: usually 0 since it is sunk).
+    pub usd_per_input_token: f64,
+    /// Per output token, as above.
+    pub usd_per_output_token: f64,
+    /// Spot and on-demand: price of one GPU-hour.
+    pub usd_per_gpu_hour: f64,
+    /// Spot and on-demand: measured tokens per second that one GPU-hour buys.
+    pub tokens_per_second: f64,
+    /// Spot: eviction-risk premium as a fraction of the GPU cost (0.2 = +20 %).
+    pub eviction_premium: f64,
+    /// Reserved: price per token past the commitment, if overage is allowed.
+    pub overage_usd_per_token: Option<f64>,
+    /// Concurrent requests the destination can hold; 0 = unlimited.
+    pub capacity: u32,
+    /// Utilisation (0..1] past which the latency penalty starts.
+    pub knee: f64,
+    /// Typical service time of one request, milliseconds (queueing model).
+    pub service_ms: f64,
+    /// Cost of loading a model that is not resident (cold start).
+    pub cold_load_usd: f64,
+    /// Preference weight on the rank only (1 = neutral, <1 preferred).
+    pub bias: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            tier: Tier::Payg,
+            usd_per_input_token: 0.0,
+            usd_per_output_token: 0.0,
+            usd_per_gpu_hour: 0.0,
+            tokens_per_second: 0.0,
+            eviction_premium: 0.0,
+            overage_usd_per_token: None,
+            capacity: 0,
+            knee: 0.8,
+            service_ms: 1000.0,
+            cold_load_usd: 0.0,
+            bias: 1.0,
+        }
+    }
+}
+
+/// A cost parameter that cannot be used, named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InvalidCost {
+    /// The offending field.
+    pub field: &'static str,
+    /// What is accepted.
+    pub expected: &'static str,
+}
+
+fn non_negative(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
+impl CostModel {
+    /// Check every parameter once, so that the hot path can trust them.
+    pub fn validate(&self) -> Result<(), InvalidCost> {
+        let bad = |field, expected| Err(InvalidCost { field, expected });
+        if !non_negative(self.usd_per_input_token) {
+            return bad("usd_per_input_token", "a finite number >= 0");
+        }
+        if !non_negative(self.usd_per_output_token) {
+            return bad("usd_per_output_token", "a finite number >= 0");
+        }
+        if !non_negative(self.usd_per_gpu_hour) {
+            return bad("usd_per_gpu_hour", "a finite number >= 0");
+        }
+        if matches!(self.tier, Tier::Spot | Tier::OnDemand)
+            && !(self.tokens_per_second.is_finite() && self.tokens_per_second > 0.0)
+        {
+            return bad(
+                "tokens_per_second",
+                "a finite number > 0 for spot and on-demand destinations",
+            );
+        }
+        if !non_negative(self.eviction_premium) {
+            return bad("eviction_premium", "a finite number >= 0");
+        }
+        if let Some(o) = self.overage_usd_per_token {
+            if !non_negative(o) {
+                return bad("overage_usd_per_token", "a finite number >= 0");
+            }
+        }
+        if !(self.knee.is_finite() && self.knee > 0.0 && self.knee <= 1.0) {
+            return bad("knee", "a fraction in (0, 1]");
+        }
+        if !(self.service_ms.is_finite() && self.service_ms > 0.0) {
+            return bad("service_ms", "a finite number > 0");
+        }
+        if !non_negative(self.cold_load_usd) {
+            return bad("cold_load_usd", "a finite number >= 0");
+        }
+        if !(self.bias.is_finite() && self.bias > 0.0) {
+            return bad("bias", "a finite number > 0");
+        }
+        if matches!(
+            self.tier,
+            Tier::InHouse | Tier::Reserved | Tier::Spot | Tier::OnDemand
+        ) && self.capacity == 0
+        {
+            return bad(
+                "capacity",
+                "a number of concurrent requests > 0 (only payg may be unlimited)",
+            );
+        }
+        Ok(())
+    }
+
+    /// Dollars per token when capacity is bought by the GPU-hour.
+    fn gpu_usd_per_token(&self) -> f64 {
+        if self.tokens_per_second > 0.0 {
+            self.usd_per_gpu_hour / 3600.0 / self.tokens_per_second
+        } else {
+            0.0
+        }
+    }
+
+    /// The true marginal cost of one request of `tokens_in` + `tokens_out`
+    /// when `in_flight` requests are already running, or `None` when the
+    /// destination has nothing more to give at that load (`cap` is the
+    /// current capacity cap, already reduced by throttling; `None` is
+    /// unlimited).
+    pub fn marginal_usd(
+        &self,
+        tokens_in: u32,
+        tokens_out: u32,
+        warm: bool,
+        in_flight: u32,
+        cap: Option<u32>,
+    ) -> Option<f64> {
+        let tin = f64::from(tokens_in);
+        let tout = f64::from(tokens_out);
+        let under_cap = cap.is_none_or(|c| in_flight < c);
+        let per_token = tin * self.usd_per_input_token + tout * self.usd_per_output_token;
+        let base = match self.tier {
+            Tier::InHouse | Tier::Payg => {
+                if !under_cap {
+                    return None;
+                }
+                per_token
+            }
+            Tier::Reserved => {
+                if under_cap {
+                    per_token
+                } else {
+                    // Past the commitment: overage if configured, else full.
+                    self.overage_usd_per_token? * (tin + tout)
+                }
+            }
+            Tier::Spot => {
+                if !under_cap {
+                    return None;
+                }
+                self.gpu_usd_per_token() * (tin + tout) * (1.0 + self.eviction_premium)
+            }
+            Tier::OnDemand => {
+                if !under_cap {
+                    return None;
+                }
+                self.gpu_usd_per_token() * (tin + tout)
+            }
+        };
+        Some(if warm {
+            base
+        } else {
+            base + self.cold_load_usd
+        })
+    }
+
+    /// Expected extra queueing delay, seconds, at utilisation `rho` past the
+    /// knee (an M/M/1-shaped curve measured from the knee; zero below it).
+    pub fn queueing_delay_s(&self, in_flight: u32, cap: Option<u32>) -> f64 {
+        let Some(cap) = cap.filter(|c| *c > 0) else {
+            return 0.0;
+        };
+        let rho = (f64::from(in_flight) + 1.0) / f64::from(cap);
+        if rho <= self.knee {
+            return 0.0;
+        }
+        let wait = |r: f64| {
+            let r = if r < 0.99 { r } else { 0.99 };
+            r / (1.0 - r)
+        };
+        (wait(rho) - wait(self.knee)) * self.service_ms / 1000.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(tier: Tier) -> CostModel {
+        CostModel {
+            tier,
+            usd_per_input_token: 1e-6,
+            usd_per_output_token: 2e-6,
+            usd_per_gpu_hour: 3.6,
+            tokens_per_second: 1000.0,
+            eviction_premium: 0.5,
+            capacity: 10,
+            ..CostModel::default()
+        }
+    }
+
+    #[test]
+    fn curves_by_tier() {
+        let m = model(Tier::Payg);
+        assert_eq!(
+            m.marginal_usd(1000, 500, true, 0, None),
+            Some(1000.0 * 1e-6 + 500.0 * 2e-6)
+        );
+        // Spot: $3.6/h over 1000 tok/s = 1e-6 $/token, +50 % premium.
+        let s = model(Tier::Spot).marginal_usd(1000, 0, true, 0, Some(10));
+        assert!(s.is_some_and(|c| (c - 1.5e-3).abs() < 1e-12), "{s:?}");
+        let o = model(Tier::OnDemand).marginal_usd(1000, 0, true, 0, Some(10));
+        assert!(o.is_some_and(|c| (c - 1e-3).abs() < 1e-12), "{o:?}");
+    }
+
+    #[test]
+    fn owned_and_reserved_stop_at_their_cap() {
+        assert_eq!(
+            model(Tier::InHouse).marginal_usd(1, 1, true, 10, Some(10)),
+            None
+        );
+        assert_eq!(
+            model(Tier::Reserved).marginal_usd(1, 1, true, 10, Some(10)),
+            None
+        );
+        let mut r = model(Tier::Reserved);
+        r.overage_usd_per_token = Some(1e-5);
+        assert_eq!(r.marginal_usd(1, 1, true, 10, Some(10)), Some(2e-5));
+    }
+
+    #[test]
+    fn a_cold_model_costs_its_load() {
+        let mut m = model(Tier::InHouse);
+        m.cold_load_usd = 0.25;
+        let warm = m
+            .marginal_usd(10, 10, true, 0, Some(10))
+            .unwrap_or(f64::NAN);
+        let cold = m
+            .marginal_usd(10, 10, false, 0, Some(10))
+            .unwrap_or(f64::NAN);
+        assert!((cold - warm - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn no_delay_below_the_knee_and_growing_past_it() {
+        let m = model(Tier::InHouse); // knee 0.8, cap 10
+        assert_eq!(m.queueing_delay_s(6, Some(10)), 0.0); // rho 0.7
+        let d8 = m.queueing_delay_s(8, Some(10)); // rho 0.9
+        let d9 = m.queueing_delay_s(9, Some(10)); // rho 1.0 (clamped)
+        assert!(d8 > 0.0 && d9 > d8, "{d8} {d9}");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut m = model(Tier::Spot);
+        m.tokens_per_second = 0.0;
+        assert_eq!(m.validate().map_err(|e| e.field), Err("tokens_per_second"));
+        let mut m = model(Tier::InHouse);
+        m.capacity = 0;
+        assert_eq!(m.validate().map_err(|e| e.field), Err("capacity"));
+        let mut m = model(Tier::Payg);
+        m.knee = 1.5;
+        assert_eq!(m.validate().map_err(|e| e.field), Err("knee"));
+        assert_eq!(model(Tier::Payg).validate(), Ok(()));
+    }
+}

@@ -1,0 +1,494 @@
+//! Health: how a destination's outcomes change what it may take.
+//!
+//! Three responses, each matched to what the failure means:
+//!
+//! - **Trip** (5xx, refused or reset connections, timeouts): after
+//!   `trip_after` consecutive failures the destination is out for a
+//!   cool-down that doubles on each repeat trip (up to a ceiling); then it is
+//!   half-open and exactly one probe request goes through. A successful probe
+//!   closes it; a failed one opens it again for longer.
+//! - **Cap cut** (429): the destination is alive but full. Its capacity cap
+//!   moves left multiplicatively (AIMD) and stays cut for at least
+//!   `retry-after`; every success after that adds a step back.
+//! - **Derate** (latency above the SLO): alive and serving, only slow. Its
+//!   effective cost is multiplied by a factor that grows on each slow answer
+//!   and decays back with a half-life. It is priced up, never cut.
+//!
+//! The state is a small `Copy` value with a fixed 40-byte encoding so the
+//! filter can keep it in Envoy shared data, where every worker sees it.
+//! Time is always passed in (milliseconds); nothing here reads a clock.
+
+/// Tunables of the health model. [`HealthPolicy::default`] is a sane start.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HealthPolicy {
+    /// Consecutive failures that trip a destination.
+    pub trip_after: u16,
+    /// Cool-down of the first trip, ms.
+    pub base_cooldown_ms: u64,
+    /// Longest cool-down, ms.
+    pub max_cooldown_ms: u64,
+    /// Multiplier applied to the capacity cap on a 429 (0..1).
+    pub cap_cut: f64,
+    /// Fraction of capacity given back per success once the throttle ends.
+    pub cap_step: f64,
+    /// Throttle window when a 429 carries no `retry-after`, ms.
+    pub default_retry_after_ms: u64,
+    /// Multiplier applied to the derate on each answer slower than the SLO.
+    pub derate_step: f64,
+    /// Largest derate.
+    pub derate_max: f64,
+    /// Half-life of the derate's decay back to 1, ms.
+    pub derate_half_life_ms: u64,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        HealthPolicy {
+            trip_after: 3,
+            base_cooldown_ms: 5_000,
+            max_cooldown_ms: 300_000,
+            cap_cut: 0.5,
+            cap_step: 0.05,
+            default_retry_after_ms: 1_000,
+            derate_step: 1.5,
+            derate_max: 8.0,
+            derate_half_life_ms: 10_000,
+        }
+    }
+}
+
+/// What happened to one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Outcome {
+    /// Answered (2xx-4xx other than 429) in `latency_ms`.
+    Success {
+        /// End-to-end latency seen by the filter.
+        latency_ms: u64,
+        /// The destination's SLO for this request, if it has one.
+        slo_ms: Option<u64>,
+    },
+    /// 5xx, connection refused or reset, timeout.
+    Failure,
+    /// 429, with `retry-after` converted to milliseconds if present.
+    Throttled {
+        /// How long the destination asked us to back off.
+        retry_after_ms: Option<u64>,
+    },
+}
+
+/// Whether a destination takes traffic now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Breaker {
+    /// Healthy.
+    Closed,
+    /// Tripped, cooling down.
+    Open,
+    /// Cool-down over: one probe may go.
+    HalfOpen,
+}
+
+/// One destination's health. `Health::default()` is fully healthy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Health {
+    consecutive_failures: u16,
+    trips: u16,
+    probe_in_flight: bool,
+    open_until_ms: u64,
+    throttled_until_ms: u64,
+    cap_fraction: f64,
+    derate: f64,
+    derate_at_ms: u64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            consecutive_failures: 0,
+            trips: 0,
+            probe_in_flight: false,
+            open_until_ms: 0,
+            throttled_until_ms: 0,
+            cap_fraction: 1.0,
+            derate: 1.0,
+            derate_at_ms: 0,
+        }
+    }
+}
+
+/// Size of [`Health::encode`]'s output.
+pub const ENCODED_LEN: usize = 40;
+
+impl Health {
+    /// The breaker's state at `now_ms`.
+    pub fn breaker(&self, now_ms: u64) -> Breaker {
+        if self.open_until_ms == 0 {
+            return Breaker::Closed;
+        }
+        if now_ms < self.open_until_ms {
+            Breaker::Open
+        } else {
+            Breaker::HalfOpen
+        }
+    }
+
+    /// Whether a request may be sent now (a half-open destination admits one probe).
+    pub fn admits(&self, now_ms: u64) -> bool {
+        match self.breaker(now_ms) {
+            Breaker::Closed => true,
+            Breaker::Open => false,
+            Breaker::HalfOpen => !self.probe_in_flight,
+        }
+    }
+
+    /// Record that a request was sent (claims the probe when half-open).
+    pub fn on_dispatch(&mut self, now_ms: u64) {
+        if self.breaker(now_ms) == Breaker::HalfOpen {
+            self.probe_in_flight = true;
+        }
+    }
+
+    /// The most requests the destination may hold at `now_ms`, for a
+    /// destination of `capacity` (0 = unlimited). `None` means unlimited;
+    /// `Some(0)` means it takes nothing now.
+    pub fn cap(&self, capacity: u32, now_ms: u64) -> Option<u32> {
+        let throttled = now_ms < self.throttled_until_ms;
+        if capacity == 0 {
+            // Unlimited until it throttles; then nothing until retry-after.
+            return if throttled { Some(0) } else { None };
+        }
+        // Truncation is the floor here: the product is finite and >= 0.
+        let c = f64::from(capacity) * self.cap_fraction;
+        Some(if c < 1.0 {
+            // Cut below one request: none while throttled, one to probe after.
+            u32::from(!throttled)
+        } else if c >= f64::from(capacity) {
+            capacity
+        } else {
+            c as u32
+        })
+    }
+
+    /// Whether the destination is inside a throttle window (429) at `now_ms`.
+    pub fn throttled(&self, now_ms: u64) -> bool {
+        now_ms < self.throttled_until_ms
+    }
+
+    /// The derate multiplier (>= 1) at `now_ms`.
+    pub fn derate(&self, now_ms: u64, p: &HealthPolicy) -> f64 {
+        if self.derate <= 1.0 || p.derate_half_life_ms == 0 {
+            return 1.0;
+        }
+        let dt = now_ms.saturating_sub(self.derate_at_ms) as f64;
+        let halves = dt / p.derate_half_life_ms as f64;
+        1.0 + (self.derate - 1.0) * exp2_neg(halves)
+    }
+
+    /// Consecutive failures so far.
+    pub fn consecutive_failures(&self) -> u16 {
+        self.consecutive_failures
+    }
+
+    /// How many times the destination has tripped.
+    pub fn trips(&self) -> u16 {
+        self.trips
+    }
+
+    /// The fraction of capacity the destination may use (1 = uncut).
+    pub fn cap_fraction(&self) -> f64 {
+        self.cap_fraction
+    }
+
+    /// Fold one outcome in. Returns what changed, for metrics.
+    pub fn observe(&mut self, outcome: Outcome, now_ms: u64, p: &HealthPolicy) -> Change {
+        match outcome {
+            Outcome::Failure => {
+                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+                let probe_failed = self.breaker(now_ms) == Breaker::HalfOpen && self.trips > 0;
+                self.probe_in_flight = false;
+                if probe_failed
+                    || (self.breaker(now_ms) == Breaker::Closed
+                        && self.consecutive_failures >= p.trip_after)
+                {
+                    self.trips = self.trips.saturating_add(1);
+                    let shift = u32::from(self.trips.saturating_sub(1)).min(20);
+                    let cool = p
+                        .base_cooldown_ms
+                        .saturating_mul(1u64 << shift)
+                        .min(p.max_cooldown_ms);
+                    self.open_until_ms = now_ms.saturating_add(cool).max(1);
+                    return Change::Tripped { cooldown_ms: cool };
+                }
+                Change::None
+            }
+            Outcome::Throttled { retry_after_ms } => {
+                self.consecutive_failures = 0;
+                self.probe_in_flight = false;
+                let wait = retry_after_ms.unwrap_or(p.default_retry_after_ms);
+                self.throttled_until_ms = self.throttled_until_ms.max(now_ms.saturating_add(wait));
+                self.cap_fraction = (self.cap_fraction * p.cap_cut).max(0.0);
+                Change::CapCut {
+                    until_ms: self.throttled_until_ms,
+                }
+            }
+            Outcome::Success { latency_ms, slo_ms } => {
+                self.consecutive_failures = 0;
+                let mut change = Change::None;
+                if self.trips > 0 && self.breaker(now_ms) == Breaker::HalfOpen {
+                    // The probe came back: close the breaker.
+                    self.probe_in_flight = false;
+                    self.open_until_ms = 0;
+                    change = Change::Recovered;
+                }
+                if !self.throttled(now_ms) && self.cap_fraction < 1.0 {
+                    self.cap_fraction = (self.cap_fraction + p.cap_step).min(1.0);
+                }
+                if let Some(slo) = slo_ms {
+                    if latency_ms > slo {
+                        let current = self.derate(now_ms, p);
+                        self.derate = (current * p.derate_step).min(p.derate_max);
+                        self.derate_at_ms = now_ms;
+                        if change == Change::None {
+                            change = Change::Derated {
+                                factor: self.derate,
+                            };
+                        }
+                    }
+                }
+                change
+            }
+        }
+    }
+
+    /// Fixed little-endian encoding for shared memory.
+    pub fn encode(&self) -> [u8; ENCODED_LEN] {
+        let mut b = [0u8; ENCODED_LEN];
+        let fields: [&[u8]; 8] = [
+            &self.consecutive_failures.to_le_bytes(),
+            &self.trips.to_le_bytes(),
+            &u32::from(self.probe_in_flight).to_le_bytes(),
+            &self.open_until_ms.to_le_bytes(),
+            &self.throttled_until_ms.to_le_bytes(),
+            &(self.cap_fraction as f32).to_le_bytes(),
+            &(self.derate as f32).to_le_bytes(),
+            &self.derate_at_ms.to_le_bytes(),
+        ];
+        let mut at = 0;
+        for f in fields {
+            if let Some(dst) = b.get_mut(at..at + f.len()) {
+                dst.copy_from_slice(f);
+            }
+            at += f.len();
+        }
+        b
+    }
+
+    /// Decode [`Health::encode`]'s output; `None` if the bytes are not one.
+    pub fn decode(b: &[u8]) -> Option<Health> {
+        if b.len() != ENCODED_LEN {
+            return None;
+        }
+        let u16_at = |i: usize| Some(u16::from_le_bytes(b.get(i..i + 2)?.try_into().ok()?));
+        let u32_at = |i: usize| Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let u64_at = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        let f32_at = |i: usize| Some(f32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let cap_fraction = f64::from(f32_at(24)?);
+        let derate = f64::from(f32_at(28)?);
+        if !((0.0..=1.0).contains(&cap_fraction) && derate.is_finite() && derate >= 1.0) {
+            return None;
+        }
+        Some(Health {
+            consecutive_failures: u16_at(0)?,
+            trips: u16_at(2)?,
+            probe_in_flight: u32_at(4)? != 0,
+            open_until_ms: u64_at(8)?,
+            throttled_until_ms: u64_at(16)?,
+            cap_fraction,
+            derate,
+            derate_at_ms: u64_at(32)?,
+        })
+    }
+}
+
+/// What an observation changed (for metrics and logs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Change {
+    /// Nothing worth counting.
+    None,
+    /// The breaker opened for this long.
+    Tripped {
+        /// Cool-down, ms.
+        cooldown_ms: u64,
+    },
+    /// A half-open probe succeeded; the breaker closed.
+    Recovered,
+    /// The capacity cap was cut until this time.
+    CapCut {
+        /// End of the throttle window, ms.
+        until_ms: u64,
+    },
+    /// The derate grew to this factor.
+    Derated {
+        /// New derate multiplier.
+        factor: f64,
+    },
+}
+
+/// 2^-x for x >= 0, without std (a few terms are plenty for a decay).
+fn exp2_neg(x: f64) -> f64 {
+    if !(x.is_finite()) || x > 60.0 {
+        return 0.0;
+    }
+    let whole = x as u32;
+    let frac = x - f64::from(whole);
+    // 2^-frac = e^(-frac ln2), by a short Taylor series (frac in [0,1)).
+    let y = -frac * core::f64::consts::LN_2;
+    let mut term = 1.0;
+    let mut sum = 1.0;
+    for k in 1..10 {
+        term *= y / f64::from(k);
+        sum += term;
+    }
+    sum / (1u64 << whole) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: HealthPolicy = HealthPolicy {
+        trip_after: 3,
+        base_cooldown_ms: 1_000,
+        max_cooldown_ms: 8_000,
+        cap_cut: 0.5,
+        cap_step: 0.25,
+        default_retry_after_ms: 500,
+        derate_step: 2.0,
+        derate_max: 8.0,
+        derate_half_life_ms: 1_000,
+    };
+
+    #[test]
+    fn trips_after_consecutive_failures_then_probes_once() {
+        let mut h = Health::default();
+        for _ in 0..2 {
+            assert_eq!(h.observe(Outcome::Failure, 0, &P), Change::None);
+        }
+        assert!(h.admits(0));
+        assert_eq!(
+            h.observe(Outcome::Failure, 0, &P),
+            Change::Tripped { cooldown_ms: 1_000 }
+        );
+        assert!(!h.admits(999));
+        assert_eq!(h.breaker(1_000), Breaker::HalfOpen);
+        assert!(h.admits(1_000));
+        h.on_dispatch(1_000);
+        assert!(!h.admits(1_001), "only one probe at a time");
+        // The probe fails: open again, twice as long.
+        assert_eq!(
+            h.observe(Outcome::Failure, 1_100, &P),
+            Change::Tripped { cooldown_ms: 2_000 }
+        );
+        assert!(!h.admits(3_000));
+        assert!(h.admits(3_100));
+        h.on_dispatch(3_100);
+        let ok = Outcome::Success {
+            latency_ms: 1,
+            slo_ms: None,
+        };
+        assert_eq!(h.observe(ok, 3_200, &P), Change::Recovered);
+        assert_eq!(h.breaker(3_200), Breaker::Closed);
+        assert!(h.admits(3_200));
+    }
+
+    #[test]
+    fn cooldown_is_capped() {
+        let mut h = Health::default();
+        let mut now = 0;
+        for _ in 0..10 {
+            for _ in 0..3 {
+                h.observe(Outcome::Failure, now, &P);
+            }
+            now += 100_000;
+        }
+        assert!(h.open_until_ms <= now + P.max_cooldown_ms);
+    }
+
+    #[test]
+    fn throttle_cuts_the_cap_for_retry_after_then_recovers_additively() {
+        let mut h = Health::default();
+        assert_eq!(h.cap(8, 0), Some(8));
+        h.observe(
+            Outcome::Throttled {
+                retry_after_ms: Some(2_000),
+            },
+            0,
+            &P,
+        );
+        assert_eq!(h.cap(8, 100), Some(4));
+        assert!(h.throttled(1_999));
+        let ok = Outcome::Success {
+            latency_ms: 1,
+            slo_ms: None,
+        };
+        h.observe(ok, 1_000, &P); // inside the window: no recovery
+        assert_eq!(h.cap(8, 1_000), Some(4));
+        h.observe(ok, 2_000, &P);
+        assert_eq!(h.cap(8, 2_000), Some(6));
+        h.observe(ok, 2_001, &P);
+        assert_eq!(h.cap(8, 2_001), Some(8));
+    }
+
+    #[test]
+    fn unlimited_destinations_pause_while_throttled() {
+        let mut h = Health::default();
+        assert_eq!(h.cap(0, 0), None, "capacity 0 = unlimited");
+        h.observe(
+            Outcome::Throttled {
+                retry_after_ms: None,
+            },
+            0,
+            &P,
+        );
+        assert_eq!(h.cap(0, 10), Some(0));
+        assert_eq!(h.cap(0, 500), None);
+    }
+
+    #[test]
+    fn slow_answers_derate_and_the_derate_decays() {
+        let mut h = Health::default();
+        let slow = Outcome::Success {
+            latency_ms: 900,
+            slo_ms: Some(500),
+        };
+        assert!(matches!(h.observe(slow, 0, &P), Change::Derated { .. }));
+        assert!((h.derate(0, &P) - 2.0).abs() < 1e-9);
+        assert!(
+            (h.derate(1_000, &P) - 1.5).abs() < 1e-6,
+            "{}",
+            h.derate(1_000, &P)
+        );
+        assert!(h.derate(60_000, &P) < 1.0001);
+        assert!(h.admits(0), "slow is derated, never tripped");
+    }
+
+    #[test]
+    fn encoding_round_trips_and_rejects_junk() {
+        let mut h = Health::default();
+        h.observe(
+            Outcome::Throttled {
+                retry_after_ms: Some(5),
+            },
+            7,
+            &P,
+        );
+        for _ in 0..3 {
+            h.observe(Outcome::Failure, 9, &P);
+        }
+        let b = h.encode();
+        assert_eq!(Health::decode(&b), Some(h));
+        assert_eq!(Health::decode(&b[..39]), None);
+        let mut bad = b;
+        bad[24..28].copy_from_slice(&7.0f32.to_le_bytes());
+        assert_eq!(Health::decode(&bad), None);
+    }
+}

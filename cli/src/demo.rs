@@ -1,38 +1,77 @@
 //! `ace demo`: the main job, end to end, on this machine.
 //!
 //! Builds the filter for wasm32-wasip1, starts a real Envoy with it in front
-//! of local upstreams that stand in for an owned GPU pool, a reserved block
-//! and a pay-as-you-go API, sends requests, and prints where each one went
-//! and why. It grows with the product: what it shows is what ACE does today.
+//! of local upstreams that stand in for an owned GPU pool, a reserved block,
+//! on-demand GPUs and a pay-as-you-go API, then plays four scenes and prints
+//! where each request went and why: a burst that fills each tier to its
+//! knee, a failing owned pool that trips and spills, a throttled reserved
+//! block (429 + retry-after), and recovery after the cool-down. It grows with
+//! the product: what it shows is what ACE does today.
 
-use ace_harness::client::Request;
-use ace_harness::envoy::EnvoyBuilder;
-use ace_harness::upstream::Upstream;
+use ace_harness::client::{Request, Response};
+use ace_harness::envoy::{Envoy, EnvoyBuilder};
+use ace_harness::upstream::{Behavior, Upstream};
 use anyhow::{anyhow, Context};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Arguments of `ace demo`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// How many requests to send.
-    #[arg(long, default_value_t = 6)]
-    requests: usize,
+    /// Requests in the opening burst.
+    #[arg(long, default_value_t = 10)]
+    burst: usize,
 }
 
-struct Dest {
-    name: &'static str,
-    cluster: &'static str,
-    tier: &'static str,
-    price_usd: f64,
-}
-
-const FLEET: [Dest; 4] = [
-    Dest { name: "payg-openai-us", cluster: "payg_openai_us", tier: "payg", price_usd: 0.0042 },
-    Dest { name: "ondemand-gpu-eu", cluster: "ondemand_gpu_eu", tier: "ondemand", price_usd: 0.0019 },
-    Dest { name: "reserved-ptu-eu", cluster: "reserved_ptu_eu", tier: "reserved", price_usd: 0.0003 },
-    Dest { name: "owned-h100-eu", cluster: "owned_h100_eu", tier: "inhouse", price_usd: 0.0001 },
+/// The demo fleet: (name, tier, capacity, USD per input token, per output token).
+const FLEET: [(&str, &str, u32, f64, f64); 4] = [
+    ("payg-api-us", "payg", 0, 2.5e-6, 1.0e-5),
+    ("ondemand-gpu-eu", "ondemand", 4, 0.0, 0.0),
+    ("reserved-ptu-eu", "reserved", 3, 0.0, 0.0),
+    ("owned-h100-eu", "inhouse", 3, 2.0e-8, 2.0e-8),
 ];
+
+fn fleet_config() -> Value {
+    let dests: Vec<Value> = FLEET
+        .iter()
+        .map(|(name, tier, cap, usd_in, usd_out)| {
+            let mut d = json!({
+                "name": name, "cluster": name.replace('-', "_"), "tier": tier,
+                "capacity": cap, "usd_per_input_token": usd_in, "usd_per_output_token": usd_out,
+                "knee": 0.67
+            });
+            if *tier == "ondemand" {
+                d["usd_per_gpu_hour"] = json!(4.0);
+                d["tokens_per_second"] = json!(2500.0);
+            }
+            d
+        })
+        .collect();
+    json!({"destinations": dests, "health": {"trip_after": 3, "base_cooldown_ms": 3000}})
+}
+
+fn line(i: usize, what: &str, r: &Response) {
+    println!(
+        "  {:<3} {:<26} -> {:<16} {:<9} {:<16} ${:<12} {}",
+        i,
+        what,
+        r.header("x-ace-destination").unwrap_or("(none)"),
+        r.header("x-ace-tier").unwrap_or("-"),
+        r.header("x-ace-reason").unwrap_or("-"),
+        r.header("x-ace-cost-usd").unwrap_or("-"),
+        r.status
+    );
+}
+
+fn chat(envoy: &Envoy, i: usize) -> anyhow::Result<Response> {
+    Request::post_json(
+        "/v1/chat/completions",
+        &json!({"model": "llama-3-70b", "messages": [{"role": "user", "content": format!("request {i}")}]}),
+    )
+    .send(envoy.port())
+    .with_context(|| format!("request {i}"))
+}
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("ACE demo: merit-order dispatch inside a real Envoy\n");
@@ -41,67 +80,108 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let size = std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
     println!("  {} ({} KiB)\n", wasm.display(), size / 1024);
 
-    println!("fleet (static prices per request, as configured):");
-    let mut upstreams = Vec::new();
+    println!("fleet (capacity = concurrent requests; knee at 67 % of it):");
+    let mut ups = Vec::new();
     let mut builder = EnvoyBuilder::new();
-    for d in &FLEET {
-        let up = Upstream::start(d.name).with_context(|| format!("starting upstream {}", d.name))?;
+    for (name, tier, cap, usd_in, usd_out) in FLEET {
+        let up = Upstream::start(name).with_context(|| format!("starting upstream {name}"))?;
+        let cap_s = if cap == 0 {
+            "unlimited".to_string()
+        } else {
+            cap.to_string()
+        };
         println!(
-            "  {:<18} tier {:<9} ${:<8.4} cluster {} -> 127.0.0.1:{}",
-            d.name,
-            d.tier,
-            d.price_usd,
-            d.cluster,
+            "  {name:<16} {tier:<9} capacity {cap_s:<9} ${usd_in:e}/in-token ${usd_out:e}/out-token  127.0.0.1:{}",
             up.port()
         );
-        builder = builder.cluster(d.cluster, up.port());
-        upstreams.push(up);
+        builder = builder.cluster(&name.replace('-', "_"), up.port());
+        ups.push(up);
     }
-    let config = json!({
-        "destinations": FLEET.iter().map(|d| json!({
-            "name": d.name, "cluster": d.cluster, "price_usd": d.price_usd
-        })).collect::<Vec<_>>()
-    })
-    .to_string();
+    let [payg, ondemand, reserved, owned] = match <[Upstream; 4]>::try_from(ups) {
+        Ok(a) => a,
+        Err(_) => return Err(anyhow!("expected four upstreams")),
+    };
     let envoy = builder
-        .wasm_filter(&wasm, &config)
+        .wasm_filter(&wasm, &fleet_config().to_string())
         .start()
         .map_err(|e| anyhow!("{e}"))
         .context("starting Envoy with the ACE filter")?;
-    println!("\nEnvoy 1.40 listening on 127.0.0.1:{} (admin :{})\n", envoy.port(), envoy.admin_port());
+    println!(
+        "\nEnvoy 1.40 on 127.0.0.1:{} (admin :{}), 2 workers sharing health through shared data\n",
+        envoy.port(),
+        envoy.admin_port()
+    );
+    println!(
+        "  {:<3} {:<26}    {:<16} {:<9} {:<16} {:<13} {}",
+        "#", "request", "served by", "tier", "reason", "booked", "status"
+    );
 
-    println!("{:<3} {:<34} {:<18} {:<12} {}", "#", "request", "served by", "reason", "status");
-    for i in 0..args.requests {
-        // Every third request tries to pick its own destination; ACE strips it.
-        let spoof = i % 3 == 2;
-        let mut req = Request::post_json(
-            "/v1/chat/completions",
-            &json!({"model": "llama-3-70b", "messages": [{"role": "user", "content": format!("hello {i}")}]}),
-        );
-        let what = if spoof {
-            req = req.header("x-ace-destination", "payg_openai_us");
-            "chat (client asks for payg)"
-        } else {
-            "chat"
-        };
-        let resp = req.send(envoy.port()).with_context(|| format!("request {i}"))?;
-        println!(
-            "{:<3} {:<34} {:<18} {:<12} {}",
-            i,
-            what,
-            resp.header("x-ace-destination").unwrap_or("-"),
-            resp.header("x-ace-reason").unwrap_or("-"),
-            resp.status
-        );
+    println!(
+        "scene 1: a burst of {} concurrent slow requests fills each tier to its knee",
+        args.burst
+    );
+    for u in [&payg, &ondemand, &reserved, &owned] {
+        u.set_behavior(Behavior::Slow(Duration::from_millis(1500)));
     }
+    let port = envoy.port();
+    let burst: Vec<_> = (0..args.burst)
+        .map(|i| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(60 * i as u64));
+                Request::post_json(
+                    "/v1/chat/completions",
+                    &json!({"model": "llama-3-70b", "n": i}),
+                )
+                .send(port)
+            })
+        })
+        .collect();
+    for (i, h) in burst.into_iter().enumerate() {
+        match h.join() {
+            Ok(Ok(r)) => line(i, "burst", &r),
+            Ok(Err(e)) => println!("  {i:<3} burst request failed: {e}"),
+            Err(_) => println!("  {i:<3} burst client thread panicked"),
+        }
+    }
+    for u in [&payg, &ondemand, &reserved, &owned] {
+        u.set_behavior(Behavior::Ok);
+    }
+
+    let mut n = args.burst;
+    println!("\nscene 2: the reserved block (sunk cost, so first in merit order) starts answering 503;\n         after 3 failures it trips and traffic spills to the next-cheapest");
+    reserved.set_behavior(Behavior::Status(503));
+    for _ in 0..5 {
+        line(n, "chat", &chat(&envoy, n)?);
+        n += 1;
+    }
+
+    println!("\nscene 3: the owned pool throttles (429, retry-after: 2): its cap halves (3 -> 1), so\n         the next request would sit past its knee and the next tier up is cheaper");
+    owned.set_behavior(Behavior::RateLimited { retry_after_s: 2 });
+    line(n, "chat", &chat(&envoy, n)?);
+    n += 1;
+    owned.set_behavior(Behavior::Ok);
+    for _ in 0..2 {
+        line(n, "chat", &chat(&envoy, n)?);
+        n += 1;
+    }
+
+    println!("\nscene 4: the reserved block recovers; after the cool-down one probe goes, then it is back");
+    reserved.set_behavior(Behavior::Ok);
+    std::thread::sleep(Duration::from_millis(3200));
+    for _ in 0..3 {
+        line(n, "chat", &chat(&envoy, n)?);
+        n += 1;
+    }
+
     println!("\nrequests received per upstream:");
-    for (d, up) in FLEET.iter().zip(&upstreams) {
-        println!("  {:<18} {}", d.name, up.count());
+    for u in [&owned, &reserved, &ondemand, &payg] {
+        println!("  {:<16} {}", u.name(), u.count());
     }
     println!(
-        "\nwhy: every destination is feasible and healthy in this skeleton, so the lowest\n\
-         marginal cost wins (owned capacity first); a client-supplied x-ace-destination\n\
-         header is removed before routing, so clients never choose."
+        "\nwhy: every destination is feasible here (policy tables come next); among them the\n\
+         lowest effective cost wins: the tier's cost at its load, plus a latency penalty past\n\
+         the knee. A 5xx trips a destination for a cool-down that grows on repeat, a 429 takes\n\
+         it out for retry-after, and clients can never pick a destination themselves."
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -2,10 +2,26 @@
 //! then trusted on every request.
 //!
 //! Every error names the field that is wrong (a JSON path such as
-//! `destinations[1].price_usd`) and says what would be accepted, because the
-//! only place an operator sees it is one line of Envoy's log.
+//! `destinations[1].usd_per_input_token`) and says what would be accepted,
+//! because the only place an operator sees it is one line of Envoy's log.
+//!
+//! ```json
+//! {
+//!   "destinations": [
+//!     {"name": "owned-h100", "cluster": "owned_h100", "tier": "inhouse",
+//!      "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8,
+//!      "capacity": 8, "knee": 0.8, "slo_ms": 2000},
+//!     {"name": "openai", "cluster": "openai", "tier": "payg",
+//!      "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5}
+//!   ],
+//!   "latency_usd_per_s": 0.002,
+//!   "default_output_tokens": 256,
+//!   "health": {"trip_after": 3, "base_cooldown_ms": 5000}
+//! }
+//! ```
 
-use ace_core::merit::Offer;
+use ace_core::cost::{CostModel, Tier};
+use ace_core::health::HealthPolicy;
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::fmt;
@@ -18,13 +34,22 @@ pub const DEFAULT_DESTINATION_HEADER: &str = "x-ace-destination";
 pub struct Config {
     /// Destinations in configuration order (the tie-break order).
     pub destinations: Vec<Destination>,
+    /// Cost parameters, parallel to `destinations`, for the core.
+    pub models: Vec<CostModel>,
     /// The request header that carries the chosen Envoy cluster.
     pub destination_header: String,
-    /// The offers table handed to the core, one entry per destination.
-    pub offers: Vec<Offer>,
+    /// What a second of queueing delay is worth, USD (latency penalty).
+    pub latency_usd_per_s: f64,
+    /// Output tokens assumed when the request does not say.
+    pub default_output_tokens: u32,
+    /// Health tunables.
+    pub health: HealthPolicy,
+    /// A fingerprint of the destination set, so that shared state written
+    /// under another configuration is never misread.
+    pub fingerprint: u64,
 }
 
-/// One place a request can be sent.
+/// One place a request can be sent, as configured.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {
@@ -32,8 +57,72 @@ pub struct Destination {
     pub name: String,
     /// The Envoy cluster that serves this destination.
     pub cluster: String,
-    /// Static price of one request in US dollars (finite, at least 0).
-    pub price_usd: f64,
+    /// `inhouse`, `reserved`, `spot`, `ondemand` or `payg` (default `payg`).
+    #[serde(default = "default_tier")]
+    pub tier: String,
+    /// USD per input token (list price, or operating cost).
+    #[serde(default)]
+    pub usd_per_input_token: f64,
+    /// USD per output token.
+    #[serde(default)]
+    pub usd_per_output_token: f64,
+    /// Spot/on-demand: USD per GPU-hour.
+    #[serde(default)]
+    pub usd_per_gpu_hour: f64,
+    /// Spot/on-demand: measured tokens per second.
+    #[serde(default)]
+    pub tokens_per_second: f64,
+    /// Spot: eviction-risk premium (fraction).
+    #[serde(default)]
+    pub eviction_premium: f64,
+    /// Reserved: USD per token past the commitment, if allowed.
+    #[serde(default)]
+    pub overage_usd_per_token: Option<f64>,
+    /// Concurrent requests it can hold (0 = unlimited; payg only).
+    #[serde(default)]
+    pub capacity: u32,
+    /// Utilisation where the latency penalty starts (default 0.8).
+    #[serde(default = "default_knee")]
+    pub knee: f64,
+    /// Typical service time, ms (default 1000).
+    #[serde(default = "default_service_ms")]
+    pub service_ms: f64,
+    /// Latency SLO, ms; slower answers derate the destination.
+    #[serde(default)]
+    pub slo_ms: Option<u64>,
+    /// Cost of a cold model load, USD.
+    #[serde(default)]
+    pub cold_load_usd: f64,
+    /// Rank-only preference weight (default 1; < 1 preferred).
+    #[serde(default = "default_bias")]
+    pub bias: f64,
+}
+
+fn default_tier() -> String {
+    "payg".into()
+}
+fn default_knee() -> f64 {
+    0.8
+}
+fn default_service_ms() -> f64 {
+    1000.0
+}
+fn default_bias() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    trip_after: Option<u16>,
+    base_cooldown_ms: Option<u64>,
+    max_cooldown_ms: Option<u64>,
+    cap_cut: Option<f64>,
+    cap_step: Option<f64>,
+    default_retry_after_ms: Option<u64>,
+    derate_step: Option<f64>,
+    derate_max: Option<f64>,
+    derate_half_life_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +131,12 @@ struct RawConfig {
     destinations: Vec<Destination>,
     #[serde(default)]
     destination_header: Option<String>,
+    #[serde(default)]
+    latency_usd_per_s: Option<f64>,
+    #[serde(default)]
+    default_output_tokens: Option<u32>,
+    #[serde(default)]
+    health: RawHealth,
 }
 
 /// A configuration that cannot be used, with the field at fault.
@@ -99,6 +194,7 @@ impl Config {
             return Err(err("destinations", "at least one destination is required"));
         }
         let mut names = HashSet::new();
+        let mut models = Vec::with_capacity(raw.destinations.len());
         for (i, d) in raw.destinations.iter().enumerate() {
             if d.name.trim().is_empty() {
                 return Err(err(format!("destinations[{i}].name"), "must not be empty"));
@@ -112,18 +208,48 @@ impl Config {
                     ),
                 ));
             }
-            if !is_header_value_safe(&d.cluster) {
+            if !is_visible_ascii(&d.cluster) {
                 return Err(err(
                     format!("destinations[{i}].cluster"),
                     "must be a non-empty Envoy cluster name of visible ASCII characters",
                 ));
             }
-            if !d.price_usd.is_finite() || d.price_usd < 0.0 {
+            let Some(tier) = Tier::parse(&d.tier) else {
                 return Err(err(
-                    format!("destinations[{i}].price_usd"),
-                    format!("must be a finite number >= 0, got {}", d.price_usd),
+                    format!("destinations[{i}].tier"),
+                    format!(
+                        "unknown tier {:?}; use inhouse, reserved, spot, ondemand or payg",
+                        d.tier
+                    ),
+                ));
+            };
+            if let Some(0) = d.slo_ms {
+                return Err(err(
+                    format!("destinations[{i}].slo_ms"),
+                    "must be > 0 when set",
                 ));
             }
+            let model = CostModel {
+                tier,
+                usd_per_input_token: d.usd_per_input_token,
+                usd_per_output_token: d.usd_per_output_token,
+                usd_per_gpu_hour: d.usd_per_gpu_hour,
+                tokens_per_second: d.tokens_per_second,
+                eviction_premium: d.eviction_premium,
+                overage_usd_per_token: d.overage_usd_per_token,
+                capacity: d.capacity,
+                knee: d.knee,
+                service_ms: d.service_ms,
+                cold_load_usd: d.cold_load_usd,
+                bias: d.bias,
+            };
+            model.validate().map_err(|e| {
+                err(
+                    format!("destinations[{i}].{}", e.field),
+                    format!("must be {}", e.expected),
+                )
+            })?;
+            models.push(model);
         }
         let destination_header = match raw.destination_header {
             None => DEFAULT_DESTINATION_HEADER.to_string(),
@@ -142,23 +268,80 @@ impl Config {
                 lower
             }
         };
-        let offers = raw
-            .destinations
-            .iter()
-            .map(|d| Offer {
-                cost_usd: d.price_usd,
-                available: true,
-            })
-            .collect();
+        let latency_usd_per_s = raw.latency_usd_per_s.unwrap_or(0.001);
+        if !(latency_usd_per_s.is_finite() && latency_usd_per_s >= 0.0) {
+            return Err(err("latency_usd_per_s", "must be a finite number >= 0"));
+        }
+        let health = health_policy(&raw.health)?;
+        let fingerprint = fingerprint(&raw.destinations);
         Ok(Config {
             destinations: raw.destinations,
+            models,
             destination_header,
-            offers,
+            latency_usd_per_s,
+            default_output_tokens: raw.default_output_tokens.unwrap_or(256),
+            health,
+            fingerprint,
         })
     }
 }
 
-fn is_header_value_safe(s: &str) -> bool {
+fn health_policy(h: &RawHealth) -> Result<HealthPolicy, ConfigError> {
+    let d = HealthPolicy::default();
+    let p = HealthPolicy {
+        trip_after: h.trip_after.unwrap_or(d.trip_after),
+        base_cooldown_ms: h.base_cooldown_ms.unwrap_or(d.base_cooldown_ms),
+        max_cooldown_ms: h.max_cooldown_ms.unwrap_or(d.max_cooldown_ms),
+        cap_cut: h.cap_cut.unwrap_or(d.cap_cut),
+        cap_step: h.cap_step.unwrap_or(d.cap_step),
+        default_retry_after_ms: h.default_retry_after_ms.unwrap_or(d.default_retry_after_ms),
+        derate_step: h.derate_step.unwrap_or(d.derate_step),
+        derate_max: h.derate_max.unwrap_or(d.derate_max),
+        derate_half_life_ms: h.derate_half_life_ms.unwrap_or(d.derate_half_life_ms),
+    };
+    if p.trip_after == 0 {
+        return Err(err("health.trip_after", "must be at least 1"));
+    }
+    if p.base_cooldown_ms == 0 || p.max_cooldown_ms < p.base_cooldown_ms {
+        return Err(err(
+            "health.base_cooldown_ms",
+            "must be > 0 and at most health.max_cooldown_ms",
+        ));
+    }
+    if !(p.cap_cut.is_finite() && p.cap_cut > 0.0 && p.cap_cut < 1.0) {
+        return Err(err("health.cap_cut", "must be a fraction in (0, 1)"));
+    }
+    if !(p.cap_step.is_finite() && p.cap_step > 0.0 && p.cap_step <= 1.0) {
+        return Err(err("health.cap_step", "must be a fraction in (0, 1]"));
+    }
+    if !(p.derate_step.is_finite() && p.derate_step >= 1.0) {
+        return Err(err("health.derate_step", "must be a finite number >= 1"));
+    }
+    if !(p.derate_max.is_finite() && p.derate_max >= 1.0) {
+        return Err(err("health.derate_max", "must be a finite number >= 1"));
+    }
+    Ok(p)
+}
+
+/// FNV-1a over the names and clusters, in order.
+fn fingerprint(ds: &[Destination]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for d in ds {
+        for b in d
+            .name
+            .bytes()
+            .chain([0])
+            .chain(d.cluster.bytes())
+            .chain([0])
+        {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn is_visible_ascii(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
@@ -174,17 +357,22 @@ mod tests {
     }
 
     #[test]
-    fn accepts_a_good_configuration() {
+    fn accepts_a_good_configuration_with_defaults() {
         let c = Config::parse(
-            br#"{"destinations":[{"name":"a","cluster":"ca","price_usd":0.5},
-                                 {"name":"b","cluster":"cb","price_usd":0}]}"#,
-        );
-        let c = c.map_err(|e| e.to_string());
-        assert_eq!(c.as_ref().map(|c| c.destinations.len()), Ok(2));
-        assert_eq!(
-            c.as_ref().map(|c| c.destination_header.as_str()),
-            Ok("x-ace-destination")
-        );
+            br#"{"destinations":[{"name":"a","cluster":"ca","tier":"inhouse","capacity":4},
+                                 {"name":"b","cluster":"cb","usd_per_input_token":1e-6}]}"#,
+        )
+        .map_err(|e| e.to_string());
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.destinations.len(), 2);
+        assert_eq!(c.destination_header, "x-ace-destination");
+        assert_eq!(c.models[0].tier, Tier::InHouse);
+        assert_eq!(c.models[1].tier, Tier::Payg);
+        assert_eq!(c.models[1].knee, 0.8);
+        assert_eq!(c.health, HealthPolicy::default());
     }
 
     #[test]
@@ -193,41 +381,51 @@ mod tests {
         assert_eq!(field_of("{"), "<root>");
         assert_eq!(field_of(r#"{"destinations":[]}"#), "destinations");
         assert_eq!(
-            field_of(r#"{"destinations":[{"name":"a","cluster":"c","price_usd":"x"}]}"#),
-            "destinations[0].price_usd"
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c","usd_per_input_token":"x"}]}"#),
+            "destinations[0].usd_per_input_token"
         );
         assert_eq!(
-            field_of(r#"{"destinations":[{"name":"a","cluster":"c","price_usd":-1}]}"#),
-            "destinations[0].price_usd"
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c","usd_per_input_token":-1}]}"#),
+            "destinations[0].usd_per_input_token"
         );
         assert_eq!(
-            field_of(
-                r#"{"destinations":[{"name":"a","cluster":"c","price_usd":1},{"name":"a","cluster":"d","price_usd":1}]}"#
-            ),
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c"},{"name":"a","cluster":"d"}]}"#),
             "destinations[1].name"
         );
         assert_eq!(
-            field_of(r#"{"destinations":[{"name":"a","cluster":"","price_usd":1}]}"#),
+            field_of(r#"{"destinations":[{"name":"a","cluster":""}]}"#),
             "destinations[0].cluster"
         );
         assert_eq!(
-            field_of(r#"{"destinations":[{"name":"a","cluster":"c"}]}"#),
-            "destinations[0]"
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c","tier":"gold"}]}"#),
+            "destinations[0].tier"
+        );
+        assert_eq!(
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c","tier":"inhouse"}]}"#),
+            "destinations[0].capacity"
+        );
+        assert_eq!(
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c","colour":1}]}"#),
+            "destinations[0].colour"
         );
         assert_eq!(
             field_of(
-                r#"{"destinations":[{"name":"a","cluster":"c","price_usd":1}],"destination_header":"bad header"}"#
+                r#"{"destinations":[{"name":"a","cluster":"c"}],"destination_header":"bad header"}"#
             ),
             "destination_header"
+        );
+        assert_eq!(
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c"}],"health":{"cap_cut":2}}"#),
+            "health.cap_cut"
         );
     }
 
     #[test]
     fn missing_field_message_names_it() {
-        let e = Config::parse(br#"{"destinations":[{"name":"a","cluster":"c"}]}"#)
+        let e = Config::parse(br#"{"destinations":[{"name":"a"}]}"#)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("price_usd"), "{e}");
+        assert!(e.contains("cluster"), "{e}");
     }
 }

@@ -5,51 +5,85 @@
 //! all parsing happens once, in `on_configure`.
 //!
 //! Request path: strip any client-supplied destination header (clients never
-//! choose), ask the core for the cheapest destination, write its Envoy cluster
-//! into the destination header, and clear Envoy's route cache so the route's
-//! `cluster_header` sees the new value. Envoy 1.40 already clears the cache
-//! after a header mutation for ABI 0.2.1 modules; the explicit
-//! `clear_route_cache` call keeps that true for newer ABIs too.
+//! choose); read the fleet's shared state (health and in-flight counts that
+//! every worker updates); ask the core for the destination with the lowest
+//! effective cost; claim a slot on it with a compare-and-swap; write its
+//! Envoy cluster into the destination header and clear Envoy's route cache
+//! so the route's `cluster_header` sees the new value. Envoy 1.40 already
+//! clears the cache after a header mutation for ABI 0.2.1 modules; the
+//! explicit `clear_route_cache` call keeps that true for newer ABIs.
+//!
+//! Response path: classify the outcome (5xx and Envoy's local replies for
+//! refused connections and timeouts are failures, 429 is throttling, a slow
+//! answer past the SLO derates) and fold it into the shared health.
 //!
 //! The filter must never panic (a panic kills the worker's VM): every host
-//! call that can fail goes through `hostcalls`' `Result`s, and a failure is
-//! logged and answered, never unwrapped.
+//! call goes through `hostcalls`' `Result`s, never the SDK's unwrapping trait
+//! defaults, and a failure is logged and answered.
 
 pub mod config;
+pub mod state;
 
+use ace_core::dispatch::{self, Decision, Fleet, Request};
+use ace_core::health::Outcome;
 use config::Config;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, Status};
+use state::FleetState;
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::UNIX_EPOCH;
 
-/// Response header that tells the client which destination served it.
+/// Response header naming the destination that served the request.
 pub const RESPONSE_DESTINATION_HEADER: &str = "x-ace-destination";
-/// Response header with the reason code of the decision.
+/// Response header with the decision's reason code.
 pub const RESPONSE_REASON_HEADER: &str = "x-ace-reason";
+/// Response header with the destination's tier.
+pub const RESPONSE_TIER_HEADER: &str = "x-ace-tier";
+/// Response header with the booked (true marginal) cost, USD.
+pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
+
+/// Compare-and-swap attempts before giving up on a shared-state update.
+const CAS_ATTEMPTS: usize = 32;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(AceRoot { config: None })
+        Box::new(AceRoot { plugin: None })
     });
 }}
+
+/// Everything a request needs, built once per configuration.
+#[derive(Debug)]
+struct Plugin {
+    config: Config,
+    /// Shared-data key of the fleet state.
+    state_key: String,
+    /// Every destination feasible: the mask used until policy tables are
+    /// wired in (issue 5 adds the compiled Cedar tables here).
+    all_feasible: Vec<u64>,
+    /// Reused buffers (one VM is single-threaded).
+    scratch: RefCell<Scratch>,
+}
+
+#[derive(Debug)]
+struct Scratch {
+    state: FleetState,
+    bytes: Vec<u8>,
+}
 
 /// The plugin (root) context: holds the validated configuration.
 #[derive(Debug)]
 struct AceRoot {
-    config: Option<Rc<Config>>,
+    plugin: Option<Rc<Plugin>>,
 }
 
 impl Context for AceRoot {}
 
 impl RootContext for AceRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = match hostcalls::get_buffer(
-            proxy_wasm::types::BufferType::PluginConfiguration,
-            0,
-            usize::MAX,
-        ) {
+        let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
                 log::error!("cannot read the plugin configuration: {status:?}");
@@ -57,17 +91,26 @@ impl RootContext for AceRoot {
             }
         };
         match Config::parse(&bytes) {
-            Ok(cfg) => {
+            Ok(config) => {
+                let n = config.destinations.len();
                 log::info!(
-                    "configured {} destinations, routing header {}",
-                    cfg.destinations.len(),
-                    cfg.destination_header
+                    "configured {n} destinations, routing header {}",
+                    config.destination_header
                 );
-                self.config = Some(Rc::new(cfg));
+                let state_key = format!("ace.fleet.{:016x}", config.fingerprint);
+                self.plugin = Some(Rc::new(Plugin {
+                    state_key,
+                    scratch: RefCell::new(Scratch {
+                        state: FleetState::new(n),
+                        bytes: Vec::with_capacity(n * state::STRIDE),
+                    }),
+                    all_feasible: vec![u64::MAX; n.div_ceil(64)],
+                    config,
+                }));
                 true
             }
             Err(e) => {
-                // Keep the last good configuration, if any, and refuse this one.
+                // Refuse this configuration; Envoy keeps the last good one.
                 log::error!("{e}");
                 false
             }
@@ -76,8 +119,9 @@ impl RootContext for AceRoot {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(AceStream {
-            config: self.config.clone(),
+            plugin: self.plugin.clone(),
             chosen: None,
+            settled: false,
         }))
     }
 
@@ -89,19 +133,66 @@ impl RootContext for AceRoot {
 /// Per-request state.
 #[derive(Debug)]
 struct AceStream {
-    config: Option<Rc<Config>>,
-    /// (destination index, reason) once decided.
-    chosen: Option<(usize, ace_core::merit::Reason)>,
+    plugin: Option<Rc<Plugin>>,
+    /// The decision and when it was made (ms).
+    chosen: Option<(Decision, u64)>,
+    /// Whether the outcome was folded into the shared state.
+    settled: bool,
 }
 
 impl Context for AceStream {}
 
+fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn request_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+}
+
+impl Plugin {
+    /// Read-modify-write the shared fleet state. `f` sees the freshest state
+    /// and returns whether to write it back.
+    fn update<T>(&self, mut f: impl FnMut(&mut FleetState) -> (bool, T)) -> Result<T, Status> {
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch { state, bytes, .. } = &mut *scratch;
+        for _ in 0..CAS_ATTEMPTS {
+            let (current, cas) = hostcalls::get_shared_data(&self.state_key)?;
+            match current {
+                Some(b) => {
+                    if !state.load(&b) && !b.is_empty() {
+                        log::warn!("shared fleet state had an unexpected layout; starting fresh");
+                    }
+                }
+                None => *state = FleetState::new(self.config.destinations.len()),
+            }
+            let (write, out) = f(state);
+            if !write {
+                return Ok(out);
+            }
+            state.store(bytes);
+            match hostcalls::set_shared_data(&self.state_key, Some(bytes), cas) {
+                Ok(()) => return Ok(out),
+                Err(Status::CasMismatch) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Status::CasMismatch)
+    }
+}
+
 impl AceStream {
-    fn reply_json(&self, status: u32, kind: &str, message: &str) -> Action {
-        let body = format!(
-            "{{\"error\":{{\"type\":\"{kind}\",\"message\":{}}}}}",
-            json_string(message)
-        );
+    fn reply_json(&self, status: u32, kind: &str, reason: &str, message: &str) -> Action {
+        let body = serde_json::json!({
+            "error": {"type": kind, "reason": reason, "message": message}
+        })
+        .to_string();
         if let Err(s) = hostcalls::send_http_response(
             status,
             vec![("content-type", "application/json")],
@@ -111,33 +202,117 @@ impl AceStream {
         }
         Action::Pause
     }
+
+    fn settle(&mut self, outcome: Option<Outcome>) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let (Some(plugin), Some((decision, _))) = (self.plugin.as_ref(), self.chosen) else {
+            return;
+        };
+        let now = now_ms();
+        let policy = plugin.config.health;
+        let d = decision.index;
+        let result = plugin.update(|st| {
+            if let Some(f) = st.in_flight.get_mut(d) {
+                *f = f.saturating_sub(1);
+            }
+            let mut change = None;
+            if let (Some(h), Some(o)) = (st.health.get_mut(d), outcome) {
+                change = Some(h.observe(o, now, &policy));
+            }
+            (true, change)
+        });
+        match result {
+            Ok(Some(change)) if change != ace_core::health::Change::None => {
+                let name = plugin
+                    .config
+                    .destinations
+                    .get(d)
+                    .map_or("?", |x| x.name.as_str());
+                log::info!("destination {name}: {change:?}");
+            }
+            Ok(_) => {}
+            Err(s) => log::warn!("cannot update the shared fleet state: {s:?}"),
+        }
+    }
 }
 
 impl HttpContext for AceStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
-        let Some(cfg) = self.config.clone() else {
+        let Some(plugin) = self.plugin.clone() else {
             return self.reply_json(
                 503,
+                "not_configured",
                 "not_configured",
                 "the ACE filter has no valid configuration",
             );
         };
+        let cfg = &plugin.config;
         // Clients never choose: drop any destination header they sent.
         if let Err(s) =
             hostcalls::set_map_value(MapType::HttpRequestHeaders, &cfg.destination_header, None)
         {
             log::warn!("cannot strip client destination header: {s:?}");
-            return self.reply_json(500, "internal", "cannot sanitise request headers");
-        }
-        let Some(choice) = ace_core::merit::choose(&cfg.offers) else {
             return self.reply_json(
-                503,
-                "no_feasible_destination",
-                "no configured destination can serve this request",
+                500,
+                "internal",
+                "internal",
+                "cannot sanitise request headers",
             );
+        }
+        // Token estimate until the body scanner lands: ~4 bytes per token.
+        let tokens_in = request_header("content-length")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(1, |b| (b / 4).clamp(1, u64::from(u32::MAX)) as u32);
+        let now = now_ms();
+        let req = Request {
+            tokens_in,
+            tokens_out: cfg.default_output_tokens,
+            latency_usd_per_s: cfg.latency_usd_per_s,
+            now_ms: now,
         };
-        let Some(dest) = cfg.destinations.get(choice.index) else {
-            return self.reply_json(500, "internal", "decision index out of range");
+        let all = &plugin.all_feasible;
+        let decided = plugin.update(|st| {
+            let fleet = Fleet {
+                models: &cfg.models,
+                health: &st.health,
+                in_flight: &st.in_flight,
+                policy: &cfg.health,
+            };
+            match dispatch::decide(&fleet, all, all, &req) {
+                Ok(d) => {
+                    if let Some(f) = st.in_flight.get_mut(d.index) {
+                        *f = f.saturating_add(1);
+                    }
+                    if let Some(h) = st.health.get_mut(d.index) {
+                        h.on_dispatch(now);
+                    }
+                    (true, Ok(d))
+                }
+                Err(r) => (false, Err(r)),
+            }
+        });
+        let decision = match decided {
+            Ok(Ok(d)) => d,
+            Ok(Err(refusal)) => {
+                return self.reply_json(
+                    503,
+                    "no_feasible_destination",
+                    refusal.as_str(),
+                    "no destination that may serve this request is healthy and under its cap",
+                );
+            }
+            Err(s) => {
+                log::warn!("cannot read the shared fleet state: {s:?}");
+                return self.reply_json(503, "internal", "shared_state", "fleet state unavailable");
+            }
+        };
+        self.chosen = Some((decision, now));
+        let Some(dest) = cfg.destinations.get(decision.index) else {
+            self.settle(None);
+            return self.reply_json(500, "internal", "internal", "decision index out of range");
         };
         if let Err(s) = hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
@@ -145,35 +320,67 @@ impl HttpContext for AceStream {
             Some(&dest.cluster),
         ) {
             log::warn!("cannot set destination header: {s:?}");
-            return self.reply_json(500, "internal", "cannot set the destination header");
+            self.settle(None);
+            return self.reply_json(
+                500,
+                "internal",
+                "internal",
+                "cannot set the destination header",
+            );
         }
         // Explicit, so routing stays right on ABIs that no longer clear the
         // route cache automatically. Older Envoys lack it; that is fine.
         let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-        self.chosen = Some((choice.index, choice.reason));
         Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
-        if let (Some(cfg), Some((index, reason))) = (self.config.as_ref(), self.chosen) {
-            if let Some(dest) = cfg.destinations.get(index) {
-                let _ = hostcalls::set_map_value(
-                    MapType::HttpResponseHeaders,
-                    RESPONSE_DESTINATION_HEADER,
-                    Some(&dest.name),
-                );
-                let _ = hostcalls::set_map_value(
-                    MapType::HttpResponseHeaders,
-                    RESPONSE_REASON_HEADER,
-                    Some(reason.as_str()),
-                );
+        let (Some(plugin), Some((decision, started))) = (self.plugin.clone(), self.chosen) else {
+            return Action::Continue;
+        };
+        let header = |name: &str| {
+            hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
+                .ok()
+                .flatten()
+        };
+        let status = header(":status")
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        let dest = plugin.config.destinations.get(decision.index);
+        let outcome = match status {
+            429 => Outcome::Throttled {
+                retry_after_ms: header("retry-after")
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(|s| s.saturating_mul(1000)),
+            },
+            500..=599 | 0 => Outcome::Failure,
+            _ => Outcome::Success {
+                latency_ms: now_ms().saturating_sub(started),
+                slo_ms: dest.and_then(|d| d.slo_ms),
+            },
+        };
+        self.settle(Some(outcome));
+        if let Some(dest) = dest {
+            let tier = plugin
+                .config
+                .models
+                .get(decision.index)
+                .map_or("?", |m| m.tier.as_str());
+            let cost = format!("{:.9}", decision.marginal_usd);
+            for (k, v) in [
+                (RESPONSE_DESTINATION_HEADER, dest.name.as_str()),
+                (RESPONSE_REASON_HEADER, decision.reason.as_str()),
+                (RESPONSE_TIER_HEADER, tier),
+                (RESPONSE_COST_HEADER, cost.as_str()),
+            ] {
+                let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, k, Some(v));
             }
         }
         Action::Continue
     }
-}
 
-/// Encode `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""))
+    fn on_log(&mut self) {
+        // The client went away before any response: free the slot, blame no one.
+        self.settle(None);
+    }
 }

@@ -252,6 +252,9 @@ impl EnvoyBuilder {
             .arg(&self.log_level)
             .arg("--log-path")
             .arg(&log_path)
+            // Flush logs (and the access log) often, so tests see them soon.
+            .arg("--file-flush-interval-msec")
+            .arg("200")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -11,9 +11,12 @@ use std::time::Duration;
 
 fn three_destination_config() -> String {
     json!({"destinations": [
-        {"name": "payg-api", "cluster": "payg_api", "price_usd": 0.0040},
-        {"name": "owned-gpu", "cluster": "owned_gpu", "price_usd": 0.0002},
-        {"name": "reserved", "cluster": "reserved_ptu", "price_usd": 0.0010}
+        {"name": "payg-api", "cluster": "payg_api", "tier": "payg",
+         "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5},
+        {"name": "owned-gpu", "cluster": "owned_gpu", "tier": "inhouse", "capacity": 64,
+         "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8},
+        {"name": "reserved", "cluster": "reserved_ptu", "tier": "reserved", "capacity": 64,
+         "usd_per_input_token": 5e-8, "usd_per_output_token": 5e-8}
     ]})
     .to_string()
 }
@@ -72,8 +75,8 @@ fn malformed_plugin_configuration_names_the_field_without_a_trap() {
     let wasm = ace_filter_wasm();
     let up = upstream("only");
     let bad = json!({"destinations": [
-        {"name": "only", "cluster": "only", "price_usd": 0.001},
-        {"name": "second", "cluster": "only", "price_usd": "cheap"}
+        {"name": "only", "cluster": "only", "usd_per_input_token": 1e-6},
+        {"name": "second", "cluster": "only", "usd_per_input_token": "cheap"}
     ]})
     .to_string();
     let builder = EnvoyBuilder::new()
@@ -85,7 +88,10 @@ fn malformed_plugin_configuration_names_the_field_without_a_trap() {
     let log = match builder.start() {
         Ok(envoy) => {
             assert!(
-                envoy.wait_log("destinations[1].price_usd", Duration::from_secs(10)),
+                envoy.wait_log(
+                    "destinations[1].usd_per_input_token",
+                    Duration::from_secs(10)
+                ),
                 "Envoy started; its log must name the bad field"
             );
             envoy.log()
@@ -93,7 +99,7 @@ fn malformed_plugin_configuration_names_the_field_without_a_trap() {
         Err(e) => e.log,
     };
     assert!(
-        log.contains("invalid ACE plugin configuration at `destinations[1].price_usd`"),
+        log.contains("invalid ACE plugin configuration at `destinations[1].usd_per_input_token`"),
         "Envoy's log must name the bad field:\n{log}"
     );
     for sign in [

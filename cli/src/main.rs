@@ -13,7 +13,11 @@ mod plan;
 mod policy;
 
 #[derive(Debug, Parser)]
-#[command(name = "ace", version, about = "Merit-order dispatch for GPU and API fleets, inside Envoy")]
+#[command(
+    name = "ace",
+    version,
+    about = "Merit-order dispatch for GPU and API fleets, inside Envoy"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,0 +1,310 @@
+//! Fast mode: the hot-path heuristic, run on every job arrival.
+//!
+//! Why this shape: the note's stand-in commits to one job order (priority,
+//! then arrival) and one block rule (lowest index), and that single order is
+//! what loses value when a big high-value job is blocked by small ones placed
+//! first, or when small jobs fragment the free GPUs. Fast mode keeps the
+//! stand-in's structural rules (so every grid is legal by construction) but:
+//!
+//! 1. tries several job orders (the stand-in's, value-weighted, big-rocks
+//!    first, arrival) with both lowest-index and best-fit blocks;
+//! 2. improves the best with a short seeded local search over the order
+//!    (move a job earlier, swap two jobs), accepting ties so it can drift
+//!    across plateaus; the work budget scales with the instance size;
+//! 3. places RT on concrete GPUs with [`crate::rt::assign`] (high indices,
+//!    furthest next batch use) so the per-GPU swap cap holds;
+//! 4. checks the result with the independent checker and keeps the best valid
+//!    plan among itself, the stand-in and FIFO, ranked by objective, then
+//!    utilisation. Because FIFO serves RT in full, fast mode's value can never
+//!    fall below FIFO's.
+//!
+//! Batch placement counts RT demand against capacity at every step, so fast
+//! mode never trades RT demand for batch work (the penalty is 5-10x the top
+//! priority, so that trade never pays).
+
+use crate::baseline::{self, order_by};
+use crate::check::{check, Report};
+use crate::model::{Plan, Scenario};
+use crate::rng::Rng;
+use crate::rt;
+use crate::sched::{Rules, Scheduler};
+use std::cmp::Reverse;
+
+/// Fast-mode knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Local-search passes; `None` picks a budget from the instance size.
+    pub passes: Option<usize>,
+    /// Seed of the local search.
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            passes: None,
+            seed: 0x00AC_E000,
+        }
+    }
+}
+
+/// Fast mode's answer with its checked report.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The chosen plan.
+    pub plan: Plan,
+    /// The checker's report on it.
+    pub report: Report,
+    /// Which candidate won ("search", "greedy" or "fifo").
+    pub source: &'static str,
+}
+
+/// The stand-in's utilisation (GPU-steps) and objective as the note counts
+/// them (RT demand served in full, swap cap on counts only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Floor {
+    cells: u64,
+    objective: f64,
+}
+
+/// Ranking of candidate plans: first whether the plan is at least as good as
+/// the stand-in on both utilisation and objective, then objective, then
+/// GPU-steps used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Key {
+    floor: bool,
+    objective: f64,
+    cells: u64,
+}
+
+impl Key {
+    const WORST: Key = Key {
+        floor: false,
+        objective: f64::NEG_INFINITY,
+        cells: 0,
+    };
+
+    fn new(objective: f64, cells: u64, floor: Floor) -> Key {
+        Key {
+            floor: cells >= floor.cells && objective >= floor.objective - 1e-9,
+            objective,
+            cells,
+        }
+    }
+
+    fn beats(self, o: Key) -> bool {
+        if self.floor != o.floor {
+            return self.floor;
+        }
+        if (self.objective - o.objective).abs() > 1e-9 {
+            return self.objective > o.objective;
+        }
+        self.cells > o.cells
+    }
+}
+
+/// Default number of local-search passes for an instance: about 1.5 M
+/// block-scan word operations in total, within 12..=160 passes.
+fn auto_passes(s: &Scenario) -> usize {
+    let words = (s.gpus as usize).div_ceil(64);
+    let per_pass = s.jobs.len().max(1) * words * (s.steps as usize);
+    (1_500_000 / per_pass.max(1)).clamp(12, 160)
+}
+
+/// Scores the scheduler's current schedule; `None` when RT cannot be placed
+/// within the swap cap. With `exact` false and RT placed by count, the score
+/// assumes RT gets its demand on some GPUs (cheap, used to steer the search);
+/// with `exact` true it places RT on GPUs and scores what it achieved.
+fn evaluate(
+    s: &Scenario,
+    sched: &Scheduler,
+    rules: Rules,
+    stair_cells: u64,
+    floor: Floor,
+    exact: bool,
+) -> Option<Key> {
+    let (value, batch) = sched.score(s);
+    if rules.rt_stair || !exact {
+        if sched.stair_conflict {
+            return None;
+        }
+        return Some(Key::new(value, batch + stair_cells, floor));
+    }
+    let mut plan = sched.to_plan(s);
+    let st = rt::assign(s, &mut plan);
+    if st.over_cap > 0 {
+        return None;
+    }
+    let objective = value - s.lambda() * st.shortfall as f64;
+    Some(Key::new(objective, batch + st.served, floor))
+}
+
+fn report_key(r: &Report, floor: Floor) -> Key {
+    Key::new(r.objective, r.rt_served + r.batch_gpu_steps, floor)
+}
+
+/// Runs fast mode with default options.
+pub fn solve(s: &Scenario) -> Outcome {
+    solve_with(s, Options::default())
+}
+
+/// Runs fast mode.
+pub fn solve_with(s: &Scenario, opts: Options) -> Outcome {
+    let mut sched = Scheduler::new(s);
+    let jobs = &s.jobs;
+    let work = |i: usize| u64::from(jobs[i].size) * u64::from(jobs[i].duration);
+    let orders: [Vec<usize>; 5] = [
+        baseline::greedy_order(s),
+        order_by(s, |i| (Reverse(jobs[i].priority), Reverse(work(i)))),
+        order_by(s, |i| Reverse(u64::from(jobs[i].priority) * work(i))),
+        order_by(s, |i| (Reverse(jobs[i].size), Reverse(jobs[i].priority))),
+        order_by(s, |i| (jobs[i].arrival, Reverse(jobs[i].priority))),
+    ];
+    let stair_cells: u64 = (0..s.steps)
+        .map(|t| u64::from(s.rt_demand(t).min(s.gpus)))
+        .sum();
+    let rule = |best_fit: bool, rt_stair: bool| Rules {
+        lo: 0,
+        hi: s.gpus,
+        capacity: !rt_stair,
+        best_fit,
+        rt_stair,
+    };
+    // The floor: the stand-in's utilisation as the note counts it (RT demand
+    // served in full, swap cap on counts only).
+    sched.run(s, &orders[0], rule(false, false));
+    let (gv, gc) = sched.score(s);
+    let floor = Floor {
+        cells: gc + stair_cells,
+        objective: gv,
+    };
+    // Best start per rule set: (key, order, rules).
+    let mut starts: Vec<(Key, Vec<usize>, Rules)> = Vec::new();
+    for (fit, stair) in [(false, false), (true, false), (false, true), (true, true)] {
+        let r = rule(fit, stair);
+        let mut top: Option<(Key, &Vec<usize>)> = None;
+        for o in &orders {
+            sched.run(s, o, r);
+            if let Some(k) = evaluate(s, &sched, r, stair_cells, floor, true) {
+                if top.is_none_or(|(t, _)| k.beats(t)) {
+                    top = Some((k, o));
+                }
+            }
+        }
+        if let Some((k, o)) = top {
+            starts.push((k, o.clone(), r));
+        }
+    }
+    starts.sort_by(|a, b| {
+        if a.0.beats(b.0) {
+            std::cmp::Ordering::Less
+        } else if b.0.beats(a.0) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    });
+    starts.truncate(2);
+    let passes = opts.passes.unwrap_or_else(|| auto_passes(s));
+    let mut rng = Rng::new(opts.seed);
+    let mut best: Option<(Key, Vec<usize>, Rules)> = None;
+    for (k0, order, rules) in starts {
+        let (k, o) = climb(
+            s,
+            &mut sched,
+            &mut rng,
+            order,
+            k0,
+            rules,
+            passes / 2,
+            stair_cells,
+            floor,
+        );
+        if best.as_ref().is_none_or(|b| k.beats(b.0)) {
+            best = Some((k, o, rules));
+        }
+    }
+    let (_, best_order, cur_rules) =
+        best.unwrap_or((Key::WORST, orders[0].clone(), rule(false, false)));
+    sched.run(s, &best_order, cur_rules);
+    let mut plan = sched.to_plan(s);
+    if !cur_rules.rt_stair {
+        rt::assign(s, &mut plan);
+    }
+    let report = check(s, &plan);
+    let mut out = Outcome {
+        plan,
+        report,
+        source: "search",
+    };
+    for (source, alt) in [("greedy", baseline::greedy(s)), ("fifo", baseline::fifo(s))] {
+        let r = check(s, &alt);
+        let wins = r.valid()
+            && (!out.report.valid() || report_key(&r, floor).beats(report_key(&out.report, floor)));
+        if wins {
+            out = Outcome {
+                plan: alt,
+                report: r,
+                source,
+            };
+        }
+    }
+    out
+}
+
+/// Late-acceptance hill climbing over the job order: a move (swap two jobs,
+/// or move one earlier) is kept when it is no worse than the current order or
+/// than the order `HISTORY` moves ago, which lets the search leave shallow
+/// local optima. Returns the best order seen.
+#[allow(clippy::too_many_arguments)]
+fn climb(
+    s: &Scenario,
+    sched: &mut Scheduler,
+    rng: &mut Rng,
+    mut cur_order: Vec<usize>,
+    mut cur: Key,
+    rules: Rules,
+    passes: usize,
+    stair_cells: u64,
+    floor: Floor,
+) -> (Key, Vec<usize>) {
+    const HISTORY: usize = 8;
+    let n = cur_order.len();
+    let mut best = (cur, cur_order.clone());
+    if n < 2 {
+        return best;
+    }
+    let mut history = [cur; HISTORY];
+    let mut trial = cur_order.clone();
+    for pass in 0..passes {
+        trial.clone_from(&cur_order);
+        let i = rng.below(n as u64) as usize;
+        let j = rng.below(n as u64) as usize;
+        if rng.below(2) == 0 {
+            trial.swap(i, j);
+        } else {
+            let (a, b) = (i.min(j), i.max(j));
+            trial[a..=b].rotate_right(1);
+        }
+        sched.run(s, &trial, rules);
+        let Some(k) = evaluate(s, sched, rules, stair_cells, floor, false) else {
+            continue;
+        };
+        let slot = pass % HISTORY;
+        if !cur.beats(k) || !history[slot].beats(k) {
+            // A new best must survive exact scoring before it is kept.
+            if k.beats(best.0) {
+                match evaluate(s, sched, rules, stair_cells, floor, true) {
+                    Some(e) if e.beats(best.0) => best = (e, trial.clone()),
+                    _ => continue,
+                }
+            }
+            cur = k;
+            std::mem::swap(&mut cur_order, &mut trial);
+        }
+        if cur.beats(history[slot]) {
+            history[slot] = cur;
+        }
+    }
+    best
+}

@@ -22,14 +22,16 @@
 //! defaults, and a failure is logged and answered.
 
 pub mod config;
+pub mod event;
 pub mod state;
 
 use ace_core::dispatch::{self, Decision, Fleet, Request};
 use ace_core::health::Outcome;
 use config::Config;
+use event::Event;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, Status};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use state::FleetState;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -65,6 +67,72 @@ struct Plugin {
     all_feasible: Vec<u64>,
     /// Reused buffers (one VM is single-threaded).
     scratch: RefCell<Scratch>,
+    /// Metric ids (0 when a metric could not be defined).
+    metrics: Metrics,
+}
+
+/// Proxy-wasm counters, shown by Envoy as `wasmcustom.ace.*` (Prometheus
+/// output strips the namespace). Dollars are counted in nano-USD.
+#[derive(Debug, Default)]
+struct Metrics {
+    requests: u32,
+    no_destination: u32,
+    trips: u32,
+    cap_cuts: u32,
+    derates: u32,
+    booked_nano_usd: u32,
+    counterfactual_nano_usd: u32,
+    /// Per destination: (requests, failures, throttled).
+    per_destination: Vec<(u32, u32, u32)>,
+}
+
+impl Metrics {
+    fn define(config: &Config) -> Metrics {
+        let counter = |name: &str| match hostcalls::define_metric(MetricType::Counter, name) {
+            Ok(id) => id,
+            Err(s) => {
+                log::warn!("cannot define metric {name}: {s:?}");
+                0
+            }
+        };
+        Metrics {
+            requests: counter("ace.requests"),
+            no_destination: counter("ace.no_destination"),
+            trips: counter("ace.trips"),
+            cap_cuts: counter("ace.cap_cuts"),
+            derates: counter("ace.derates"),
+            booked_nano_usd: counter("ace.booked_nano_usd"),
+            counterfactual_nano_usd: counter("ace.counterfactual_nano_usd"),
+            per_destination: config
+                .destinations
+                .iter()
+                .zip(&config.models)
+                .map(|(d, m)| {
+                    let base = format!("ace.destination.{}.tier.{}", d.name, m.tier.as_str());
+                    (
+                        counter(&format!("{base}.requests")),
+                        counter(&format!("{base}.failures")),
+                        counter(&format!("{base}.throttled")),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Add `n` to counter `id` (Envoy wants a positive delta; 0 ids are skipped).
+fn bump(id: u32, n: u64) {
+    if id != 0 && n > 0 {
+        let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
+    }
+}
+
+fn nano_usd(usd: f64) -> u64 {
+    if usd.is_finite() && usd > 0.0 {
+        (usd * 1e9).round().min(u64::MAX as f64) as u64
+    } else {
+        0
+    }
 }
 
 #[derive(Debug)]
@@ -98,7 +166,9 @@ impl RootContext for AceRoot {
                     config.destination_header
                 );
                 let state_key = format!("ace.fleet.{:016x}", config.fingerprint);
+                let metrics = Metrics::define(&config);
                 self.plugin = Some(Rc::new(Plugin {
+                    metrics,
                     state_key,
                     scratch: RefCell::new(Scratch {
                         state: FleetState::new(n),
@@ -122,6 +192,7 @@ impl RootContext for AceRoot {
             plugin: self.plugin.clone(),
             chosen: None,
             settled: false,
+            event: None,
         }))
     }
 
@@ -138,6 +209,8 @@ struct AceStream {
     chosen: Option<(Decision, u64)>,
     /// Whether the outcome was folded into the shared state.
     settled: bool,
+    /// The request's event, until it is written to filter state.
+    event: Option<Event>,
 }
 
 impl Context for AceStream {}
@@ -203,6 +276,22 @@ impl AceStream {
         Action::Pause
     }
 
+    /// Write the event to filter state for the access log (once).
+    fn emit(&mut self, status: u32, reason: &'static str) {
+        let Some(mut e) = self.event.take() else {
+            return;
+        };
+        e.status = status;
+        e.reason = reason;
+        if let Some(slo) = e.slo_ms {
+            e.slo_met = Some(status != 0 && status < 500 && status != 429 && e.latency_ms <= slo);
+        }
+        if let Err(s) = hostcalls::set_property(vec![event::PROPERTY], Some(e.to_json().as_bytes()))
+        {
+            log::warn!("cannot write the request event: {s:?}");
+        }
+    }
+
     fn settle(&mut self, outcome: Option<Outcome>) {
         if self.settled {
             return;
@@ -224,8 +313,23 @@ impl AceStream {
             }
             (true, change)
         });
+        if let Some((_, failures, throttled)) = plugin.metrics.per_destination.get(d) {
+            match outcome {
+                Some(Outcome::Failure) => bump(*failures, 1),
+                Some(Outcome::Throttled { .. }) => bump(*throttled, 1),
+                _ => {}
+            }
+        }
         match result {
             Ok(Some(change)) if change != ace_core::health::Change::None => {
+                use ace_core::health::Change;
+                let m = &plugin.metrics;
+                match change {
+                    Change::Tripped { .. } => bump(m.trips, 1),
+                    Change::CapCut { .. } => bump(m.cap_cuts, 1),
+                    Change::Derated { .. } => bump(m.derates, 1),
+                    Change::Recovered | Change::None => {}
+                }
                 let name = plugin
                     .config
                     .destinations
@@ -267,6 +371,30 @@ impl HttpContext for AceStream {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(1, |b| (b / 4).clamp(1, u64::from(u32::MAX)) as u32);
         let now = now_ms();
+        bump(plugin.metrics.requests, 1);
+        let model = request_header("x-ace-model");
+        self.event = Some(Event {
+            schema: event::SCHEMA,
+            request_id: request_header("x-request-id"),
+            time_ms: now,
+            tenant: request_header("x-ace-tenant"),
+            data_class: request_header("x-ace-data-class"),
+            latency_class: request_header("x-ace-latency-class"),
+            model_served: model.clone(),
+            model_requested: model,
+            destination: None,
+            tier: None,
+            tokens_in,
+            tokens_out: cfg.default_output_tokens,
+            tokens_estimated: true,
+            status: 0,
+            latency_ms: 0,
+            slo_ms: None,
+            slo_met: None,
+            marginal_usd: 0.0,
+            counterfactual_usd: None,
+            reason: "",
+        });
         let req = Request {
             tokens_in,
             tokens_out: cfg.default_output_tokens,
@@ -297,6 +425,8 @@ impl HttpContext for AceStream {
         let decision = match decided {
             Ok(Ok(d)) => d,
             Ok(Err(refusal)) => {
+                bump(plugin.metrics.no_destination, 1);
+                self.emit(503, refusal.as_str());
                 return self.reply_json(
                     503,
                     "no_feasible_destination",
@@ -310,6 +440,22 @@ impl HttpContext for AceStream {
             }
         };
         self.chosen = Some((decision, now));
+        let m = &plugin.metrics;
+        bump(m.booked_nano_usd, nano_usd(decision.marginal_usd));
+        bump(
+            m.counterfactual_nano_usd,
+            nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
+        );
+        if let Some((requests, _, _)) = m.per_destination.get(decision.index) {
+            bump(*requests, 1);
+        }
+        if let Some(e) = self.event.as_mut() {
+            e.destination = cfg.destinations.get(decision.index).map(|d| d.name.clone());
+            e.tier = cfg.models.get(decision.index).map(|m| m.tier.as_str());
+            e.slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
+            e.marginal_usd = decision.marginal_usd;
+            e.counterfactual_usd = decision.counterfactual_usd;
+        }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None);
             return self.reply_json(500, "internal", "internal", "decision index out of range");
@@ -360,6 +506,10 @@ impl HttpContext for AceStream {
             },
         };
         self.settle(Some(outcome));
+        if let Some(e) = self.event.as_mut() {
+            e.latency_ms = now_ms().saturating_sub(started);
+        }
+        self.emit(status, decision.reason.as_str());
         if let Some(dest) = dest {
             let tier = plugin
                 .config
@@ -380,7 +530,9 @@ impl HttpContext for AceStream {
     }
 
     fn on_log(&mut self) {
-        // The client went away before any response: free the slot, blame no one.
+        // The client went away before any response: free the slot, blame no
+        // one, and still leave an event (status 0).
         self.settle(None);
+        self.emit(0, "client_gone");
     }
 }

@@ -85,7 +85,7 @@ pub struct EnvoyBuilder {
     http_filters: Vec<Value>,
     route: Value,
     concurrency: u32,
-    access_log_format: Value,
+    log_format: Value,
     log_level: String,
 }
 
@@ -103,7 +103,7 @@ impl EnvoyBuilder {
             http_filters: Vec::new(),
             route: json!({"cluster_header": DESTINATION_HEADER, "timeout": "30s"}),
             concurrency: 2,
-            access_log_format: json!({
+            log_format: json!({"json_format": {
                 "start_time": "%START_TIME%",
                 "method": "%REQ(:METHOD)%",
                 "path": "%REQ(:PATH)%",
@@ -111,7 +111,7 @@ impl EnvoyBuilder {
                 "flags": "%RESPONSE_FLAGS%",
                 "cluster": "%UPSTREAM_CLUSTER%",
                 "duration_ms": "%DURATION%"
-            }),
+            }}),
             log_level: "info".into(),
         }
     }
@@ -165,7 +165,14 @@ impl EnvoyBuilder {
 
     /// Replace the access log's JSON format (a map of field to command operator).
     pub fn access_log_format(mut self, format: Value) -> EnvoyBuilder {
-        self.access_log_format = format;
+        self.log_format = json!({ "json_format": format });
+        self
+    }
+
+    /// Make each access-log line exactly `line` (a text format; a newline is
+    /// appended), e.g. `%FILTER_STATE(wasm.ace_event:PLAIN)%` for ACE's events.
+    pub fn access_log_line(mut self, line: &str) -> EnvoyBuilder {
+        self.log_format = json!({ "text_format_source": { "inline_string": format!("{line}\n") } });
         self
     }
 
@@ -199,7 +206,7 @@ impl EnvoyBuilder {
                                 "typed_config": {
                                     "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
                                     "path": access_log.to_string_lossy(),
-                                    "log_format": {"json_format": self.access_log_format}
+                                    "log_format": self.log_format
                                 }
                             }],
                             "route_config": {

@@ -1,0 +1,124 @@
+//! The event spine in a real Envoy: exactly one parseable NDJSON event per
+//! request in the access log, served or refused, with every field the ledger
+//! needs; and the proxy-wasm counters visible in Envoy's stats.
+
+use ace_harness::client::Request;
+use ace_harness::envoy::EnvoyBuilder;
+use ace_harness::upstream::Behavior;
+use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const FIELDS: [&str; 20] = [
+    "schema",
+    "request_id",
+    "time_ms",
+    "tenant",
+    "data_class",
+    "latency_class",
+    "model_requested",
+    "model_served",
+    "destination",
+    "tier",
+    "tokens_in",
+    "tokens_out",
+    "status",
+    "latency_ms",
+    "slo_ms",
+    "slo_met",
+    "marginal_usd",
+    "counterfactual_usd",
+    "reason",
+    "tokens_estimated",
+];
+
+#[test]
+fn one_parseable_event_per_request_with_every_field() {
+    require_envoy();
+    let wasm = ace_filter_wasm();
+    let (owned, payg) = (upstream("owned"), upstream("payg"));
+    let config = json!({"destinations": [
+        {"name": "payg", "cluster": "payg", "tier": "payg",
+         "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5},
+        {"name": "owned", "cluster": "owned", "tier": "inhouse", "capacity": 8,
+         "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8, "slo_ms": 5000}
+    ], "health": {"trip_after": 2, "base_cooldown_ms": 60000}});
+    let envoy = start(
+        &EnvoyBuilder::new()
+            .wasm_filter(&wasm, &config.to_string())
+            .cluster("owned", owned.port())
+            .cluster("payg", payg.port())
+            .access_log_line("%FILTER_STATE(wasm.ace_event:PLAIN)%"),
+    );
+    let send = || {
+        Request::post_json(
+            "/v1/chat/completions",
+            &json!({"model": "llama", "messages": []}),
+        )
+        .header("x-ace-tenant", "acme")
+        .header("x-ace-data-class", "eu-personal")
+        .header("x-ace-model", "llama")
+        .send(envoy.port())
+        .unwrap_or_else(|e| panic!("request failed: {e}"))
+    };
+    let statuses: Vec<u16> = (0..3).map(|_| send().status).collect();
+    assert_eq!(statuses, [200, 200, 200]);
+    // Make the owned pool fail twice (trip), then the payg API too: 503s.
+    owned.set_behavior(Behavior::Status(500));
+    payg.set_behavior(Behavior::Status(500));
+    for _ in 0..4 {
+        send();
+    }
+    let refused = send();
+    assert_eq!(refused.status, 503);
+    let err = refused.json().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(err["error"]["type"], "no_feasible_destination");
+    assert_eq!(err["error"]["reason"], "no_healthy_destination");
+
+    let lines = envoy.wait_access_log(8, Duration::from_secs(10));
+    assert_eq!(
+        lines.len(),
+        8,
+        "one line per request:\n{}",
+        lines.join("\n")
+    );
+    let events: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    for e in &events {
+        for f in FIELDS {
+            assert!(e.get(f).is_some(), "field {f} missing in {e}");
+        }
+        assert_eq!(e["schema"], "ace.event/1");
+        assert_eq!(e["tenant"], "acme");
+        assert_eq!(e["data_class"], "eu-personal");
+        assert_eq!(e["model_requested"], "llama");
+        assert!(e["request_id"].as_str().is_some_and(|s| !s.is_empty()));
+    }
+    let first = &events[0];
+    assert_eq!(first["destination"], "owned");
+    assert_eq!(first["tier"], "inhouse");
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["reason"], "cheapest");
+    assert_eq!(first["slo_met"], true);
+    let booked = first["marginal_usd"].as_f64().unwrap_or(f64::NAN);
+    let counterfactual = first["counterfactual_usd"].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        booked > 0.0 && booked < counterfactual,
+        "{booked} vs {counterfactual}"
+    );
+    let last = &events[7];
+    assert_eq!(last["status"], 503);
+    assert_eq!(last["reason"], "no_healthy_destination");
+    assert_eq!(last["destination"], Value::Null);
+
+    // The counters reach Envoy's stats.
+    assert_eq!(envoy.stat("wasmcustom.ace.requests"), Some(8));
+    assert_eq!(envoy.stat("wasmcustom.ace.no_destination"), Some(1));
+    assert_eq!(envoy.stat("wasmcustom.ace.trips"), Some(2));
+    assert_eq!(
+        envoy.stat("wasmcustom.ace.destination.owned.tier.inhouse.requests"),
+        Some(5)
+    );
+}

@@ -320,7 +320,7 @@ fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(),
     }
     if !stopped {
         let mut headers = s.response_headers().clone();
-        headers.add("server", "envoy");
+        finish_headers(s, &mut headers);
         out.response = Some(Response {
             headers,
             body: s.forwarded_response_body().to_vec(),
@@ -328,6 +328,64 @@ fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(),
         });
     }
     Ok(())
+}
+
+/// What the connection manager adds after every filter ran: `date` (from
+/// the virtual clock) and `server`.
+fn finish_headers(s: &HttpStream<'_>, headers: &mut Headers) {
+    if !headers.contains("date") {
+        headers.add("date", http_date(s.now()));
+    }
+    if !headers.contains("server") {
+        headers.add("server", "envoy");
+    }
+}
+
+/// RFC 9110 IMF-fixdate, e.g. `Thu, 01 Jan 2026 00:00:00 GMT`.
+fn http_date(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{}, {:02} {} {} {:02}:{:02}:{:02} GMT",
+        WEEKDAYS.get(days.rem_euclid(7) as usize).unwrap_or(&"Thu"),
+        day,
+        MONTHS.get((month - 1) as usize).unwrap_or(&"Jan"),
+        year,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http_date;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_206_705);
+        assert_eq!(http_date(t), "Wed, 02 Dec 2026 10:18:25 GMT");
+    }
 }
 
 fn check_encode(
@@ -345,7 +403,7 @@ fn check_encode(
             // A local reply while encoding replaces the response outright.
             out.local_reply = Some(l.clone());
             let mut r = local_response_headers(l);
-            r.headers.add("server", "envoy");
+            finish_headers(s, &mut r.headers);
             out.response = Some(r);
             return true;
         }

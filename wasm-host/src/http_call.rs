@@ -19,7 +19,10 @@ pub struct CallRequest {
     pub token: u32,
     /// The cluster (Envoy `cluster_manager` name) it targets.
     pub cluster: String,
-    /// Request headers, `:method`, `:path` and `:authority` included.
+    /// Request headers as the cluster receives them: the filter's
+    /// (`:method`, `:path`, `:authority` included) plus what Envoy's async
+    /// client adds (`x-envoy-internal`, `x-envoy-expected-rq-timeout-ms`,
+    /// `content-length` for a body).
     pub headers: Headers,
     /// Request body.
     pub body: Vec<u8>,

@@ -510,9 +510,14 @@ pub(crate) fn define(
         {
             return st(Status::BadArgument);
         }
+        // What Envoy's async client adds before the cluster sees the call.
         if !body.is_empty() {
             headers.set("content-length", body.len().to_string());
         }
+        if timeout > 0 {
+            headers.set("x-envoy-expected-rq-timeout-ms", timeout.to_string());
+        }
+        headers.set("x-envoy-internal", "true");
         let s = c.data_mut();
         let token = s.next_token;
         s.next_token = s.next_token.wrapping_add(1).max(1);

@@ -51,9 +51,12 @@ struct Queue {
     registrant: (u64, u32),
 }
 
+/// One `vm_id`'s key-value store: key → (value, cas).
+type Namespace = HashMap<Vec<u8>, (Vec<u8>, u32)>;
+
 #[derive(Default)]
 struct Inner {
-    data: HashMap<String, HashMap<Vec<u8>, (Vec<u8>, u32)>>,
+    data: HashMap<String, Namespace>,
     last_cas: u32,
     queue_tokens: HashMap<(String, Vec<u8>), u32>,
     queues: HashMap<u32, Queue>,

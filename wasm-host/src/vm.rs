@@ -694,6 +694,11 @@ impl<'vm> HttpStream<'vm> {
         self.id
     }
 
+    /// Current virtual wall-clock time.
+    pub fn now(&self) -> SystemTime {
+        self.vm.now()
+    }
+
     /// The VM, e.g. to complete a callout or read logs mid-stream.
     pub fn vm(&mut self) -> &mut Vm {
         self.vm

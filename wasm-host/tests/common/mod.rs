@@ -54,3 +54,33 @@ pub fn module(package: &str) -> FilterModule {
         .insert(package.to_string(), m.clone());
     m
 }
+
+/// Configurations for `ace-filter`, newest format first: the filter's
+/// configuration schema is evolving, and the tests only need two
+/// destinations where `gpu-b` (cluster `cluster_b`) is clearly cheaper.
+const ACE_CONFIGS: &[&str] = &[
+    r#"{"destinations":[
+        {"name":"gpu-a","cluster":"cluster_a","tier":"payg","usd_per_input_token":9e-6,"usd_per_output_token":9e-6},
+        {"name":"gpu-b","cluster":"cluster_b","tier":"payg","usd_per_input_token":2e-6,"usd_per_output_token":2e-6}]}"#,
+    r#"{"destinations":[
+        {"name":"gpu-a","cluster":"cluster_a","price_usd":0.9},
+        {"name":"gpu-b","cluster":"cluster_b","price_usd":0.2}]}"#,
+];
+
+/// A configuration the built `ace-filter` accepts (probed on the host).
+pub fn ace_config() -> &'static str {
+    static CHOSEN: OnceLock<&'static str> = OnceLock::new();
+    CHOSEN.get_or_init(|| {
+        let m = module("ace-filter");
+        ACE_CONFIGS
+            .iter()
+            .copied()
+            .find(|c| {
+                ace_wasm_host::Vm::builder(&m)
+                    .configuration(*c)
+                    .start()
+                    .is_ok()
+            })
+            .unwrap_or_else(|| panic!("ace-filter accepts none of the test configurations"))
+    })
+}

@@ -1,16 +1,12 @@
 //! ACE's own filter (crate `ace-filter`) on the host.
 
-use crate::common::module;
+use crate::common::{ace_config, module};
 use ace_wasm_host::{Action, Error, Request, Response, Route, Vm};
-
-const CONFIG: &str = r#"{"destinations":[
-    {"name":"gpu-a","cluster":"cluster_a","price_usd":0.9},
-    {"name":"gpu-b","cluster":"cluster_b","price_usd":0.2}]}"#;
 
 #[test]
 fn routes_to_the_cheapest_destination() -> Result<(), Error> {
     let m = module("ace-filter");
-    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let mut vm = Vm::builder(&m).configuration(ace_config()).start()?;
     let mut s = vm.http_stream()?;
     let action = s.send_request_headers([(":path", "/v1/chat"), (":method", "POST")], false)?;
     assert_eq!(action, Action::Continue);
@@ -30,7 +26,7 @@ fn routes_to_the_cheapest_destination() -> Result<(), Error> {
 #[test]
 fn clients_cannot_choose_the_destination() -> Result<(), Error> {
     let m = module("ace-filter");
-    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let mut vm = Vm::builder(&m).configuration(ace_config()).start()?;
     let route = Route::ClusterHeader("x-ace-destination".into());
     let ex = vm.exchange(
         &route,
@@ -61,7 +57,7 @@ fn a_bad_configuration_is_rejected_with_the_field_named() {
 #[test]
 fn the_last_good_configuration_survives_a_bad_update() -> Result<(), Error> {
     let m = module("ace-filter");
-    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let mut vm = Vm::builder(&m).configuration(ace_config()).start()?;
     let r = vm.reconfigure("{");
     assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
     assert!(vm.logged("invalid ACE plugin configuration"));
@@ -77,7 +73,7 @@ fn the_last_good_configuration_survives_a_bad_update() -> Result<(), Error> {
 #[test]
 fn many_requests_do_not_grow_memory_without_bound() -> Result<(), Error> {
     let m = module("ace-filter");
-    let mut vm = Vm::builder(&m).configuration(CONFIG).start()?;
+    let mut vm = Vm::builder(&m).configuration(ace_config()).start()?;
     let route = Route::ClusterHeader("x-ace-destination".into());
     for _ in 0..50 {
         vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;

@@ -1,0 +1,477 @@
+//! Differential suite: the same scenarios in a real Envoy 1.40 (through
+//! `ace-harness`) and on ace-wasm-host, comparing what the client and every
+//! upstream observe: status, headers, body, which upstream (or callout
+//! cluster) was reached and with what.
+//!
+//! Needs `envoy` on PATH (or `ACE_ENVOY`): without it these tests fail, they
+//! never skip. Each group of scenarios shares one Envoy, so the suite starts
+//! a handful of Envoys, not one per scenario.
+//!
+//! Headers whose values are inherently per-run (`date`, `x-request-id`,
+//! `x-envoy-upstream-service-time`) or that only the route's timeout sets
+//! (`x-envoy-expected-rq-timeout-ms`) are compared by presence only; all
+//! others are compared by value, order-insensitively.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use ace_harness::client;
+use ace_harness::envoy::{wasm_filter_json, EnvoyBuilder};
+use ace_harness::upstream::{Behavior, Upstream};
+use ace_wasm_host::{CallRequest, CallResponse, Request, Response, Route, UpstreamRequest, Vm};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// One client request.
+#[derive(Clone, Debug)]
+struct Case {
+    name: &'static str,
+    method: &'static str,
+    path: &'static str,
+    headers: Vec<(&'static str, &'static str)>,
+    body: &'static str,
+}
+
+fn case(name: &'static str, method: &'static str, path: &'static str) -> Case {
+    Case {
+        name,
+        method,
+        path,
+        headers: Vec::new(),
+        body: "",
+    }
+}
+
+impl Case {
+    fn header(mut self, k: &'static str, v: &'static str) -> Case {
+        self.headers.push((k, v));
+        self
+    }
+    fn body(mut self, b: &'static str) -> Case {
+        self.body = b;
+        self
+    }
+}
+
+/// Scenarios sharing one filter, configuration, route and set of clusters.
+struct Group {
+    package: &'static str,
+    configuration: &'static str,
+    /// `Some(header)`: route with `cluster_header`; `None`: fixed cluster
+    /// "backend".
+    cluster_header: Option<&'static str>,
+    /// Every cluster Envoy knows, with what its upstream does. Callout
+    /// targets are clusters too.
+    clusters: Vec<(&'static str, Behavior)>,
+    cases: Vec<Case>,
+}
+
+/// What a client and the upstreams saw, normalized for comparison.
+#[derive(Debug, PartialEq, Clone)]
+struct Observed {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+    upstreams: Vec<Seen>,
+}
+
+#[derive(Debug, PartialEq, Clone)]
+struct Seen {
+    cluster: String,
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+/// Hop-by-hop headers of the client's own HTTP/1.1 connection.
+const TRANSPORT: &[&str] = &["connection", "keep-alive", "transfer-encoding"];
+
+const VOLATILE: &[&str] = &[
+    "date",
+    "x-request-id",
+    "x-envoy-upstream-service-time",
+    "x-envoy-expected-rq-timeout-ms",
+];
+
+fn normalize(headers: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = headers
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(':') && !TRANSPORT.contains(&k.as_str()))
+        .map(|(k, v)| {
+            let v = if VOLATILE.contains(&k.as_str()) {
+                "<present>".to_string()
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// What the harness's upstream sends for `b` (mirrors `ace_harness::upstream`).
+fn upstream_response(name: &str, b: &Behavior) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let json_body = |status: u16| {
+        json!({"upstream": name, "status": status})
+            .to_string()
+            .into_bytes()
+    };
+    let (status, extra, body) = match b {
+        Behavior::Status(code) => (*code, vec![], json_body(*code)),
+        Behavior::Respond {
+            status,
+            headers,
+            body,
+        } => (*status, headers.clone(), body.clone()),
+        _ => (200, vec![], json_body(200)),
+    };
+    let mut headers = vec![
+        ("content-length".to_string(), body.len().to_string()),
+        ("x-upstream".to_string(), name.to_string()),
+    ];
+    if !extra
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
+        headers.push(("content-type".into(), "application/json".into()));
+    }
+    headers.extend(extra);
+    (status, headers, body)
+}
+
+fn run_in_envoy(group: &Group) -> Vec<Observed> {
+    let wasm = ace_harness::wasm::build(group.package).unwrap_or_else(|e| panic!("{e}"));
+    let upstreams: Vec<(String, Upstream)> = group
+        .clusters
+        .iter()
+        .map(|(name, behavior)| {
+            let u = Upstream::start(name).unwrap_or_else(|e| panic!("upstream {name}: {e}"));
+            u.set_behavior(behavior.clone());
+            (name.to_string(), u)
+        })
+        .collect();
+    let mut b =
+        EnvoyBuilder::new().http_filter(wasm_filter_json("ace", &wasm, group.configuration));
+    for (name, u) in &upstreams {
+        b = b.cluster(name, u.port());
+    }
+    b = match group.cluster_header {
+        Some(h) => b.route(json!({"cluster_header": h, "timeout": "30s"})),
+        None => b.route(json!({"cluster": "backend", "timeout": "30s"})),
+    };
+    let envoy = b
+        .start()
+        .unwrap_or_else(|e| panic!("Envoy did not start: {e}"));
+    group
+        .cases
+        .iter()
+        .map(|c| {
+            for (_, u) in &upstreams {
+                u.clear();
+            }
+            let mut req = client::Request::get(c.path);
+            req.method = c.method.to_string();
+            req.body = c.body.as_bytes().to_vec();
+            for (k, v) in &c.headers {
+                req = req.header(k, v);
+            }
+            let r = req
+                .send(envoy.port())
+                .unwrap_or_else(|e| panic!("{}: request to Envoy failed: {e}", c.name));
+            let mut seen = Vec::new();
+            for (name, u) in &upstreams {
+                for rec in u.requests() {
+                    seen.push(Seen {
+                        cluster: name.clone(),
+                        method: rec.method,
+                        path: rec.path,
+                        headers: normalize(rec.headers),
+                        body: String::from_utf8_lossy(&rec.body).into_owned(),
+                    });
+                }
+            }
+            seen.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+            Observed {
+                status: r.status,
+                headers: normalize(r.headers),
+                body: String::from_utf8_lossy(&r.body).into_owned(),
+                upstreams: seen,
+            }
+        })
+        .collect()
+}
+
+/// Request headers in HTTP/1 form, as an upstream records them.
+fn h1_seen(cluster: &str, headers: &ace_wasm_host::Headers, body: &[u8]) -> Seen {
+    let mut rest = Vec::new();
+    for (k, v) in headers.to_vec() {
+        match k.as_str() {
+            ":authority" => rest.push(("host".to_string(), v)),
+            k if k.starts_with(':') => {}
+            _ => rest.push((k, v)),
+        }
+    }
+    Seen {
+        cluster: cluster.to_string(),
+        method: headers.get(":method").unwrap_or_default().to_string(),
+        path: headers.get(":path").unwrap_or_default().to_string(),
+        headers: normalize(rest),
+        body: String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
+fn run_on_host(group: &Group) -> Vec<Observed> {
+    let module = common::module(group.package);
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let mut builder = Vm::builder(&module)
+        .plugin_name("ace")
+        .root_id("ace")
+        .vm_id("ace")
+        .configuration(group.configuration);
+    let behaviors: BTreeMap<String, Behavior> = group
+        .clusters
+        .iter()
+        .map(|(n, b)| (n.to_string(), b.clone()))
+        .collect();
+    for (name, behavior) in &group.clusters {
+        let (name, behavior, seen) = (name.to_string(), behavior.clone(), seen.clone());
+        builder = builder.cluster_with(&name.clone(), move |req: &CallRequest| {
+            seen.lock().unwrap_or_else(|e| e.into_inner()).push(h1_seen(
+                &name,
+                &req.headers,
+                &req.body,
+            ));
+            let (status, hs, body) = upstream_response(&name, &behavior);
+            let mut r = CallResponse::new(status).body(body);
+            for (k, v) in hs {
+                r = r.header(&k, &v);
+            }
+            r.into()
+        });
+    }
+    let mut vm = builder.start().unwrap_or_else(|e| panic!("host VM: {e}"));
+    let route = match group.cluster_header {
+        Some(h) => Route::ClusterHeader(h.to_string()),
+        None => Route::Cluster("backend".to_string()),
+    };
+    group
+        .cases
+        .iter()
+        .map(|c| {
+            seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            // What the harness client sends, as Envoy's HTTP/1 codec hands it on.
+            let mut req = Request::new(c.method, c.path)
+                .authority("ace.test")
+                .header("content-length", &c.body.len().to_string());
+            for (k, v) in &c.headers {
+                req = req.header(k, v);
+            }
+            let req = req.body(c.body.as_bytes().to_vec());
+            let ex = vm
+                .exchange(&route, req, |up: &UpstreamRequest| {
+                    let behavior = behaviors.get(&up.cluster)?;
+                    seen.lock().unwrap_or_else(|e| e.into_inner()).push(h1_seen(
+                        &up.cluster,
+                        &up.headers,
+                        &up.body,
+                    ));
+                    let (status, hs, body) = upstream_response(&up.cluster, behavior);
+                    let mut r = Response::new(status).body(body);
+                    for (k, v) in hs {
+                        r = r.header(&k, &v);
+                    }
+                    Some(r)
+                })
+                .unwrap_or_else(|e| panic!("{}: host exchange failed: {e}", c.name));
+            let r = ex.response.unwrap_or_else(|| {
+                panic!(
+                    "{}: no response on the host (reset {}, hung {})",
+                    c.name, ex.reset, ex.hung
+                )
+            });
+            let mut ups = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            ups.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+            Observed {
+                status: r.status(),
+                headers: normalize(r.headers.to_vec()),
+                body: r.text(),
+                upstreams: ups,
+            }
+        })
+        .collect()
+}
+
+/// The fields that differ, one per line.
+fn describe(e: &Observed, h: &Observed) -> String {
+    let mut out = String::new();
+    let mut field = |name: &str, a: String, b: String| {
+        if a != b {
+            out.push_str(&format!("  {name}:\n    envoy: {a}\n    host:  {b}\n"));
+        }
+    };
+    field("status", e.status.to_string(), h.status.to_string());
+    field(
+        "headers",
+        format!("{:?}", e.headers),
+        format!("{:?}", h.headers),
+    );
+    field("body", format!("{:?}", e.body), format!("{:?}", h.body));
+    field(
+        "upstreams",
+        format!("{:?}", e.upstreams),
+        format!("{:?}", h.upstreams),
+    );
+    out
+}
+
+/// Runs a group both ways and asserts every scenario matches.
+fn differential(group: Group) {
+    let envoy = run_in_envoy(&group);
+    let host = run_on_host(&group);
+    let mut failures = Vec::new();
+    for ((c, e), h) in group.cases.iter().zip(&envoy).zip(&host) {
+        if e == h {
+            eprintln!("differential: {} / {}: same", group.package, c.name);
+        } else {
+            failures.push(format!(
+                "{} / {}:\n{}",
+                group.package,
+                c.name,
+                describe(e, h)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} scenarios differ:\n{}",
+        failures.len(),
+        group.cases.len(),
+        failures.join("\n")
+    );
+    assert_eq!(envoy.len(), group.cases.len());
+}
+
+#[test]
+fn ace_filter_matches_envoy() {
+    differential(Group {
+        package: "ace-filter",
+        configuration: common::ace_config(),
+        cluster_header: Some("x-ace-destination"),
+        clusters: vec![
+            ("cluster_a", Behavior::Ok),
+            ("cluster_b", Behavior::Status(503)),
+        ],
+        cases: vec![
+            case("routes to the cheapest destination", "GET", "/v1/models"),
+            case("a client-chosen destination is overridden", "GET", "/")
+                .header("x-ace-destination", "cluster_a"),
+            case(
+                "a POST body reaches the upstream unchanged",
+                "POST",
+                "/v1/chat",
+            )
+            .header("content-type", "application/json")
+            .body(r#"{"model":"m","messages":[]}"#),
+        ],
+    });
+}
+
+#[test]
+fn header_rewrite_matches_envoy() {
+    differential(Group {
+        package: "ace-example-header-rewrite",
+        configuration: "differential",
+        cluster_header: None,
+        clusters: vec![(
+            "backend",
+            Behavior::Respond {
+                status: 200,
+                headers: vec![
+                    ("x-internal-secret".into(), "hunter2".into()),
+                    ("content-type".into(), "text/plain".into()),
+                ],
+                body: b"hello".to_vec(),
+            },
+        )],
+        cases: vec![
+            case("an /old/ path is rewritten", "GET", "/old/a/b?x=1").header("x-debug", "yes"),
+            case("other paths are left alone", "GET", "/keep/me").header("x-other", "1"),
+        ],
+    });
+}
+
+#[test]
+fn local_auth_matches_envoy() {
+    differential(Group {
+        package: "ace-example-local-auth",
+        configuration: "s3cret",
+        cluster_header: None,
+        clusters: vec![("backend", Behavior::Ok)],
+        cases: vec![
+            case("no credential gets the local 401", "GET", "/private"),
+            case("a wrong credential gets the local 401", "POST", "/private")
+                .header("authorization", "Bearer nope")
+                .body("payload"),
+            case(
+                "the right credential goes upstream without it",
+                "GET",
+                "/private",
+            )
+            .header("authorization", "Bearer s3cret"),
+        ],
+    });
+}
+
+#[test]
+fn http_callout_matches_envoy() {
+    differential(Group {
+        package: "ace-example-http-callout",
+        configuration: "authz",
+        cluster_header: None,
+        clusters: vec![
+            ("backend", Behavior::Ok),
+            (
+                "authz",
+                Behavior::Respond {
+                    status: 200,
+                    headers: vec![("content-type".into(), "text/plain".into())],
+                    body: b"ann@corp".to_vec(),
+                },
+            ),
+        ],
+        cases: vec![
+            case("an allowed callout resumes the request", "GET", "/x").header("x-user", "ann")
+        ],
+    });
+}
+
+#[test]
+fn http_callout_denials_match_envoy() {
+    differential(Group {
+        package: "ace-example-http-callout",
+        configuration: "authz",
+        cluster_header: None,
+        clusters: vec![("backend", Behavior::Ok), ("authz", Behavior::Status(401))],
+        cases: vec![
+            case("a denied callout becomes a local 403", "GET", "/x").header("x-user", "eve")
+        ],
+    });
+}
+
+#[test]
+fn http_callout_to_an_unknown_cluster_matches_envoy() {
+    differential(Group {
+        package: "ace-example-http-callout",
+        configuration: "no-such-cluster",
+        cluster_header: None,
+        clusters: vec![("backend", Behavior::Ok)],
+        cases: vec![case(
+            "dispatch to an unknown cluster fails locally",
+            "GET",
+            "/",
+        )],
+    });
+}

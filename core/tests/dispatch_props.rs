@@ -1,0 +1,167 @@
+//! Properties of the decision over random fleets, feasibility masks, loads
+//! and health states:
+//!
+//! 1. the choice is always in the feasible mask (compliance fails closed:
+//!    no cost, bias or health state can pick an infeasible destination);
+//! 2. it admits the request (breaker not open, under its cap);
+//! 3. its effective cost is the minimum over all feasible, admitting
+//!    destinations, recomputed here independently from the cost model, and
+//!    ties go to the lowest index;
+//! 4. a refusal happens exactly when no feasible destination admits.
+
+use ace_core::cost::{CostModel, Tier};
+use ace_core::dispatch::{bit, decide, Fleet, Refusal, Request};
+use ace_core::health::{Health, HealthPolicy, Outcome};
+use proptest::prelude::*;
+
+fn tier() -> impl Strategy<Value = Tier> {
+    prop_oneof![
+        Just(Tier::InHouse),
+        Just(Tier::Reserved),
+        Just(Tier::Spot),
+        Just(Tier::OnDemand),
+        Just(Tier::Payg)
+    ]
+}
+
+fn model() -> impl Strategy<Value = CostModel> {
+    (
+        tier(),
+        0.0..1e-5f64,
+        0.0..4e-5f64,
+        0.5..8.0f64,
+        100.0..5000.0f64,
+        1u32..32,
+        0.3..1.0f64,
+        0.0..0.05f64,
+        prop_oneof![Just(1.0), 0.2..3.0f64],
+        proptest::option::of(0.0..1e-5f64),
+    )
+        .prop_map(
+            |(tier, i, o, gpu_h, tps, cap, knee, cold, bias, over)| CostModel {
+                tier,
+                usd_per_input_token: i,
+                usd_per_output_token: o,
+                usd_per_gpu_hour: gpu_h,
+                tokens_per_second: tps,
+                eviction_premium: 0.2,
+                overage_usd_per_token: over,
+                capacity: if tier == Tier::Payg { 0 } else { cap },
+                knee,
+                service_ms: 800.0,
+                cold_load_usd: cold,
+                bias,
+            },
+        )
+}
+
+/// A health state reached by a random history of outcomes.
+fn health() -> impl Strategy<Value = Health> {
+    proptest::collection::vec((0u8..4, 0u64..20_000, 0u64..3_000), 0..8).prop_map(|events| {
+        let p = HealthPolicy::default();
+        let mut h = Health::default();
+        for (kind, at, extra) in events {
+            let o = match kind {
+                0 => Outcome::Failure,
+                1 => Outcome::Throttled {
+                    retry_after_ms: Some(extra),
+                },
+                2 => Outcome::Success {
+                    latency_ms: extra,
+                    slo_ms: Some(1_000),
+                },
+                _ => {
+                    h.on_dispatch(at);
+                    continue;
+                }
+            };
+            h.observe(o, at, &p);
+        }
+        h
+    })
+}
+
+fn world() -> impl Strategy<Value = (Vec<CostModel>, Vec<Health>, Vec<u32>, Vec<u64>, Vec<u64>)> {
+    (1usize..150).prop_flat_map(|n| {
+        let words = n.div_ceil(64);
+        (
+            proptest::collection::vec(model(), n),
+            proptest::collection::vec(health(), n),
+            proptest::collection::vec(0u32..40, n),
+            proptest::collection::vec(any::<u64>(), words),
+            proptest::collection::vec(any::<u64>(), words),
+        )
+    })
+}
+
+/// The effective cost, recomputed from the public model API.
+fn effective(
+    m: &CostModel,
+    h: &Health,
+    in_flight: u32,
+    warm: bool,
+    r: &Request,
+    p: &HealthPolicy,
+) -> Option<f64> {
+    if !h.admits(r.now_ms) {
+        return None;
+    }
+    let cap = h.cap(m.capacity, r.now_ms);
+    let marginal = m.marginal_usd(r.tokens_in, r.tokens_out, warm, in_flight, cap)?;
+    let delay = m.queueing_delay_s(in_flight, cap.or(Some(m.capacity)));
+    Some((marginal + r.latency_usd_per_s * delay) * h.derate(r.now_ms, p) * m.bias)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn choice_is_feasible_admitting_and_cheapest(
+        (models, health, in_flight, feasible, warm) in world(),
+        tokens_in in 1u32..20_000,
+        tokens_out in 1u32..4_000,
+        now_ms in 0u64..30_000,
+        latency in 0.0..0.01f64,
+    ) {
+        for m in &models {
+            prop_assert!(m.validate().is_ok());
+        }
+        let policy = HealthPolicy::default();
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, policy: &policy };
+        let req = Request { tokens_in, tokens_out, latency_usd_per_s: latency, now_ms };
+        let costs: Vec<Option<f64>> = (0..models.len())
+            .map(|d| {
+                if !bit(&feasible, d) {
+                    return None;
+                }
+                effective(&models[d], &health[d], in_flight[d], bit(&warm, d), &req, &policy)
+            })
+            .collect();
+        let best = costs
+            .iter()
+            .enumerate()
+            .filter_map(|(d, c)| c.map(|c| (d, c)))
+            .fold(None, |acc: Option<(usize, f64)>, (d, c)| match acc {
+                Some((_, b)) if c >= b => acc,
+                _ => Some((d, c)),
+            });
+        match decide(&fleet, &feasible, &warm, &req) {
+            Ok(decision) => {
+                prop_assert!(bit(&feasible, decision.index), "chose an infeasible destination");
+                prop_assert!(health[decision.index].admits(now_ms), "chose a tripped destination");
+                let (d, c) = best.ok_or_else(|| TestCaseError::fail("chose while the oracle found none"))?;
+                prop_assert_eq!(decision.index, d);
+                prop_assert!((decision.effective_usd - c).abs() <= 1e-12 * c.abs().max(1.0));
+                if let Some(r) = decision.runner_up {
+                    prop_assert!(bit(&feasible, r) && r != d);
+                }
+            }
+            Err(refusal) => {
+                prop_assert!(best.is_none(), "refused ({refusal:?}) but {best:?} was available");
+                let any_feasible = (0..models.len()).any(|d| bit(&feasible, d));
+                let expected = if any_feasible { Refusal::NoHealthyDestination } else { Refusal::NoFeasibleDestination };
+                prop_assert_eq!(refusal, expected);
+            }
+        }
+    }
+}

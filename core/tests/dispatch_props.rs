@@ -81,7 +81,10 @@ fn health() -> impl Strategy<Value = Health> {
     })
 }
 
-fn world() -> impl Strategy<Value = (Vec<CostModel>, Vec<Health>, Vec<u32>, Vec<u64>, Vec<u64>)> {
+/// Models, health, in-flight counts, feasibility mask, warm mask.
+type World = (Vec<CostModel>, Vec<Health>, Vec<u32>, Vec<u64>, Vec<u64>);
+
+fn world() -> impl Strategy<Value = World> {
     (1usize..150).prop_flat_map(|n| {
         let words = n.div_ceil(64);
         (

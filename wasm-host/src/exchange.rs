@@ -375,19 +375,6 @@ fn http_date(t: std::time::SystemTime) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::http_date;
-    use std::time::{Duration, UNIX_EPOCH};
-
-    #[test]
-    fn http_dates() {
-        assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
-        let t = UNIX_EPOCH + Duration::from_secs(1_796_206_705);
-        assert_eq!(http_date(t), "Wed, 02 Dec 2026 10:18:25 GMT");
-    }
-}
-
 fn check_encode(
     s: &HttpStream<'_>,
     out: &mut Exchange,
@@ -413,4 +400,17 @@ fn check_encode(
         return true;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http_date;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_206_705);
+        assert_eq!(http_date(t), "Wed, 02 Dec 2026 10:18:25 GMT");
+    }
 }

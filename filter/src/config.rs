@@ -47,6 +47,44 @@ pub struct Config {
     /// A fingerprint of the destination set, so that shared state written
     /// under another configuration is never misread.
     pub fingerprint: u64,
+    /// Compiled policy tables (`ace policy compile`), validated. `None`
+    /// means no policy: every destination is feasible.
+    pub policy: Option<Policy>,
+}
+
+/// The feasibility gate: compiled Cedar tables plus how request headers
+/// map onto their attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// The table bytes, kept for the life of the VM (see `tables`).
+    pub tables: &'static [u8],
+    /// One entry per table attribute, in table order.
+    pub attributes: Vec<AttributeSource>,
+    /// Refuse (400) a request missing an attribute, or restrict it.
+    pub on_missing: OnMissing,
+}
+
+/// Where one table attribute comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttributeSource {
+    /// The attribute's name in the tables (e.g. `data_class`).
+    pub name: String,
+    /// The request header that carries it (e.g. `x-ace-data-class`).
+    pub header: String,
+    /// Value index used when the header is missing and `on_missing` is
+    /// `restrict`: the configured default, or UNKNOWN (fails closed).
+    pub default_index: u32,
+}
+
+/// What to do with a request that lacks an attribute the tables read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissing {
+    /// 400 with a JSON error naming the attribute and its header.
+    Reject,
+    /// Use `attribute_defaults` (the operator's most restrictive class), or
+    /// the unknown value, which no permit matches: it fails closed.
+    Restrict,
 }
 
 /// One place a request can be sent, as configured.
@@ -137,6 +175,12 @@ struct RawConfig {
     default_output_tokens: Option<u32>,
     #[serde(default)]
     health: RawHealth,
+    #[serde(default)]
+    tables_base64: Option<String>,
+    #[serde(default)]
+    on_missing_attribute: Option<OnMissing>,
+    #[serde(default)]
+    attribute_defaults: std::collections::BTreeMap<String, String>,
 }
 
 /// A configuration that cannot be used, with the field at fault.
@@ -274,7 +318,25 @@ impl Config {
         }
         let health = health_policy(&raw.health)?;
         let fingerprint = fingerprint(&raw.destinations);
+        let policy = match &raw.tables_base64 {
+            None => {
+                if !raw.attribute_defaults.is_empty() {
+                    return Err(err(
+                        "attribute_defaults",
+                        "set without tables_base64; defaults need compiled policy tables",
+                    ));
+                }
+                None
+            }
+            Some(b64) => Some(load_policy(
+                b64,
+                &raw.destinations,
+                raw.on_missing_attribute.unwrap_or(OnMissing::Reject),
+                &raw.attribute_defaults,
+            )?),
+        };
         Ok(Config {
+            policy,
             destinations: raw.destinations,
             models,
             destination_header,
@@ -321,6 +383,81 @@ fn health_policy(h: &RawHealth) -> Result<HealthPolicy, ConfigError> {
         return Err(err("health.derate_max", "must be a finite number >= 1"));
     }
     Ok(p)
+}
+
+/// Decode, load and check the tables against the destinations.
+///
+/// The bytes are leaked on purpose: the tables are borrowed zero-copy on
+/// every request for the life of the configuration, and a configuration
+/// lives until Envoy replaces it (rarely). Each accepted configuration
+/// therefore costs its table size once.
+fn load_policy(
+    b64: &str,
+    destinations: &[Destination],
+    on_missing: OnMissing,
+    defaults: &std::collections::BTreeMap<String, String>,
+) -> Result<Policy, ConfigError> {
+    use ace_core::tables::{Tables, UNKNOWN};
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| err("tables_base64", format!("is not valid base64 ({e}); paste the output of `ace policy compile --plugin-config`")))?;
+    let tables = Tables::load(&bytes).map_err(|e| err("tables_base64", e.to_string()))?;
+    if tables.destination_count() != destinations.len() {
+        return Err(err(
+            "tables_base64",
+            format!(
+                "the tables hold {} destinations but `destinations` lists {}; compile the tables from the same fleet manifest",
+                tables.destination_count(),
+                destinations.len()
+            ),
+        ));
+    }
+    for (i, d) in destinations.iter().enumerate() {
+        let name = tables.destination_name(i).unwrap_or("");
+        if name != d.name {
+            return Err(err(
+                format!("destinations[{i}].name"),
+                format!("is {:?} but the tables' destination {i} is {name:?}; destinations must be in table order", d.name),
+            ));
+        }
+    }
+    let mut attributes = Vec::with_capacity(tables.attribute_count());
+    for a in 0..tables.attribute_count() as u32 {
+        let name = tables.attribute_name(a).unwrap_or("").to_string();
+        let default_index = match defaults.get(&name) {
+            None => UNKNOWN,
+            Some(v) => {
+                let idx = tables.value_index(a, v);
+                if idx == UNKNOWN {
+                    return Err(err(
+                        format!("attribute_defaults.{name}"),
+                        format!("{v:?} is not in the domain of `{name}` in the compiled tables"),
+                    ));
+                }
+                idx
+            }
+        };
+        attributes.push(AttributeSource {
+            header: format!("x-ace-{}", name.replace('_', "-")),
+            name,
+            default_index,
+        });
+    }
+    for k in defaults.keys() {
+        if !attributes.iter().any(|a| &a.name == k) {
+            return Err(err(
+                format!("attribute_defaults.{k}"),
+                "names no attribute of the compiled tables",
+            ));
+        }
+    }
+    let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    Ok(Policy {
+        tables: leaked,
+        attributes,
+        on_missing,
+    })
 }
 
 /// FNV-1a over the names and clusters, in order.

@@ -62,9 +62,13 @@ struct Plugin {
     config: Config,
     /// Shared-data key of the fleet state.
     state_key: String,
-    /// Every destination feasible: the mask used until policy tables are
-    /// wired in (issue 5 adds the compiled Cedar tables here).
-    all_feasible: Vec<u64>,
+    /// Every destination: the warm mask (until the control service reports
+    /// which models are resident) and the feasible mask without policy.
+    all: Vec<u64>,
+    /// The compiled policy tables, borrowed zero-copy.
+    tables: Option<ace_core::tables::Tables<'static>>,
+    /// Per-request buffers for the feasibility lookup.
+    lookup: RefCell<Lookup>,
     /// Reused buffers (one VM is single-threaded).
     scratch: RefCell<Scratch>,
     /// Metric ids (0 when a metric could not be defined).
@@ -136,6 +140,14 @@ fn nano_usd(usd: f64) -> u64 {
 }
 
 #[derive(Debug)]
+struct Lookup {
+    /// One value index per table attribute.
+    values: Vec<u32>,
+    /// The feasible-destination bitmask.
+    mask: Vec<u64>,
+}
+
+#[derive(Debug)]
 struct Scratch {
     state: FleetState,
     bytes: Vec<u8>,
@@ -162,8 +174,13 @@ impl RootContext for AceRoot {
             Ok(config) => {
                 let n = config.destinations.len();
                 log::info!(
-                    "configured {n} destinations, routing header {}",
-                    config.destination_header
+                    "configured {n} destinations, routing header {}, {}",
+                    config.destination_header,
+                    match &config.policy {
+                        Some(p) =>
+                            format!("policy tables reading {} attributes", p.attributes.len()),
+                        None => "no policy tables: every destination is feasible".to_string(),
+                    }
                 );
                 let state_key = format!("ace.fleet.{:016x}", config.fingerprint);
                 let metrics = Metrics::define(&config);
@@ -174,7 +191,15 @@ impl RootContext for AceRoot {
                         state: FleetState::new(n),
                         bytes: Vec::with_capacity(n * state::STRIDE),
                     }),
-                    all_feasible: vec![u64::MAX; n.div_ceil(64)],
+                    all: vec![u64::MAX; n.div_ceil(64)],
+                    tables: config
+                        .policy
+                        .as_ref()
+                        .and_then(|p| ace_core::tables::Tables::load(p.tables).ok()),
+                    lookup: RefCell::new(Lookup {
+                        values: vec![0; config.policy.as_ref().map_or(0, |p| p.attributes.len())],
+                        mask: vec![0; n.div_ceil(64)],
+                    }),
                     config,
                 }));
                 true
@@ -401,7 +426,42 @@ impl HttpContext for AceStream {
             latency_usd_per_s: cfg.latency_usd_per_s,
             now_ms: now,
         };
-        let all = &plugin.all_feasible;
+        // Feasibility first: the compiled Cedar tables, per request.
+        let mut lookup = plugin.lookup.borrow_mut();
+        let Lookup { values, mask } = &mut *lookup;
+        match (&plugin.tables, &cfg.policy) {
+            (Some(tables), Some(policy)) => {
+                for (i, a) in policy.attributes.iter().enumerate() {
+                    let index = match request_header(&a.header) {
+                        Some(v) => tables.value_index(i as u32, v.trim()),
+                        None if policy.on_missing == config::OnMissing::Reject => {
+                            drop(lookup);
+                            self.emit(400, "missing_attribute");
+                            return self.reply_json(
+                                400,
+                                "missing_attribute",
+                                &a.name,
+                                &format!(
+                                    "this request needs the `{}` attribute; send it in the `{}` header",
+                                    a.name, a.header
+                                ),
+                            );
+                        }
+                        None => a.default_index,
+                    };
+                    if let Some(slot) = values.get_mut(i) {
+                        *slot = index;
+                    }
+                }
+                if let Err(e) = tables.feasible(values, mask) {
+                    // Fail closed: no mask, no destination.
+                    log::error!("feasibility lookup failed: {e}");
+                    mask.iter_mut().for_each(|w| *w = 0);
+                }
+            }
+            _ => mask.iter_mut().zip(&plugin.all).for_each(|(m, a)| *m = *a),
+        }
+        let (feasible, warm) = (&*mask, &plugin.all);
         let decided = plugin.update(|st| {
             let fleet = Fleet {
                 models: &cfg.models,
@@ -409,7 +469,7 @@ impl HttpContext for AceStream {
                 in_flight: &st.in_flight,
                 policy: &cfg.health,
             };
-            match dispatch::decide(&fleet, all, all, &req) {
+            match dispatch::decide(&fleet, feasible, warm, &req) {
                 Ok(d) => {
                     if let Some(f) = st.in_flight.get_mut(d.index) {
                         *f = f.saturating_add(1);
@@ -422,6 +482,7 @@ impl HttpContext for AceStream {
                 Err(r) => (false, Err(r)),
             }
         });
+        drop(lookup);
         let decision = match decided {
             Ok(Ok(d)) => d,
             Ok(Err(refusal)) => {

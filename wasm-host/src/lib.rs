@@ -72,3 +72,6 @@ pub use module::FilterModule;
 pub use process::{MetricValue, Process, Responder};
 pub use state::{LocalResponse, LogEntry, StreamInfo};
 pub use vm::{HttpStream, Vm, VmBuilder};
+/// The wasmtime this crate uses, e.g. to build an engine with fuel for
+/// [`FilterModule::with_engine`].
+pub use wasmtime;

@@ -9,7 +9,7 @@ use crate::headers::Headers;
 use crate::http_call::{CallRequest, CallResponse};
 use crate::process::Process;
 use std::collections::{BTreeMap, HashMap};
-use wasmtime::{Memory, TypedFunc};
+use wasmtime::{Memory, StoreLimits, TypedFunc};
 
 /// One captured log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +190,8 @@ pub(crate) struct VmState {
     pub next_metric: u32,
     pub deferred: Vec<Deferred>,
     pub done_called: bool,
+    /// Memory cap (wasmtime `ResourceLimiter`).
+    pub limits: StoreLimits,
 }
 
 impl std::fmt::Debug for VmState {
@@ -233,6 +235,7 @@ impl VmState {
             next_metric: 0,
             deferred: Vec::new(),
             done_called: false,
+            limits: StoreLimits::default(),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::state::{
     Deferred, LocalResponse, LogEntry, PluginInfo, StreamInfo, StreamState, VmState,
 };
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use wasmtime::{Instance, Store, TypedFunc};
+use wasmtime::{Instance, Store, StoreLimitsBuilder, TypedFunc};
 
 type F1 = Option<TypedFunc<i32, ()>>;
 type F1R = Option<TypedFunc<i32, i32>>;
@@ -103,9 +103,26 @@ pub struct VmBuilder<'m> {
     log_level: LogLevel,
     info: StreamInfo,
     allow_on_headers_stop_iteration: bool,
+    memory_limit: Option<usize>,
+    fuel: Option<u64>,
 }
 
 impl<'m> VmBuilder<'m> {
+    /// Caps the guest's linear memory; growing past it fails the guest's
+    /// allocation (an SDK filter then traps, as it would on a real OOM).
+    pub fn memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit = Some(bytes);
+        self
+    }
+    /// Gives every callback this much fuel, so a runaway guest traps
+    /// instead of hanging the test; [`Vm::fuel_consumed`] then counts the
+    /// work done, deterministically. The module must come from an engine
+    /// with fuel enabled ([`FilterModule::with_engine`] with
+    /// `wasmtime::Config::consume_fuel(true)`), or `start` fails.
+    pub fn fuel_per_callback(mut self, fuel: u64) -> Self {
+        self.fuel = Some(fuel);
+        self
+    }
     /// Runs the VM in this process (shares its data, queues, metrics and
     /// clusters with other VMs of the process). Default: a fresh process.
     pub fn process(mut self, process: &Process) -> Self {
@@ -197,7 +214,16 @@ impl<'m> VmBuilder<'m> {
             .unwrap_or(0);
         let mut state = VmState::new(self.process, self.plugin, epoch_ns, self.seed);
         state.log_level = self.log_level;
+        if let Some(limit) = self.memory_limit {
+            state.limits = StoreLimitsBuilder::new().memory_size(limit).build();
+        }
         let mut store = Store::new(&self.module.engine, state);
+        store.limiter(|s| &mut s.limits);
+        if let Some(fuel) = self.fuel {
+            store.set_fuel(fuel).map_err(|e| {
+                Error::Instantiate(format!("fuel needs an engine with consume_fuel: {e:#}"))
+            })?;
+        }
         let instance = self
             .module
             .pre
@@ -223,14 +249,15 @@ impl<'m> VmBuilder<'m> {
             failed: None,
             info: self.info,
             allow_stop_iteration: self.allow_on_headers_stop_iteration,
+            fuel: self.fuel,
+            fuel_consumed: 0,
         };
         let init = match typed::<(), ()>(&instance, &mut vm.store, "_initialize")? {
             Some(f) => Some(("_initialize", f)),
             None => typed::<(), ()>(&instance, &mut vm.store, "_start")?.map(|f| ("_start", f)),
         };
         if let Some((name, f)) = init {
-            let r = f.call(&mut vm.store, ());
-            vm.check(name, r)?;
+            vm.call_void(name, 0, Some(f), |f, s| f.call(s, ()))?;
         }
         let root = vm.alloc_context();
         vm.store.data_mut().root_id = root;
@@ -263,6 +290,8 @@ pub struct Vm {
     failed: Option<String>,
     info: StreamInfo,
     allow_stop_iteration: bool,
+    fuel: Option<u64>,
+    fuel_consumed: u64,
 }
 
 impl std::fmt::Debug for Vm {
@@ -287,7 +316,16 @@ impl Vm {
             log_level: LogLevel::Info,
             info: StreamInfo::default(),
             allow_on_headers_stop_iteration: false,
+            memory_limit: None,
+            fuel: None,
         }
+    }
+
+    /// Fuel the guest burned so far (0 unless
+    /// [`VmBuilder::fuel_per_callback`] is set): a deterministic measure of
+    /// the work a filter does, e.g. per request.
+    pub fn fuel_consumed(&self) -> u64 {
+        self.fuel_consumed
     }
 
     fn alloc_context(&mut self) -> u32 {
@@ -321,6 +359,10 @@ impl Vm {
         if let Some(f) = &self.failed {
             return Err(Error::Failed(f.clone()));
         }
+        if let Some(fuel) = self.fuel {
+            // Cannot fail: start() checked the engine meters fuel.
+            let _ = self.store.set_fuel(fuel);
+        }
         let s = self.store.data_mut();
         s.current = ctx;
         s.effective = None;
@@ -328,6 +370,10 @@ impl Vm {
     }
 
     fn leave(&mut self) {
+        if let Some(fuel) = self.fuel {
+            let left = self.store.get_fuel().unwrap_or(fuel);
+            self.fuel_consumed += fuel.saturating_sub(left);
+        }
         let s = self.store.data_mut();
         s.current = 0;
         s.effective = None;

@@ -86,3 +86,42 @@ fn out_of_bounds_pointers_are_statuses_not_host_panics() -> Result<(), Error> {
     s.send_request_headers([(":path", "/")], true)?;
     Ok(())
 }
+
+#[test]
+fn fuel_turns_a_runaway_guest_into_a_trap() -> Result<(), Error> {
+    let body = r#"(func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+        (loop $forever (br $forever))
+        i32.const 0)"#;
+    let engine = ace_wasm_host::wasmtime::Engine::new(
+        ace_wasm_host::wasmtime::Config::new().consume_fuel(true),
+    )
+    .map_err(|e| Error::Instantiate(e.to_string()))?;
+    let m = FilterModule::with_engine(&engine, wat("", body).as_bytes())?;
+    let mut vm = Vm::builder(&m).fuel_per_callback(1_000_000).start()?;
+    let before = vm.fuel_consumed();
+    assert!(before > 0, "on_configure burned some fuel");
+    let mut s = vm.http_stream()?;
+    let r = s.send_request_headers([(":path", "/")], true);
+    assert!(matches!(r, Err(Error::Trap { .. })), "{r:?}");
+    // Fuel without an engine that meters it is a clear error.
+    let plain = FilterModule::from_bytes(wat("", "").as_bytes())?;
+    let err = Vm::builder(&plain).fuel_per_callback(10).start().err();
+    assert!(matches!(err, Some(Error::Instantiate(_))), "{err:?}");
+    Ok(())
+}
+
+#[test]
+fn a_memory_limit_refuses_growth_past_it() -> Result<(), Error> {
+    // Grows by 4 pages (256 KiB): -1 under a 128 KiB cap, and the guest traps on it.
+    let body = r#"(func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+        (if (i32.eq (memory.grow (i32.const 4)) (i32.const -1)) (then unreachable))
+        i32.const 0)"#;
+    let m = FilterModule::from_bytes(wat("", body).as_bytes())?;
+    let mut capped = Vm::builder(&m).memory_limit(128 * 1024).start()?;
+    let mut s = capped.http_stream()?;
+    assert!(s.send_request_headers([(":path", "/")], true).is_err());
+    let mut free = Vm::builder(&m).start()?;
+    let mut s = free.http_stream()?;
+    s.send_request_headers([(":path", "/")], true)?;
+    Ok(())
+}

@@ -9,4 +9,5 @@ mod common;
 mod ace_filter;
 mod examples;
 mod loading;
+mod rules;
 mod shared;

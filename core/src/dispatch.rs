@@ -106,6 +106,8 @@ pub struct Decision {
     /// What the cheapest feasible pay-as-you-go destination would have
     /// charged at list price (`None` when the fleet has no feasible payg).
     pub counterfactual_usd: Option<f64>,
+    /// The pay-as-you-go destination the counterfactual was priced on.
+    pub counterfactual_index: Option<usize>,
     /// Why.
     pub reason: Reason,
 }
@@ -151,7 +153,7 @@ pub fn decide(
     // (index, effective, marginal)
     let mut best: Option<(usize, f64, f64)> = None;
     let mut second: Option<(usize, f64)> = None;
-    let mut counterfactual: Option<f64> = None;
+    let mut counterfactual: Option<(usize, f64)> = None;
     // Cheapest at-rest marginal among feasible destinations we had to skip.
     let mut skipped_cheapest: Option<f64> = None;
 
@@ -169,7 +171,9 @@ pub fn decide(
                 if model.tier == Tier::Payg {
                     let list = model.marginal_usd(req.tokens_in, req.tokens_out, true, 0, None);
                     if let Some(c) = list {
-                        counterfactual = Some(counterfactual.map_or(c, |x: f64| x.min(c)));
+                        if counterfactual.is_none_or(|(_, x)| c < x) {
+                            counterfactual = Some((d, c));
+                        }
                     }
                 }
             }
@@ -223,7 +227,8 @@ pub fn decide(
         runner_up: second.map(|(i, _)| i),
         marginal_usd,
         effective_usd,
-        counterfactual_usd: counterfactual,
+        counterfactual_usd: counterfactual.map(|(_, c)| c),
+        counterfactual_index: counterfactual.map(|(i, _)| i),
         reason,
     })
 }

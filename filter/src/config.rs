@@ -50,6 +50,12 @@ pub struct Config {
     /// Compiled policy tables (`ace policy compile`), validated. `None`
     /// means no policy: every destination is feasible.
     pub policy: Option<Policy>,
+    /// Whether to read request bodies (needs Envoy's
+    /// `allow_on_headers_stop_iteration: true` on the Wasm filter).
+    pub read_body: bool,
+    /// Most bytes read from a request body, and most held at once while
+    /// scanning a response for token usage.
+    pub max_body_bytes: usize,
 }
 
 /// The feasibility gate: compiled Cedar tables plus how request headers
@@ -181,6 +187,17 @@ struct RawConfig {
     on_missing_attribute: Option<OnMissing>,
     #[serde(default)]
     attribute_defaults: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    body: RawBody,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBody {
+    #[serde(default)]
+    read: bool,
+    #[serde(default)]
+    max_bytes: Option<usize>,
 }
 
 /// A configuration that cannot be used, with the field at fault.
@@ -335,7 +352,16 @@ impl Config {
                 &raw.attribute_defaults,
             )?),
         };
+        let max_body_bytes = raw.body.max_bytes.unwrap_or(256 * 1024);
+        if !(64..=16 * 1024 * 1024).contains(&max_body_bytes) {
+            return Err(err(
+                "body.max_bytes",
+                "must be between 64 and 16777216 (Envoy buffers at most its per-connection limit anyway)",
+            ));
+        }
         Ok(Config {
+            read_body: raw.body.read,
+            max_body_bytes,
             policy,
             destinations: raw.destinations,
             models,

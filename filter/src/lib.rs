@@ -21,12 +21,14 @@
 //! call goes through `hostcalls`' `Result`s, never the SDK's unwrapping trait
 //! defaults, and a failure is logged and answered.
 
+pub mod body;
 pub mod config;
 pub mod event;
 pub mod state;
 
 use ace_core::dispatch::{self, Decision, Fleet, Request};
 use ace_core::health::Outcome;
+use body::{RequestBody, Usage, UsageScanner};
 use config::Config;
 use event::Event;
 use proxy_wasm::hostcalls;
@@ -215,9 +217,7 @@ impl RootContext for AceRoot {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(AceStream {
             plugin: self.plugin.clone(),
-            chosen: None,
-            settled: false,
-            event: None,
+            ..AceStream::default()
         }))
     }
 
@@ -227,15 +227,24 @@ impl RootContext for AceRoot {
 }
 
 /// Per-request state.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct AceStream {
     plugin: Option<Rc<Plugin>>,
+    /// Header values of the table attributes, captured while the request
+    /// headers are readable (they are not, later).
+    attributes: Vec<Option<String>>,
+    /// `content-length`, if sent.
+    content_length: Option<usize>,
+    /// Holding the request headers until the body has been read.
+    waiting_for_body: bool,
     /// The decision and when it was made (ms).
     chosen: Option<(Decision, u64)>,
     /// Whether the outcome was folded into the shared state.
     settled: bool,
-    /// The request's event, until it is written to filter state.
+    /// The request's event; written to filter state whenever it changes.
     event: Option<Event>,
+    /// Token usage in the response, when it is being looked for.
+    usage: Option<UsageScanner>,
 }
 
 impl Context for AceStream {}
@@ -250,6 +259,12 @@ fn now_ms() -> u64 {
 
 fn request_header(name: &str) -> Option<String> {
     hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+}
+
+fn response_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
         .ok()
         .flatten()
 }
@@ -286,7 +301,14 @@ impl Plugin {
 }
 
 impl AceStream {
-    fn reply_json(&self, status: u32, kind: &str, reason: &str, message: &str) -> Action {
+    fn reply_json(
+        &mut self,
+        status: u32,
+        kind: &str,
+        reason: &'static str,
+        message: &str,
+    ) -> Action {
+        self.finish_event(status, reason);
         let body = serde_json::json!({
             "error": {"type": kind, "reason": reason, "message": message}
         })
@@ -301,20 +323,207 @@ impl AceStream {
         Action::Pause
     }
 
-    /// Write the event to filter state for the access log (once).
-    fn emit(&mut self, status: u32, reason: &'static str) {
-        let Some(mut e) = self.event.take() else {
+    /// Record the final status and reason, and write the event.
+    fn finish_event(&mut self, status: u32, reason: &'static str) {
+        if let Some(e) = self.event.as_mut() {
+            e.status = status;
+            e.reason = reason;
+            if let Some(slo) = e.slo_ms {
+                e.slo_met =
+                    Some(status != 0 && status < 500 && status != 429 && e.latency_ms <= slo);
+            }
+        }
+        self.write_event();
+    }
+
+    /// Write the event to filter state (`wasm.ace_event`) for the access log.
+    fn write_event(&self) {
+        if let Some(e) = &self.event {
+            if let Err(s) =
+                hostcalls::set_property(vec![event::PROPERTY], Some(e.to_json().as_bytes()))
+            {
+                log::warn!("cannot write the request event: {s:?}");
+            }
+        }
+    }
+
+    /// Feasibility, then merit order, then the routing header. Runs from
+    /// the headers callback, or from the body callback once the body is read.
+    fn route(&mut self, plugin: &Rc<Plugin>, body: Option<&RequestBody>) -> Action {
+        let cfg = &plugin.config;
+        let now = now_ms();
+        let tokens_in = body
+            .map(|b| b.tokens_in)
+            .unwrap_or_else(|| self.content_length.map_or(1, body::estimate_tokens));
+        let tokens_out = body
+            .and_then(|b| b.max_output_tokens)
+            .unwrap_or(cfg.default_output_tokens);
+        if let Some(e) = self.event.as_mut() {
+            e.time_ms = now;
+            e.tokens_in = tokens_in;
+            e.tokens_out = tokens_out;
+            if e.model_requested.is_none() {
+                e.model_requested = body.and_then(|b| b.model.clone());
+                e.model_served = e.model_requested.clone();
+            }
+        }
+        let req = Request {
+            tokens_in,
+            tokens_out,
+            latency_usd_per_s: cfg.latency_usd_per_s,
+            now_ms: now,
+        };
+        // Feasibility first: the compiled Cedar tables, per request.
+        let mut lookup = plugin.lookup.borrow_mut();
+        let Lookup { values, mask } = &mut *lookup;
+        match (&plugin.tables, &cfg.policy) {
+            (Some(tables), Some(policy)) => {
+                for (i, a) in policy.attributes.iter().enumerate() {
+                    let from_body = if a.name == "model" {
+                        body.and_then(|b| b.model.as_deref())
+                    } else {
+                        None
+                    };
+                    let value = self
+                        .attributes
+                        .get(i)
+                        .and_then(|v| v.as_deref())
+                        .or(from_body);
+                    let index = match value {
+                        Some(v) => tables.value_index(i as u32, v.trim()),
+                        None if policy.on_missing == config::OnMissing::Reject => {
+                            drop(lookup);
+                            return self.reply_json(
+                                400,
+                                "missing_attribute",
+                                attribute_reason(&a.name),
+                                &format!(
+                                    "this request needs the `{}` attribute; send it in the `{}` header",
+                                    a.name, a.header
+                                ),
+                            );
+                        }
+                        None => a.default_index,
+                    };
+                    if let Some(slot) = values.get_mut(i) {
+                        *slot = index;
+                    }
+                }
+                if let Err(e) = tables.feasible(values, mask) {
+                    // Fail closed: no mask, no destination.
+                    log::error!("feasibility lookup failed: {e}");
+                    mask.iter_mut().for_each(|w| *w = 0);
+                }
+            }
+            _ => mask.iter_mut().zip(&plugin.all).for_each(|(m, a)| *m = *a),
+        }
+        let (feasible, warm) = (&*mask, &plugin.all);
+        let decided = plugin.update(|st| {
+            let fleet = Fleet {
+                models: &cfg.models,
+                health: &st.health,
+                in_flight: &st.in_flight,
+                policy: &cfg.health,
+            };
+            match dispatch::decide(&fleet, feasible, warm, &req) {
+                Ok(d) => {
+                    if let Some(f) = st.in_flight.get_mut(d.index) {
+                        *f = f.saturating_add(1);
+                    }
+                    if let Some(h) = st.health.get_mut(d.index) {
+                        h.on_dispatch(now);
+                    }
+                    (true, Ok(d))
+                }
+                Err(r) => (false, Err(r)),
+            }
+        });
+        drop(lookup);
+        let decision = match decided {
+            Ok(Ok(d)) => d,
+            Ok(Err(refusal)) => {
+                bump(plugin.metrics.no_destination, 1);
+                return self.reply_json(
+                    503,
+                    "no_feasible_destination",
+                    refusal.as_str(),
+                    "no destination that may serve this request is healthy and under its cap",
+                );
+            }
+            Err(s) => {
+                log::warn!("cannot read the shared fleet state: {s:?}");
+                return self.reply_json(503, "internal", "shared_state", "fleet state unavailable");
+            }
+        };
+        self.chosen = Some((decision, now));
+        let m = &plugin.metrics;
+        bump(m.booked_nano_usd, nano_usd(decision.marginal_usd));
+        bump(
+            m.counterfactual_nano_usd,
+            nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
+        );
+        if let Some((requests, _, _)) = m.per_destination.get(decision.index) {
+            bump(*requests, 1);
+        }
+        let Some(dest) = cfg.destinations.get(decision.index) else {
+            self.settle(None);
+            return self.reply_json(500, "internal", "internal", "decision index out of range");
+        };
+        if let Some(e) = self.event.as_mut() {
+            e.destination = Some(dest.name.clone());
+            e.tier = cfg.models.get(decision.index).map(|m| m.tier.as_str());
+            e.slo_ms = dest.slo_ms;
+            e.marginal_usd = decision.marginal_usd;
+            e.counterfactual_usd = decision.counterfactual_usd;
+            e.reason = decision.reason.as_str();
+        }
+        if let Err(s) = hostcalls::set_map_value(
+            MapType::HttpRequestHeaders,
+            &cfg.destination_header,
+            Some(&dest.cluster),
+        ) {
+            log::warn!("cannot set destination header: {s:?}");
+            self.settle(None);
+            return self.reply_json(
+                500,
+                "internal",
+                "internal",
+                "cannot set the destination header",
+            );
+        }
+        // Explicit, so routing stays right on ABIs that no longer clear the
+        // route cache automatically. Older Envoys lack it; that is fine.
+        let _ = hostcalls::call_foreign_function("clear_route_cache", None);
+        self.write_event();
+        Action::Continue
+    }
+
+    /// Once actual usage is known, book the request on it: tokens and both
+    /// costs are recomputed from the destination's and the counterfactual's
+    /// cost models at list (unloaded) prices.
+    fn book_usage(&mut self, usage: Usage) {
+        let (Some(plugin), Some((decision, _)), Some(e)) =
+            (self.plugin.as_ref(), self.chosen, self.event.as_mut())
+        else {
             return;
         };
-        e.status = status;
-        e.reason = reason;
-        if let Some(slo) = e.slo_ms {
-            e.slo_met = Some(status != 0 && status < 500 && status != 429 && e.latency_ms <= slo);
+        e.tokens_in = usage.input;
+        e.tokens_out = usage.output;
+        e.tokens_estimated = false;
+        let price = |i: usize| {
+            plugin
+                .config
+                .models
+                .get(i)
+                .and_then(|m| m.marginal_usd(usage.input, usage.output, true, 0, None))
+        };
+        if let Some(c) = price(decision.index) {
+            e.marginal_usd = c;
         }
-        if let Err(s) = hostcalls::set_property(vec![event::PROPERTY], Some(e.to_json().as_bytes()))
-        {
-            log::warn!("cannot write the request event: {s:?}");
+        if let Some(c) = decision.counterfactual_index.and_then(price) {
+            e.counterfactual_usd = Some(c);
         }
+        self.write_event();
     }
 
     fn settle(&mut self, outcome: Option<Outcome>) {
@@ -368,8 +577,21 @@ impl AceStream {
     }
 }
 
+/// The refusal reason for a missing attribute (a static string per known
+/// attribute, so the hot path does not allocate one).
+fn attribute_reason(name: &str) -> &'static str {
+    match name {
+        "tenant" => "tenant",
+        "data_class" => "data_class",
+        "model" => "model",
+        "latency_class" => "latency_class",
+        "tp_degree" => "tp_degree",
+        _ => "attribute",
+    }
+}
+
 impl HttpContext for AceStream {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, eos: bool) -> Action {
         let Some(plugin) = self.plugin.clone() else {
             return self.reply_json(
                 503,
@@ -379,6 +601,7 @@ impl HttpContext for AceStream {
             );
         };
         let cfg = &plugin.config;
+        bump(plugin.metrics.requests, 1);
         // Clients never choose: drop any destination header they sent.
         if let Err(s) =
             hostcalls::set_map_value(MapType::HttpRequestHeaders, &cfg.destination_header, None)
@@ -391,17 +614,20 @@ impl HttpContext for AceStream {
                 "cannot sanitise request headers",
             );
         }
-        // Token estimate until the body scanner lands: ~4 bytes per token.
-        let tokens_in = request_header("content-length")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(1, |b| (b / 4).clamp(1, u64::from(u32::MAX)) as u32);
-        let now = now_ms();
-        bump(plugin.metrics.requests, 1);
+        // Capture what later phases need while the headers are readable.
+        if let Some(policy) = &cfg.policy {
+            self.attributes = policy
+                .attributes
+                .iter()
+                .map(|a| request_header(&a.header))
+                .collect();
+        }
+        self.content_length = request_header("content-length").and_then(|v| v.trim().parse().ok());
         let model = request_header("x-ace-model");
         self.event = Some(Event {
             schema: event::SCHEMA,
             request_id: request_header("x-request-id"),
-            time_ms: now,
+            time_ms: now_ms(),
             tenant: request_header("x-ace-tenant"),
             data_class: request_header("x-ace-data-class"),
             latency_class: request_header("x-ace-latency-class"),
@@ -409,8 +635,8 @@ impl HttpContext for AceStream {
             model_requested: model,
             destination: None,
             tier: None,
-            tokens_in,
-            tokens_out: cfg.default_output_tokens,
+            tokens_in: 0,
+            tokens_out: 0,
             tokens_estimated: true,
             status: 0,
             latency_ms: 0,
@@ -420,157 +646,100 @@ impl HttpContext for AceStream {
             counterfactual_usd: None,
             reason: "",
         });
-        let req = Request {
-            tokens_in,
-            tokens_out: cfg.default_output_tokens,
-            latency_usd_per_s: cfg.latency_usd_per_s,
-            now_ms: now,
-        };
-        // Feasibility first: the compiled Cedar tables, per request.
-        let mut lookup = plugin.lookup.borrow_mut();
-        let Lookup { values, mask } = &mut *lookup;
-        match (&plugin.tables, &cfg.policy) {
-            (Some(tables), Some(policy)) => {
-                for (i, a) in policy.attributes.iter().enumerate() {
-                    let index = match request_header(&a.header) {
-                        Some(v) => tables.value_index(i as u32, v.trim()),
-                        None if policy.on_missing == config::OnMissing::Reject => {
-                            drop(lookup);
-                            self.emit(400, "missing_attribute");
-                            return self.reply_json(
-                                400,
-                                "missing_attribute",
-                                &a.name,
-                                &format!(
-                                    "this request needs the `{}` attribute; send it in the `{}` header",
-                                    a.name, a.header
-                                ),
-                            );
-                        }
-                        None => a.default_index,
-                    };
-                    if let Some(slot) = values.get_mut(i) {
-                        *slot = index;
-                    }
-                }
-                if let Err(e) = tables.feasible(values, mask) {
-                    // Fail closed: no mask, no destination.
-                    log::error!("feasibility lookup failed: {e}");
-                    mask.iter_mut().for_each(|w| *w = 0);
-                }
-            }
-            _ => mask.iter_mut().zip(&plugin.all).for_each(|(m, a)| *m = *a),
+        let has_body = !eos && self.content_length != Some(0);
+        let json = request_header("content-type").is_some_and(|c| c.contains("json"));
+        if cfg.read_body && has_body && json {
+            // Hold the headers (StopIteration under
+            // allow_on_headers_stop_iteration) until the body is read.
+            self.waiting_for_body = true;
+            return Action::Pause;
         }
-        let (feasible, warm) = (&*mask, &plugin.all);
-        let decided = plugin.update(|st| {
-            let fleet = Fleet {
-                models: &cfg.models,
-                health: &st.health,
-                in_flight: &st.in_flight,
-                policy: &cfg.health,
-            };
-            match dispatch::decide(&fleet, feasible, warm, &req) {
-                Ok(d) => {
-                    if let Some(f) = st.in_flight.get_mut(d.index) {
-                        *f = f.saturating_add(1);
-                    }
-                    if let Some(h) = st.health.get_mut(d.index) {
-                        h.on_dispatch(now);
-                    }
-                    (true, Ok(d))
-                }
-                Err(r) => (false, Err(r)),
-            }
-        });
-        drop(lookup);
-        let decision = match decided {
-            Ok(Ok(d)) => d,
-            Ok(Err(refusal)) => {
-                bump(plugin.metrics.no_destination, 1);
-                self.emit(503, refusal.as_str());
-                return self.reply_json(
-                    503,
-                    "no_feasible_destination",
-                    refusal.as_str(),
-                    "no destination that may serve this request is healthy and under its cap",
-                );
-            }
+        self.route(&plugin, None)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.waiting_for_body {
+            return Action::Continue;
+        }
+        let Some(plugin) = self.plugin.clone() else {
+            return Action::Continue;
+        };
+        let max = plugin.config.max_body_bytes;
+        if !end_of_stream && body_size < max {
+            return Action::Pause; // buffer more
+        }
+        self.waiting_for_body = false;
+        let bytes = match hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size.min(max))
+        {
+            Ok(b) => b.unwrap_or_default(),
             Err(s) => {
-                log::warn!("cannot read the shared fleet state: {s:?}");
-                return self.reply_json(503, "internal", "shared_state", "fleet state unavailable");
+                log::warn!("cannot read the request body: {s:?}");
+                Vec::new()
             }
         };
-        self.chosen = Some((decision, now));
-        let m = &plugin.metrics;
-        bump(m.booked_nano_usd, nano_usd(decision.marginal_usd));
-        bump(
-            m.counterfactual_nano_usd,
-            nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
-        );
-        if let Some((requests, _, _)) = m.per_destination.get(decision.index) {
-            bump(*requests, 1);
-        }
-        if let Some(e) = self.event.as_mut() {
-            e.destination = cfg.destinations.get(decision.index).map(|d| d.name.clone());
-            e.tier = cfg.models.get(decision.index).map(|m| m.tier.as_str());
-            e.slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
-            e.marginal_usd = decision.marginal_usd;
-            e.counterfactual_usd = decision.counterfactual_usd;
-        }
-        let Some(dest) = cfg.destinations.get(decision.index) else {
-            self.settle(None);
-            return self.reply_json(500, "internal", "internal", "decision index out of range");
+        let total = if end_of_stream {
+            body_size
+        } else {
+            body_size.max(max + 1)
         };
-        if let Err(s) = hostcalls::set_map_value(
-            MapType::HttpRequestHeaders,
-            &cfg.destination_header,
-            Some(&dest.cluster),
-        ) {
-            log::warn!("cannot set destination header: {s:?}");
-            self.settle(None);
-            return self.reply_json(
-                500,
-                "internal",
-                "internal",
-                "cannot set the destination header",
-            );
+        match body::scan_request(&bytes, total) {
+            Ok(b) => self.route(&plugin, Some(&b)),
+            Err(e) => {
+                let needs_model = plugin
+                    .config
+                    .policy
+                    .as_ref()
+                    .is_some_and(|p| p.attributes.iter().any(|a| a.name == "model"));
+                let model_in_header = self
+                    .event
+                    .as_ref()
+                    .is_some_and(|e| e.model_requested.is_some());
+                if needs_model && !model_in_header {
+                    return self.reply_json(
+                        400,
+                        "bad_request_body",
+                        "bad_request_body",
+                        &e.to_string(),
+                    );
+                }
+                // The body only refines the estimate: fall back to its size.
+                self.content_length = Some(body_size);
+                self.route(&plugin, None)
+            }
         }
-        // Explicit, so routing stays right on ABIs that no longer clear the
-        // route cache automatically. Older Envoys lack it; that is fine.
-        let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-        Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
         let (Some(plugin), Some((decision, started))) = (self.plugin.clone(), self.chosen) else {
             return Action::Continue;
         };
-        let header = |name: &str| {
-            hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
-                .ok()
-                .flatten()
-        };
-        let status = header(":status")
+        let status = response_header(":status")
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
         let dest = plugin.config.destinations.get(decision.index);
+        let latency_ms = now_ms().saturating_sub(started);
         let outcome = match status {
             429 => Outcome::Throttled {
-                retry_after_ms: header("retry-after")
+                retry_after_ms: response_header("retry-after")
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(|s| s.saturating_mul(1000)),
             },
             500..=599 | 0 => Outcome::Failure,
             _ => Outcome::Success {
-                latency_ms: now_ms().saturating_sub(started),
+                latency_ms,
                 slo_ms: dest.and_then(|d| d.slo_ms),
             },
         };
         self.settle(Some(outcome));
         if let Some(e) = self.event.as_mut() {
-            e.latency_ms = now_ms().saturating_sub(started);
+            e.latency_ms = latency_ms;
         }
-        self.emit(status, decision.reason.as_str());
+        self.finish_event(status, decision.reason.as_str());
+        if (200..300).contains(&status) {
+            let sse =
+                response_header("content-type").is_some_and(|c| c.contains("text/event-stream"));
+            self.usage = Some(UsageScanner::new(sse, plugin.config.max_body_bytes));
+        }
         if let Some(dest) = dest {
             let tier = plugin
                 .config
@@ -590,10 +759,33 @@ impl HttpContext for AceStream {
         Action::Continue
     }
 
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        // Never pause here: streams must flow. Each call sees the new chunk.
+        if let Some(scanner) = self.usage.as_mut() {
+            if body_size > 0 {
+                if let Ok(Some(chunk)) =
+                    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
+                {
+                    scanner.feed(&chunk);
+                }
+            }
+            if end_of_stream {
+                let found = scanner.finish();
+                self.usage = None;
+                if let Some(u) = found {
+                    self.book_usage(u);
+                }
+            }
+        }
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
-        // The client went away before any response: free the slot, blame no
-        // one, and still leave an event (status 0).
+        // The client went away before any response: free the slot and
+        // blame no one. The event keeps status 0 unless a response was seen.
         self.settle(None);
-        self.emit(0, "client_gone");
+        if self.event.as_ref().is_some_and(|e| e.status == 0) {
+            self.finish_event(0, "client_gone");
+        }
     }
 }

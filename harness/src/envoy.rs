@@ -145,6 +145,15 @@ impl EnvoyBuilder {
         self.http_filter(wasm_filter_json("ace", wasm, configuration))
     }
 
+    /// Like [`EnvoyBuilder::wasm_filter`], with
+    /// `allow_on_headers_stop_iteration: true` so the plugin can hold the
+    /// request headers while it reads the body (Envoy >= 1.35).
+    pub fn wasm_filter_reading_body(self, wasm: &Path, configuration: &str) -> EnvoyBuilder {
+        let mut f = wasm_filter_json("ace", wasm, configuration);
+        f["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
+        self.http_filter(f)
+    }
+
     /// Add an HTTP filter given as raw Envoy JSON (before the router).
     pub fn http_filter(mut self, filter: Value) -> EnvoyBuilder {
         self.http_filters.push(filter);

@@ -21,6 +21,7 @@
 //! call goes through `hostcalls`' `Result`s, never the SDK's unwrapping trait
 //! defaults, and a failure is logged and answered.
 
+pub mod attributes;
 pub mod body;
 pub mod config;
 pub mod event;
@@ -378,36 +379,17 @@ impl AceStream {
         let Lookup { values, mask } = &mut *lookup;
         match (&plugin.tables, &cfg.policy) {
             (Some(tables), Some(policy)) => {
-                for (i, a) in policy.attributes.iter().enumerate() {
-                    let from_body = if a.name == "model" {
-                        body.and_then(|b| b.model.as_deref())
-                    } else {
-                        None
-                    };
-                    let value = self
-                        .attributes
-                        .get(i)
-                        .and_then(|v| v.as_deref())
-                        .or(from_body);
-                    let index = match value {
-                        Some(v) => tables.value_index(i as u32, v.trim()),
-                        None if policy.on_missing == config::OnMissing::Reject => {
-                            drop(lookup);
-                            return self.reply_json(
-                                400,
-                                "missing_attribute",
-                                attribute_reason(&a.name),
-                                &format!(
-                                    "this request needs the `{}` attribute; send it in the `{}` header",
-                                    a.name, a.header
-                                ),
-                            );
-                        }
-                        None => a.default_index,
-                    };
-                    if let Some(slot) = values.get_mut(i) {
-                        *slot = index;
-                    }
+                let body_model = body.and_then(|b| b.model.as_deref());
+                if let Err(a) =
+                    attributes::resolve(tables, policy, &self.attributes, body_model, values)
+                {
+                    let message = format!(
+                        "this request needs the `{}` attribute; send it in the `{}` header",
+                        a.name, a.header
+                    );
+                    let reason = attribute_reason(&a.name);
+                    drop(lookup);
+                    return self.reply_json(400, "missing_attribute", reason, &message);
                 }
                 if let Err(e) = tables.feasible(values, mask) {
                     // Fail closed: no mask, no destination.

@@ -20,14 +20,19 @@
 
 pub mod baseline;
 pub mod check;
+pub mod commit;
+pub mod compare;
 pub mod fast;
 pub mod full;
+pub mod gen;
 pub mod model;
 pub mod occupancy;
 pub mod rng;
+pub mod rolling;
 pub mod rt;
 pub mod scenario;
 pub mod sched;
+pub mod study;
 
 pub use check::{check, Report};
 pub use model::{Cell, Config, Job, JobKind, PastHorizon, Plan, RtApp, Scenario};

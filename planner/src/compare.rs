@@ -1,0 +1,244 @@
+//! Runs every policy on one scenario and renders the results: the data behind
+//! `ace plan` and `ace plan --json`.
+//!
+//! Why in the library: the CLI stays a thin shell, and tests can assert on
+//! the same numbers and grid a person sees.
+
+use crate::check::{check, Report};
+use crate::model::{Cell, Plan, Scenario};
+use crate::{baseline, fast, full};
+use serde::Serialize;
+use std::fmt::Write;
+use std::time::Instant;
+
+/// One policy's checked result.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyResult {
+    /// Fraction of G x T GPU-steps in use (RT served + batch).
+    pub utilization: f64,
+    /// Priority x decayed batch GPU-steps.
+    pub value: f64,
+    /// `value - lambda x shortfall`.
+    pub objective: f64,
+    /// Jobs whose whole duration fits in the horizon.
+    pub completed: u32,
+    /// Jobs placed at all.
+    pub started: u32,
+    /// Jobs in the scenario.
+    pub jobs: usize,
+    /// Unmet RT GPU-steps.
+    pub shortfall: u64,
+    /// RT GPU moves (gained + lost between steps).
+    pub swaps: u64,
+    /// Wall time of the policy, milliseconds.
+    pub solve_ms: f64,
+    /// Whether the checker accepted the plan.
+    pub valid: bool,
+    /// The checker's complaints, if any.
+    pub violations: Vec<String>,
+    /// Full mode only: what the solver proved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proof: Option<full::Proof>,
+    /// Full mode only: why it did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The plan itself (not serialised).
+    #[serde(skip)]
+    pub plan: Option<Plan>,
+}
+
+impl PolicyResult {
+    fn from_report(s: &Scenario, r: Report, ms: f64, plan: Plan) -> PolicyResult {
+        PolicyResult {
+            utilization: r.utilization,
+            value: r.value,
+            objective: r.objective,
+            completed: r.completed,
+            started: r.started,
+            jobs: s.jobs.len(),
+            shortfall: r.shortfall,
+            swaps: r.swaps,
+            solve_ms: ms,
+            valid: r.valid(),
+            violations: r.violations,
+            proof: None,
+            error: None,
+            plan: Some(plan),
+        }
+    }
+
+    fn failed(s: &Scenario, error: String) -> PolicyResult {
+        PolicyResult {
+            utilization: 0.0,
+            value: 0.0,
+            objective: 0.0,
+            completed: 0,
+            started: 0,
+            jobs: s.jobs.len(),
+            shortfall: 0,
+            swaps: 0,
+            solve_ms: 0.0,
+            valid: false,
+            violations: Vec::new(),
+            proof: None,
+            error: Some(error),
+            plan: None,
+        }
+    }
+}
+
+/// All four policies on one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// Scenario name.
+    pub scenario: String,
+    /// GPUs.
+    pub gpus: u32,
+    /// Steps.
+    pub steps: u32,
+    /// FIFO baseline.
+    pub fifo: PolicyResult,
+    /// The note's priority-horizon greedy.
+    pub greedy: PolicyResult,
+    /// Fast mode.
+    pub fast: PolicyResult,
+    /// Full mode (`None` when skipped).
+    pub full: Option<PolicyResult>,
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let t0 = Instant::now();
+    let v = f();
+    (v, t0.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Runs FIFO, greedy, fast and (unless `full_opts` is `None`) full mode.
+pub fn compare(s: &Scenario, full_opts: Option<full::Options>) -> Comparison {
+    let (p, ms) = timed(|| baseline::fifo(s));
+    let fifo = PolicyResult::from_report(s, check(s, &p), ms, p);
+    let (p, ms) = timed(|| baseline::greedy(s));
+    let greedy = PolicyResult::from_report(s, check(s, &p), ms, p);
+    let (out, ms) = timed(|| fast::solve(s));
+    let fast_plan = out.plan.clone();
+    let fast = PolicyResult::from_report(s, out.report, ms, out.plan);
+    let full = full_opts.map(|o| {
+        let (res, ms) = timed(|| full::solve_checked(s, &fast_plan, o));
+        match res {
+            Ok(out) => {
+                let r = check(s, &out.plan);
+                let mut pr = PolicyResult::from_report(s, r, ms, out.plan);
+                pr.proof = Some(out.proof);
+                pr
+            }
+            Err(e) => PolicyResult::failed(s, e),
+        }
+    });
+    Comparison {
+        scenario: s.name.clone(),
+        gpus: s.gpus,
+        steps: s.steps,
+        fifo,
+        greedy,
+        fast,
+        full,
+    }
+}
+
+/// Renders a plan as a GPU x step grid: one row per GPU, two characters per
+/// step. `..` idle, `Rn` RT app n (by file order, `R*` beyond 9), otherwise the
+/// batch job's id (last two digits). At most `max_gpus` rows are drawn.
+pub fn grid(s: &Scenario, plan: &Plan, max_gpus: u32) -> String {
+    let mut out = String::new();
+    let _ = write!(out, "GPU  ");
+    for t in 0..s.steps {
+        let _ = write!(out, "{:>2} ", t);
+    }
+    out.push('\n');
+    let shown = s.gpus.min(max_gpus);
+    for g in 0..shown {
+        let _ = write!(out, "{g:>3}  ");
+        for t in 0..s.steps {
+            let cell = match plan.at(g, t) {
+                Cell::Idle => " .".to_string(),
+                Cell::Rt(r) if r < 10 => format!("R{r}"),
+                Cell::Rt(_) => "R*".to_string(),
+                Cell::Job(j) => format!("{:>2}", s.jobs[j as usize].id % 100),
+            };
+            let _ = write!(out, "{cell} ");
+        }
+        out.push('\n');
+    }
+    if shown < s.gpus {
+        let _ = writeln!(out, "... {} more GPUs not drawn", s.gpus - shown);
+    }
+    out
+}
+
+/// A readable table of the comparison.
+pub fn table(c: &Comparison) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<7} {:>6} {:>9} {:>9} {:>9} {:>6} {:>10}  notes",
+        "policy", "util", "value", "completed", "shortfall", "swaps", "solve_ms"
+    );
+    let rows = [
+        ("fifo", Some(&c.fifo)),
+        ("greedy", Some(&c.greedy)),
+        ("fast", Some(&c.fast)),
+        ("full", c.full.as_ref()),
+    ];
+    for (name, r) in rows {
+        let Some(r) = r else { continue };
+        if let Some(e) = &r.error {
+            let _ = writeln!(out, "{name:<7} not run: {e}");
+            continue;
+        }
+        let mut note = if r.valid {
+            String::new()
+        } else {
+            format!(
+                "INVALID: {}",
+                r.violations.first().map(String::as_str).unwrap_or("")
+            )
+        };
+        if let Some(p) = &r.proof {
+            let _ = write!(
+                note,
+                "{} gap {:.2}% (bound {:.1})",
+                if p.optimal { "optimal," } else { "not proven," },
+                p.gap * 100.0,
+                p.bound
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name:<7} {:>5.1}% {:>9.1} {:>5}/{:<3} {:>9} {:>6} {:>10.3}  {note}",
+            r.utilization * 100.0,
+            r.value,
+            r.completed,
+            r.jobs,
+            r.shortfall,
+            r.swaps,
+            r.solve_ms
+        );
+    }
+    let gain = |a: &PolicyResult, b: &PolicyResult| {
+        let dv = if b.value > 0.0 {
+            (a.value / b.value - 1.0) * 100.0
+        } else {
+            0.0
+        };
+        format!(
+            "{:+.1} pts utilisation, {:+.1}% value",
+            (a.utilization - b.utilization) * 100.0,
+            dv
+        )
+    };
+    let _ = writeln!(out, "fast vs fifo:   {}", gain(&c.fast, &c.fifo));
+    let _ = writeln!(out, "fast vs greedy: {}", gain(&c.fast, &c.greedy));
+    if let Some(f) = c.full.as_ref().filter(|f| f.error.is_none()) {
+        let _ = writeln!(out, "full vs fast:   {}", gain(f, &c.fast));
+    }
+    out
+}

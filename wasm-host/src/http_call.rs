@@ -9,6 +9,7 @@
 //! leaves calls pending for the test to complete
 //! ([`Vm::complete_http_call`](crate::Vm::complete_http_call)).
 
+use crate::exchange::Response;
 use crate::headers::Headers;
 use std::time::Duration;
 
@@ -42,47 +43,9 @@ impl CallRequest {
     }
 }
 
-/// A callout's response.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CallResponse {
-    /// Response headers; `:status` is added by [`CallResponse::new`].
-    pub headers: Headers,
-    /// Response body.
-    pub body: Vec<u8>,
-    /// Response trailers.
-    pub trailers: Headers,
-}
-
-impl CallResponse {
-    /// A response with `:status` set.
-    pub fn new(status: u16) -> CallResponse {
-        let mut headers = Headers::new();
-        headers.add(":status", status.to_string());
-        CallResponse {
-            headers,
-            body: Vec::new(),
-            trailers: Headers::new(),
-        }
-    }
-
-    /// Adds a header.
-    pub fn header(mut self, name: &str, value: &str) -> CallResponse {
-        self.headers.add(name, value);
-        self
-    }
-
-    /// Sets the body.
-    pub fn body(mut self, body: impl Into<Vec<u8>>) -> CallResponse {
-        self.body = body.into();
-        self
-    }
-
-    /// Adds a trailer.
-    pub fn trailer(mut self, name: &str, value: &str) -> CallResponse {
-        self.trailers.add(name, value);
-        self
-    }
-}
+/// A callout's response: the same shape as an HTTP [`Response`]
+/// (`CallResponse::new(200).header(..).body(..)`).
+pub type CallResponse = Response;
 
 /// How a callout ends.
 #[derive(Debug, Clone, PartialEq)]

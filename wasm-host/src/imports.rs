@@ -12,10 +12,19 @@ use crate::http_call::CallRequest;
 use crate::memory::{give, read, write_u32, write_u64, Cx};
 use crate::process::MetricValue;
 use crate::properties;
-use crate::state::{Deferred, LocalResponse, MetricDef, VmState};
+use crate::state::{Deferred, LocalResponse, MetricDef, Side, VmState};
 use std::collections::HashSet;
 use std::time::Duration;
 use wasmtime::{Linker, Result};
+
+/// `Ok` if an out-parameter write landed, `InvalidMemoryAccess` if not.
+fn written(w: Option<()>) -> Result<i32> {
+    st(if w.is_some() {
+        Status::Ok
+    } else {
+        Status::InvalidMemoryAccess
+    })
+}
 
 /// Status as the `i32` the guest receives.
 fn st(s: Status) -> Result<i32> {
@@ -29,10 +38,9 @@ pub(crate) fn define(
     defined: &mut HashSet<(String, String)>,
 ) -> Result<()> {
     macro_rules! def {
-        ($name:literal, $f:expr) => {{
-            linker.func_wrap("env", $name, $f)?;
-            defined.insert(("env".to_string(), $name.to_string()));
-        }};
+        ($name:literal, $f:expr) => {
+            crate::define_import!(linker, defined, "env", $name, $f)
+        };
     }
 
     // ---- logging, time, timers ----
@@ -56,19 +64,13 @@ pub(crate) fn define(
                                  out: i32|
      -> Result<i32> {
         let level = c.data().log_level as u32;
-        match write_u32(&mut c, out, level) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, out, level))
     });
     def!("proxy_get_current_time_nanoseconds", |mut c: Cx<'_>,
                                                 out: i32|
      -> Result<i32> {
         let now = c.data().now_ns();
-        match write_u64(&mut c, out, now) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u64(&mut c, out, now))
     });
     def!("proxy_set_tick_period_milliseconds", |mut c: Cx<'_>,
                                                 ms: i32|
@@ -249,10 +251,7 @@ pub(crate) fn define(
         let Some(size) = map(c.data(), ty).map(Headers::byte_size) else {
             return st(Status::BadArgument);
         };
-        match write_u32(&mut c, out, size as u32) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, out, size as u32))
     });
 
     // ---- properties ----
@@ -311,10 +310,7 @@ pub(crate) fn define(
         if status != Status::Ok {
             return st(status);
         }
-        match write_u32(&mut c, casp, cas) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, casp, cas))
     });
     def!("proxy_set_shared_data", |c: Cx<'_>,
                                    kp: i32,
@@ -347,10 +343,7 @@ pub(crate) fn define(
         let token = s
             .process
             .register_queue(&s.plugin.vm_id, &name, (s.vm_instance, s.root_id));
-        match write_u32(&mut c, out, token) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, out, token))
     });
     def!("proxy_resolve_shared_queue", |mut c: Cx<'_>,
                                         vp: i32,
@@ -371,10 +364,7 @@ pub(crate) fn define(
         let Some(token) = s.process.resolve_queue(&vm_id, &name) else {
             return st(Status::NotFound);
         };
-        match write_u32(&mut c, out, token) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, out, token))
     });
     def!("proxy_enqueue_shared_queue", |c: Cx<'_>,
                                         token: i32,
@@ -408,8 +398,8 @@ pub(crate) fn define(
         let ctx = s.context();
         let is_stream = s.streams.contains_key(&ctx);
         match ty {
-            0 if is_stream => s.deferred.push(Deferred::ContinueRequest(ctx)),
-            1 if is_stream => s.deferred.push(Deferred::ContinueResponse(ctx)),
+            0 if is_stream => s.deferred.push(Deferred::Continue(ctx, Side::Request)),
+            1 if is_stream => s.deferred.push(Deferred::Continue(ctx, Side::Response)),
             // Envoy: without stream callbacks (a root context) it is a no-op.
             0 | 1 => {}
             _ => return st(Status::BadArgument),
@@ -534,10 +524,7 @@ pub(crate) fn define(
                 context_id,
             },
         );
-        match write_u32(&mut c, out, token) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, out, token))
     });
     def!("proxy_get_status", |mut c: Cx<'_>,
                               code_ptr: i32,
@@ -626,10 +613,7 @@ pub(crate) fn define(
         let id = (s.next_metric << 2) | ty as u32;
         s.process.define_metric(kind, &name);
         s.metrics.insert(id, MetricDef { kind, name });
-        match write_u32(&mut c, out, id) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u32(&mut c, out, id))
     });
     def!("proxy_increment_metric", |c: Cx<'_>,
                                     id: i32,
@@ -685,10 +669,7 @@ pub(crate) fn define(
             Some(MetricValue::Histogram(_)) => return st(Status::BadArgument),
             None => return st(Status::NotFound),
         };
-        match write_u64(&mut c, out, value) {
-            Some(()) => st(Status::Ok),
-            None => st(Status::InvalidMemoryAccess),
-        }
+        written(write_u64(&mut c, out, value))
     });
 
     // ---- gRPC: imported by every SDK filter, not emulated ----
@@ -792,11 +773,11 @@ pub(crate) fn map(s: &VmState, ty: MapType) -> Option<&Headers> {
     let st = s.streams.get(&s.context())?;
     let log = st.access_log_phase;
     match ty {
-        MapType::RequestHeaders if st.request_headers_open || log => Some(&st.request_headers),
-        MapType::RequestTrailers if st.request_trailers_open && !log => Some(&st.request_trailers),
-        MapType::ResponseHeaders if st.response_headers_open || log => Some(&st.response_headers),
-        MapType::ResponseTrailers if st.response_trailers_open || log => {
-            Some(&st.response_trailers)
+        MapType::RequestHeaders if st.request.headers_open || log => Some(&st.request.headers),
+        MapType::RequestTrailers if st.request.trailers_open && !log => Some(&st.request.trailers),
+        MapType::ResponseHeaders if st.response.headers_open || log => Some(&st.response.headers),
+        MapType::ResponseTrailers if st.response.trailers_open || log => {
+            Some(&st.response.trailers)
         }
         _ => None,
     }
@@ -820,14 +801,14 @@ fn map_mut(s: &mut VmState, ty: MapType) -> Option<&mut Headers> {
         return None;
     }
     match ty {
-        MapType::RequestHeaders if st.request_headers_open => {
+        MapType::RequestHeaders if st.request.headers_open => {
             // ABI 0.2.1: any request-header change clears the route cache.
             st.request_header_mutations += 1;
-            Some(&mut st.request_headers)
+            Some(&mut st.request.headers)
         }
-        MapType::RequestTrailers if st.request_trailers_open => Some(&mut st.request_trailers),
-        MapType::ResponseHeaders if st.response_headers_open => Some(&mut st.response_headers),
-        MapType::ResponseTrailers if st.response_trailers_open => Some(&mut st.response_trailers),
+        MapType::RequestTrailers if st.request.trailers_open => Some(&mut st.request.trailers),
+        MapType::ResponseHeaders if st.response.headers_open => Some(&mut st.response.headers),
+        MapType::ResponseTrailers if st.response.trailers_open => Some(&mut st.response.trailers),
         _ => None,
     }
 }
@@ -840,11 +821,11 @@ fn buffer(s: &VmState, ty: BufferType) -> Option<&[u8]> {
         BufferType::HttpCallResponseBody => s.call_response.as_ref().map(|r| r.body.as_slice()),
         BufferType::RequestBody => {
             let st = s.streams.get(&s.context())?;
-            st.request_body_open.then_some(st.request_body.as_slice())
+            st.request.body_open.then_some(st.request.body.as_slice())
         }
         BufferType::ResponseBody => {
             let st = s.streams.get(&s.context())?;
-            st.response_body_open.then_some(st.response_body.as_slice())
+            st.response.body_open.then_some(st.response.body.as_slice())
         }
         _ => None,
     }
@@ -856,11 +837,11 @@ fn buffer_mut(s: &mut VmState, ty: BufferType) -> Option<&mut Vec<u8>> {
         BufferType::HttpCallResponseBody => s.call_response.as_mut().map(|r| &mut r.body),
         BufferType::RequestBody => {
             let st = s.streams.get_mut(&ctx)?;
-            st.request_body_open.then_some(&mut st.request_body)
+            st.request.body_open.then_some(&mut st.request.body)
         }
         BufferType::ResponseBody => {
             let st = s.streams.get_mut(&ctx)?;
-            st.response_body_open.then_some(&mut st.response_body)
+            st.response.body_open.then_some(&mut st.response.body)
         }
         _ => None,
     }

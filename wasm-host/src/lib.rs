@@ -49,6 +49,16 @@
 //!
 #![doc = include_str!("../README.md")]
 
+/// Defines a host function on a `Linker` and records its `(module, name)`,
+/// so loading can name every import the host lacks.
+macro_rules! define_import {
+    ($linker:expr, $defined:expr, $module:expr, $name:literal, $f:expr) => {{
+        $linker.func_wrap($module, $name, $f)?;
+        $defined.insert(($module.to_string(), $name.to_string()));
+    }};
+}
+pub(crate) use define_import;
+
 pub mod abi;
 mod error;
 mod exchange;

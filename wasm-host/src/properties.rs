@@ -9,7 +9,6 @@
 //! The spec calls paths host-specific; these are Envoy 1.40's names (no
 //! deprecated pre-1.33 aliases).
 
-use crate::headers::Headers;
 use crate::state::{StreamState, VmState};
 
 fn int(v: i64) -> Vec<u8> {
@@ -64,7 +63,7 @@ pub(crate) fn get(s: &VmState, path: &[&[u8]]) -> Option<Vec<u8>> {
 }
 
 fn request(st: &StreamState, field: &[u8]) -> Option<Vec<u8>> {
-    let h = &st.request_headers;
+    let h = &st.request.headers;
     let header = |name: &str| h.get_bytes(name).map(<[u8]>::to_vec);
     match field {
         b"path" => header(":path"),
@@ -86,7 +85,7 @@ fn request(st: &StreamState, field: &[u8]) -> Option<Vec<u8>> {
         b"id" => header("x-request-id"),
         b"headers" => Some(h.encode()),
         b"protocol" => Some(st.info.protocol.clone().into_bytes()),
-        b"size" => Some(int(st.request_body.len() as i64)),
+        b"size" => Some(int(st.request.body.len() as i64)),
         _ => None,
     }
 }
@@ -97,8 +96,8 @@ fn response(st: &StreamState, field: &[u8]) -> Option<Vec<u8>> {
         b"code" => i.response_code.map(|c| int(i64::from(c))),
         b"code_details" => i.response_code_details.clone().map(String::into_bytes),
         b"flags" => Some(int(i.response_flags as i64)),
-        b"headers" => Some(st.response_headers.encode()),
-        b"trailers" => Some(Headers::encode(&st.response_trailers)),
+        b"headers" => Some(st.response.headers.encode()),
+        b"trailers" => Some(st.response.trailers.encode()),
         _ => None,
     }
 }

@@ -92,35 +92,61 @@ impl Default for StreamInfo {
     }
 }
 
-/// Where a stream stands, as Envoy's filter state machine sees it.
+/// One direction of a stream (request or response), as Envoy's filter
+/// manager sees it around this filter.
+#[derive(Debug, Default)]
+pub(crate) struct Half {
+    pub headers: Headers,
+    pub trailers: Headers,
+    /// Body bytes the filter currently sees (buffered since a Pause).
+    pub body: Vec<u8>,
+    /// Body bytes that went past the filter.
+    pub forwarded_body: Vec<u8>,
+    /// Envoy's `request_headers_ != nullptr` (resp. response): readable and
+    /// writable.
+    pub headers_open: bool,
+    pub trailers_open: bool,
+    pub body_open: bool,
+    /// A callback returned Pause (or sent a local reply) and nothing resumed it.
+    pub paused: bool,
+    pub resumes: u32,
+    pub end: bool,
+}
+
+impl Half {
+    /// The filter let the buffered body through.
+    pub fn forward_body(&mut self) {
+        let body = std::mem::take(&mut self.body);
+        self.forwarded_body.extend_from_slice(&body);
+        self.body_open = false;
+    }
+
+    /// `continue_stream` took effect: iteration resumes past the filter.
+    pub fn resume(&mut self) {
+        if self.paused {
+            self.paused = false;
+            self.resumes += 1;
+            self.headers_open = false;
+            self.trailers_open = false;
+            self.forward_body();
+        }
+    }
+}
+
+/// Which half of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Request,
+    Response,
+}
+
+/// Where a stream stands.
 #[derive(Debug, Default)]
 pub(crate) struct StreamState {
-    pub request_headers: Headers,
-    pub request_trailers: Headers,
-    pub response_headers: Headers,
-    pub response_trailers: Headers,
-    /// Body bytes the filter currently sees (buffered since a Pause).
-    pub request_body: Vec<u8>,
-    pub response_body: Vec<u8>,
-    /// Body bytes that went past the filter.
-    pub forwarded_request_body: Vec<u8>,
-    pub forwarded_response_body: Vec<u8>,
-    pub request_end: bool,
-    pub response_end: bool,
-    /// Envoy's `request_headers_ != nullptr`: readable and writable.
-    pub request_headers_open: bool,
-    pub request_trailers_open: bool,
-    pub response_headers_open: bool,
-    pub response_trailers_open: bool,
-    pub request_body_open: bool,
-    pub response_body_open: bool,
+    pub request: Half,
+    pub response: Half,
     /// `on_log` runs: every map readable, none writable.
     pub access_log_phase: bool,
-    /// A request-side callback returned Pause and nothing resumed it yet.
-    pub request_paused: bool,
-    pub response_paused: bool,
-    pub request_resumes: u32,
-    pub response_resumes: u32,
     pub local_response: Option<LocalResponse>,
     pub closed: bool,
     /// Number of request-header mutations (each clears Envoy's route cache
@@ -130,12 +156,20 @@ pub(crate) struct StreamState {
     pub info: StreamInfo,
 }
 
+impl StreamState {
+    pub fn half_mut(&mut self, side: Side) -> &mut Half {
+        match side {
+            Side::Request => &mut self.request,
+            Side::Response => &mut self.response,
+        }
+    }
+}
+
 /// An action a host call asked for, applied after the callback returns
 /// (Envoy's `addAfterVmCallAction`).
 #[derive(Debug, Clone)]
 pub(crate) enum Deferred {
-    ContinueRequest(u32),
-    ContinueResponse(u32),
+    Continue(u32, Side),
     Close(u32),
     LocalResponse(u32, LocalResponse),
 }

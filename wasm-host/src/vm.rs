@@ -17,7 +17,7 @@ use crate::http_call::{CallRequest, CallResponse, CallResult};
 use crate::module::FilterModule;
 use crate::process::{ClusterBehaviour, MetricValue, Process};
 use crate::state::{
-    Deferred, LocalResponse, LogEntry, PluginInfo, StreamInfo, StreamState, VmState,
+    Deferred, Half, LocalResponse, LogEntry, PluginInfo, Side, StreamInfo, StreamState, VmState,
 };
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use wasmtime::{Instance, Store, StoreLimitsBuilder, TypedFunc};
@@ -608,37 +608,20 @@ impl Vm {
     fn apply_deferred(&mut self) {
         let deferred = std::mem::take(&mut self.store.data_mut().deferred);
         for d in deferred {
-            let s = self.store.data_mut();
+            let streams = &mut self.store.data_mut().streams;
             match d {
-                Deferred::ContinueRequest(id) => {
-                    if let Some(st) = s.streams.get_mut(&id) {
-                        if st.request_paused {
-                            st.request_paused = false;
-                            st.request_resumes += 1;
-                            st.request_headers_open = false;
-                            st.request_trailers_open = false;
-                            st.forward_request_body();
-                        }
-                    }
-                }
-                Deferred::ContinueResponse(id) => {
-                    if let Some(st) = s.streams.get_mut(&id) {
-                        if st.response_paused {
-                            st.response_paused = false;
-                            st.response_resumes += 1;
-                            st.response_headers_open = false;
-                            st.response_trailers_open = false;
-                            st.forward_response_body();
-                        }
+                Deferred::Continue(id, side) => {
+                    if let Some(st) = streams.get_mut(&id) {
+                        st.half_mut(side).resume();
                     }
                 }
                 Deferred::Close(id) => {
-                    if let Some(st) = s.streams.get_mut(&id) {
+                    if let Some(st) = streams.get_mut(&id) {
                         st.closed = true;
                     }
                 }
                 Deferred::LocalResponse(id, reply) => {
-                    if let Some(st) = s.streams.get_mut(&id) {
+                    if let Some(st) = streams.get_mut(&id) {
                         if st.local_response.is_none() {
                             st.local_response = Some(reply);
                         }
@@ -685,14 +668,14 @@ impl Vm {
         self.store.data_mut().streams.get_mut(&id)
     }
 
+    /// Whether the callback that just returned sent a local reply (still
+    /// deferred: it applies after the callback, as in Envoy).
     fn local_reply_queued(&self, id: u32) -> bool {
-        let s = self.store.data();
-        s.streams
-            .get(&id)
-            .is_some_and(|st| st.local_response.is_some())
-            || s.deferred
-                .iter()
-                .any(|d| matches!(d, Deferred::LocalResponse(i, _) if *i == id))
+        self.store
+            .data()
+            .deferred
+            .iter()
+            .any(|d| matches!(d, Deferred::LocalResponse(i, _) if *i == id))
     }
 
     pub(crate) fn allow_stop_iteration(&self) -> bool {
@@ -780,29 +763,7 @@ impl<'vm> HttpStream<'vm> {
         headers: impl Into<Headers>,
         end_of_stream: bool,
     ) -> Result<Action, Error> {
-        let headers = headers.into();
-        let n = headers.len() as i32;
-        let st = self.st_mut()?;
-        st.request_headers = headers;
-        st.request_headers_open = true;
-        st.request_end = end_of_stream;
-        let f = self.vm.exports.request_headers.clone();
-        let action = self.vm.stream_callback(
-            "proxy_on_request_headers",
-            self.id,
-            f,
-            n,
-            end_of_stream as i32,
-        )?;
-        let local = self.vm.local_reply_queued(self.id);
-        let st = self.st_mut()?;
-        if action == Action::Continue && !local {
-            st.request_headers_open = false;
-        } else {
-            st.request_paused = true;
-        }
-        self.vm.settle()?;
-        Ok(action)
+        self.send_headers(Side::Request, headers.into(), end_of_stream)
     }
 
     /// Delivers a request body chunk (`on_request_body`). After a Pause the
@@ -813,55 +774,12 @@ impl<'vm> HttpStream<'vm> {
         chunk: impl AsRef<[u8]>,
         end_of_stream: bool,
     ) -> Result<Action, Error> {
-        let st = self.st_mut()?;
-        st.request_body.extend_from_slice(chunk.as_ref());
-        st.request_body_open = true;
-        st.request_end = end_of_stream;
-        let size = st.request_body.len() as i32;
-        let f = self.vm.exports.request_body.clone();
-        let action = self.vm.stream_callback(
-            "proxy_on_request_body",
-            self.id,
-            f,
-            size,
-            end_of_stream as i32,
-        )?;
-        let local = self.vm.local_reply_queued(self.id);
-        let st = self.st_mut()?;
-        if action == Action::Continue && !local {
-            st.request_paused = false;
-            st.request_headers_open = false;
-            st.forward_request_body();
-        } else {
-            st.request_paused = true;
-        }
-        self.vm.settle()?;
-        Ok(action)
+        self.send_body(Side::Request, chunk.as_ref(), end_of_stream)
     }
 
     /// Delivers request trailers (`on_request_trailers`).
     pub fn send_request_trailers(&mut self, trailers: impl Into<Headers>) -> Result<Action, Error> {
-        let trailers = trailers.into();
-        let n = trailers.len() as i32;
-        let st = self.st_mut()?;
-        st.request_trailers = trailers;
-        st.request_trailers_open = true;
-        st.request_end = true;
-        let f = self.vm.exports.request_trailers.clone();
-        let action = self
-            .vm
-            .stream_callback2("proxy_on_request_trailers", self.id, f, n)?;
-        let local = self.vm.local_reply_queued(self.id);
-        let st = self.st_mut()?;
-        if action == Action::Continue && !local {
-            st.request_trailers_open = false;
-            st.request_paused = false;
-            st.forward_request_body();
-        } else {
-            st.request_paused = true;
-        }
-        self.vm.settle()?;
-        Ok(action)
+        self.send_trailers(Side::Request, trailers.into())
     }
 
     /// Delivers response headers (`on_response_headers`).
@@ -870,29 +788,7 @@ impl<'vm> HttpStream<'vm> {
         headers: impl Into<Headers>,
         end_of_stream: bool,
     ) -> Result<Action, Error> {
-        let headers = headers.into();
-        let n = headers.len() as i32;
-        let st = self.st_mut()?;
-        st.info.response_code = headers.get(":status").and_then(|s| s.parse().ok());
-        st.response_headers = headers;
-        st.response_headers_open = true;
-        st.response_end = end_of_stream;
-        let f = self.vm.exports.response_headers.clone();
-        let action = self.vm.stream_callback(
-            "proxy_on_response_headers",
-            self.id,
-            f,
-            n,
-            end_of_stream as i32,
-        )?;
-        let st = self.st_mut()?;
-        if action == Action::Continue {
-            st.response_headers_open = false;
-        } else {
-            st.response_paused = true;
-        }
-        self.vm.settle()?;
-        Ok(action)
+        self.send_headers(Side::Response, headers.into(), end_of_stream)
     }
 
     /// Delivers a response body chunk (`on_response_body`), buffering after
@@ -902,29 +798,7 @@ impl<'vm> HttpStream<'vm> {
         chunk: impl AsRef<[u8]>,
         end_of_stream: bool,
     ) -> Result<Action, Error> {
-        let st = self.st_mut()?;
-        st.response_body.extend_from_slice(chunk.as_ref());
-        st.response_body_open = true;
-        st.response_end = end_of_stream;
-        let size = st.response_body.len() as i32;
-        let f = self.vm.exports.response_body.clone();
-        let action = self.vm.stream_callback(
-            "proxy_on_response_body",
-            self.id,
-            f,
-            size,
-            end_of_stream as i32,
-        )?;
-        let st = self.st_mut()?;
-        if action == Action::Continue {
-            st.response_paused = false;
-            st.response_headers_open = false;
-            st.forward_response_body();
-        } else {
-            st.response_paused = true;
-        }
-        self.vm.settle()?;
-        Ok(action)
+        self.send_body(Side::Response, chunk.as_ref(), end_of_stream)
     }
 
     /// Delivers response trailers (`on_response_trailers`).
@@ -932,26 +806,101 @@ impl<'vm> HttpStream<'vm> {
         &mut self,
         trailers: impl Into<Headers>,
     ) -> Result<Action, Error> {
-        let trailers = trailers.into();
-        let n = trailers.len() as i32;
-        let st = self.st_mut()?;
-        st.response_trailers = trailers;
-        st.response_trailers_open = true;
-        st.response_end = true;
-        let f = self.vm.exports.response_trailers.clone();
-        let action = self
-            .vm
-            .stream_callback2("proxy_on_response_trailers", self.id, f, n)?;
-        let st = self.st_mut()?;
-        if action == Action::Continue {
-            st.response_trailers_open = false;
-            st.response_paused = false;
-            st.forward_response_body();
+        self.send_trailers(Side::Response, trailers.into())
+    }
+
+    /// After a callback: a Continue (without a local reply) lets the half
+    /// go on past the filter; anything else holds it. Then deferred actions
+    /// and events run.
+    fn after(
+        &mut self,
+        side: Side,
+        action: Action,
+        passed: impl FnOnce(&mut Half),
+    ) -> Result<Action, Error> {
+        let local = self.vm.local_reply_queued(self.id);
+        let half = self.st_mut()?.half_mut(side);
+        if action == Action::Continue && !local {
+            passed(half);
         } else {
-            st.response_paused = true;
+            half.paused = true;
         }
         self.vm.settle()?;
         Ok(action)
+    }
+
+    fn send_headers(&mut self, side: Side, headers: Headers, end: bool) -> Result<Action, Error> {
+        let n = headers.len() as i32;
+        let st = self.st_mut()?;
+        if side == Side::Response {
+            st.info.response_code = headers.get(":status").and_then(|s| s.parse().ok());
+        }
+        let half = st.half_mut(side);
+        half.headers = headers;
+        half.headers_open = true;
+        half.end = end;
+        let (name, f) = match side {
+            Side::Request => (
+                "proxy_on_request_headers",
+                self.vm.exports.request_headers.clone(),
+            ),
+            Side::Response => (
+                "proxy_on_response_headers",
+                self.vm.exports.response_headers.clone(),
+            ),
+        };
+        let action = self.vm.stream_callback(name, self.id, f, n, end as i32)?;
+        self.after(side, action, |h| h.headers_open = false)
+    }
+
+    fn send_body(&mut self, side: Side, chunk: &[u8], end: bool) -> Result<Action, Error> {
+        let half = self.st_mut()?.half_mut(side);
+        half.body.extend_from_slice(chunk);
+        half.body_open = true;
+        half.end = end;
+        let size = half.body.len() as i32;
+        let (name, f) = match side {
+            Side::Request => (
+                "proxy_on_request_body",
+                self.vm.exports.request_body.clone(),
+            ),
+            Side::Response => (
+                "proxy_on_response_body",
+                self.vm.exports.response_body.clone(),
+            ),
+        };
+        let action = self
+            .vm
+            .stream_callback(name, self.id, f, size, end as i32)?;
+        self.after(side, action, |h| {
+            h.paused = false;
+            h.headers_open = false;
+            h.forward_body();
+        })
+    }
+
+    fn send_trailers(&mut self, side: Side, trailers: Headers) -> Result<Action, Error> {
+        let n = trailers.len() as i32;
+        let half = self.st_mut()?.half_mut(side);
+        half.trailers = trailers;
+        half.trailers_open = true;
+        half.end = true;
+        let (name, f) = match side {
+            Side::Request => (
+                "proxy_on_request_trailers",
+                self.vm.exports.request_trailers.clone(),
+            ),
+            Side::Response => (
+                "proxy_on_response_trailers",
+                self.vm.exports.response_trailers.clone(),
+            ),
+        };
+        let action = self.vm.stream_callback2(name, self.id, f, n)?;
+        self.after(side, action, |h| {
+            h.trailers_open = false;
+            h.paused = false;
+            h.forward_body();
+        })
     }
 
     /// Ends the stream: `on_log` (every map read-only), `on_done`,
@@ -980,35 +929,35 @@ impl<'vm> HttpStream<'vm> {
     /// The request headers as they stand (what goes upstream once the
     /// request continues).
     pub fn request_headers(&self) -> &Headers {
-        &self.st().request_headers
+        &self.st().request.headers
     }
     /// The request trailers as they stand.
     pub fn request_trailers(&self) -> &Headers {
-        &self.st().request_trailers
+        &self.st().request.trailers
     }
     /// The response headers as they stand (what the client gets).
     pub fn response_headers(&self) -> &Headers {
-        &self.st().response_headers
+        &self.st().response.headers
     }
     /// The response trailers as they stand.
     pub fn response_trailers(&self) -> &Headers {
-        &self.st().response_trailers
+        &self.st().response.trailers
     }
     /// Request body bytes that went past the filter (upstream-bound).
     pub fn forwarded_request_body(&self) -> &[u8] {
-        &self.st().forwarded_request_body
+        &self.st().request.forwarded_body
     }
     /// Response body bytes that went past the filter (client-bound).
     pub fn forwarded_response_body(&self) -> &[u8] {
-        &self.st().forwarded_response_body
+        &self.st().response.forwarded_body
     }
     /// Request body bytes the filter is holding (buffered after a Pause).
     pub fn buffered_request_body(&self) -> &[u8] {
-        &self.st().request_body
+        &self.st().request.body
     }
     /// Response body bytes the filter is holding.
     pub fn buffered_response_body(&self) -> &[u8] {
-        &self.st().response_body
+        &self.st().response.body
     }
     /// The local reply the filter sent, if any.
     pub fn local_response(&self) -> Option<&LocalResponse> {
@@ -1016,15 +965,15 @@ impl<'vm> HttpStream<'vm> {
     }
     /// Whether the request is held by the filter (a Pause not yet resumed).
     pub fn request_paused(&self) -> bool {
-        self.st().request_paused
+        self.st().request.paused
     }
     /// Whether the response is held by the filter.
     pub fn response_paused(&self) -> bool {
-        self.st().response_paused
+        self.st().response.paused
     }
     /// How often the filter resumed the request (`resume_http_request`).
     pub fn request_resumes(&self) -> u32 {
-        self.st().request_resumes
+        self.st().request.resumes
     }
     /// Whether the filter reset the stream (`reset_http_request/response`).
     pub fn closed(&self) -> bool {
@@ -1043,20 +992,6 @@ impl<'vm> HttpStream<'vm> {
             .filter_state
             .get(key.as_bytes())
             .map(Vec::as_slice)
-    }
-}
-
-impl StreamState {
-    fn forward_request_body(&mut self) {
-        let body = std::mem::take(&mut self.request_body);
-        self.forwarded_request_body.extend_from_slice(&body);
-        self.request_body_open = false;
-    }
-
-    fn forward_response_body(&mut self) {
-        let body = std::mem::take(&mut self.response_body);
-        self.forwarded_response_body.extend_from_slice(&body);
-        self.response_body_open = false;
     }
 }
 

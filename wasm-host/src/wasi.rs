@@ -27,10 +27,9 @@ pub(crate) fn define(
     defined: &mut HashSet<(String, String)>,
 ) -> Result<()> {
     macro_rules! def {
-        ($name:literal, $f:expr) => {{
-            linker.func_wrap(MODULE, $name, $f)?;
-            defined.insert((MODULE.to_string(), $name.to_string()));
-        }};
+        ($name:literal, $f:expr) => {
+            crate::define_import!(linker, defined, MODULE, $name, $f)
+        };
     }
     def!("fd_write", |mut c: Cx<'_>,
                       fd: i32,

@@ -5,6 +5,9 @@
 //!
 //! `cargo bench -p ace-core --bench decision`
 
+// Benchmark setup indexes fixed fixtures and fails loudly if they are wrong.
+#![allow(clippy::indexing_slicing, clippy::expect_used)]
+
 use ace_core::cost::{CostModel, Tier};
 use ace_core::dispatch::{decide, Fleet, Request};
 use ace_core::health::{Health, HealthPolicy, Outcome};

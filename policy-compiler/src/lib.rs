@@ -1,1 +1,58 @@
-//! ace-policy: Cedar policies compiled into exact bitmask tables. (being built; see the issue that owns it).
+//! ace-policy: Cedar feasibility policies compiled into exact bitmask
+//! tables, and the proof that the tables say what Cedar says.
+//!
+//! Why compile at all: feasibility (EU personal data only to EU
+//! destinations, PHI only where there is a BAA, ...) must hold on every
+//! request inside Envoy, where evaluating Cedar per request per destination
+//! would cost microseconds each. The tables answer with a few lookups and a
+//! bitwise AND (`ace_core::tables`), and [`verify::verify`] checks them
+//! against Cedar's authorizer over the request space.
+//!
+//! Pipeline, one module each:
+//! - [`project`]: read a policy directory (schema, `*.cedar`, `fleet.toml`),
+//!   parse and validate with Cedar's own validator, build the entities from
+//!   the [`manifest`], and find which request attributes each policy reads.
+//! - [`compile`]: group policies into permit and forbid factors by the
+//!   attributes they read, evaluate each factor's rows with Cedar, encode.
+//! - [`verify`]: tables == Cedar (exhaustive up to 10^6 requests), and
+//!   per-request explanations.
+//! - [`dump`]: the tables as text.
+//!
+//! Every error names its file, line and column and says what to change
+//! ([`error`]).
+//!
+//! Layout of a policy directory and where the output goes: see
+//! [`OUT_DIR`] and `policies/README.md`.
+
+pub mod compile;
+pub mod dump;
+pub mod error;
+pub mod manifest;
+pub mod project;
+pub mod verify;
+
+pub use compile::{compile, Compiled, FactorInfo};
+pub use error::{Diagnostic, Error};
+pub use project::{Project, Sources};
+
+use std::path::{Path, PathBuf};
+
+/// Compiled output goes to this directory inside the policy directory.
+pub const OUT_DIR: &str = "out";
+/// The tables file name in [`OUT_DIR`].
+pub const TABLES_FILE: &str = "tables.acet";
+/// The human-readable dump written beside it.
+pub const DUMP_FILE: &str = "tables.txt";
+/// Destinations with resolved cost parameters, in table order, for the
+/// filter's configuration.
+pub const FLEET_FILE: &str = "fleet.json";
+
+/// Where `ace policy compile DIR` writes the tables.
+pub fn tables_path(dir: &Path) -> PathBuf {
+    dir.join(OUT_DIR).join(TABLES_FILE)
+}
+
+/// Loads and checks the policy directory `dir`.
+pub fn load_dir(dir: &Path) -> Result<Project, Error> {
+    Project::load(Sources::read_dir(dir)?)
+}

@@ -1,0 +1,523 @@
+//! The fleet manifest: destinations (with their Envoy clusters, policy
+//! attributes and cost-curve parameters), tenants, the model catalogue and
+//! the finite domains of the request attributes.
+//!
+//! Why TOML: it is one human-edited file, comments are first-class, and the
+//! parser gives byte spans, so a value outside its domain is reported at its
+//! line and column. The JSON Schema next to the example
+//! (`policies/fleet.schema.json`) documents the same fields for editors.
+//!
+//! Cost fields are optional; their defaults are chosen so that a destination
+//! without them costs nothing extra and never saturates, which is right for
+//! a policy-only manifest and obviously wrong for dispatch, so the filter's
+//! operator will notice. Every number is checked to be finite and in range.
+
+use crate::error::{Diagnostic, Error};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// The tiers a destination may be in, cheapest-first in the usual order.
+pub const TIERS: [&str; 5] = ["inhouse", "reserved", "spot", "ondemand", "payg"];
+/// Interconnects a destination may declare.
+pub const INTERCONNECTS: [&str; 3] = ["nvlink", "pcie", "none"];
+
+/// The parsed manifest, with spans kept for error reporting.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Manifest format version; must be 1.
+    pub version: Spanned<u32>,
+    /// Domains of the request (context) attributes, by name.
+    #[serde(default)]
+    pub request: std::collections::BTreeMap<String, Spanned<Domain>>,
+    /// Tenants (the principals).
+    #[serde(default)]
+    pub tenants: Vec<Spanned<Tenant>>,
+    /// The model catalogue.
+    #[serde(default)]
+    pub models: Vec<Spanned<Model>>,
+    /// Destinations, in table (bit) order.
+    pub destinations: Vec<Spanned<Destination>>,
+}
+
+/// The finite domain of one request attribute.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Domain {
+    /// The values a request may carry; strings or integers to match the
+    /// attribute's Cedar type.
+    pub values: Vec<Spanned<toml::Value>>,
+}
+
+/// A tenant.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// The id the filter sees in `x-ace-tenant`.
+    pub id: Spanned<String>,
+    /// Tenant groups (`principal in Ace::TenantGroup::"..."`).
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Where the tenant's contract is governed, if it says.
+    pub home_jurisdiction: Option<String>,
+}
+
+/// A model in the catalogue.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    /// The id requests name (`model` in the body, `x-ace-model`).
+    pub id: Spanned<String>,
+    /// VRAM one replica needs, in GB.
+    pub vram_gb: Spanned<i64>,
+    /// Tensor-parallel degree it is served with.
+    #[serde(default = "one")]
+    pub tp_degree: Spanned<i64>,
+    /// Accelerator families it runs on.
+    #[serde(default)]
+    pub accelerators: Vec<String>,
+}
+
+fn one() -> Spanned<i64> {
+    Spanned::new(0..0, 1)
+}
+
+/// A destination: one Envoy cluster that can serve requests.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Destination {
+    /// Unique name (the Cedar entity id).
+    pub name: Spanned<String>,
+    /// The Envoy cluster the filter routes to; unique.
+    pub cluster: Spanned<String>,
+    /// Pools (`resource in Ace::Pool::"..."`).
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// Who runs it (`inhouse`, a cloud, an API vendor).
+    pub provider: String,
+    /// One of [`TIERS`].
+    pub tier: Spanned<String>,
+    /// Legal jurisdiction of the data while served, e.g. `EU`, `US`.
+    pub jurisdiction: String,
+    /// Region, e.g. `eu-west-1`.
+    pub region: String,
+    /// Accelerator family, e.g. `h100`; `api` for a hosted API.
+    pub accelerator: String,
+    /// VRAM of one replica, in GB (0 for a hosted API that does not say).
+    pub vram_gb: Spanned<i64>,
+    /// One of [`INTERCONNECTS`].
+    pub interconnect: Spanned<String>,
+    /// Models served, by catalogue id.
+    #[serde(default)]
+    pub models: Vec<Spanned<String>>,
+    /// Certifications held, e.g. `hipaa_baa`.
+    #[serde(default)]
+    pub certifications: Vec<String>,
+    /// The team owning an in-house destination.
+    pub owner_team: Option<String>,
+    /// Cost-curve parameters for dispatch.
+    pub cost: Option<Spanned<Cost>>,
+}
+
+/// Cost-curve parameters (see the dispatch issue). All optional; the
+/// defaults are documented per field.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Cost {
+    /// US dollars per million input tokens: the list price (pay-as-you-go)
+    /// or the operating cost per token (in-house). Default 0.
+    #[serde(default)]
+    pub input_usd_per_mtok: f64,
+    /// US dollars per million output tokens. Default 0.
+    #[serde(default)]
+    pub output_usd_per_mtok: f64,
+    /// US dollars per GPU-hour (spot, on-demand). Default 0.
+    #[serde(default)]
+    pub gpu_hour_usd: f64,
+    /// GPUs behind the destination (multiplies `gpu_hour_usd`). Default 1.
+    pub gpus: Option<u32>,
+    /// Measured throughput in tokens per second for the whole destination.
+    /// Default 1000. Must be above 0.
+    pub throughput_tps: Option<f64>,
+    /// Capacity in concurrent requests (in-house: owned capacity; reserved:
+    /// committed cap). Default: unlimited.
+    pub capacity: Option<u32>,
+    /// Utilisation (0 to 1] past which the latency penalty starts. Default
+    /// 0.8.
+    pub knee: Option<f64>,
+    /// Latency SLO in milliseconds; above it the destination is derated.
+    /// Default: none.
+    pub slo_ms: Option<u32>,
+    /// US dollars to load a model that is not resident. Default 0.
+    #[serde(default)]
+    pub cold_load_usd: f64,
+    /// Models resident now, by catalogue id; each must be served. Default:
+    /// every served model.
+    pub warm_models: Option<Vec<String>>,
+    /// Rank weight, a multiplier on effective cost that moves the rank
+    /// only; the booked cost stays true. Default 1. Must be above 0.
+    pub bias: Option<f64>,
+    /// Spot eviction-risk premium as a fraction of the GPU cost. Default 0.
+    #[serde(default)]
+    pub eviction_premium: f64,
+    /// Reserved: US dollars per million tokens past the committed cap.
+    /// Default: none (no overage; the cap is hard).
+    pub overage_usd_per_mtok: Option<f64>,
+}
+
+/// A destination's cost parameters with every default resolved, as written
+/// to `fleet.json` for the filter, in table order.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ResolvedDestination {
+    /// Bit index in the tables.
+    pub index: usize,
+    /// Manifest name.
+    pub name: String,
+    /// Envoy cluster.
+    pub cluster: String,
+    /// Tier.
+    pub tier: String,
+    /// Provider.
+    pub provider: String,
+    /// Jurisdiction.
+    pub jurisdiction: String,
+    /// Region.
+    pub region: String,
+    /// Models served.
+    pub models: Vec<String>,
+    /// US dollars per million input tokens.
+    pub input_usd_per_mtok: f64,
+    /// US dollars per million output tokens.
+    pub output_usd_per_mtok: f64,
+    /// US dollars per GPU-hour.
+    pub gpu_hour_usd: f64,
+    /// GPUs.
+    pub gpus: u32,
+    /// Tokens per second.
+    pub throughput_tps: f64,
+    /// Concurrent-request capacity; `None` is unlimited.
+    pub capacity: Option<u32>,
+    /// Knee utilisation.
+    pub knee: f64,
+    /// SLO in milliseconds, if any.
+    pub slo_ms: Option<u32>,
+    /// Cold-load cost in US dollars.
+    pub cold_load_usd: f64,
+    /// Resident models.
+    pub warm_models: Vec<String>,
+    /// Rank multiplier.
+    pub bias: f64,
+    /// Spot eviction premium fraction.
+    pub eviction_premium: f64,
+    /// Overage price per million tokens, if any.
+    pub overage_usd_per_mtok: Option<f64>,
+}
+
+/// A manifest read from disk, with its text kept for error positions.
+#[derive(Clone, Debug)]
+pub struct LoadedManifest {
+    /// The file.
+    pub path: PathBuf,
+    /// Its text.
+    pub text: String,
+    /// Parsed and validated contents.
+    pub manifest: Manifest,
+}
+
+impl LoadedManifest {
+    /// A diagnostic at `span` of the manifest.
+    pub fn diag(&self, span: std::ops::Range<usize>, message: String, hint: &str) -> Diagnostic {
+        Diagnostic::span(&self.path, &self.text, span, message, hint.to_string())
+    }
+
+    /// Destinations with every cost default resolved, in table order.
+    pub fn resolved(&self) -> Vec<ResolvedDestination> {
+        self.manifest
+            .destinations
+            .iter()
+            .enumerate()
+            .map(|(index, d)| {
+                let d = d.get_ref();
+                let c = d
+                    .cost
+                    .as_ref()
+                    .map(|c| c.get_ref().clone())
+                    .unwrap_or_default();
+                let models: Vec<String> = d.models.iter().map(|m| m.get_ref().clone()).collect();
+                ResolvedDestination {
+                    index,
+                    name: d.name.get_ref().clone(),
+                    cluster: d.cluster.get_ref().clone(),
+                    tier: d.tier.get_ref().clone(),
+                    provider: d.provider.clone(),
+                    jurisdiction: d.jurisdiction.clone(),
+                    region: d.region.clone(),
+                    input_usd_per_mtok: c.input_usd_per_mtok,
+                    output_usd_per_mtok: c.output_usd_per_mtok,
+                    gpu_hour_usd: c.gpu_hour_usd,
+                    gpus: c.gpus.unwrap_or(1),
+                    throughput_tps: c.throughput_tps.unwrap_or(1000.0),
+                    capacity: c.capacity,
+                    knee: c.knee.unwrap_or(0.8),
+                    slo_ms: c.slo_ms,
+                    cold_load_usd: c.cold_load_usd,
+                    warm_models: c.warm_models.clone().unwrap_or_else(|| models.clone()),
+                    bias: c.bias.unwrap_or(1.0),
+                    eviction_premium: c.eviction_premium,
+                    overage_usd_per_mtok: c.overage_usd_per_mtok,
+                    models,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Reads, parses and validates the manifest at `path`.
+pub fn load(path: &Path) -> Result<LoadedManifest, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Diagnostic::file(
+            path,
+            format!("cannot read the fleet manifest: {e}"),
+            "put the fleet manifest at `fleet.toml` in the policy directory".into(),
+        )
+    })?;
+    parse(path, text)
+}
+
+/// Parses and validates manifest `text` (named `path` in errors).
+pub fn parse(path: &Path, text: String) -> Result<LoadedManifest, Error> {
+    let manifest: Manifest = match toml::from_str(&text) {
+        Ok(m) => m,
+        Err(e) => {
+            let span = e.span().unwrap_or(0..0);
+            return Err(Diagnostic::span(
+                path,
+                &text,
+                span,
+                format!("invalid fleet manifest: {}", e.message().trim()),
+                "see `policies/fleet.schema.json` for the fields and their types".into(),
+            )
+            .into());
+        }
+    };
+    let loaded = LoadedManifest {
+        path: path.to_path_buf(),
+        text,
+        manifest,
+    };
+    let problems = validate(&loaded);
+    if problems.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(Error {
+            diagnostics: problems,
+        })
+    }
+}
+
+fn check_number(
+    m: &LoadedManifest,
+    span: &std::ops::Range<usize>,
+    out: &mut Vec<Diagnostic>,
+    name: &str,
+    value: f64,
+    positive: bool,
+) {
+    let ok = value.is_finite() && if positive { value > 0.0 } else { value >= 0.0 };
+    if !ok {
+        let want = if positive { "above 0" } else { "0 or more" };
+        out.push(m.diag(
+            span.clone(),
+            format!("cost field `{name}` is `{value}`, which is not a finite number {want}"),
+            "cost parameters are US dollars, tokens per second or fractions; see fleet.schema.json",
+        ));
+    }
+}
+
+fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let man = &m.manifest;
+    if *man.version.get_ref() != 1 {
+        out.push(m.diag(
+            man.version.span(),
+            format!(
+                "manifest version `{}` is not supported",
+                man.version.get_ref()
+            ),
+            "set `version = 1`",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for t in &man.tenants {
+        let id = &t.get_ref().id;
+        if !seen.insert(id.get_ref().clone()) {
+            out.push(m.diag(
+                id.span(),
+                format!("tenant `{}` is listed twice", id.get_ref()),
+                "tenant ids must be unique",
+            ));
+        }
+    }
+    let mut models = BTreeSet::new();
+    for mo in &man.models {
+        let mo = mo.get_ref();
+        if !models.insert(mo.id.get_ref().clone()) {
+            out.push(m.diag(
+                mo.id.span(),
+                format!("model `{}` is listed twice", mo.id.get_ref()),
+                "model ids must be unique",
+            ));
+        }
+        if *mo.vram_gb.get_ref() < 0 {
+            out.push(m.diag(
+                mo.vram_gb.span(),
+                format!("model `{}` needs negative VRAM", mo.id.get_ref()),
+                "`vram_gb` is the VRAM one replica needs, in GB",
+            ));
+        }
+        if *mo.tp_degree.get_ref() < 1 {
+            out.push(m.diag(
+                mo.tp_degree.span(),
+                format!(
+                    "model `{}` has tensor-parallel degree below 1",
+                    mo.id.get_ref()
+                ),
+                "`tp_degree` is 1 for an unsharded model",
+            ));
+        }
+    }
+    if man.destinations.is_empty() {
+        out.push(Diagnostic::file(
+            &m.path,
+            "the fleet manifest has no destinations".into(),
+            "add at least one `[[destinations]]` table".into(),
+        ));
+    }
+    if man.destinations.len() > ace_core::tables::MAX_DESTINATIONS as usize {
+        out.push(Diagnostic::file(
+            &m.path,
+            format!("the fleet has {} destinations", man.destinations.len()),
+            "the tables hold at most 65,536 destinations".into(),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut clusters = BTreeSet::new();
+    for d in &man.destinations {
+        let d = d.get_ref();
+        if !names.insert(d.name.get_ref().clone()) {
+            out.push(m.diag(
+                d.name.span(),
+                format!("destination `{}` is listed twice", d.name.get_ref()),
+                "destination names must be unique",
+            ));
+        }
+        if !clusters.insert(d.cluster.get_ref().clone()) {
+            out.push(m.diag(
+                d.cluster.span(),
+                format!(
+                    "cluster `{}` is used by two destinations",
+                    d.cluster.get_ref()
+                ),
+                "each destination routes to its own Envoy cluster",
+            ));
+        }
+        if !TIERS.contains(&d.tier.get_ref().as_str()) {
+            out.push(m.diag(
+                d.tier.span(),
+                format!("tier `{}` is not a known tier", d.tier.get_ref()),
+                "use one of `inhouse`, `reserved`, `spot`, `ondemand`, `payg`",
+            ));
+        }
+        if !INTERCONNECTS.contains(&d.interconnect.get_ref().as_str()) {
+            out.push(m.diag(
+                d.interconnect.span(),
+                format!("interconnect `{}` is not known", d.interconnect.get_ref()),
+                "use one of `nvlink`, `pcie`, `none`",
+            ));
+        }
+        if *d.vram_gb.get_ref() < 0 {
+            out.push(m.diag(
+                d.vram_gb.span(),
+                format!("destination `{}` has negative VRAM", d.name.get_ref()),
+                "`vram_gb` is the VRAM of one replica in GB; 0 if unknown",
+            ));
+        }
+        for mo in &d.models {
+            if !models.contains(mo.get_ref()) {
+                out.push(m.diag(
+                    mo.span(),
+                    format!(
+                        "destination `{}` serves model `{}`, which is not in the catalogue",
+                        d.name.get_ref(),
+                        mo.get_ref()
+                    ),
+                    "add it under `[[models]]` or fix the id",
+                ));
+            }
+        }
+        let c = d
+            .cost
+            .as_ref()
+            .map(|c| c.get_ref().clone())
+            .unwrap_or_default();
+        let span = d.cost.as_ref().map_or_else(|| d.name.span(), |c| c.span());
+        for (name, v) in [
+            ("input_usd_per_mtok", c.input_usd_per_mtok),
+            ("output_usd_per_mtok", c.output_usd_per_mtok),
+            ("gpu_hour_usd", c.gpu_hour_usd),
+            ("cold_load_usd", c.cold_load_usd),
+            ("eviction_premium", c.eviction_premium),
+        ] {
+            check_number(m, &span, &mut out, name, v, false);
+        }
+        if let Some(v) = c.overage_usd_per_mtok {
+            check_number(m, &span, &mut out, "overage_usd_per_mtok", v, false);
+        }
+        if let Some(v) = c.throughput_tps {
+            check_number(m, &span, &mut out, "throughput_tps", v, true);
+        }
+        if let Some(v) = c.bias {
+            check_number(m, &span, &mut out, "bias", v, true);
+        }
+        if let Some(k) = c.knee {
+            if !(k > 0.0 && k <= 1.0) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!("cost field `knee` is `{k}`, outside (0, 1]"),
+                    "the knee is the utilisation fraction where queueing starts to bite, e.g. 0.8",
+                ));
+            }
+        }
+        if c.gpus == Some(0) {
+            out.push(m.diag(
+                span.clone(),
+                "cost field `gpus` is 0".into(),
+                "omit it or give at least 1",
+            ));
+        }
+        for w in c.warm_models.iter().flatten() {
+            if !d.models.iter().any(|mo| mo.get_ref() == w) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!(
+                        "warm model `{w}` is not served by destination `{}`",
+                        d.name.get_ref()
+                    ),
+                    "`warm_models` must be a subset of `models`",
+                ));
+            }
+        }
+    }
+    for (name, dom) in &man.request {
+        if dom.get_ref().values.is_empty() {
+            out.push(m.diag(
+                dom.span(),
+                format!("request attribute `{name}` has an empty domain"),
+                "list at least one value; requests with other values fail closed anyway",
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,190 @@
+//! The example policy directory compiles, and the compiled tables equal
+//! Cedar over its whole request space; bad inputs are reported at their
+//! file, line and column with a hint.
+
+use ace_policy::{compile, load_dir, verify, Project, Sources};
+use std::path::{Path, PathBuf};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies")
+}
+
+#[test]
+fn example_directory_compiles_and_verifies_exhaustively() {
+    let project = load_dir(&examples()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let report = verify::verify(&project, &compiled.bytes).unwrap();
+    assert!(report.exhaustive);
+    assert_eq!(report.requests, report.space);
+    assert!(report.known > 0 && report.known < report.requests);
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    // Seven example policies: one permit factor (model), and forbids keyed
+    // by data_class, tenant, model, tp_degree and nothing.
+    assert_eq!(project.info.len(), 7);
+    let keys: Vec<Vec<String>> = compiled
+        .factors
+        .iter()
+        .map(|f| f.attributes.clone())
+        .collect();
+    assert!(keys.contains(&vec![]));
+    assert!(keys.contains(&vec!["tenant".to_string()]));
+    assert!(keys.contains(&vec!["data_class".to_string()]));
+}
+
+#[test]
+fn committed_tables_are_current() {
+    // `policies/out/` is committed so that other crates' tests can load
+    // real tables; it must be what the compiler makes of the sources now.
+    let project = load_dir(&examples()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let committed = std::fs::read(ace_policy::tables_path(&examples())).unwrap();
+    assert!(
+        committed == compiled.bytes,
+        "policies/out/tables.acet is stale: run `ace policy compile policies/`"
+    );
+}
+
+#[test]
+fn explain_names_the_determining_policies() {
+    let project = load_dir(&examples()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let request = serde_json::json!({
+        "tenant": "northbank", "data_class": "personal_eu", "model": "llama-3.1-8b",
+        "latency_class": "interactive", "tp_degree": 1
+    });
+    let (lines, notes) = verify::explain(&project, &compiled.bytes, &request).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    for l in &lines {
+        assert_eq!(l.cedar, l.table, "{l:?}");
+    }
+    let us = lines
+        .iter()
+        .find(|l| l.destination == "us-inhouse-h100")
+        .unwrap();
+    assert!(!us.cedar);
+    assert_eq!(us.policies, vec!["eu_residency".to_string()]);
+    let spot = lines
+        .iter()
+        .find(|l| l.destination == "eu-spot-l4")
+        .unwrap();
+    assert_eq!(spot.policies, vec!["northbank_no_spot".to_string()]);
+    let eu = lines
+        .iter()
+        .find(|l| l.destination == "eu-inhouse-h100")
+        .unwrap();
+    assert!(eu.cedar);
+    assert_eq!(eu.policies, vec!["serves_model".to_string()]);
+    // An unseen model fails closed everywhere.
+    let request = serde_json::json!({"tenant": "globex", "data_class": "public", "model": "gpt-9",
+        "latency_class": "batch", "tp_degree": 1});
+    let (lines, notes) = verify::explain(&project, &compiled.bytes, &request).unwrap();
+    assert!(lines.iter().all(|l| !l.table));
+    assert!(notes.iter().any(|n| n.contains("gpt-9")));
+}
+
+#[test]
+fn corrupted_tables_are_rejected_by_verify() {
+    let project = load_dir(&examples()).unwrap();
+    let mut bytes = compile(&project).unwrap().bytes;
+    let n = bytes.len();
+    bytes[n - 40] ^= 0x10;
+    let e = verify::verify(&project, &bytes).unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    assert!(verify::verify(&project, &bytes[..n / 2]).is_err());
+}
+
+/// The example sources with one file's text replaced.
+fn with(file: &str, edit: impl FnOnce(&str) -> String) -> Sources {
+    let mut s = Sources::read_dir(&examples()).unwrap();
+    let slot = if file == "fleet.toml" {
+        &mut s.manifest
+    } else if file.ends_with(".cedarschema") {
+        &mut s.schema
+    } else {
+        s.policies
+            .iter_mut()
+            .find(|(p, _)| p.ends_with(file))
+            .unwrap()
+    };
+    slot.1 = edit(&slot.1);
+    s
+}
+
+fn error_of(s: Sources) -> String {
+    let e = Project::load(s)
+        .and_then(|p| compile(&p).map(|_| ()))
+        .unwrap_err();
+    e.to_string()
+}
+
+#[test]
+fn syntax_error_has_file_line_column_and_hint() {
+    let msg = error_of(with("sanctions.cedar", |t| t.replace("when {", "when {{")));
+    assert!(msg.contains("sanctions.cedar:8:"), "{msg}");
+    assert!(msg.contains("hint:"), "{msg}");
+}
+
+#[test]
+fn schema_violation_is_located() {
+    let msg = error_of(with("eu_residency.cedar", |t| {
+        t.replace("resource.jurisdiction", "resource.jurisdicton")
+    }));
+    assert!(msg.contains("eu_residency.cedar:11:"), "{msg}");
+    assert!(msg.contains("jurisdicton"), "{msg}");
+}
+
+#[test]
+fn manifest_value_outside_its_domain_is_located() {
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replacen("tier = \"spot\"", "tier = \"spotty\"", 1)
+    }));
+    assert!(msg.contains("fleet.toml:"), "{msg}");
+    assert!(
+        msg.contains("`spotty`") && msg.contains("hint: use one of"),
+        "{msg}"
+    );
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replacen(
+            "\"mistral-small\", \"mistral-large\"]",
+            "\"mistral-tiny\"]",
+            1,
+        )
+    }));
+    assert!(
+        msg.contains("mistral-tiny") && msg.contains("catalogue"),
+        "{msg}"
+    );
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replace("values = [1, 2, 4, 8]", "values = [1, \"two\"]")
+    }));
+    assert!(msg.contains("fleet.toml:") && msg.contains("Long"), "{msg}");
+}
+
+#[test]
+fn reading_an_attribute_without_a_domain_is_located() {
+    // Without a domain for latency_class the directory still compiles, as
+    // no policy reads it; a policy that does is an error at the read.
+    let no_domain = with("fleet.toml", |t| {
+        t.replace(
+            "[request.latency_class]\nvalues = [\"interactive\", \"standard\", \"batch\"]\n",
+            "",
+        )
+    });
+    assert!(Project::load(no_domain).is_ok());
+    let mut s = with("fleet.toml", |t| {
+        t.replace(
+            "[request.latency_class]\nvalues = [\"interactive\", \"standard\", \"batch\"]\n",
+            "",
+        )
+    });
+    s.policies.push((
+        PathBuf::from("policies/batch.cedar"),
+        "// batch only on spot\nforbid (principal, action, resource)\n  when { context.latency_class == \"batch\" && resource.tier != \"spot\" };\n".into(),
+    ));
+    let msg = error_of(s);
+    assert!(msg.contains("batch.cedar:3:10"), "{msg}");
+    assert!(
+        msg.contains("no finite domain") && msg.contains("[request.latency_class]"),
+        "{msg}"
+    );
+}

@@ -250,7 +250,10 @@ impl Vm {
 
         let reply = match decoded {
             Flow::Stop => None,
-            Flow::Local(l) => Some(local_response_headers(&l)),
+            Flow::Local(l) => {
+                s.update_info(|i| i.response_code_details = Some(l.details.clone()))?;
+                Some(local_response_headers(&l))
+            }
             Flow::Go => {
                 let cluster = match route {
                     Route::Cluster(c) => Some(c.clone()),
@@ -267,14 +270,17 @@ impl Vm {
                     Some(_) => upstream(&up),
                     None => None,
                 };
-                match answer {
+                let (reply, details) = match answer {
                     Some(mut r) => {
+                        s.update_info(|i| i.cluster_name = Some(up.cluster.clone()))?;
                         out.upstream = Some(up);
                         r.headers.set("x-envoy-upstream-service-time", "0");
-                        Some(r)
+                        (r, "via_upstream")
                     }
-                    None => Some(Response::new(503)),
-                }
+                    None => (Response::new(503), "cluster_not_found"),
+                };
+                s.update_info(|i| i.response_code_details = Some(details.to_string()))?;
+                Some(reply)
             }
         };
 

@@ -755,6 +755,17 @@ impl<'vm> HttpStream<'vm> {
         Ok(())
     }
 
+    /// Changes some of the stream's facts (e.g. the cluster once routed).
+    pub fn update_info(&mut self, f: impl FnOnce(&mut StreamInfo)) -> Result<(), Error> {
+        f(&mut self.st_mut()?.info);
+        Ok(())
+    }
+
+    /// The stream's connection and routing facts.
+    pub fn info(&self) -> &StreamInfo {
+        &self.st().info
+    }
+
     /// Delivers request headers (`on_request_headers`). The returned action
     /// is the filter's; a local reply or a pause shows in
     /// [`HttpStream::local_response`] / [`HttpStream::request_paused`].

@@ -122,3 +122,40 @@ fn header_maps_follow_envoys_availability_rules() -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// Logs `xds.cluster_name`, `response.code_details` and `plugin_root_id`
+/// in `on_response_headers`.
+const ROUTED: &str = r#"(module
+    (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+    (import "env" "proxy_get_property" (func $prop (param i32 i32 i32 i32) (result i32)))
+    (memory (export "memory") 2)
+    (data (i32.const 0) "xds\00cluster_name")
+    (data (i32.const 32) "response\00code_details")
+    (data (i32.const 64) "plugin_root_id")
+    (global $heap (mut i32) (i32.const 65536))
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
+        (local.set $p (global.get $heap))
+        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
+        (local.get $p))
+    (func $show (param $path i32) (param $len i32)
+        (if (i32.eqz (call $prop (local.get $path) (local.get $len) (i32.const 300) (i32.const 304)))
+            (then (drop (call $log (i32.const 2) (i32.load (i32.const 300)) (i32.load (i32.const 304)))))))
+    (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32)
+        (call $show (i32.const 0) (i32.const 16))
+        (call $show (i32.const 32) (i32.const 21))
+        (call $show (i32.const 64) (i32.const 14))
+        i32.const 0))"#;
+
+#[test]
+fn properties_report_the_route_and_the_plugin() -> Result<(), Error> {
+    use ace_wasm_host::{Request, Response, Route};
+    let m = FilterModule::from_bytes(ROUTED.as_bytes())?;
+    let mut vm = Vm::builder(&m).root_id("my-root").start()?;
+    let route = Route::Cluster("pool-1".into());
+    vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;
+    for want in ["pool-1", "via_upstream", "my-root"] {
+        assert!(vm.logged(want), "{want} in {:?}", lines(&vm));
+    }
+    Ok(())
+}

@@ -1023,3 +1023,16 @@ impl From<&Headers> for Headers {
         h.clone()
     }
 }
+
+// VMs, modules and processes move between threads (one VM per test
+// thread, or per simulated worker).
+const _: () = {
+    fn assert_send<T: Send>() {}
+    fn assert_send_sync<T: Send + Sync>() {}
+    #[allow(dead_code)]
+    fn check() {
+        assert_send::<Vm>();
+        assert_send_sync::<FilterModule>();
+        assert_send_sync::<Process>();
+    }
+};

@@ -159,3 +159,44 @@ fn properties_report_the_route_and_the_plugin() -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// Rewrites request trailer `x-t` to `2`, and reports (as `T<status>`) a
+/// get of request trailer `x-t` from `on_response_headers`, where Envoy no
+/// longer offers the request trailers.
+const TRAILERS: &str = r#"(module
+    (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+    (import "env" "proxy_replace_header_map_value" (func $rep (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_get_header_map_value" (func $get (param i32 i32 i32 i32 i32) (result i32)))
+    (memory (export "memory") 2)
+    (data (i32.const 0) "x-t")
+    (data (i32.const 8) "2")
+    (global $heap (mut i32) (i32.const 65536))
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
+        (local.set $p (global.get $heap))
+        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
+        (local.get $p))
+    (func (export "proxy_on_request_trailers") (param i32 i32) (result i32)
+        (drop (call $rep (i32.const 1) (i32.const 0) (i32.const 3) (i32.const 8) (i32.const 1)))
+        i32.const 0)
+    (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32)
+        (i32.store8 (i32.const 200) (i32.const 84))
+        (i32.store8 (i32.const 201) (i32.add (i32.const 48)
+            (call $get (i32.const 1) (i32.const 0) (i32.const 3) (i32.const 300) (i32.const 304))))
+        (drop (call $log (i32.const 2) (i32.const 200) (i32.const 2)))
+        i32.const 0))"#;
+
+#[test]
+fn trailers_are_writable_in_their_callback_only() -> Result<(), Error> {
+    use ace_wasm_host::{Request, Response, Route};
+    let m = FilterModule::from_bytes(TRAILERS.as_bytes())?;
+    let mut vm = Vm::builder(&m).start()?;
+    let route = Route::Cluster("c".into());
+    let req = Request::post("/").body("b").trailer("x-t", "1");
+    let ex = vm.exchange(&route, req, |_| Some(Response::new(200)))?;
+    let up = ex.upstream.unwrap_or_default();
+    assert_eq!(up.trailers.get("x-t"), Some("2"));
+    assert_eq!(up.body, b"b");
+    assert!(vm.logged("T2"), "{:?}", lines(&vm));
+    Ok(())
+}

@@ -121,6 +121,19 @@ impl Process {
         );
     }
 
+    /// Declares a cluster that answers its callouts with `script`, in
+    /// order; once the script runs out, calls fail (`Reset`).
+    pub fn add_cluster_script(&self, name: &str, script: Vec<CallResult>) {
+        let script = Mutex::new(std::collections::VecDeque::from(script));
+        self.add_cluster_with(name, move |_| {
+            script
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front()
+                .unwrap_or(CallResult::Reset)
+        });
+    }
+
     pub(crate) fn cluster(&self, name: &str) -> Option<ClusterBehaviour> {
         self.lock().clusters.get(name).cloned()
     }

@@ -187,6 +187,12 @@ impl<'m> VmBuilder<'m> {
         self.process.add_cluster(name);
         self
     }
+    /// Declares a cluster that answers its callouts with `script`, in order
+    /// (then `Reset`).
+    pub fn cluster_script(self, name: &str, script: Vec<CallResult>) -> Self {
+        self.process.add_cluster_script(name, script);
+        self
+    }
     /// Declares a cluster that answers callouts through `respond`.
     pub fn cluster_with(
         self,
@@ -258,6 +264,15 @@ impl<'m> VmBuilder<'m> {
         };
         if let Some((name, f)) = init {
             vm.call_void(name, 0, Some(f), |f, s| f.call(s, ()))?;
+            // cpp-host then runs a `main`, if the module also exports one.
+            if name == "_initialize" {
+                if let Some(f) = typed::<(), i32>(&instance, &mut vm.store, "__main_void")? {
+                    vm.call_ret("__main_void", 0, Some(f), 0, |f, s| f.call(s, ()))?;
+                } else if let Some(f) = typed::<(i32, i32), i32>(&instance, &mut vm.store, "main")?
+                {
+                    vm.call_ret("main", 0, Some(f), 0, |f, s| f.call(s, (0, 0)))?;
+                }
+            }
         }
         let root = vm.alloc_context();
         vm.store.data_mut().root_id = root;

@@ -126,3 +126,27 @@ fn dispatching_to_an_unknown_cluster_is_bad_argument() -> Result<(), Error> {
     assert!(vm.logged(&format!("{:?}", Status::BadArgument)));
     Ok(())
 }
+
+#[test]
+fn a_scripted_cluster_answers_in_order() -> Result<(), Error> {
+    let m = module("ace-example-http-callout");
+    let mut vm = Vm::builder(&m)
+        .cluster_script(
+            "authz",
+            vec![
+                CallResponse::new(200).body("ann").into(),
+                CallResponse::new(503).into(),
+            ],
+        )
+        .start()?;
+    let route = Route::Cluster("backend".into());
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let ex = vm.exchange(&route, Request::get("/"), |_| Some(Response::new(204)))?;
+        statuses.push(ex.response.map(|r| r.status()).unwrap_or(0));
+    }
+    // 200 lets the request through; 503 is a denial; then the script is
+    // exhausted and the call fails (503 "authz unavailable").
+    assert_eq!(statuses, vec![204, 403, 503]);
+    Ok(())
+}

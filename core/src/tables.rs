@@ -93,8 +93,8 @@
 //! length; each attribute's values strictly increasing bytewise), destination
 //! records (16 bytes: cluster offset and length, name offset and length),
 //! factor records (24 bytes: kind 0 = permit / 1 = forbid, first key, key
-//! count, row count, first word, reserved 0), key records (8 bytes:
-//! attribute, stride), zero padding to a multiple of 8, the row words (`u64`
+//! count, row count, first word, reserved 0; permit factors first), key
+//! records (12 bytes: attribute, stride, value count + 1), zero padding to a multiple of 8, the row words (`u64`
 //! each), and the UTF-8 string pool. A factor's row for a request is
 //! `sum(value_index[key.attribute] * key.stride)`; the last key has stride 1
 //! and each earlier stride is the next one times the next attribute's value
@@ -125,7 +125,7 @@ const ATTR_REC: usize = 16;
 const VALUE_REC: usize = 8;
 const DEST_REC: usize = 16;
 const FACTOR_REC: usize = 24;
-const KEY_REC: usize = 8;
+const KEY_REC: usize = 12;
 
 /// Why a table file was rejected. Each message names the problem and what
 /// to do about it.
@@ -270,6 +270,25 @@ fn checksum(data: &[u8]) -> u64 {
     let head = data.get(..CHECKSUM_AT).unwrap_or(&[]);
     let tail = data.get(CHECKSUM_AT + 8..).unwrap_or(&[]);
     fnv1a(&[head, tail])
+}
+
+/// Rewrites the total length and checksum fields of `bytes` to match its
+/// contents, as [`encode`] does. For tools and fuzzers that edit a table on
+/// purpose (to test the structural checks behind the checksum); a table
+/// damaged by accident must be recompiled, not resealed. Does nothing to
+/// input shorter than the header.
+pub fn reseal(bytes: &mut [u8]) {
+    if bytes.len() < HEADER_LEN {
+        return;
+    }
+    let total = (bytes.len() as u64).to_le_bytes();
+    if let Some(slot) = bytes.get_mut(16..24) {
+        slot.copy_from_slice(&total);
+    }
+    let sum = checksum(bytes).to_le_bytes();
+    if let Some(slot) = bytes.get_mut(CHECKSUM_AT..CHECKSUM_AT + 8) {
+        slot.copy_from_slice(&sum);
+    }
 }
 
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
@@ -499,6 +518,7 @@ impl<'a> Tables<'a> {
         // counts; rows tile the words.
         let mut next_key = 0usize;
         let mut next_word = 0usize;
+        let mut seen_forbid = false;
         for f in 0..self.factor_count {
             let rec = |i| field(self.factors, FACTOR_REC, f, i).ok_or(corrupt("factor record"));
             let kind = rec(0)?;
@@ -509,6 +529,10 @@ impl<'a> Tables<'a> {
             if kind > 1 || rec(5)? != 0 {
                 return Err(corrupt("factor kind is neither permit nor forbid"));
             }
+            if kind == 0 && seen_forbid {
+                return Err(corrupt("a permit factor follows a forbid factor"));
+            }
+            seen_forbid |= kind == 1;
             if first_key != next_key {
                 return Err(corrupt("factor key ranges do not tile the key records"));
             }
@@ -534,6 +558,9 @@ impl<'a> Tables<'a> {
                     return Err(corrupt("factor key stride is inconsistent"));
                 }
                 let n = self.value_count(attr as u32) as u64 + 1;
+                if field(self.keys, KEY_REC, k, 2).map(u64::from) != Some(n) {
+                    return Err(corrupt("factor key radix disagrees with the value count"));
+                }
                 expected_stride = expected_stride
                     .checked_mul(n)
                     .filter(|&r| r <= MAX_FACTOR_ROWS)
@@ -711,17 +738,12 @@ impl<'a> Tables<'a> {
         }
         out.fill(0);
         let out = out.get_mut(..self.words_per_row).unwrap_or(&mut []);
-        // Two passes (permits, then forbids) so that the result does not
-        // depend on the order of factors in the file.
-        for pass in [0u32, 1] {
-            for f in 0..self.factor_count {
-                let Some(kind) = field(self.factors, FACTOR_REC, f, 0) else {
-                    continue;
-                };
-                if kind != pass {
-                    continue;
-                }
-                self.apply(f, kind == 1, values, out);
+        // One pass: the loader checked that permit factors come first.
+        for f in 0..self.factor_count {
+            if !self.apply(f, values, out) {
+                // Unreachable after validation; fail closed all the same.
+                out.fill(0);
+                return Ok(());
             }
         }
         let tail = self.destination_count % 64;
@@ -734,26 +756,35 @@ impl<'a> Tables<'a> {
     }
 
     /// ORs (permit) or clears (forbid) factor `f`'s row for `values`.
+    /// Returns `false` if a record is out of bounds (impossible after
+    /// validation).
     #[inline]
-    fn apply(&self, f: usize, forbid: bool, values: &[u32], out: &mut [u64]) {
-        let rec = |k| field(self.factors, FACTOR_REC, f, k).unwrap_or(0) as usize;
-        let (first_key, nkeys, first_word) = (rec(1), rec(2), rec(4));
+    fn apply(&self, f: usize, values: &[u32], out: &mut [u64]) -> bool {
+        let Some(rec) = self.factors.get(f * FACTOR_REC..(f + 1) * FACTOR_REC) else {
+            return false;
+        };
+        let r = |k: usize| u32_at(rec, k * 4).unwrap_or(0) as usize;
+        let (forbid, first_key, nkeys, first_word) = (r(0) == 1, r(1), r(2), r(4));
+        let Some(keys) = self
+            .keys
+            .get(first_key * KEY_REC..(first_key + nkeys) * KEY_REC)
+        else {
+            return false;
+        };
         let mut row = 0usize;
-        for k in first_key..first_key + nkeys {
-            let attr = field(self.keys, KEY_REC, k, 0).unwrap_or(0) as usize;
-            let stride = field(self.keys, KEY_REC, k, 1).unwrap_or(0) as usize;
+        for key in keys.chunks_exact(KEY_REC) {
+            let attr = u32_at(key, 0).unwrap_or(0) as usize;
+            let stride = u32_at(key, 4).unwrap_or(0) as usize;
+            let radix = u32_at(key, 8).unwrap_or(0);
             let mut v = values.get(attr).copied().unwrap_or(UNKNOWN);
-            if v > self.value_count(attr as u32) {
+            if v >= radix {
                 v = UNKNOWN;
             }
             row += v as usize * stride;
         }
         let start = (first_word + row * self.words_per_row) * 8;
-        // Validated at load; a miss here would mean a bug, and the safe
-        // answer is the fail-closed one.
         let Some(bytes) = self.words.get(start..start + self.words_per_row * 8) else {
-            out.fill(0);
-            return;
+            return false;
         };
         for (o, chunk) in out.iter_mut().zip(bytes.chunks_exact(8)) {
             let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0xff; 8]));
@@ -763,6 +794,7 @@ impl<'a> Tables<'a> {
                 *o |= w;
             }
         }
+        true
     }
 }
 
@@ -919,9 +951,15 @@ pub fn encode(spec: &TableSpec) -> Result<Vec<u8>, EncodeError> {
     let mut factors = Vec::new();
     let mut keys = Vec::new();
     let mut words: Vec<u64> = Vec::new();
-    for f in &spec.factors {
-        let first_key = to_u32(keys.len() / 2, "too many keys")?;
-        let mut strides = alloc::vec![0u32; f.attributes.len()];
+    // Permits first: `feasible` makes one pass and relies on it.
+    let ordered = spec
+        .factors
+        .iter()
+        .filter(|f| f.kind == FactorKind::Permit)
+        .chain(spec.factors.iter().filter(|f| f.kind == FactorKind::Forbid));
+    for f in ordered {
+        let first_key = to_u32(keys.len() / 3, "too many keys")?;
+        let mut strides = alloc::vec![[0u32; 2]; f.attributes.len()];
         let mut stride: u64 = 1;
         for (k, &a) in f.attributes.iter().enumerate().rev() {
             let attr = spec
@@ -932,7 +970,10 @@ pub fn encode(spec: &TableSpec) -> Result<Vec<u8>, EncodeError> {
                 return Err(too_big("factor repeats an attribute"));
             }
             if let Some(s) = strides.get_mut(k) {
-                *s = to_u32(stride as usize, "factor too large")?;
+                *s = [
+                    to_u32(stride as usize, "factor too large")?,
+                    to_u32(attr.values.len() + 1, "too many values")?,
+                ];
             }
             stride = stride
                 .checked_mul(attr.values.len() as u64 + 1)
@@ -942,8 +983,8 @@ pub fn encode(spec: &TableSpec) -> Result<Vec<u8>, EncodeError> {
         if f.rows.len() as u64 != stride * wpr as u64 {
             return Err(too_big("factor row words disagree with its attributes"));
         }
-        for (&a, &s) in f.attributes.iter().zip(&strides) {
-            keys.extend([a, s]);
+        for (&a, &[stride, radix]) in f.attributes.iter().zip(&strides) {
+            keys.extend([a, stride, radix]);
         }
         factors.extend([
             match f.kind {
@@ -964,7 +1005,7 @@ pub fn encode(spec: &TableSpec) -> Result<Vec<u8>, EncodeError> {
         to_u32(spec.attributes.len(), "attributes")?,
         to_u32(nvalues, "values")?,
         to_u32(spec.factors.len(), "factors")?,
-        to_u32(keys.len() / 2, "keys")?,
+        to_u32(keys.len() / 3, "keys")?,
         to_u32(strings.len(), "strings")?,
         to_u32(words.len(), "words")?,
     ];
@@ -990,14 +1031,7 @@ pub fn encode(spec: &TableSpec) -> Result<Vec<u8>, EncodeError> {
         out.extend_from_slice(&w.to_le_bytes());
     }
     out.extend_from_slice(&strings);
-    let total = (out.len() as u64).to_le_bytes();
-    if let Some(slot) = out.get_mut(16..24) {
-        slot.copy_from_slice(&total);
-    }
-    let sum = checksum(&out).to_le_bytes();
-    if let Some(slot) = out.get_mut(CHECKSUM_AT..CHECKSUM_AT + 8) {
-        slot.copy_from_slice(&sum);
-    }
+    reseal(&mut out);
     Ok(out)
 }
 
@@ -1134,15 +1168,6 @@ mod tests {
         }
     }
 
-    /// Rewrites the total length and checksum after a deliberate edit, so
-    /// that structural validation is what gets tested.
-    fn reseal(b: &mut [u8]) {
-        let total = (b.len() as u64).to_le_bytes();
-        b[16..24].copy_from_slice(&total);
-        let sum = checksum(b).to_le_bytes();
-        b[24..32].copy_from_slice(&sum);
-    }
-
     #[test]
     fn structural_corruption_is_rejected_even_with_a_valid_checksum() {
         let bytes = encode(&spec()).unwrap();
@@ -1162,6 +1187,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_permit_after_a_forbid_is_rejected() {
+        let mut b = encode(&spec()).unwrap();
+        // Factor records follow the header, 2 attribute records, 3 value
+        // records and 3 destination records; swap the two kinds.
+        let factors = 64 + 2 * ATTR_REC + 3 * VALUE_REC + 3 * DEST_REC;
+        b[factors] = 1;
+        b[factors + FACTOR_REC] = 0;
+        reseal(&mut b);
+        assert_eq!(
+            Tables::load(&b).unwrap_err(),
+            LoadError::Corrupt {
+                what: "a permit factor follows a forbid factor"
+            }
+        );
     }
 
     #[test]

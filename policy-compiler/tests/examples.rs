@@ -188,3 +188,19 @@ fn reading_an_attribute_without_a_domain_is_located() {
         "{msg}"
     );
 }
+
+#[test]
+fn cedar_evaluation_error_names_the_policy_and_the_request() {
+    let mut s = Sources::read_dir(&examples()).unwrap();
+    s.policies.push((
+        PathBuf::from("policies/overflow.cedar"),
+        "@id(\"overflows\")\nforbid (principal, action, resource)\n  when { context.tp_degree * 4611686018427387904 > 0 };\n".into(),
+    ));
+    let msg = error_of(s);
+    assert!(msg.contains("overflow.cedar:1:1"), "{msg}");
+    assert!(
+        msg.contains("policy `overflows` failed to evaluate"),
+        "{msg}"
+    );
+    assert!(msg.contains("tp_degree=2"), "{msg}");
+}

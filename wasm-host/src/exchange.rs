@@ -227,20 +227,29 @@ impl Vm {
         // Decoding: headers, then body, then trailers.
         let mut decoded = flow(&s, &mut out, !has_body && !has_trailers || !allow_stop);
         if matches!(decoded, Flow::Go) && has_body {
-            let chunks = if s.request_resumes() > 0 {
-                // Resumed after a stop-all: Envoy delivers what it buffered at once.
-                vec![request.body.concat()]
+            // After a stop-all was resumed, Envoy delivers what it buffered at
+            // once, end of stream included. Otherwise its HTTP/1 codec hands
+            // over the data first and the end of stream as a separate empty
+            // frame (observed: `on_request_body(21, false)`, then
+            // `on_request_body(21, true)` after a Pause).
+            let resumed = s.request_resumes() > 0;
+            let (chunks, split_end) = if resumed {
+                (vec![request.body.concat()], false)
             } else {
-                request.body
+                (request.body, !has_trailers)
             };
             let last = chunks.len().saturating_sub(1);
             for (i, chunk) in chunks.into_iter().enumerate() {
-                let end = i == last && !has_trailers;
+                let end = i == last && !has_trailers && !split_end;
                 s.send_request_body(chunk, end)?;
                 decoded = flow(&s, &mut out, end);
                 if !matches!(decoded, Flow::Go) {
                     break;
                 }
+            }
+            if matches!(decoded, Flow::Go) && split_end {
+                s.send_request_body(b"", true)?;
+                decoded = flow(&s, &mut out, true);
             }
         }
         if matches!(decoded, Flow::Go) && has_trailers {

@@ -150,3 +150,31 @@ fn a_scripted_cluster_answers_in_order() -> Result<(), Error> {
     assert_eq!(statuses, vec![204, 403, 503]);
     Ok(())
 }
+
+#[test]
+fn body_rewrite_sees_the_body_as_envoy_delivers_it() -> Result<(), Error> {
+    let m = module("ace-example-body-rewrite");
+    let mut vm = Vm::builder(&m)
+        .allow_on_headers_stop_iteration(true)
+        .start()?;
+    let route = Route::Cluster("backend".into());
+    let ex = vm.exchange(
+        &route,
+        Request::post("/").body("hello, buffered world"),
+        |_| Some(Response::new(200).body("from upstream")),
+    )?;
+    // As logged by Envoy 1.40 for the same request: the data, then the end
+    // of stream as an empty frame, each seeing the whole buffered body.
+    assert!(vm.logged("request body, 21 bytes, end_of_stream=false"));
+    assert!(vm.logged("request body, 21 bytes, end_of_stream=true"));
+    assert_eq!(
+        ex.upstream
+            .and_then(|u| u.headers.get("x-body-bytes").map(str::to_string)),
+        Some("21".to_string())
+    );
+    assert_eq!(
+        ex.response.map(|r| r.text()),
+        Some("from UPSTREAM".to_string())
+    );
+    Ok(())
+}

@@ -17,7 +17,6 @@ const PROBE: &str = r#"(module
     (import "env" "proxy_set_buffer_bytes" (func $setbuf (param i32 i32 i32 i32 i32) (result i32)))
     (import "env" "proxy_increment_metric" (func $inc (param i32 i64) (result i32)))
     (import "env" "proxy_define_metric" (func $def (param i32 i32 i32 i32) (result i32)))
-    (memory (export "memory") 2)
     (data (i32.const 0) ":path")
     (data (i32.const 8) "x-new")
     (data (i32.const 16) "v")
@@ -27,13 +26,8 @@ const PROBE: &str = r#"(module
     (data (i32.const 64) "decision")
     (data (i32.const 80) "XY")
     (data (i32.const 88) "hits")
-    (global $heap (mut i32) (i32.const 65536))
     (global $metric (mut i32) (i32.const 0))
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
-        (local.set $p (global.get $heap))
-        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
-        (local.get $p))
+    ;; ABI_AND_ALLOCATOR
     (func $report (param $tag i32) (param $st i32)
         (i32.store8 (i32.const 200) (local.get $tag))
         (i32.store8 (i32.const 201) (i32.add (i32.const 48) (local.get $st)))
@@ -83,13 +77,33 @@ const PROBE: &str = r#"(module
         (call $report (i32.const 78) (call $add (i32.const 0) (i32.const 8) (i32.const 5) (i32.const 16) (i32.const 1))))
 )"#;
 
+/// What every guest here shares: two pages of memory, the ABI marker and a
+/// bump allocator from 64 KiB up (the guests never free).
+const ABI_AND_ALLOCATOR: &str = r#"
+    (memory (export "memory") 2)
+    (global $heap (mut i32) (i32.const 65536))
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
+        (local.set $p (global.get $heap))
+        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
+        (local.get $p))"#;
+
+/// Compiles one of the guests below, with the shared prelude spliced in.
+fn load(guest: &str) -> Result<FilterModule, Error> {
+    FilterModule::from_bytes(
+        guest
+            .replace(";; ABI_AND_ALLOCATOR", ABI_AND_ALLOCATOR)
+            .as_bytes(),
+    )
+}
+
 fn lines(vm: &Vm) -> Vec<String> {
     vm.logs().iter().map(|l| l.message.clone()).collect()
 }
 
 #[test]
 fn header_maps_follow_envoys_availability_rules() -> Result<(), Error> {
-    let m = FilterModule::from_bytes(PROBE.as_bytes())?;
+    let m = load(PROBE)?;
     let mut vm = Vm::builder(&m).plugin_name("probe").start()?;
     let root_logs = lines(&vm);
     // set_property on the root: NotFound; counter +0: BadArgument; +2: Ok.
@@ -128,16 +142,10 @@ fn header_maps_follow_envoys_availability_rules() -> Result<(), Error> {
 const ROUTED: &str = r#"(module
     (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
     (import "env" "proxy_get_property" (func $prop (param i32 i32 i32 i32) (result i32)))
-    (memory (export "memory") 2)
-    (data (i32.const 0) "xds\00cluster_name")
+        (data (i32.const 0) "xds\00cluster_name")
     (data (i32.const 32) "response\00code_details")
     (data (i32.const 64) "plugin_root_id")
-    (global $heap (mut i32) (i32.const 65536))
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
-        (local.set $p (global.get $heap))
-        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
-        (local.get $p))
+    ;; ABI_AND_ALLOCATOR
     (func $show (param $path i32) (param $len i32)
         (if (i32.eqz (call $prop (local.get $path) (local.get $len) (i32.const 300) (i32.const 304)))
             (then (drop (call $log (i32.const 2) (i32.load (i32.const 300)) (i32.load (i32.const 304)))))))
@@ -150,7 +158,7 @@ const ROUTED: &str = r#"(module
 #[test]
 fn properties_report_the_route_and_the_plugin() -> Result<(), Error> {
     use ace_wasm_host::{Request, Response, Route};
-    let m = FilterModule::from_bytes(ROUTED.as_bytes())?;
+    let m = load(ROUTED)?;
     let mut vm = Vm::builder(&m).root_id("my-root").start()?;
     let route = Route::Cluster("pool-1".into());
     vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;
@@ -167,15 +175,9 @@ const TRAILERS: &str = r#"(module
     (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
     (import "env" "proxy_replace_header_map_value" (func $rep (param i32 i32 i32 i32 i32) (result i32)))
     (import "env" "proxy_get_header_map_value" (func $get (param i32 i32 i32 i32 i32) (result i32)))
-    (memory (export "memory") 2)
-    (data (i32.const 0) "x-t")
+        (data (i32.const 0) "x-t")
     (data (i32.const 8) "2")
-    (global $heap (mut i32) (i32.const 65536))
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
-        (local.set $p (global.get $heap))
-        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
-        (local.get $p))
+    ;; ABI_AND_ALLOCATOR
     (func (export "proxy_on_request_trailers") (param i32 i32) (result i32)
         (drop (call $rep (i32.const 1) (i32.const 0) (i32.const 3) (i32.const 8) (i32.const 1)))
         i32.const 0)
@@ -189,7 +191,7 @@ const TRAILERS: &str = r#"(module
 #[test]
 fn trailers_are_writable_in_their_callback_only() -> Result<(), Error> {
     use ace_wasm_host::{Request, Response, Route};
-    let m = FilterModule::from_bytes(TRAILERS.as_bytes())?;
+    let m = load(TRAILERS)?;
     let mut vm = Vm::builder(&m).start()?;
     let route = Route::Cluster("c".into());
     let req = Request::post("/").body("b").trailer("x-t", "1");

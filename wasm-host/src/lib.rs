@@ -42,6 +42,12 @@
 //!   outside its phase reads as empty pairs, and single gets and every
 //!   write return `BadArgument` (which the SDK turns into a panic, as in
 //!   Envoy).
+//! - [`Vm::exchange`] follows what the differential suite observed in
+//!   Envoy 1.40: an HTTP/1 request body arrives as its data and then an
+//!   empty end-of-stream frame (so a filter that pauses sees
+//!   `on_request_body(n, false)` then `on_request_body(n, true)`), local
+//!   replies get `content-type: text/plain` only if the filter set none, and
+//!   callouts carry `x-envoy-internal` and `x-envoy-expected-rq-timeout-ms`.
 //! - A trap marks the VM failed ([`Vm::failure`]); later calls return
 //!   [`Error::Failed`], as Envoy stops using a failed VM.
 //!

@@ -10,7 +10,13 @@
 //! Headers whose values are inherently per-run (`date`, `x-request-id`,
 //! `x-envoy-upstream-service-time`) or that only the route's timeout sets
 //! (`x-envoy-expected-rq-timeout-ms`) are compared by presence only; all
-//! others are compared by value, order-insensitively.
+//! others are compared by value, order-insensitively. A client that gets no
+//! answer (Envoy holding the request) records `<no response>`, as does the
+//! host for a hung or reset exchange.
+//!
+//! Debugging a difference: `ACE_ENVOY_LOG_LEVEL=debug` sets Envoy's log
+//! level, and `ACE_ENVOY_LOG_DUMP=/path` writes each group's bootstrap and
+//! Envoy log there (waiting ~11 s for Envoy to flush it).
 
 #[path = "common/mod.rs"]
 mod common;

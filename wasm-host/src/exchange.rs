@@ -162,6 +162,9 @@ pub struct Exchange {
     /// The filter paused and nothing resumed it: a real client would wait
     /// until a timeout.
     pub hung: bool,
+    /// The VM trapped (in this request or before): Envoy's `FAIL_CLOSED`
+    /// answer is in `response`.
+    pub vm_failure: Option<String>,
 }
 
 enum Flow {
@@ -203,14 +206,47 @@ impl Vm {
     /// answering for the chosen cluster (`None`: Envoy has no such cluster,
     /// which is a 503 `cluster_not_found`). Callouts go to the process's
     /// clusters; one left pending leaves the request hung.
+    ///
+    /// A trap (now, or earlier in this VM) is answered as Envoy's
+    /// `FAIL_CLOSED` plugin does: a 503 with an empty body, with the trap in
+    /// [`Exchange::vm_failure`]. Only host-side misuse is an `Err`.
     pub fn exchange(
         &mut self,
         route: &Route,
         request: Request,
-        mut upstream: impl FnMut(&UpstreamRequest) -> Option<Response>,
+        upstream: impl FnMut(&UpstreamRequest) -> Option<Response>,
     ) -> Result<Exchange, Error> {
-        let allow_stop = self.allow_stop_iteration();
         let mut out = Exchange::default();
+        match self.exchange_into(&mut out, route, request, upstream) {
+            Ok(()) => Ok(out),
+            Err(Error::Trap { callback, message }) => {
+                self.fail_closed(&mut out, format!("{callback}: {message}"));
+                Ok(out)
+            }
+            Err(Error::Failed(why)) => {
+                self.fail_closed(&mut out, why);
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fail_closed(&self, out: &mut Exchange, why: String) {
+        let mut r = Response::new(503).header("content-length", "0");
+        r.headers.add("date", http_date(self.now()));
+        r.headers.add("server", "envoy");
+        out.response = Some(r);
+        out.vm_failure = Some(why);
+    }
+
+    fn exchange_into(
+        &mut self,
+        out: &mut Exchange,
+        route: &Route,
+        request: Request,
+        mut upstream: impl FnMut(&UpstreamRequest) -> Option<Response>,
+    ) -> Result<(), Error> {
+        let allow_stop = self.allow_stop_iteration();
         let mut s = self.http_stream()?;
         let id = s.id();
         let mut headers = request.headers;
@@ -225,7 +261,7 @@ impl Vm {
         s.send_request_headers(headers, !has_body && !has_trailers)?;
 
         // Decoding: headers, then body, then trailers.
-        let mut decoded = flow(&s, &mut out, !has_body && !has_trailers || !allow_stop);
+        let mut decoded = flow(&s, out, !has_body && !has_trailers || !allow_stop);
         if matches!(decoded, Flow::Go) && has_body {
             // After a stop-all was resumed, Envoy delivers what it buffered at
             // once, end of stream included. Otherwise its HTTP/1 codec hands
@@ -242,19 +278,19 @@ impl Vm {
             for (i, chunk) in chunks.into_iter().enumerate() {
                 let end = i == last && !has_trailers && !split_end;
                 s.send_request_body(chunk, end)?;
-                decoded = flow(&s, &mut out, end);
+                decoded = flow(&s, out, end);
                 if !matches!(decoded, Flow::Go) {
                     break;
                 }
             }
             if matches!(decoded, Flow::Go) && split_end {
                 s.send_request_body(b"", true)?;
-                decoded = flow(&s, &mut out, true);
+                decoded = flow(&s, out, true);
             }
         }
         if matches!(decoded, Flow::Go) && has_trailers {
             s.send_request_trailers(request.trailers)?;
-            decoded = flow(&s, &mut out, true);
+            decoded = flow(&s, out, true);
         }
 
         let reply = match decoded {
@@ -295,10 +331,9 @@ impl Vm {
 
         if let Some(reply) = reply {
             out.local_reply = s.local_response().cloned();
-            encode(&mut s, &mut out, reply)?;
+            encode(&mut s, out, reply)?;
         }
-        s.finish()?;
-        Ok(out)
+        s.finish()
     }
 }
 

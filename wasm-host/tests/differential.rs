@@ -60,9 +60,50 @@ impl Case {
     }
 }
 
+/// The filter under test.
+#[derive(Clone, Copy)]
+enum Guest {
+    /// A workspace cdylib, built for wasm32-wasip1.
+    Package(&'static str),
+    /// A hand-written module: (name, WAT text).
+    Wat(&'static str, &'static str),
+}
+
+impl Guest {
+    fn name(self) -> &'static str {
+        match self {
+            Guest::Package(p) => p,
+            Guest::Wat(name, _) => name,
+        }
+    }
+
+    fn wasm_file(self) -> std::path::PathBuf {
+        match self {
+            Guest::Package(p) => ace_harness::wasm::build(p).unwrap_or_else(|e| panic!("{e}")),
+            Guest::Wat(name, text) => {
+                let bytes = wat::parse_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let path = std::env::temp_dir().join(format!(
+                    "ace-differential-{}-{name}.wasm",
+                    std::process::id()
+                ));
+                std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                path
+            }
+        }
+    }
+
+    fn module(self) -> ace_wasm_host::FilterModule {
+        match self {
+            Guest::Package(p) => common::module(p),
+            Guest::Wat(name, text) => ace_wasm_host::FilterModule::from_bytes(text.as_bytes())
+                .unwrap_or_else(|e| panic!("{name}: {e}")),
+        }
+    }
+}
+
 /// Scenarios sharing one filter, configuration, route and set of clusters.
 struct Group {
-    package: &'static str,
+    package: Guest,
     configuration: &'static str,
     /// `Some(header)`: route with `cluster_header`; `None`: fixed cluster
     /// "backend".
@@ -155,7 +196,7 @@ fn upstream_response(name: &str, b: &Behavior) -> (u16, Vec<(String, String)>, V
 }
 
 fn run_in_envoy(group: &Group) -> Vec<Observed> {
-    let wasm = ace_harness::wasm::build(group.package).unwrap_or_else(|e| panic!("{e}"));
+    let wasm = group.package.wasm_file();
     let upstreams: Vec<(String, Upstream)> = group
         .clusters
         .iter()
@@ -257,7 +298,7 @@ fn h1_seen(cluster: &str, headers: &ace_wasm_host::Headers, body: &[u8]) -> Seen
 }
 
 fn run_on_host(group: &Group) -> Vec<Observed> {
-    let module = common::module(group.package);
+    let module = group.package.module();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let mut builder = Vm::builder(&module)
         .plugin_name("ace")
@@ -369,11 +410,11 @@ fn differential(group: Group) {
     let mut failures = Vec::new();
     for ((c, e), h) in group.cases.iter().zip(&envoy).zip(&host) {
         if e == h {
-            eprintln!("differential: {} / {}: same", group.package, c.name);
+            eprintln!("differential: {} / {}: same", group.package.name(), c.name);
         } else {
             failures.push(format!(
                 "{} / {}:\n{}",
-                group.package,
+                group.package.name(),
                 c.name,
                 describe(e, h)
             ));
@@ -392,7 +433,7 @@ fn differential(group: Group) {
 #[test]
 fn ace_filter_matches_envoy() {
     differential(Group {
-        package: "ace-filter",
+        package: Guest::Package("ace-filter"),
         configuration: common::ace_config(),
         cluster_header: Some("x-ace-destination"),
         allow_stop_iteration: false,
@@ -418,7 +459,7 @@ fn ace_filter_matches_envoy() {
 #[test]
 fn header_rewrite_matches_envoy() {
     differential(Group {
-        package: "ace-example-header-rewrite",
+        package: Guest::Package("ace-example-header-rewrite"),
         configuration: "differential",
         cluster_header: None,
         allow_stop_iteration: false,
@@ -446,7 +487,7 @@ fn header_rewrite_matches_envoy() {
 #[test]
 fn local_auth_matches_envoy() {
     differential(Group {
-        package: "ace-example-local-auth",
+        package: Guest::Package("ace-example-local-auth"),
         configuration: "s3cret",
         cluster_header: None,
         allow_stop_iteration: false,
@@ -469,7 +510,7 @@ fn local_auth_matches_envoy() {
 #[test]
 fn http_callout_matches_envoy() {
     differential(Group {
-        package: "ace-example-http-callout",
+        package: Guest::Package("ace-example-http-callout"),
         configuration: "authz",
         cluster_header: None,
         allow_stop_iteration: false,
@@ -493,7 +534,7 @@ fn http_callout_matches_envoy() {
 #[test]
 fn http_callout_denials_match_envoy() {
     differential(Group {
-        package: "ace-example-http-callout",
+        package: Guest::Package("ace-example-http-callout"),
         configuration: "authz",
         cluster_header: None,
         allow_stop_iteration: false,
@@ -507,7 +548,7 @@ fn http_callout_denials_match_envoy() {
 #[test]
 fn http_callout_to_an_unknown_cluster_matches_envoy() {
     differential(Group {
-        package: "ace-example-http-callout",
+        package: Guest::Package("ace-example-http-callout"),
         configuration: "no-such-cluster",
         cluster_header: None,
         allow_stop_iteration: false,
@@ -523,7 +564,7 @@ fn http_callout_to_an_unknown_cluster_matches_envoy() {
 #[test]
 fn http_callout_then_a_failing_backend_matches_envoy() {
     differential(Group {
-        package: "ace-example-http-callout",
+        package: Guest::Package("ace-example-http-callout"),
         configuration: "authz",
         cluster_header: None,
         allow_stop_iteration: false,
@@ -540,7 +581,7 @@ fn http_callout_then_a_failing_backend_matches_envoy() {
 #[test]
 fn body_rewrite_matches_envoy() {
     differential(Group {
-        package: "ace-example-body-rewrite",
+        package: Guest::Package("ace-example-body-rewrite"),
         configuration: "upstream",
         cluster_header: None,
         allow_stop_iteration: true,
@@ -563,11 +604,36 @@ fn body_pause_without_the_knob_hangs_like_envoy() {
     // Without allow_on_headers_stop_iteration a headers Pause stops
     // everything: the body callbacks never come and the client times out.
     differential(Group {
-        package: "ace-example-body-rewrite",
+        package: Guest::Package("ace-example-body-rewrite"),
         configuration: "upstream",
         cluster_header: None,
         allow_stop_iteration: false,
         clusters: vec![("backend", Behavior::Ok)],
         cases: vec![case("a body never reaches the filter", "POST", "/count").body("held")],
+    });
+}
+
+/// Traps in `on_request_headers`, as a panicking SDK filter does.
+const TRAPPING: &str = r#"(module
+    (memory (export "memory") 1)
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+    (func (export "proxy_on_context_create") (param i32 i32))
+    (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
+    (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)
+    (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) unreachable))"#;
+
+#[test]
+fn a_trapping_filter_fails_closed_like_envoy() {
+    differential(Group {
+        package: Guest::Wat("trapping", TRAPPING),
+        configuration: "",
+        cluster_header: None,
+        allow_stop_iteration: false,
+        clusters: vec![("backend", Behavior::Ok)],
+        cases: vec![
+            case("the trapping request gets a 503", "GET", "/"),
+            case("so does the next one: the VM is gone", "GET", "/"),
+        ],
     });
 }

@@ -125,3 +125,21 @@ fn a_memory_limit_refuses_growth_past_it() -> Result<(), Error> {
     s.send_request_headers([(":path", "/")], true)?;
     Ok(())
 }
+
+#[test]
+fn an_exchange_with_a_trapping_filter_fails_closed() -> Result<(), Error> {
+    use ace_wasm_host::{Request, Response, Route};
+    let body = r#"(func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) unreachable)"#;
+    let m = FilterModule::from_bytes(wat("", body).as_bytes())?;
+    let mut vm = Vm::builder(&m).start()?;
+    let route = Route::Cluster("c".into());
+    for _ in 0..2 {
+        let ex = vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;
+        assert_eq!(ex.response.map(|r| r.status()), Some(503));
+        assert!(ex.upstream.is_none());
+        assert!(ex
+            .vm_failure
+            .is_some_and(|f| f.contains("proxy_on_request_headers")));
+    }
+    Ok(())
+}

@@ -112,8 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         envoy.admin_port()
     );
     println!(
-        "  {:<3} {:<26}    {:<16} {:<9} {:<16} {:<13} {}",
-        "#", "request", "served by", "tier", "reason", "booked", "status"
+        "  #   request                       served by        tier      reason           booked        status"
     );
 
     println!(

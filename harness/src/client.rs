@@ -87,6 +87,7 @@ impl Request {
     /// Send it to `127.0.0.1:port`.
     pub fn send(&self, port: u16) -> std::io::Result<Response> {
         let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;
         let mut head = format!(
@@ -99,8 +100,9 @@ impl Request {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(&self.body)?;
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(&self.body);
+        s.write_all(&bytes)?;
         s.flush()?;
         read_response(BufReader::new(s))
     }

@@ -180,6 +180,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn serve(conn: TcpStream, s: &Shared) {
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    // One write per response and no Nagle: otherwise delayed ACKs add 40 ms.
+    let _ = conn.set_nodelay(true);
     let Ok(write_half) = conn.try_clone() else {
         return;
     };
@@ -245,7 +247,9 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    out.write_all(head.as_bytes()).is_ok() && out.write_all(&body).is_ok() && out.flush().is_ok()
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(&body);
+    out.write_all(&bytes).is_ok() && out.flush().is_ok()
 }
 
 fn reason(status: u16) -> &'static str {

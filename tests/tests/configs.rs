@@ -1,0 +1,38 @@
+//! The shipped Envoy configuration is valid for Envoy 1.40 and configures
+//! the filter (built from source in this run) without error.
+
+use ace_tests::{ace_filter_wasm, require_envoy};
+
+#[test]
+fn shipped_envoy_yaml_validates_and_the_plugin_accepts_its_configuration() {
+    require_envoy();
+    let wasm = ace_filter_wasm();
+    let root = ace_harness::workspace_root();
+    let yaml = std::fs::read_to_string(root.join("envoy/envoy.yaml"))
+        .unwrap_or_else(|e| panic!("envoy/envoy.yaml: {e}"));
+    assert!(yaml.contains("/etc/ace/ace_filter.wasm"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("envoy.yaml");
+    let local = yaml.replace("/etc/ace/ace_filter.wasm", &wasm.to_string_lossy());
+    std::fs::write(&path, local).unwrap_or_else(|e| panic!("{e}"));
+    let envoy = ace_harness::envoy::find_envoy().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(envoy)
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run envoy: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "envoy --mode validate failed:\n{text}"
+    );
+    assert!(text.contains("OK"), "{text}");
+    assert!(
+        text.contains("configured 3 destinations"),
+        "the plugin configured itself:\n{text}"
+    );
+}

@@ -7,7 +7,10 @@
 //! (what `set_property` wrote), as Envoy's `Context::FindValue` does. A root
 //! context has no stream, so only the `plugin_*` attributes resolve there.
 //! The spec calls paths host-specific; these are Envoy 1.40's names (no
-//! deprecated pre-1.33 aliases).
+//! deprecated pre-1.33 aliases). Attributes Envoy derives from the request
+//! headers (`request.path`, `.method`, `.host`, ...) exist only while it
+//! holds those headers: once the request went on, they are NotFound, as
+//! the differential suite observed.
 
 use crate::state::{StreamState, VmState};
 
@@ -63,6 +66,16 @@ pub(crate) fn get(s: &VmState, path: &[&[u8]]) -> Option<Vec<u8>> {
 }
 
 fn request(st: &StreamState, field: &[u8]) -> Option<Vec<u8>> {
+    // Envoy derives these from the request header map, which it only holds
+    // while the request headers are available (observed: in
+    // `on_response_headers` they are all NotFound, `request.protocol` is not).
+    let held = st.request.headers_open || st.access_log_phase;
+    match field {
+        b"protocol" => return Some(st.info.protocol.clone().into_bytes()),
+        b"size" => return Some(int(st.request.body.len() as i64)),
+        _ if !held => return None,
+        _ => {}
+    }
     let h = &st.request.headers;
     let header = |name: &str| h.get_bytes(name).map(<[u8]>::to_vec);
     match field {
@@ -84,8 +97,6 @@ fn request(st: &StreamState, field: &[u8]) -> Option<Vec<u8>> {
         b"useragent" => header("user-agent"),
         b"id" => header("x-request-id"),
         b"headers" => Some(h.encode()),
-        b"protocol" => Some(st.info.protocol.clone().into_bytes()),
-        b"size" => Some(int(st.request.body.len() as i64)),
         _ => None,
     }
 }

@@ -24,7 +24,9 @@ mod common;
 use ace_harness::client;
 use ace_harness::envoy::{wasm_filter_json, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_wasm_host::{CallRequest, CallResponse, Request, Response, Route, UpstreamRequest, Vm};
+use ace_wasm_host::{
+    CallRequest, CallResponse, Request, Response, Route, StreamInfo, UpstreamRequest, Vm,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -305,6 +307,11 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
         .root_id("ace")
         .vm_id("ace")
         .allow_on_headers_stop_iteration(group.allow_stop_iteration)
+        // The harness's route configuration: virtual host "all", unnamed route.
+        .stream_info(StreamInfo {
+            virtual_host_name: "all".into(),
+            ..StreamInfo::default()
+        })
         .configuration(group.configuration);
     let behaviors: BTreeMap<String, Behavior> = group
         .clusters
@@ -635,5 +642,102 @@ fn a_trapping_filter_fails_closed_like_envoy() {
             case("the trapping request gets a 503", "GET", "/"),
             case("so does the next one: the VM is gone", "GET", "/"),
         ],
+    });
+}
+
+/// Copies Envoy attributes into headers `p-*` (or `!<status>` when the
+/// attribute is not there): the request-header ones into the request (the
+/// upstream sees them), all of them into the response (the client sees
+/// them), so both phases are compared.
+const PROPERTIES: &str = r#"(module
+    (import "env" "proxy_get_property" (func $prop (param i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_add_header_map_value" (func $add (param i32 i32 i32 i32 i32) (result i32)))
+    (memory (export "memory") 2)
+    (data (i32.const 1024) "p-path")
+    (data (i32.const 1056) "request\00path")
+    (data (i32.const 1104) "p-url-path")
+    (data (i32.const 1136) "request\00url_path")
+    (data (i32.const 1184) "p-query")
+    (data (i32.const 1216) "request\00query")
+    (data (i32.const 1264) "p-host")
+    (data (i32.const 1296) "request\00host")
+    (data (i32.const 1344) "p-method")
+    (data (i32.const 1376) "request\00method")
+    (data (i32.const 1424) "p-scheme")
+    (data (i32.const 1456) "request\00scheme")
+    (data (i32.const 1504) "p-protocol")
+    (data (i32.const 1536) "request\00protocol")
+    (data (i32.const 1584) "p-useragent")
+    (data (i32.const 1616) "request\00useragent")
+    (data (i32.const 1664) "p-plugin-name")
+    (data (i32.const 1696) "plugin_name")
+    (data (i32.const 1744) "p-root-id")
+    (data (i32.const 1776) "plugin_root_id")
+    (data (i32.const 1824) "p-vm-id")
+    (data (i32.const 1856) "plugin_vm_id")
+    (data (i32.const 1904) "p-cluster")
+    (data (i32.const 1936) "xds\00cluster_name")
+    (data (i32.const 1984) "p-route")
+    (data (i32.const 2016) "xds\00route_name")
+    (data (i32.const 2064) "p-vhost")
+    (data (i32.const 2096) "xds\00virtual_host_name")
+    (data (i32.const 2144) "p-details")
+    (data (i32.const 2176) "response\00code_details")
+    (data (i32.const 2224) "p-unknown")
+    (data (i32.const 2256) "no_such_attribute")
+    (global $heap (mut i32) (i32.const 65536))
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
+        (local.set $p (global.get $heap))
+        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
+        (local.get $p))
+    (func (export "proxy_on_context_create") (param i32 i32))
+    (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
+    (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)
+    (func $copy (param $map i32) (param $h i32) (param $hl i32) (param $p i32) (param $pl i32) (local $st i32)
+        (local.set $st (call $prop (local.get $p) (local.get $pl) (i32.const 300) (i32.const 304)))
+        (if (i32.eqz (local.get $st))
+            (then (drop (call $add (local.get $map) (local.get $h) (local.get $hl)
+                (i32.load (i32.const 300)) (i32.load (i32.const 304)))))
+            (else
+                (i32.store8 (i32.const 400) (i32.const 33))
+                (i32.store8 (i32.const 401) (i32.add (i32.const 48) (local.get $st)))
+                (drop (call $add (local.get $map) (local.get $h) (local.get $hl) (i32.const 400) (i32.const 2))))))
+    (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+        (call $copy (i32.const 0) (i32.const 1024) (i32.const 6) (i32.const 1056) (i32.const 12))
+        (call $copy (i32.const 0) (i32.const 1104) (i32.const 10) (i32.const 1136) (i32.const 16))
+        (call $copy (i32.const 0) (i32.const 1184) (i32.const 7) (i32.const 1216) (i32.const 13))
+        (call $copy (i32.const 0) (i32.const 1264) (i32.const 6) (i32.const 1296) (i32.const 12))
+        (call $copy (i32.const 0) (i32.const 1344) (i32.const 8) (i32.const 1376) (i32.const 14))
+        (call $copy (i32.const 0) (i32.const 1424) (i32.const 8) (i32.const 1456) (i32.const 14))
+        i32.const 0)
+    (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32)
+        (call $copy (i32.const 2) (i32.const 1024) (i32.const 6) (i32.const 1056) (i32.const 12))
+        (call $copy (i32.const 2) (i32.const 1104) (i32.const 10) (i32.const 1136) (i32.const 16))
+        (call $copy (i32.const 2) (i32.const 1184) (i32.const 7) (i32.const 1216) (i32.const 13))
+        (call $copy (i32.const 2) (i32.const 1264) (i32.const 6) (i32.const 1296) (i32.const 12))
+        (call $copy (i32.const 2) (i32.const 1344) (i32.const 8) (i32.const 1376) (i32.const 14))
+        (call $copy (i32.const 2) (i32.const 1424) (i32.const 8) (i32.const 1456) (i32.const 14))
+        (call $copy (i32.const 2) (i32.const 1504) (i32.const 10) (i32.const 1536) (i32.const 16))
+        (call $copy (i32.const 2) (i32.const 1584) (i32.const 11) (i32.const 1616) (i32.const 17))
+        (call $copy (i32.const 2) (i32.const 1664) (i32.const 13) (i32.const 1696) (i32.const 11))
+        (call $copy (i32.const 2) (i32.const 1744) (i32.const 9) (i32.const 1776) (i32.const 14))
+        (call $copy (i32.const 2) (i32.const 1824) (i32.const 7) (i32.const 1856) (i32.const 12))
+        (call $copy (i32.const 2) (i32.const 1904) (i32.const 9) (i32.const 1936) (i32.const 16))
+        (call $copy (i32.const 2) (i32.const 1984) (i32.const 7) (i32.const 2016) (i32.const 14))
+        (call $copy (i32.const 2) (i32.const 2064) (i32.const 7) (i32.const 2096) (i32.const 21))
+        (call $copy (i32.const 2) (i32.const 2144) (i32.const 9) (i32.const 2176) (i32.const 21))
+        (call $copy (i32.const 2) (i32.const 2224) (i32.const 9) (i32.const 2256) (i32.const 17))
+        i32.const 0))"#;
+
+#[test]
+fn properties_match_envoy() {
+    differential(Group {
+        package: Guest::Wat("properties", PROPERTIES),
+        configuration: "",
+        cluster_header: None,
+        allow_stop_iteration: false,
+        clusters: vec![("backend", Behavior::Ok)],
+        cases: vec![case("attributes a filter reads", "GET", "/p/a?q=1&r=2")],
     });
 }

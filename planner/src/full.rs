@@ -29,6 +29,13 @@ pub struct Options {
     pub time_limit_s: f64,
     /// Refuse instances with more nonzeros than this (memory guard).
     pub max_nonzeros: usize,
+    /// HiGHS `mip_heuristic_effort` (0..1, HiGHS's default 0.05). More effort
+    /// on primal heuristics finds good plans sooner on these packing models.
+    pub heuristic_effort: f64,
+    /// Optional utilisation floor: require at least this many GPU-steps in
+    /// use (RT served + batch). Used to ask whether a plan dominating a
+    /// baseline on both utilisation and value exists.
+    pub min_gpu_steps: Option<u64>,
 }
 
 impl Default for Options {
@@ -36,6 +43,8 @@ impl Default for Options {
         Options {
             time_limit_s: 60.0,
             max_nonzeros: 4_000_000,
+            heuristic_effort: 0.3,
+            min_gpu_steps: None,
         }
     }
 }
@@ -87,6 +96,7 @@ mod imp {
     use highs::{Col, HighsModelStatus, RowProblem, Sense};
 
     struct Start {
+        col: Col,
         job: usize,
         start: u32,
         gpu: u32,
@@ -151,6 +161,7 @@ mod imp {
                     }
                     job_rows[ji].push((c, 1.0));
                     starts.push(Start {
+                        col: c,
                         job: ji,
                         start,
                         gpu: o,
@@ -233,6 +244,16 @@ mod imp {
                 }
             }
         }
+        if let Some(min) = opts.min_gpu_steps {
+            let mut row: Vec<(Col, f64)> = Vec::new();
+            for st in &starts {
+                let j = &s.jobs[st.job];
+                row.push((st.col, f64::from(j.size * s.clipped(j, st.start))));
+            }
+            row.extend(x_cols.iter().flatten().map(|&c| (c, 1.0)));
+            let pinned_cells = pinned.iter().filter(|p| **p).count() as f64;
+            pb.add_row((min as f64 - pinned_cells).., &row);
+        }
         for row in job_rows.iter().filter(|r| r.len() > 1) {
             pb.add_row(..=1.0, row);
         }
@@ -293,6 +314,7 @@ mod imp {
         model.make_quiet();
         model.set_option("time_limit", opts.time_limit_s);
         model.set_option("threads", 1);
+        model.set_option("mip_heuristic_effort", opts.heuristic_effort);
         model
             .try_set_solution(Some(&sol), None, None, None)
             .map_err(|e| format!("full mode: HiGHS rejected the warm start: {e:?}"))?;

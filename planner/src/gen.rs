@@ -58,6 +58,42 @@ fn pow2_at_most(rng: &mut Rng, lo: u32, hi: u32) -> u32 {
     options[rng.below(options.len() as u64) as usize]
 }
 
+/// One job of the note's kinds and ranges; training blocks up to
+/// `train_max` GPUs, other kinds capped at `cap`.
+fn job(rng: &mut Rng, id: u32, train_max: u32, cap: u32) -> Job {
+    let (kind, size, duration) = match rng.below(4) {
+        0 => (
+            JobKind::Train,
+            pow2_at_most(rng, 1, train_max),
+            rng.range(4, 20),
+        ),
+        1 => (
+            JobKind::BatchInf,
+            pow2_at_most(rng, 1, 4.min(cap)),
+            rng.range(2, 8),
+        ),
+        2 => (
+            JobKind::Quant,
+            pow2_at_most(rng, 1, 4.min(cap)),
+            rng.range(1, 3),
+        ),
+        _ => (
+            JobKind::Eval,
+            pow2_at_most(rng, 1, 2.min(cap)),
+            rng.range(1, 4),
+        ),
+    };
+    Job {
+        id,
+        kind,
+        size,
+        duration,
+        priority: rng.range(1, 10),
+        arrival: rng.range(0, 16),
+        running: None,
+    }
+}
+
 /// One random scenario from `seed`.
 pub fn scenario(seed: u64) -> Scenario {
     let mut rng = Rng::new(seed);
@@ -90,39 +126,10 @@ pub fn scenario(seed: u64) -> Scenario {
         if work >= target || id >= 4 + gpus {
             return None;
         }
-        let (kind, size, dur) = match rng.below(4) {
-            0 => (
-                JobKind::Train,
-                pow2_at_most(&mut rng, 1, 8.min(cap)),
-                rng.range(4, 20),
-            ),
-            1 => (
-                JobKind::BatchInf,
-                pow2_at_most(&mut rng, 1, 4.min(cap)),
-                rng.range(2, 8),
-            ),
-            2 => (
-                JobKind::Quant,
-                pow2_at_most(&mut rng, 1, 4.min(cap)),
-                rng.range(1, 3),
-            ),
-            _ => (
-                JobKind::Eval,
-                pow2_at_most(&mut rng, 1, 2.min(cap)),
-                rng.range(1, 4),
-            ),
-        };
-        work += f64::from(size * dur);
+        let j = job(&mut rng, id, 8.min(cap), cap);
+        work += f64::from(j.size * j.duration);
         id += 1;
-        Some(Job {
-            id: id - 1,
-            kind,
-            size,
-            duration: dur,
-            priority: rng.range(1, 10),
-            arrival: rng.range(0, 16),
-            running: None,
-        })
+        Some(j)
     })
     .collect();
     Scenario {
@@ -157,35 +164,7 @@ pub fn sized(seed: u64, gpus: u32, jobs: u32) -> Scenario {
         .collect();
     let train_max = (gpus / 16).clamp(1, 64);
     let jobs: Vec<Job> = (0..jobs)
-        .map(|id| {
-            let (kind, size, dur) = match rng.below(4) {
-                0 => (
-                    JobKind::Train,
-                    pow2_at_most(&mut rng, 1, train_max),
-                    rng.range(4, 20),
-                ),
-                1 => (
-                    JobKind::BatchInf,
-                    pow2_at_most(&mut rng, 1, 4),
-                    rng.range(2, 8),
-                ),
-                2 => (
-                    JobKind::Quant,
-                    pow2_at_most(&mut rng, 1, 4),
-                    rng.range(1, 3),
-                ),
-                _ => (JobKind::Eval, pow2_at_most(&mut rng, 1, 2), rng.range(1, 4)),
-            };
-            Job {
-                id,
-                kind,
-                size: size.min(gpus),
-                duration: dur,
-                priority: rng.range(1, 10),
-                arrival: rng.range(0, 16),
-                running: None,
-            }
-        })
+        .map(|id| job(&mut rng, id, train_max, gpus))
         .collect();
     Scenario {
         name: format!("sized-{gpus}x{}-{seed}", jobs.len()),

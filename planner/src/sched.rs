@@ -114,11 +114,17 @@ impl Scheduler {
 
     /// Places job `i` at its earliest legal start; returns whether it fit.
     pub fn place(&mut self, s: &Scenario, i: usize, rules: Rules) -> bool {
+        self.place_after(s, i, 0, rules)
+    }
+
+    /// Places job `i` at its earliest legal start no sooner than `delay` steps
+    /// after its arrival; returns whether it fit.
+    pub fn place_after(&mut self, s: &Scenario, i: usize, delay: u32, rules: Rules) -> bool {
         let job = &s.jobs[i];
         if job.running.is_some() {
             return false;
         }
-        for start in job.arrival..s.steps {
+        for start in job.arrival.saturating_add(delay)..s.steps {
             if !s.start_ok(job, start) {
                 continue;
             }
@@ -153,6 +159,14 @@ impl Scheduler {
         self.reset(s, rules);
         for &i in order {
             self.place(s, i, rules);
+        }
+    }
+
+    /// Like [`Scheduler::run`], with a per-job start delay (indexed by job).
+    pub fn run_delayed(&mut self, s: &Scenario, order: &[usize], delay: &[u32], rules: Rules) {
+        self.reset(s, rules);
+        for &i in order {
+            self.place_after(s, i, delay.get(i).copied().unwrap_or(0), rules);
         }
     }
 

@@ -620,6 +620,11 @@ pub(crate) fn define(
                                     delta: i64|
      -> Result<i32> {
         let s = c.data();
+        // Envoy reads the kind from the id's low bits before looking it up.
+        let kind = MetricType::from_i32(id & 3);
+        if !matches!(kind, Some(MetricType::Counter | MetricType::Gauge)) {
+            return st(Status::BadArgument);
+        }
         let Some(def) = s.metrics.get(&(id as u32)) else {
             return st(Status::NotFound);
         };
@@ -660,6 +665,14 @@ pub(crate) fn define(
                               out: i32|
      -> Result<i32> {
         let s = c.data();
+        // Histograms (and ids with no kind) cannot be read: BadArgument
+        // before any lookup, as in Envoy.
+        if !matches!(
+            MetricType::from_i32(id & 3),
+            Some(MetricType::Counter | MetricType::Gauge)
+        ) {
+            return st(Status::BadArgument);
+        }
         let Some(def) = s.metrics.get(&(id as u32)) else {
             return st(Status::NotFound);
         };
@@ -819,13 +832,23 @@ fn buffer(s: &VmState, ty: BufferType) -> Option<&[u8]> {
         BufferType::VmConfiguration => Some(&s.plugin.vm_configuration),
         BufferType::PluginConfiguration if s.configuring => Some(&s.plugin.configuration),
         BufferType::HttpCallResponseBody => s.call_response.as_ref().map(|r| r.body.as_slice()),
+        // Envoy always offers a stream's body buffers; outside the body
+        // callbacks they read as empty (observed: Ok, not NotFound).
         BufferType::RequestBody => {
             let st = s.streams.get(&s.context())?;
-            st.request.body_open.then_some(st.request.body.as_slice())
+            Some(if st.request.body_open {
+                &st.request.body[..]
+            } else {
+                &[]
+            })
         }
         BufferType::ResponseBody => {
             let st = s.streams.get(&s.context())?;
-            st.response.body_open.then_some(st.response.body.as_slice())
+            Some(if st.response.body_open {
+                &st.response.body[..]
+            } else {
+                &[]
+            })
         }
         _ => None,
     }

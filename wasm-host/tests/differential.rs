@@ -741,3 +741,205 @@ fn properties_match_envoy() {
         cases: vec![case("attributes a filter reads", "GET", "/p/a?q=1&r=2")],
     });
 }
+
+/// Reports, as headers `s-<call>: <status>`, the status Envoy gives for
+/// host calls a filter gets wrong easily: header maps outside their phase,
+/// bodies and configuration outside their callbacks, shared data and queues
+/// that do not exist, a stale CAS, bad metrics, unknown foreign functions,
+/// malformed callouts. Request-phase results go upstream (`r-*`), the rest
+/// to the client.
+const STATUSES: &str = r#"(module
+    (import "env" "proxy_get_header_map_value" (func $get (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_add_header_map_value" (func $add (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_replace_header_map_value" (func $rep (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_remove_header_map_value" (func $rm (param i32 i32 i32) (result i32)))
+    (import "env" "proxy_get_header_map_pairs" (func $pairs (param i32 i32 i32) (result i32)))
+    (import "env" "proxy_get_buffer_bytes" (func $buf (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_set_property" (func $setprop (param i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_get_shared_data" (func $sget (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_set_shared_data" (func $sset (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_resolve_shared_queue" (func $resolve (param i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_dequeue_shared_queue" (func $deq (param i32 i32 i32) (result i32)))
+    (import "env" "proxy_enqueue_shared_queue" (func $enq (param i32 i32 i32) (result i32)))
+    (import "env" "proxy_define_metric" (func $def (param i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_increment_metric" (func $inc (param i32 i64) (result i32)))
+    (import "env" "proxy_record_metric" (func $rec (param i32 i64) (result i32)))
+    (import "env" "proxy_get_metric" (func $getm (param i32 i32) (result i32)))
+    (import "env" "proxy_call_foreign_function" (func $ff (param i32 i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_http_call" (func $call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+    (import "env" "proxy_continue_stream" (func $cont (param i32) (result i32)))
+    (import "env" "proxy_set_effective_context" (func $eff (param i32) (result i32)))
+    (memory (export "memory") 2)
+    (data (i32.const 0) ":path")
+    (data (i32.const 8) "x-new")
+    (data (i32.const 16) "v")
+    (data (i32.const 24) "x-absent")
+    (data (i32.const 40) "no_such_function")
+    (data (i32.const 64) "clear_route_cache")
+    (data (i32.const 88) "backend")
+    (data (i32.const 96) "status-probe-key")
+    (data (i32.const 120) "nope")
+    (data (i32.const 128) "probe_counter")
+    (data (i32.const 144) "probe_histogram")
+    (data (i32.const 160) "probe_gauge")
+    ;; header names, 8 bytes apart from 1024: r-get r-add r-missing
+    (data (i32.const 1024) "r-get")
+    (data (i32.const 1032) "r-add")
+    (data (i32.const 1040) "r-miss")
+    (data (i32.const 1048) "r-rm")
+    (data (i32.const 1056) "r-rmabs")
+    (data (i32.const 1064) "r-cfg")
+    (data (i32.const 1072) "r-body")
+    (data (i32.const 1080) "r-prop")
+    (data (i32.const 1088) "s-get")
+    (data (i32.const 1096) "s-add")
+    (data (i32.const 1104) "s-rep")
+    (data (i32.const 1112) "s-rm")
+    (data (i32.const 1120) "s-pairs")
+    (data (i32.const 1128) "s-plen")
+    (data (i32.const 1136) "s-rtget")
+    (data (i32.const 1144) "s-body")
+    (data (i32.const 1152) "s-cfg")
+    (data (i32.const 1160) "s-vmcfg")
+    (data (i32.const 1168) "s-sget")
+    (data (i32.const 1176) "s-sset1")
+    (data (i32.const 1184) "s-sset2")
+    (data (i32.const 1192) "s-resol")
+    (data (i32.const 1200) "s-deq")
+    (data (i32.const 1208) "s-enq")
+    (data (i32.const 1216) "s-inc0")
+    (data (i32.const 1224) "s-inc1")
+    (data (i32.const 1232) "s-gdec")
+    (data (i32.const 1240) "s-hget")
+    (data (i32.const 1248) "s-mbad")
+    (data (i32.const 1256) "s-ffno")
+    (data (i32.const 1264) "s-ffcrc")
+    (data (i32.const 1272) "s-call")
+    (data (i32.const 1280) "s-cont")
+    (data (i32.const 1288) "s-eff")
+    (data (i32.const 1296) "s-incb")
+    (data (i32.const 1304) "s-recb")
+    (data (i32.const 1312) "s-incu")
+    (data (i32.const 1320) "s-getu")
+    (data (i32.const 1328) "s-rech")
+    (data (i32.const 1336) "s-inch")
+    (global $heap (mut i32) (i32.const 65536))
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
+        (local.set $p (global.get $heap))
+        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
+        (local.get $p))
+    (func (export "proxy_on_context_create") (param i32 i32))
+    (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
+    (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)
+    ;; adds header (name at $n, length $l) = decimal $st to map $map
+    (func $put (param $map i32) (param $n i32) (param $l i32) (param $st i32)
+        (i32.store8 (i32.const 500) (i32.add (i32.const 48) (i32.div_u (local.get $st) (i32.const 10))))
+        (i32.store8 (i32.const 501) (i32.add (i32.const 48) (i32.rem_u (local.get $st) (i32.const 10))))
+        (drop (call $add (local.get $map) (local.get $n) (local.get $l) (i32.const 500) (i32.const 2))))
+    (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+        (call $put (i32.const 0) (i32.const 1024) (i32.const 5)
+            (call $get (i32.const 0) (i32.const 0) (i32.const 5) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 0) (i32.const 1032) (i32.const 5)
+            (call $add (i32.const 0) (i32.const 8) (i32.const 5) (i32.const 16) (i32.const 1)))
+        (call $put (i32.const 0) (i32.const 1040) (i32.const 6)
+            (call $get (i32.const 0) (i32.const 24) (i32.const 8) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 0) (i32.const 1048) (i32.const 4)
+            (call $rm (i32.const 0) (i32.const 8) (i32.const 5)))
+        (call $put (i32.const 0) (i32.const 1056) (i32.const 7)
+            (call $rm (i32.const 0) (i32.const 24) (i32.const 8)))
+        (call $put (i32.const 0) (i32.const 1064) (i32.const 5)
+            (call $buf (i32.const 7) (i32.const 0) (i32.const 10) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 0) (i32.const 1072) (i32.const 6)
+            (call $buf (i32.const 0) (i32.const 0) (i32.const 10) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 0) (i32.const 1080) (i32.const 6)
+            (call $setprop (i32.const 8) (i32.const 5) (i32.const 16) (i32.const 1)))
+        i32.const 0)
+    (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) (local $id i32)
+        ;; request maps after the request went on
+        (call $put (i32.const 2) (i32.const 1088) (i32.const 5)
+            (call $get (i32.const 0) (i32.const 0) (i32.const 5) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1096) (i32.const 5)
+            (call $add (i32.const 0) (i32.const 8) (i32.const 5) (i32.const 16) (i32.const 1)))
+        (call $put (i32.const 2) (i32.const 1104) (i32.const 5)
+            (call $rep (i32.const 0) (i32.const 8) (i32.const 5) (i32.const 16) (i32.const 1)))
+        (call $put (i32.const 2) (i32.const 1112) (i32.const 4)
+            (call $rm (i32.const 0) (i32.const 8) (i32.const 5)))
+        (i32.store (i32.const 304) (i32.const 77))
+        (call $put (i32.const 2) (i32.const 1120) (i32.const 7)
+            (call $pairs (i32.const 0) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1128) (i32.const 6) (i32.load (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1136) (i32.const 7)
+            (call $get (i32.const 1) (i32.const 0) (i32.const 5) (i32.const 300) (i32.const 304)))
+        ;; buffers outside their callbacks
+        (call $put (i32.const 2) (i32.const 1144) (i32.const 6)
+            (call $buf (i32.const 0) (i32.const 0) (i32.const 10) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1152) (i32.const 5)
+            (call $buf (i32.const 7) (i32.const 0) (i32.const 10) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1160) (i32.const 7)
+            (call $buf (i32.const 6) (i32.const 0) (i32.const 10) (i32.const 300) (i32.const 304)))
+        ;; shared data: missing key; CAS on a new key; the same CAS again is stale
+        (call $put (i32.const 2) (i32.const 1168) (i32.const 6)
+            (call $sget (i32.const 120) (i32.const 4) (i32.const 300) (i32.const 304) (i32.const 308)))
+        (call $put (i32.const 2) (i32.const 1176) (i32.const 7)
+            (call $sset (i32.const 96) (i32.const 16) (i32.const 16) (i32.const 1) (i32.const 12345)))
+        (call $put (i32.const 2) (i32.const 1184) (i32.const 7)
+            (call $sset (i32.const 96) (i32.const 16) (i32.const 16) (i32.const 1) (i32.const 12345)))
+        ;; queues that do not exist
+        (call $put (i32.const 2) (i32.const 1192) (i32.const 7)
+            (call $resolve (i32.const 120) (i32.const 0) (i32.const 120) (i32.const 4) (i32.const 300)))
+        (call $put (i32.const 2) (i32.const 1200) (i32.const 5)
+            (call $deq (i32.const 999) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1208) (i32.const 5)
+            (call $enq (i32.const 999) (i32.const 16) (i32.const 1)))
+        ;; metrics: counter +0 and +1, gauge -1, histogram read, unknown id
+        (drop (call $def (i32.const 0) (i32.const 128) (i32.const 13) (i32.const 300)))
+        (local.set $id (i32.load (i32.const 300)))
+        (call $put (i32.const 2) (i32.const 1216) (i32.const 6) (call $inc (local.get $id) (i64.const 0)))
+        (call $put (i32.const 2) (i32.const 1224) (i32.const 6) (call $inc (local.get $id) (i64.const 1)))
+        (drop (call $def (i32.const 1) (i32.const 160) (i32.const 11) (i32.const 300)))
+        (call $put (i32.const 2) (i32.const 1232) (i32.const 6)
+            (call $inc (i32.load (i32.const 300)) (i64.const -1)))
+        (drop (call $def (i32.const 2) (i32.const 144) (i32.const 15) (i32.const 300)))
+        (drop (call $rec (i32.load (i32.const 300)) (i64.const 5)))
+        (call $put (i32.const 2) (i32.const 1240) (i32.const 6)
+            (call $getm (i32.load (i32.const 300)) (i32.const 400)))
+        (call $put (i32.const 2) (i32.const 1248) (i32.const 6)
+            (call $getm (i32.const 99999) (i32.const 400)))
+        ;; ids Envoy never issued: type bits 3, then counter bits
+        (call $put (i32.const 2) (i32.const 1296) (i32.const 6) (call $inc (i32.const 99999) (i64.const 1)))
+        (call $put (i32.const 2) (i32.const 1304) (i32.const 6) (call $rec (i32.const 99999) (i64.const 1)))
+        (call $put (i32.const 2) (i32.const 1312) (i32.const 6) (call $inc (i32.const 40000) (i64.const 1)))
+        (call $put (i32.const 2) (i32.const 1320) (i32.const 6) (call $getm (i32.const 40000) (i32.const 400)))
+        ;; a histogram: record works, increment does not
+        (call $put (i32.const 2) (i32.const 1328) (i32.const 6) (call $rec (i32.load (i32.const 300)) (i64.const 7)))
+        (call $put (i32.const 2) (i32.const 1336) (i32.const 6) (call $inc (i32.load (i32.const 300)) (i64.const 7)))
+        ;; foreign functions
+        (call $put (i32.const 2) (i32.const 1256) (i32.const 6)
+            (call $ff (i32.const 40) (i32.const 16) (i32.const 0) (i32.const 0) (i32.const 300) (i32.const 304)))
+        (call $put (i32.const 2) (i32.const 1264) (i32.const 7)
+            (call $ff (i32.const 64) (i32.const 17) (i32.const 0) (i32.const 0) (i32.const 300) (i32.const 304)))
+        ;; a callout without :path/:method/:authority
+        (call $put (i32.const 2) (i32.const 1272) (i32.const 6)
+            (call $call (i32.const 88) (i32.const 7) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0)
+                (i32.const 0) (i32.const 0) (i32.const 1000) (i32.const 300)))
+        ;; an unknown stream type; an unknown context
+        (call $put (i32.const 2) (i32.const 1280) (i32.const 6) (call $cont (i32.const 7)))
+        (call $put (i32.const 2) (i32.const 1288) (i32.const 5) (call $eff (i32.const 424242)))
+        i32.const 0))"#;
+
+#[test]
+fn host_call_statuses_match_envoy() {
+    differential(Group {
+        package: Guest::Wat("statuses", STATUSES),
+        configuration: "cfg",
+        cluster_header: None,
+        allow_stop_iteration: false,
+        clusters: vec![("backend", Behavior::Ok)],
+        cases: vec![case(
+            "statuses of host calls in and out of phase",
+            "GET",
+            "/s",
+        )],
+    });
+}

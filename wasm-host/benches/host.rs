@@ -25,9 +25,7 @@ use std::hint::black_box;
 
 /// A filter that answers every callback at once.
 const NOOP: &str = r#"(module
-    (memory (export "memory") 1)
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+    ;; ABI_AND_ALLOCATOR
     (func (export "proxy_on_context_create") (param i32 i32))
     (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
     (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)
@@ -80,7 +78,8 @@ fn one_request(vm: &mut Vm) {
 fn benches(c: &mut Criterion) {
     let ace = common::module("ace-filter");
     let config = common::ace_config();
-    let noop = FilterModule::from_bytes(NOOP.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let noop = FilterModule::from_bytes(common::wat_guest(NOOP).as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
     let gets = FilterModule::from_bytes(GETS.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
 
     let mut g = c.benchmark_group("instantiate");

@@ -83,7 +83,8 @@ impl Guest {
         match self {
             Guest::Package(p) => ace_harness::wasm::build(p).unwrap_or_else(|e| panic!("{e}")),
             Guest::Wat(name, text) => {
-                let bytes = wat::parse_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let bytes = wat::parse_str(common::wat_guest(text))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
                 let path = std::env::temp_dir().join(format!(
                     "ace-differential-{}-{name}.wasm",
                     std::process::id()
@@ -97,8 +98,10 @@ impl Guest {
     fn module(self) -> ace_wasm_host::FilterModule {
         match self {
             Guest::Package(p) => common::module(p),
-            Guest::Wat(name, text) => ace_wasm_host::FilterModule::from_bytes(text.as_bytes())
-                .unwrap_or_else(|e| panic!("{name}: {e}")),
+            Guest::Wat(name, text) => {
+                ace_wasm_host::FilterModule::from_bytes(common::wat_guest(text).as_bytes())
+                    .unwrap_or_else(|e| panic!("{name}: {e}"))
+            }
         }
     }
 }
@@ -622,9 +625,7 @@ fn body_pause_without_the_knob_hangs_like_envoy() {
 
 /// Traps in `on_request_headers`, as a panicking SDK filter does.
 const TRAPPING: &str = r#"(module
-    (memory (export "memory") 1)
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+    ;; ABI_AND_ALLOCATOR
     (func (export "proxy_on_context_create") (param i32 i32))
     (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
     (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)
@@ -652,7 +653,6 @@ fn a_trapping_filter_fails_closed_like_envoy() {
 const PROPERTIES: &str = r#"(module
     (import "env" "proxy_get_property" (func $prop (param i32 i32 i32 i32) (result i32)))
     (import "env" "proxy_add_header_map_value" (func $add (param i32 i32 i32 i32 i32) (result i32)))
-    (memory (export "memory") 2)
     (data (i32.const 1024) "p-path")
     (data (i32.const 1056) "request\00path")
     (data (i32.const 1104) "p-url-path")
@@ -685,12 +685,7 @@ const PROPERTIES: &str = r#"(module
     (data (i32.const 2176) "response\00code_details")
     (data (i32.const 2224) "p-unknown")
     (data (i32.const 2256) "no_such_attribute")
-    (global $heap (mut i32) (i32.const 65536))
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
-        (local.set $p (global.get $heap))
-        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
-        (local.get $p))
+    ;; ABI_AND_ALLOCATOR
     (func (export "proxy_on_context_create") (param i32 i32))
     (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
     (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)
@@ -769,7 +764,6 @@ const STATUSES: &str = r#"(module
     (import "env" "proxy_http_call" (func $call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
     (import "env" "proxy_continue_stream" (func $cont (param i32) (result i32)))
     (import "env" "proxy_set_effective_context" (func $eff (param i32) (result i32)))
-    (memory (export "memory") 2)
     (data (i32.const 0) ":path")
     (data (i32.const 8) "x-new")
     (data (i32.const 16) "v")
@@ -823,12 +817,7 @@ const STATUSES: &str = r#"(module
     (data (i32.const 1320) "s-getu")
     (data (i32.const 1328) "s-rech")
     (data (i32.const 1336) "s-inch")
-    (global $heap (mut i32) (i32.const 65536))
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
-        (local.set $p (global.get $heap))
-        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
-        (local.get $p))
+    ;; ABI_AND_ALLOCATOR
     (func (export "proxy_on_context_create") (param i32 i32))
     (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
     (func (export "proxy_on_configure") (param i32 i32) (result i32) i32.const 1)

@@ -84,3 +84,20 @@ pub fn ace_config() -> &'static str {
             .unwrap_or_else(|| panic!("ace-filter accepts none of the test configurations"))
     })
 }
+
+/// What the hand-written WAT guests share: two pages of memory, the ABI
+/// marker and a bump allocator from 64 KiB up (they never free). A guest
+/// puts the line `;; ABI_AND_ALLOCATOR` where this belongs.
+const ABI_AND_ALLOCATOR: &str = r#"
+    (memory (export "memory") 2)
+    (global $heap (mut i32) (i32.const 65536))
+    (func (export "proxy_abi_version_0_2_1"))
+    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
+        (local.set $p (global.get $heap))
+        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
+        (local.get $p))"#;
+
+/// A WAT guest with the shared prelude spliced in.
+pub fn wat_guest(text: &str) -> String {
+    text.replace(";; ABI_AND_ALLOCATOR", ABI_AND_ALLOCATOR)
+}

@@ -77,24 +77,9 @@ const PROBE: &str = r#"(module
         (call $report (i32.const 78) (call $add (i32.const 0) (i32.const 8) (i32.const 5) (i32.const 16) (i32.const 1))))
 )"#;
 
-/// What every guest here shares: two pages of memory, the ABI marker and a
-/// bump allocator from 64 KiB up (the guests never free).
-const ABI_AND_ALLOCATOR: &str = r#"
-    (memory (export "memory") 2)
-    (global $heap (mut i32) (i32.const 65536))
-    (func (export "proxy_abi_version_0_2_1"))
-    (func (export "proxy_on_memory_allocate") (param i32) (result i32) (local $p i32)
-        (local.set $p (global.get $heap))
-        (global.set $heap (i32.add (global.get $heap) (local.get 0)))
-        (local.get $p))"#;
-
 /// Compiles one of the guests below, with the shared prelude spliced in.
 fn load(guest: &str) -> Result<FilterModule, Error> {
-    FilterModule::from_bytes(
-        guest
-            .replace(";; ABI_AND_ALLOCATOR", ABI_AND_ALLOCATOR)
-            .as_bytes(),
-    )
+    FilterModule::from_bytes(crate::common::wat_guest(guest).as_bytes())
 }
 
 fn lines(vm: &Vm) -> Vec<String> {

@@ -177,6 +177,22 @@ impl CostModel {
         }
     }
 
+    /// The cost of a request when the destination has room: the tier's
+    /// curve below its cap, before any cold-load cost. For pay-as-you-go this
+    /// is the list price (the counterfactual's basis).
+    #[inline]
+    pub fn rest_usd(&self, tokens_in: u32, tokens_out: u32) -> f64 {
+        let tin = f64::from(tokens_in);
+        let tout = f64::from(tokens_out);
+        match self.tier {
+            Tier::Spot => self.gpu_usd_per_token() * (tin + tout) * (1.0 + self.eviction_premium),
+            Tier::OnDemand => self.gpu_usd_per_token() * (tin + tout),
+            Tier::InHouse | Tier::Reserved | Tier::Payg => {
+                tin * self.usd_per_input_token + tout * self.usd_per_output_token
+            }
+        }
+    }
+
     /// The true marginal cost of one request of `tokens_in` + `tokens_out`
     /// when `in_flight` requests are already running, or `None` when the
     /// destination has nothing more to give at that load (`cap` is the

@@ -118,22 +118,40 @@ pub fn bit(mask: &[u64], i: usize) -> bool {
     mask.get(i / 64).is_some_and(|w| (w >> (i % 64)) & 1 == 1)
 }
 
-/// The effective cost of `d` for `req`, or `None` if it cannot take it now.
-/// Returns (effective, marginal).
+/// The effective cost of `model` for `req`, or `None` if it cannot take it
+/// now. Returns (effective, marginal).
 #[inline]
-fn price(fleet: &Fleet<'_>, d: usize, warm: bool, req: &Request) -> Option<(f64, f64)> {
-    let model = fleet.models.get(d)?;
-    let health = fleet.health.get(d).copied().unwrap_or_default();
+fn price(
+    model: &CostModel,
+    health: &Health,
+    in_flight: u32,
+    warm: bool,
+    req: &Request,
+    policy: &HealthPolicy,
+) -> Option<(f64, f64)> {
+    let cold = if warm { 0.0 } else { model.cold_load_usd };
+    // The common case: healthy, uncut, not derated, under capacity.
+    if health.is_pristine(req.now_ms) && (model.capacity == 0 || in_flight < model.capacity) {
+        let marginal = model.rest_usd(req.tokens_in, req.tokens_out) + cold;
+        let used = f64::from(in_flight) + 1.0;
+        let delay = if model.capacity != 0 && used > model.knee * f64::from(model.capacity) {
+            model.queueing_delay_s(in_flight, Some(model.capacity))
+        } else {
+            0.0
+        };
+        return Some((
+            (marginal + req.latency_usd_per_s * delay) * model.bias,
+            marginal,
+        ));
+    }
     if !health.admits(req.now_ms) {
         return None;
     }
-    let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
     let cap = health.cap(model.capacity, req.now_ms);
     let marginal = model.marginal_usd(req.tokens_in, req.tokens_out, warm, in_flight, cap)?;
     let delay = model.queueing_delay_s(in_flight, cap.or(Some(model.capacity)));
-    let effective = (marginal + req.latency_usd_per_s * delay)
-        * health.derate(req.now_ms, fleet.policy)
-        * model.bias;
+    let effective =
+        (marginal + req.latency_usd_per_s * delay) * health.derate(req.now_ms, policy) * model.bias;
     Some((effective, marginal))
 }
 
@@ -166,18 +184,18 @@ pub fn decide(
                 break;
             }
             any_feasible = true;
+            let (Some(model), Some(health)) = (fleet.models.get(d), fleet.health.get(d)) else {
+                continue;
+            };
             let is_warm = bit(warm, d);
-            if let Some(model) = fleet.models.get(d) {
-                if model.tier == Tier::Payg {
-                    let list = model.marginal_usd(req.tokens_in, req.tokens_out, true, 0, None);
-                    if let Some(c) = list {
-                        if counterfactual.is_none_or(|(_, x)| c < x) {
-                            counterfactual = Some((d, c));
-                        }
-                    }
+            if model.tier == Tier::Payg {
+                let list = model.rest_usd(req.tokens_in, req.tokens_out);
+                if counterfactual.is_none_or(|(_, x)| list < x) {
+                    counterfactual = Some((d, list));
                 }
             }
-            match price(fleet, d, is_warm, req) {
+            let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
+            match price(model, health, in_flight, is_warm, req, fleet.policy) {
                 Some((eff, marg)) => match best {
                     Some((_, b, _)) if eff >= b => {
                         if second.is_none_or(|(_, s)| eff < s) {
@@ -190,12 +208,10 @@ pub fn decide(
                     }
                 },
                 None => {
-                    if let Some(m) = fleet.models.get(d) {
-                        let at_rest =
-                            m.marginal_usd(req.tokens_in, req.tokens_out, is_warm, 0, None);
-                        if let Some(c) = at_rest {
-                            skipped_cheapest = Some(skipped_cheapest.map_or(c, |x: f64| x.min(c)));
-                        }
+                    let cold = if is_warm { 0.0 } else { model.cold_load_usd };
+                    let at_rest = model.rest_usd(req.tokens_in, req.tokens_out) + cold;
+                    if skipped_cheapest.is_none_or(|x| at_rest < x) {
+                        skipped_cheapest = Some(at_rest);
                     }
                 }
             }

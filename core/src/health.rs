@@ -131,6 +131,16 @@ impl Health {
         }
     }
 
+    /// Healthy, uncut and not derated at `now_ms`: nothing about the
+    /// destination's health changes its price or its cap.
+    #[inline]
+    pub fn is_pristine(&self, now_ms: u64) -> bool {
+        self.open_until_ms == 0
+            && now_ms >= self.throttled_until_ms
+            && self.cap_fraction >= 1.0
+            && self.derate <= 1.0
+    }
+
     /// Whether a request may be sent now (a half-open destination admits one probe).
     pub fn admits(&self, now_ms: u64) -> bool {
         match self.breaker(now_ms) {

@@ -1,0 +1,65 @@
+//! Runs the decision N times over a 64-destination fleet, for instruction
+//! counts that do not depend on machine load:
+//!
+//! ```sh
+//! cargo build --release -p ace-core --example decide_loop
+//! valgrind --tool=callgrind target/release/examples/decide_loop 100000
+//! ```
+//! Instructions per decision = (total with N) - (total with 0), over N.
+
+use ace_core::cost::{CostModel, Tier};
+use ace_core::dispatch::{decide, Fleet, Request};
+use ace_core::health::{Health, HealthPolicy};
+use std::hint::black_box;
+
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let d = 64usize;
+    let tiers = [
+        Tier::InHouse,
+        Tier::Reserved,
+        Tier::Spot,
+        Tier::OnDemand,
+        Tier::Payg,
+    ];
+    let models: Vec<CostModel> = (0..d)
+        .map(|i| {
+            let tier = tiers.get(i % 5).copied().unwrap_or(Tier::Payg);
+            CostModel {
+                tier,
+                usd_per_input_token: 1e-8 * (1 + i % 7) as f64,
+                usd_per_output_token: 3e-8,
+                usd_per_gpu_hour: 2.0,
+                tokens_per_second: 1500.0,
+                capacity: if tier == Tier::Payg { 0 } else { 32 },
+                ..CostModel::default()
+            }
+        })
+        .collect();
+    let health = vec![Health::default(); d];
+    let in_flight: Vec<u32> = (0..d).map(|i| (i * 7 % 30) as u32).collect();
+    let policy = HealthPolicy::default();
+    let fleet = Fleet {
+        models: &models,
+        health: &health,
+        in_flight: &in_flight,
+        policy: &policy,
+    };
+    let mask = [u64::MAX];
+    let req = Request {
+        tokens_in: 1200,
+        tokens_out: 300,
+        latency_usd_per_s: 0.002,
+        now_ms: 5,
+    };
+    let mut sum = 0usize;
+    for _ in 0..n {
+        if let Ok(c) = decide(black_box(&fleet), black_box(&mask), &mask, black_box(&req)) {
+            sum += c.index;
+        }
+    }
+    println!("{sum}");
+}

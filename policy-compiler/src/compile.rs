@@ -19,7 +19,7 @@ use crate::error::{Diagnostic, Error};
 use crate::project::Project;
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use cedar_policy::{Authorizer, Decision, Effect, Policy, PolicyId, PolicySet};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// What one factor holds, for reports and the dump.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -263,9 +263,4 @@ fn eval_error(
             "guard optional attributes with `has`, and check the manifest values the policy reads"
                 .into(),
     })
-}
-
-/// Distinct attribute sets the factors are keyed by (for reports).
-pub fn key_sets(c: &Compiled) -> BTreeSet<Vec<String>> {
-    c.factors.iter().map(|f| f.attributes.clone()).collect()
 }

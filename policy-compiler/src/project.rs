@@ -405,20 +405,7 @@ impl Project {
                 ));
                 continue;
             }
-            let result = validator.validate(&set, ValidationMode::Strict);
-            let mut bad = false;
-            for e in result.validation_errors() {
-                bad = true;
-                diags.push(from_cedar(
-                    path,
-                    text,
-                    e,
-                    "the policy does not match the schema; compare with `ace.cedarschema`",
-                ));
-            }
-            if bad {
-                continue;
-            }
+            let first_of_file = parsed.len();
             let mut ps: Vec<&Policy> = set.policies().collect();
             // Cedar numbers policies `policy0`, `policy1`, ... in file order.
             ps.sort_by_key(|p| {
@@ -453,6 +440,26 @@ impl Project {
                     offset,
                     id,
                 ));
+            }
+            // Validate under our ids, so that messages name `eu_residency`
+            // rather than Cedar's `policy0`.
+            let mut renamed = PolicySet::new();
+            for (p, ..) in parsed.iter().skip(first_of_file) {
+                let _ = renamed.add(p.clone());
+            }
+            let result = validator.validate(&renamed, ValidationMode::Strict);
+            let mut bad = false;
+            for e in result.validation_errors() {
+                bad = true;
+                diags.push(from_cedar(
+                    path,
+                    text,
+                    e,
+                    "the policy does not match the schema; compare with `ace.cedarschema`",
+                ));
+            }
+            if bad {
+                parsed.truncate(first_of_file);
             }
         }
 

@@ -476,7 +476,7 @@ impl AceStream {
         // Explicit, so routing stays right on ABIs that no longer clear the
         // route cache automatically. Older Envoys lack it; that is fine.
         let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-        self.write_event();
+        // The event is written when the response (or its absence) is known.
         Action::Continue
     }
 

@@ -204,3 +204,36 @@ fn cedar_evaluation_error_names_the_policy_and_the_request() {
     );
     assert!(msg.contains("tp_degree=2"), "{msg}");
 }
+
+#[test]
+fn cost_parameters_are_validated_and_defaults_resolved() {
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replacen("knee = 0.8", "knee = 1.5", 1)
+    }));
+    assert!(
+        msg.contains("fleet.toml:") && msg.contains("`knee`"),
+        "{msg}"
+    );
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replacen(
+            "warm_models = [\"llama-3.1-8b\", \"llama-3.1-70b\"]",
+            "warm_models = [\"gpt-4o\"]",
+            1,
+        )
+    }));
+    assert!(msg.contains("warm model `gpt-4o`"), "{msg}");
+    let project = load_dir(&examples()).unwrap();
+    let fleet = project.manifest.resolved();
+    assert_eq!(fleet.len(), 12);
+    let openai = fleet.iter().find(|d| d.name == "openai-us").unwrap();
+    assert_eq!(
+        (openai.capacity, openai.knee, openai.bias, openai.gpus),
+        (None, 0.8, 1.0, 1)
+    );
+    assert_eq!(openai.warm_models, openai.models);
+    // fleet.json is the committed rendering of the same.
+    let committed = std::fs::read_to_string(examples().join("out/fleet.json")).unwrap();
+    let parsed: Vec<ace_policy::manifest::ResolvedDestination> =
+        serde_json::from_str(&committed).unwrap();
+    assert_eq!(parsed, fleet);
+}

@@ -103,15 +103,15 @@ impl Key {
     }
 }
 
-/// Default number of local-search passes: `120,000 / (jobs^2 x words)`
-/// within 12..=800, where a pass re-places every job and `words` is GPUs/64
-/// rounded up. Small contended instances get many cheap passes (S1: 612),
-/// 64 GPUs and 30 jobs gets 133 (well under a millisecond), 1,024 GPUs and
+/// Default number of local-search passes: `60,000 / (jobs^2 x words)`
+/// within 12..=400, where a pass re-places every job and `words` is GPUs/64
+/// rounded up. Small contended instances get many cheap passes (S1: 306),
+/// 64 GPUs and 30 jobs gets 66 (under a millisecond), 1,024 GPUs and
 /// 500 jobs the minimum of 12.
 fn auto_passes(s: &Scenario) -> usize {
     let words = (s.gpus as usize).div_ceil(64);
     let n = s.jobs.len().max(1);
-    (120_000 / (n * n * words)).clamp(12, 800)
+    (60_000 / (n * n * words)).clamp(12, 400)
 }
 
 /// Scores the scheduler's current schedule; `None` when RT cannot be placed

@@ -256,7 +256,7 @@ fn commitment(c: &CommitArgs) -> anyhow::Result<ExitCode> {
     for p in rec
         .curve
         .iter()
-        .filter(|p| p.commit as usize % step == 0 || p.commit == rec.commit)
+        .filter(|p| (p.commit as usize).is_multiple_of(step) || p.commit == rec.commit)
     {
         println!(
             "{:>6} {:>10.2} {:>10.2} {:>10.2} {:>5.0}%{}",

@@ -201,8 +201,7 @@ pub fn check(s: &Scenario, plan: &Plan) -> Report {
     // RT apps: constraints 2 and 4.
     for (ri, app) in s.rt.iter().enumerate() {
         let mut prev: Option<&Vec<u32>> = app.previous.as_ref();
-        for t in 0..tn as usize {
-            let now = &held[ri][t];
+        for (t, now) in held[ri].iter().enumerate() {
             let want = app.demand[t] as usize;
             if now.len() > want {
                 v.push(format!(

@@ -170,7 +170,8 @@ pub struct TraceModel {
 /// cosine day shape (trough 08:00, peak 20:00 UTC, peak/trough = ratio)
 /// normalised to 1 at the trace's own hour, giving 1,440 samples.
 pub fn demand_from_azure_trace(text: &str, m: TraceModel) -> Result<Vec<u32>, String> {
-    if !(m.tokens_per_gpu_s > 0.0) || !(m.diurnal_ratio >= 1.0) {
+    let bad = |x: f64, min: f64| x.is_nan() || x < min;
+    if bad(m.tokens_per_gpu_s, f64::MIN_POSITIVE) || bad(m.diurnal_ratio, 1.0) {
         return Err("tokens_per_gpu_s must be > 0 and diurnal_ratio >= 1".into());
     }
     let mut minutes: Vec<(u32, f64)> = Vec::new(); // (minute of day, tokens)
@@ -254,7 +255,7 @@ pub fn demand_from_lines(text: &str) -> Result<Vec<u32>, String> {
         let x: f64 = last
             .parse()
             .map_err(|_| format!("line {}: `{v}` is not a number of GPUs", i + 1))?;
-        if !(x >= 0.0) {
+        if x.is_nan() || x < 0.0 {
             return Err(format!("line {}: demand must be >= 0", i + 1));
         }
         out.push(x.ceil() as u32);

@@ -111,6 +111,7 @@ impl Occupancy {
     /// A free block of `size` GPUs in `[lo, hi)` for steps `t0..t0+len`.
     /// `best_fit` picks the tightest free run (ties: lowest index) instead of
     /// the lowest-index one. With `align`, offsets are multiples of `size`.
+    #[allow(clippy::too_many_arguments)] // the hot path; a struct would be built per call
     pub fn find(
         &mut self,
         t0: u32,

@@ -40,3 +40,21 @@ fn utilisation_floor_is_respected() {
         "{r:?}"
     );
 }
+
+#[test]
+fn full_mode_keeps_inherited_work_and_swap_cap() {
+    let text = "gpus 8\nsteps 6\nalign true\npast_horizon forbid\ngamma 0.9\nrt_penalty 10\n\
+                rt 0 1 2 2 1 0 0 cap=1 prev=7\njob 0 train 4 3 5 0 running=4\n\
+                job 1 eval 2 2 9 1\njob 2 quant 4 9 3 0\njob 3 batchinf 1 2 2 5\n";
+    let s = parse(text, "edge").unwrap();
+    let warm = fast::solve(&s);
+    let out = full::solve_checked(&s, &warm.plan, full::Options::default()).unwrap();
+    let r = check(&s, &out.plan);
+    assert!(r.valid(), "{:?}", r.violations);
+    assert!(out.proof.optimal, "{:?}", out.proof);
+    assert!(r.objective >= warm.report.objective - 1e-9);
+    assert!(
+        out.plan.placements().contains(&(0, 0, 4)),
+        "running job moved"
+    );
+}

@@ -12,6 +12,8 @@ mod demo;
 mod plan;
 mod policy;
 
+use ace_cli::plugin;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "ace",
@@ -30,6 +32,9 @@ enum Command {
     Policy(policy::Command),
     /// Plan owned GPUs over a 24 h horizon and compare with baselines.
     Plan(plan::Args),
+    /// Print the filter's plugin configuration for a policy directory:
+    /// destinations with cost curves, and the compiled tables.
+    PluginConfig(plugin::Args),
     /// Start Envoy with the ACE filter and a few upstreams, send requests,
     /// and print where each went and why.
     Demo(demo::Args),
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         Command::Policy(c) => policy::run(c),
         Command::Plan(a) => plan::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::PluginConfig(a) => plugin::run(a),
     };
     match result {
         Ok(code) => code,

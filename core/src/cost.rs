@@ -155,14 +155,11 @@ impl CostModel {
         if !(self.bias.is_finite() && self.bias > 0.0) {
             return bad("bias", "a finite number > 0");
         }
-        if matches!(
-            self.tier,
-            Tier::InHouse | Tier::Reserved | Tier::Spot | Tier::OnDemand
-        ) && self.capacity == 0
-        {
+        if matches!(self.tier, Tier::InHouse | Tier::Reserved) && self.capacity == 0 {
             return bad(
                 "capacity",
-                "a number of concurrent requests > 0 (only payg may be unlimited)",
+                "a number of concurrent requests > 0 for inhouse and reserved destinations \
+                 (what is owned or committed)",
             );
         }
         Ok(())

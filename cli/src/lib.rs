@@ -1,0 +1,3 @@
+//! The parts of the `ace` command that other crates (tests, tools) reuse.
+
+pub mod plugin;

@@ -1,0 +1,95 @@
+//! `ace plugin-config`: the filter's configuration for a policy directory.
+//!
+//! The fleet manifest and the Cedar policies are the operator's source of
+//! truth; the filter needs them as one JSON document: the destinations in
+//! table order with their cost curves in per-token dollars, and the
+//! compiled tables. This is the one place that translation happens, so the
+//! filter never sees a manifest and the manifest never sees filter fields.
+
+use anyhow::{anyhow, bail, Context};
+use base64::Engine;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `ace plugin-config`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Policy directory (schema, policies, fleet manifest).
+    #[arg(default_value = "policies")]
+    dir: PathBuf,
+    /// Treat a request without an attribute as the unknown value (fails
+    /// closed) instead of refusing it with 400.
+    #[arg(long)]
+    restrict: bool,
+    /// Also read the request body's `model` (needs
+    /// `allow_on_headers_stop_iteration` on the Envoy filter).
+    #[arg(long)]
+    read_body: bool,
+    /// Write here instead of standard output.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = build(&args.dir, args.restrict, args.read_body)?;
+    let text = serde_json::to_string_pretty(&config)? + "\n";
+    match &args.out {
+        Some(p) => {
+            std::fs::write(p, text).with_context(|| format!("cannot write `{}`", p.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Compile `dir` and build the filter configuration for it.
+pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Value> {
+    let project = ace_policy::load_dir(dir).map_err(|e| anyhow!("{e}"))?;
+    let compiled = ace_policy::compile(&project).map_err(|e| anyhow!("{e}"))?;
+    let mut destinations = Vec::new();
+    for d in project.manifest.resolved() {
+        let per_token = |per_mtok: f64| per_mtok / 1e6;
+        let needs_cap = d.tier == "inhouse" || d.tier == "reserved";
+        let capacity = match (d.capacity, needs_cap) {
+            (Some(c), _) => c,
+            (None, false) => 0,
+            (None, true) => bail!(
+                "destination `{}` (tier {}) has no cost.capacity in the fleet manifest; \
+                 the filter needs the owned or committed concurrent-request capacity",
+                d.name,
+                d.tier
+            ),
+        };
+        let mut v = json!({
+            "name": d.name,
+            "cluster": d.cluster,
+            "tier": d.tier,
+            "usd_per_input_token": per_token(d.input_usd_per_mtok),
+            "usd_per_output_token": per_token(d.output_usd_per_mtok),
+            "usd_per_gpu_hour": d.gpu_hour_usd * f64::from(d.gpus),
+            "tokens_per_second": d.throughput_tps,
+            "eviction_premium": d.eviction_premium,
+            "capacity": capacity,
+            "knee": d.knee,
+            "cold_load_usd": d.cold_load_usd,
+            "bias": d.bias,
+        });
+        if let Some(slo) = d.slo_ms {
+            v["slo_ms"] = json!(slo);
+        }
+        if let Some(o) = d.overage_usd_per_mtok {
+            v["overage_usd_per_token"] = json!(per_token(o));
+        }
+        destinations.push(v);
+    }
+    let mut config = json!({
+        "destinations": destinations,
+        "tables_base64": base64::engine::general_purpose::STANDARD.encode(&compiled.bytes),
+        "on_missing_attribute": if restrict { "restrict" } else { "reject" },
+    });
+    if read_body {
+        config["body"] = json!({"read": true});
+    }
+    Ok(config)
+}

@@ -176,11 +176,109 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for u in [&owned, &reserved, &ondemand, &payg] {
         println!("  {:<16} {}", u.name(), u.count());
     }
+    drop(envoy);
+    policy_scene(&wasm)?;
     println!(
-        "\nwhy: every destination is feasible here (policy tables come next); among them the\n\
-         lowest effective cost wins: the tier's cost at its load, plus a latency penalty past\n\
-         the knee. A 5xx trips a destination for a cool-down that grows on repeat, a 429 takes\n\
-         it out for retry-after, and clients can never pick a destination themselves."
+        "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
+         feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\
+         its load, plus a latency penalty past the knee. A 5xx trips a destination for a\n\
+         cool-down that grows on repeat, a 429 cuts its cap for retry-after, and clients can\n\
+         never pick a destination themselves."
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Scene 5: the shipped example policies (`policies/`), compiled into the
+/// filter's configuration, in front of one local upstream per destination.
+fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
+    let dir = ace_harness::workspace_root().join("policies");
+    println!(
+        "\nscene 5: the example fleet and Cedar policies in {} (12 destinations, 4 jurisdictions)",
+        dir.display()
+    );
+    let config = ace_cli::plugin::build(&dir, false, false)?;
+    let project = ace_policy::load_dir(&dir).map_err(|e| anyhow!("{e}"))?;
+    let jurisdiction = |name: &str| {
+        project
+            .manifest
+            .manifest
+            .destinations
+            .iter()
+            .map(|d| d.as_ref())
+            .find(|d| d.name.as_ref() == name)
+            .map_or("?".to_string(), |d| d.jurisdiction.clone())
+    };
+    let mut builder = EnvoyBuilder::new().wasm_filter(wasm, &config.to_string());
+    let mut ups = Vec::new();
+    for d in config["destinations"].as_array().into_iter().flatten() {
+        let name = d["name"].as_str().unwrap_or("?");
+        let up = Upstream::start(name).with_context(|| format!("starting upstream {name}"))?;
+        builder = builder.cluster(d["cluster"].as_str().unwrap_or("?"), up.port());
+        ups.push(up);
+    }
+    let envoy = builder.start().map_err(|e| anyhow!("{e}"))?;
+    let ask = |tenant: &str, class: &str, model: &str| -> anyhow::Result<Response> {
+        Request::post_json("/v1/chat/completions", &json!({"model": model}))
+            .header("x-ace-tenant", tenant)
+            .header("x-ace-data-class", class)
+            .header("x-ace-latency-class", "interactive")
+            .header("x-ace-tp-degree", "1")
+            .header("x-ace-model", model)
+            .send(envoy.port())
+            .context("request")
+    };
+    let show = |what: &str, r: &Response| {
+        let dest = r.header("x-ace-destination").unwrap_or("(none)");
+        let extra = if r.status == 200 {
+            format!(
+                "{} in {}",
+                r.header("x-ace-reason").unwrap_or("-"),
+                jurisdiction(dest)
+            )
+        } else {
+            r.json()
+                .ok()
+                .and_then(|v| v["error"]["type"].as_str().map(str::to_string))
+                .unwrap_or_default()
+        };
+        println!("  {what:<44} -> {dest:<18} {:<4} {extra}", r.status);
+    };
+    show(
+        "globex, public, llama-3.1-8b",
+        &ask("globex", "public", "llama-3.1-8b")?,
+    );
+    show(
+        "northbank, personal_eu, llama-3.1-8b",
+        &ask("northbank", "personal_eu", "llama-3.1-8b")?,
+    );
+    show(
+        "acme-health, phi, llama-3.1-70b",
+        &ask("acme-health", "phi", "llama-3.1-70b")?,
+    );
+    show(
+        "northbank, personal_eu, gpt-4o (US only)",
+        &ask("northbank", "personal_eu", "gpt-4o")?,
+    );
+    show(
+        "globex, top-secret (unknown class)",
+        &ask("globex", "top-secret", "llama-3.1-8b")?,
+    );
+    println!("  every EU destination starts failing ...");
+    for u in &ups {
+        if jurisdiction(u.name()) == "EU" {
+            u.set_behavior(Behavior::Status(503));
+        }
+    }
+    for _ in 0..15 {
+        let _ = ask("northbank", "personal_eu", "llama-3.1-8b")?;
+    }
+    show(
+        "northbank, personal_eu, llama-3.1-8b",
+        &ask("northbank", "personal_eu", "llama-3.1-8b")?,
+    );
+    show(
+        "globex, public, llama-3.1-8b",
+        &ask("globex", "public", "llama-3.1-8b")?,
+    );
+    Ok(())
 }

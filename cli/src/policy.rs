@@ -91,7 +91,8 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                 path
             };
             let bytes = read_tables(&file)?;
-            let text = dump::dump(&bytes).with_context(|| format!("`{}`", file.display()))?;
+            let text = dump::dump(&bytes)
+                .with_context(|| format!("cannot load policy tables `{}`", file.display()))?;
             print!("{text}");
             Ok(ExitCode::SUCCESS)
         }

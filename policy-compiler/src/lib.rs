@@ -12,7 +12,7 @@
 //! - [`project`]: read a policy directory (schema, `*.cedar`, `fleet.toml`),
 //!   parse and validate with Cedar's own validator, build the entities from
 //!   the [`manifest`], and find which request attributes each policy reads.
-//! - [`compile`]: group policies into permit and forbid factors by the
+//! - [`mod@compile`]: group policies into permit and forbid factors by the
 //!   attributes they read, evaluate each factor's rows with Cedar, encode.
 //! - [`verify`]: tables == Cedar (exhaustive up to 10^6 requests), and
 //!   per-request explanations.

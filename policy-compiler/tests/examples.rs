@@ -237,3 +237,30 @@ fn cost_parameters_are_validated_and_defaults_resolved() {
         serde_json::from_str(&committed).unwrap();
     assert_eq!(parsed, fleet);
 }
+
+#[test]
+fn json_schema_lists_exactly_the_cost_fields() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(examples().join("fleet.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let in_schema: std::collections::BTreeSet<String> = schema["properties"]["destinations"]
+        ["items"]["properties"]["cost"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let in_rust: std::collections::BTreeSet<String> =
+        serde_json::to_value(ace_policy::manifest::Cost::default())
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+    assert_eq!(
+        in_schema, in_rust,
+        "policies/fleet.schema.json and manifest::Cost disagree"
+    );
+}

@@ -11,6 +11,32 @@ use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// `println!` that does not panic when the reader goes away (`ace plan ... |
+/// head`): a closed pipe ends the output quietly, other write errors are
+/// reported on stderr.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        emit(writeln!(std::io::stdout().lock(), $($arg)*));
+    }};
+}
+
+/// `print!` with the same handling as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        emit(write!(std::io::stdout().lock(), $($arg)*));
+    }};
+}
+
+fn emit(r: std::io::Result<()>) {
+    if let Err(e) = r {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: cannot write output: {e}");
+        }
+    }
+}
+
 /// Exit code when a plan fails the checker.
 const INVALID_PLAN: u8 = 4;
 
@@ -132,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             json,
         }) => return run_study(file.as_deref(), count, seed, json),
         Some(Command::Gen { seed }) => {
-            print!("{}", ace_planner::scenario::to_text(&gen::scenario(seed)));
+            out!("{}", ace_planner::scenario::to_text(&gen::scenario(seed)));
             return Ok(ExitCode::SUCCESS);
         }
         None => {}
@@ -147,7 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let c = compare::compare(&s, full_opts);
     if args.json {
-        println!("{}", serde_json::to_string(&c)?);
+        outln!("{}", serde_json::to_string(&c)?);
     } else {
         print_human(&s, &c, &args.grid, args.max_rows)?;
     }
@@ -170,7 +196,7 @@ fn print_human(s: &Scenario, c: &Comparison, which: &str, max_rows: u32) -> anyh
         "full" => c.full.as_ref(),
         other => anyhow::bail!("--grid {other}: expected fifo, greedy, fast or full"),
     };
-    println!(
+    outln!(
         "{}: {} GPUs x {} steps, {} RT apps, {} jobs",
         s.name,
         s.gpus,
@@ -180,13 +206,13 @@ fn print_human(s: &Scenario, c: &Comparison, which: &str, max_rows: u32) -> anyh
     );
     match chosen.and_then(|r| r.plan.as_ref()) {
         Some(plan) => {
-            println!("\n{which} plan (rows = GPUs, columns = hours; Rn = RT app n, number = batch job id, . = idle):");
-            print!("{}", compare::grid(s, plan, max_rows));
+            outln!("\n{which} plan (rows = GPUs, columns = hours; Rn = RT app n, number = batch job id, . = idle):");
+            out!("{}", compare::grid(s, plan, max_rows));
         }
-        None => println!("\n(no {which} plan to draw)"),
+        None => outln!("\n(no {which} plan to draw)"),
     }
-    println!();
-    print!("{}", compare::table(c));
+    outln!();
+    out!("{}", compare::table(c));
     Ok(())
 }
 
@@ -216,14 +242,17 @@ fn commitment(c: &CommitArgs) -> anyhow::Result<ExitCode> {
     )
     .map_err(|e| anyhow::anyhow!(e))?;
     if c.json {
-        println!("{}", serde_json::to_string(&rec)?);
+        outln!("{}", serde_json::to_string(&rec)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "demand: {} samples, mean {:.1}, p90 {}, peak {} GPUs",
-        rec.samples, rec.mean, rec.p90, rec.peak
+        rec.samples,
+        rec.mean,
+        rec.p90,
+        rec.peak
     );
-    println!(
+    outln!(
         "overflow price {:.2} ({}), ratio r/overflow = {:.3} -> commit to the {:.0}th percentile",
         rec.overflow_price,
         if c.no_burst {
@@ -234,11 +263,12 @@ fn commitment(c: &CommitArgs) -> anyhow::Result<ExitCode> {
         rec.ratio,
         rec.quantile * 100.0
     );
-    println!(
+    outln!(
         "recommended commitment: {} GPUs (cost-curve minimum at {})",
-        rec.commit, rec.curve_argmin
+        rec.commit,
+        rec.curve_argmin
     );
-    println!(
+    outln!(
         "expected cost/hour: {:.2} at {}, {:.2} at p90 ({}), {:.2} at peak ({}), {:.2} with none",
         rec.cost_at_commit,
         rec.commit,
@@ -248,9 +278,13 @@ fn commitment(c: &CommitArgs) -> anyhow::Result<ExitCode> {
         rec.peak,
         rec.cost_all_overflow
     );
-    println!(
+    outln!(
         "\n{:>6} {:>10} {:>10} {:>10} {:>6}",
-        "commit", "reserved", "spill", "total", "util"
+        "commit",
+        "reserved",
+        "spill",
+        "total",
+        "util"
     );
     let step = (rec.curve.len() / 25).max(1);
     for p in rec
@@ -258,7 +292,7 @@ fn commitment(c: &CommitArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .filter(|p| (p.commit as usize).is_multiple_of(step) || p.commit == rec.commit)
     {
-        println!(
+        outln!(
             "{:>6} {:>10.2} {:>10.2} {:>10.2} {:>5.0}%{}",
             p.commit,
             p.reserved_cost,
@@ -291,14 +325,14 @@ fn roll(file: &Path, steps: u32, json: bool) -> anyhow::Result<ExitCode> {
                 "plan_value": st.report.value,
                 "plan_utilization": st.report.utilization,
             });
-            println!("{line}");
+            outln!("{line}");
         } else {
             let owned: Vec<String> = st
                 .owned
                 .iter()
                 .map(|o| format!("app {}: {} GPUs", o.app, o.gpus))
                 .collect();
-            println!(
+            outln!(
                 "step {:>3}: owned RT [{}]; started {:?}; plan util {:.1}% value {:.0}{}",
                 st.at,
                 owned.join(", "),
@@ -322,14 +356,17 @@ fn run_study(file: Option<&Path>, count: u64, seed: u64, json: bool) -> anyhow::
         None => study::random(count, seed),
     };
     if json {
-        println!("{}", serde_json::to_string(&st)?);
+        outln!("{}", serde_json::to_string(&st)?);
     } else {
-        println!(
+        outln!(
             "{} scenarios: fast invalid {}, fast below FIFO value {}, below stand-in value {}",
-            st.scenarios, st.fast_invalid, st.fast_below_fifo_value, st.fast_below_greedy_value
+            st.scenarios,
+            st.fast_invalid,
+            st.fast_below_fifo_value,
+            st.fast_below_greedy_value
         );
         let row = |name: &str, s: &study::Stats| {
-            println!(
+            outln!(
                 "{name:<28} mean {:>7.1}  p10 {:>7.1}  p50 {:>7.1}  p90 {:>7.1}  min {:>7.1}  max {:>7.1}",
                 s.mean, s.p10, s.p50, s.p90, s.min, s.max
             );

@@ -6,21 +6,27 @@
 //! first, or when small jobs fragment the free GPUs. Fast mode keeps the
 //! stand-in's structural rules (so every grid is legal by construction) but:
 //!
-//! 1. tries several job orders (the stand-in's, value-weighted, big-rocks
-//!    first, arrival) with both lowest-index and best-fit blocks;
-//! 2. improves the best with a short seeded local search over the order
-//!    (move a job earlier, swap two jobs), accepting ties so it can drift
-//!    across plateaus; the work budget scales with the instance size;
+//! 1. tries five job orders (the stand-in's, value-weighted, big-rocks first,
+//!    arrival, ...) x {lowest-index, best-fit} blocks x two RT layouts: RT by
+//!    count, placed on GPUs afterwards, or RT as a fixed staircase at the top
+//!    GPU indices (legal under the swap cap by construction);
+//! 2. improves the two best starts with seeded late-acceptance hill climbing
+//!    over the order and per-job start delays (swap two jobs, move one
+//!    earlier, make one wait 1-3 steps); the walk follows
+//!    `objective + mean priority x GPU-steps` so it can cross states that beat
+//!    the stand-in on one axis only; the pass budget depends on the size;
 //! 3. places RT on concrete GPUs with [`crate::rt::assign`] (high indices,
-//!    furthest next batch use) so the per-GPU swap cap holds;
+//!    furthest next batch use, pre-migration) so the per-GPU swap cap holds;
 //! 4. checks the result with the independent checker and keeps the best valid
-//!    plan among itself, the stand-in and FIFO, ranked by objective, then
-//!    utilisation. Because FIFO serves RT in full, fast mode's value can never
-//!    fall below FIFO's.
+//!    plan among itself, the stand-in and FIFO, ranked first by whether it is
+//!    at least as good as the stand-in on both utilisation and objective, then
+//!    by objective, then utilisation. Because FIFO serves RT in full, fast
+//!    mode's value can never fall below FIFO's.
 //!
-//! Batch placement counts RT demand against capacity at every step, so fast
-//! mode never trades RT demand for batch work (the penalty is 5-10x the top
-//! priority, so that trade never pays).
+//! Batch placement leaves room for the RT demand at every step, so fast mode
+//! never trades RT demand for batch work (the penalty is 5-10x the top
+//! priority, so that trade never pays). Same input, same plan: the search is
+//! seeded and its budget counts passes, not time.
 
 use crate::baseline::{self, order_by};
 use crate::check::{check, Report};

@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .configuration(config)
         .fuel_per_callback(100_000_000)
         .start()?;
-    let mut one = |vm: &mut Vm| -> Result<(), Box<dyn std::error::Error>> {
+    let one = |vm: &mut Vm| -> Result<(), Box<dyn std::error::Error>> {
         let mut s = vm.http_stream()?;
         s.send_request_headers(
             [

@@ -21,11 +21,7 @@ pub struct Response {
 impl Response {
     /// First value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
+        crate::find_header(&self.headers, name)
     }
 
     /// The body as (lossy) UTF-8.

@@ -58,11 +58,7 @@ pub struct Recorded {
 impl Recorded {
     /// First value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
+        crate::find_header(&self.headers, name)
     }
 }
 

@@ -59,7 +59,9 @@ fn line(i: usize, what: &str, r: &Response) {
         r.header("x-ace-destination").unwrap_or("(none)"),
         r.header("x-ace-tier").unwrap_or("-"),
         r.header("x-ace-reason").unwrap_or("-"),
-        r.header("x-ace-cost-usd").unwrap_or("-"),
+        r.header("x-ace-cost-usd")
+            .and_then(|c| c.parse::<f64>().ok())
+            .map_or_else(|| "-".to_string(), |c| format!("{c:.9}")),
         r.status
     );
 }

@@ -74,6 +74,8 @@ struct Plugin {
     lookup: RefCell<Lookup>,
     /// Reused buffers (one VM is single-threaded).
     scratch: RefCell<Scratch>,
+    /// The event's JSON line, rewritten in place for every write.
+    event_line: RefCell<String>,
     /// Metric ids (0 when a metric could not be defined).
     metrics: Metrics,
 }
@@ -194,6 +196,7 @@ impl RootContext for AceRoot {
                         state: FleetState::new(n),
                         bytes: Vec::with_capacity(n * state::STRIDE),
                     }),
+                    event_line: RefCell::new(String::with_capacity(1024)),
                     all: vec![u64::MAX; n.div_ceil(64)],
                     tables: config
                         .policy
@@ -339,12 +342,13 @@ impl AceStream {
 
     /// Write the event to filter state (`wasm.ace_event`) for the access log.
     fn write_event(&self) {
-        if let Some(e) = &self.event {
-            if let Err(s) =
-                hostcalls::set_property(vec![event::PROPERTY], Some(e.to_json().as_bytes()))
-            {
-                log::warn!("cannot write the request event: {s:?}");
-            }
+        let (Some(e), Some(plugin)) = (&self.event, &self.plugin) else {
+            return;
+        };
+        let mut line = plugin.event_line.borrow_mut();
+        e.write_json(&mut line);
+        if let Err(s) = hostcalls::set_property(vec![event::PROPERTY], Some(line.as_bytes())) {
+            log::warn!("cannot write the request event: {s:?}");
         }
     }
 
@@ -728,12 +732,13 @@ impl HttpContext for AceStream {
                 .models
                 .get(decision.index)
                 .map_or("?", |m| m.tier.as_str());
-            let cost = format!("{:.9}", decision.marginal_usd);
+            let mut cost = event::UsdBuffer::default();
+            let cost = cost.format(decision.marginal_usd);
             for (k, v) in [
                 (RESPONSE_DESTINATION_HEADER, dest.name.as_str()),
                 (RESPONSE_REASON_HEADER, decision.reason.as_str()),
                 (RESPONSE_TIER_HEADER, tier),
-                (RESPONSE_COST_HEADER, cost.as_str()),
+                (RESPONSE_COST_HEADER, cost),
             ] {
                 let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, k, Some(v));
             }

@@ -7,11 +7,57 @@
 //! ```
 //! Each request: request headers (POST, JSON), response headers (200), a
 //! small JSON body with usage, then the stream's end; the first request is
-//! excluded (one-time work).
+//! excluded (one-time work). Prints the total and its split by phase.
 
 use ace_wasm_host::{FilterModule, Vm};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+type Error = Box<dyn std::error::Error>;
+
+const PHASES: [&str; 4] = [
+    "request headers",
+    "response headers",
+    "response body",
+    "log + done + delete",
+];
+
+/// One request; adds each phase's fuel to `phases`.
+fn one(vm: &mut Vm, phases: &mut [u64; 4]) -> Result<(), Error> {
+    let t0 = vm.fuel_consumed();
+    let mut s = vm.http_stream()?;
+    s.send_request_headers(
+        [
+            (":path", "/v1/chat/completions"),
+            (":method", "POST"),
+            ("content-type", "application/json"),
+            ("content-length", "120"),
+            ("x-request-id", "2f1c9a54-0d7e-4c36-9d55-6f0b8e8a1c11"),
+            ("x-ace-tenant", "acme"),
+            ("x-ace-data-class", "public"),
+            ("x-ace-latency-class", "interactive"),
+            ("x-ace-model", "llama-3-70b"),
+        ],
+        true,
+    )?;
+    let t1 = s.vm().fuel_consumed();
+    s.send_response_headers(
+        [(":status", "200"), ("content-type", "application/json")],
+        false,
+    )?;
+    let t2 = s.vm().fuel_consumed();
+    s.send_response_body(
+        br#"{"usage":{"prompt_tokens":30,"completion_tokens":12}}"#,
+        true,
+    )?;
+    let t3 = s.vm().fuel_consumed();
+    s.finish()?;
+    let t4 = vm.fuel_consumed();
+    for (p, d) in phases.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3]) {
+        *p += d;
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(wasm), Some(config)) = (args.get(1), args.get(2)) else {
         return Err("usage: fuel FILTER.wasm CONFIG.json [REQUESTS]".into());
@@ -26,37 +72,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .configuration(config)
         .fuel_per_callback(100_000_000)
         .start()?;
-    let one = |vm: &mut Vm| -> Result<(), Box<dyn std::error::Error>> {
-        let mut s = vm.http_stream()?;
-        s.send_request_headers(
-            [
-                (":path", "/v1/chat/completions"),
-                (":method", "POST"),
-                ("content-type", "application/json"),
-                ("content-length", "120"),
-            ],
-            true,
-        )?;
-        s.send_response_headers(
-            [(":status", "200"), ("content-type", "application/json")],
-            false,
-        )?;
-        s.send_response_body(
-            br#"{"usage":{"prompt_tokens":30,"completion_tokens":12}}"#,
-            true,
-        )?;
-        s.finish()?;
-        Ok(())
-    };
-    one(&mut vm)?;
-    let before = vm.fuel_consumed();
+    let mut phases = [0u64; 4];
+    one(&mut vm, &mut phases)?;
+    phases = [0; 4];
     for _ in 0..n {
-        one(&mut vm)?;
+        one(&mut vm, &mut phases)?;
     }
-    let per = (vm.fuel_consumed() - before) / n;
+    let per: u64 = phases.iter().sum::<u64>() / n;
     println!(
         "{wasm}: {per} Wasm instructions per request ({} bytes)",
         std::fs::metadata(wasm)?.len()
     );
+    for (name, p) in PHASES.iter().zip(phases) {
+        println!("  {name:<20} {:>7}", p / n);
+    }
     Ok(())
 }

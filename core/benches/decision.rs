@@ -1,7 +1,9 @@
 //! The per-request decision, native: feasibility lookup (tables) and merit
 //! order (`dispatch::decide`) at 16, 64 and 256 destinations, with a mixed
 //! fleet at mixed load and a few tripped or throttled destinations, as in
-//! production. Setup stays outside the timed loop.
+//! production; and the pricing step that runs when the fleet changes
+//! (`Slate::refresh_one` for one destination, `Slate::refresh` for all).
+//! Setup stays outside the timed loop.
 //!
 //! `cargo bench -p ace-core --bench decision`
 
@@ -9,7 +11,7 @@
 #![allow(clippy::indexing_slicing, clippy::expect_used)]
 
 use ace_core::cost::{CostModel, Tier};
-use ace_core::dispatch::{decide, Fleet, Request};
+use ace_core::dispatch::{decide, Fleet, Request, Slate};
 use ace_core::health::{Health, HealthPolicy, Outcome};
 use ace_core::tables::{
     encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, Tables,
@@ -152,22 +154,33 @@ fn bench(c: &mut Criterion) {
             tokens_in: 1200,
             tokens_out: 300,
             latency_usd_per_s: 0.002,
-            now_ms: 1_000,
         };
+        let mut slate = Slate::new(n);
+        slate.refresh(&fleet, 1_000);
         let warm = vec![u64::MAX; n.div_ceil(64)];
         let mut mask = vec![0u64; n.div_ceil(64)];
         let values = [2u32, 3, 1]; // personal_eu, m2, t
         g.bench_with_input(BenchmarkId::new("decide", n), &n, |b, _| {
             tables.feasible(&values, &mut mask).expect("lookup");
-            b.iter(|| decide(black_box(&fleet), black_box(&mask), &warm, black_box(&req)))
+            b.iter(|| decide(black_box(&slate), black_box(&mask), &warm, black_box(&req)))
         });
         g.bench_with_input(BenchmarkId::new("lookup+decide", n), &n, |b, _| {
             b.iter(|| {
                 tables
                     .feasible(black_box(&values), &mut mask)
                     .expect("lookup");
-                decide(black_box(&fleet), &mask, &warm, black_box(&req))
+                decide(black_box(&slate), &mask, &warm, black_box(&req))
             })
+        });
+        g.bench_with_input(BenchmarkId::new("refresh_one", n), &n, |b, _| {
+            let mut d = 0;
+            b.iter(|| {
+                d = (d + 7) % n;
+                slate.refresh_one(black_box(&fleet), d, 1_000);
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("refresh_all", n), &n, |b, _| {
+            b.iter(|| slate.refresh(black_box(&fleet), 1_000))
         });
     }
     g.finish();

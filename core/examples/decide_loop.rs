@@ -6,9 +6,12 @@
 //! valgrind --tool=callgrind target/release/examples/decide_loop 100000
 //! ```
 //! Instructions per decision = (total with N) - (total with 0), over N.
+//! Run natively it also prints the CPU time per decision (from
+//! `/proc/self/schedstat`, so time spent descheduled on a busy machine
+//! does not count).
 
 use ace_core::cost::{CostModel, Tier};
-use ace_core::dispatch::{decide, Fleet, Request};
+use ace_core::dispatch::{decide, Fleet, Request, Slate};
 use ace_core::health::{Health, HealthPolicy};
 use std::hint::black_box;
 
@@ -53,13 +56,31 @@ fn main() {
         tokens_in: 1200,
         tokens_out: 300,
         latency_usd_per_s: 0.002,
-        now_ms: 5,
     };
+    let mut slate = Slate::new(d);
+    slate.refresh(&fleet, 5);
     let mut sum = 0usize;
+    let t0 = cpu_ns();
     for _ in 0..n {
-        if let Ok(c) = decide(black_box(&fleet), black_box(&mask), &mask, black_box(&req)) {
+        if let Ok(c) = decide(black_box(&slate), black_box(&mask), &mask, black_box(&req)) {
             sum += c.index;
         }
     }
-    println!("{sum}");
+    let t1 = cpu_ns();
+    println!("checksum {sum}");
+    if let (Some(t0), Some(t1)) = (t0, t1) {
+        if n > 0 {
+            println!("{:.1} ns CPU per decision", (t1 - t0) as f64 / n as f64);
+        }
+    }
+}
+
+/// Nanoseconds this process has run on a CPU.
+fn cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

@@ -174,27 +174,41 @@ impl CostModel {
         }
     }
 
-    /// The cost of a request when the destination has room: the tier's
-    /// curve below its cap, before any cold-load cost. For pay-as-you-go this
-    /// is the list price (the counterfactual's basis).
+    /// The tier's price of one (input, output) token when the destination
+    /// has room: per-token prices for in-house, reserved and pay-as-you-go
+    /// (the list price, the counterfactual's basis); the GPU-hour over
+    /// throughput for on-demand, plus the eviction premium for spot.
     #[inline]
-    pub fn rest_usd(&self, tokens_in: u32, tokens_out: u32) -> f64 {
-        let tin = f64::from(tokens_in);
-        let tout = f64::from(tokens_out);
+    pub fn rest_prices(&self) -> (f64, f64) {
         match self.tier {
-            Tier::Spot => self.gpu_usd_per_token() * (tin + tout) * (1.0 + self.eviction_premium),
-            Tier::OnDemand => self.gpu_usd_per_token() * (tin + tout),
+            Tier::Spot => {
+                let p = self.gpu_usd_per_token() * (1.0 + self.eviction_premium);
+                (p, p)
+            }
+            Tier::OnDemand => {
+                let p = self.gpu_usd_per_token();
+                (p, p)
+            }
             Tier::InHouse | Tier::Reserved | Tier::Payg => {
-                tin * self.usd_per_input_token + tout * self.usd_per_output_token
+                (self.usd_per_input_token, self.usd_per_output_token)
             }
         }
+    }
+
+    /// The cost of a request when the destination has room, before any
+    /// cold-load cost (see [`CostModel::rest_prices`]).
+    #[inline]
+    pub fn rest_usd(&self, tokens_in: u32, tokens_out: u32) -> f64 {
+        let (pin, pout) = self.rest_prices();
+        f64::from(tokens_in) * pin + f64::from(tokens_out) * pout
     }
 
     /// The true marginal cost of one request of `tokens_in` + `tokens_out`
     /// when `in_flight` requests are already running, or `None` when the
     /// destination has nothing more to give at that load (`cap` is the
     /// current capacity cap, already reduced by throttling; `None` is
-    /// unlimited).
+    /// unlimited). Past its cap a reserved block with an overage price
+    /// charges that price per token; every other tier takes nothing more.
     pub fn marginal_usd(
         &self,
         tokens_in: u32,
@@ -203,38 +217,15 @@ impl CostModel {
         in_flight: u32,
         cap: Option<u32>,
     ) -> Option<f64> {
-        let tin = f64::from(tokens_in);
-        let tout = f64::from(tokens_out);
-        let under_cap = cap.is_none_or(|c| in_flight < c);
-        let per_token = tin * self.usd_per_input_token + tout * self.usd_per_output_token;
-        let base = match self.tier {
-            Tier::InHouse | Tier::Payg => {
-                if !under_cap {
-                    return None;
-                }
-                per_token
-            }
-            Tier::Reserved => {
-                if under_cap {
-                    per_token
-                } else {
-                    // Past the commitment: overage if configured, else full.
-                    self.overage_usd_per_token? * (tin + tout)
-                }
-            }
-            Tier::Spot => {
-                if !under_cap {
-                    return None;
-                }
-                self.gpu_usd_per_token() * (tin + tout) * (1.0 + self.eviction_premium)
-            }
-            Tier::OnDemand => {
-                if !under_cap {
-                    return None;
-                }
-                self.gpu_usd_per_token() * (tin + tout)
-            }
+        let (pin, pout) = if cap.is_none_or(|c| in_flight < c) {
+            self.rest_prices()
+        } else if self.tier == Tier::Reserved {
+            let o = self.overage_usd_per_token?;
+            (o, o)
+        } else {
+            return None;
         };
+        let base = f64::from(tokens_in) * pin + f64::from(tokens_out) * pout;
         Some(if warm {
             base
         } else {

@@ -1,26 +1,39 @@
 //! The decision: feasible AND healthy AND under cap, then the lowest
 //! effective cost.
 //!
+//! It runs in two steps, so the per-request step is a few multiply-adds
+//! per candidate and nothing else:
+//!
+//! 1. **Price the fleet** ([`Slate::refresh`], [`Slate::refresh_one`]): when
+//!    health or load changes, turn each destination's cost model, health
+//!    and in-flight count into a [`Lane`] of numbers that hold until the
+//!    next change: its per-token marginal prices now (a reserved block past
+//!    its commitment prices at its overage), its queueing delay past the
+//!    knee, its rank multiplier (derate times bias); and a bit in the `open` mask when it can
+//!    take a request (breaker not open, under its cap).
+//! 2. **Decide** ([`decide`]), per request, over the candidates
+//!    `feasible & open`:
+//!
 //! ```text
-//! for each destination d in the feasible bitmask (from the policy tables):
-//!     skip d if its breaker is open (or half-open with its probe out)
-//!     skip d if it is at its capacity cap (cut by 429s)
-//!     marginal(d)  = tier cost curve at current load, + cold-load if not warm
-//!     effective(d) = (marginal(d) + latency_value * queueing_delay(d)) * derate(d) * bias(d)
+//! marginal(d)  = tokens_in * per_in(d) + tokens_out * per_out(d) + (cold(d) unless warm)
+//! effective(d) = (marginal(d) + latency_value * delay(d)) * rank(d)
+//!                where rank(d) = derate(d) * bias(d)
 //! choose the lowest effective; ties go to the lower index
 //! ```
 //!
 //! The result carries the chosen destination, the runner-up, the true
 //! marginal cost (what the ledger books; bias and derate never touch it), the
-//! all-pay-as-you-go counterfactual, and a reason code. Nothing allocates:
-//! the inputs are borrowed slices and the output is a small `Copy` value.
-//! Infeasible destinations are never looked at, so no cost, bias or health
-//! state can make one win: compliance fails closed by construction.
+//! all-pay-as-you-go counterfactual, and a reason code. Nothing allocates
+//! per decision: the inputs are borrowed and the output is a small `Copy`
+//! value. Infeasible destinations are never looked at, so no cost, bias or
+//! health state can make one win: compliance fails closed by construction.
 
 use crate::cost::{CostModel, Tier};
-use crate::health::{Health, HealthPolicy};
+use crate::health::{Breaker, Health, HealthPolicy};
+use alloc::vec;
+use alloc::vec::Vec;
 
-/// The fleet as the decision sees it: parallel slices, one entry per
+/// The fleet as the pricing step sees it: parallel slices, one entry per
 /// destination, in table order.
 #[derive(Clone, Copy, Debug)]
 pub struct Fleet<'a> {
@@ -43,8 +56,6 @@ pub struct Request {
     pub tokens_out: u32,
     /// What a second of extra latency is worth for this request's class, USD.
     pub latency_usd_per_s: f64,
-    /// Now, milliseconds (any monotonic epoch shared with the health state).
-    pub now_ms: u64,
 }
 
 /// Why the destination was chosen.
@@ -118,133 +129,362 @@ pub fn bit(mask: &[u64], i: usize) -> bool {
     mask.get(i / 64).is_some_and(|w| (w >> (i % 64)) & 1 == 1)
 }
 
-/// The effective cost of `model` for `req`, or `None` if it cannot take it
-/// now. Returns (effective, marginal).
-#[inline]
+fn set_bit(mask: &mut [u64], i: usize, on: bool) {
+    if let Some(w) = mask.get_mut(i / 64) {
+        let b = 1u64 << (i % 64);
+        if on {
+            *w |= b;
+        } else {
+            *w &= !b;
+        }
+    }
+}
+
+/// One destination, priced at one instant (see [`Slate::lane`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Lane {
+    /// True marginal price of an input token now, USD.
+    pub per_in: f64,
+    /// True marginal price of an output token now, USD.
+    pub per_out: f64,
+    /// Added when the model is not resident.
+    pub cold: f64,
+    /// Expected queueing delay past the knee, seconds.
+    pub delay_s: f64,
+    /// Health derate (>= 1) times operator bias: the rank multiplier, which
+    /// never touches the booked cost.
+    pub rank: f64,
+    /// Input-token price with room to spare (for pay-as-you-go: the list
+    /// price, the counterfactual's basis).
+    pub rest_in: f64,
+    /// Output-token price with room to spare.
+    pub rest_out: f64,
+}
+
+/// The fleet priced for [`decide`]: per destination, the numbers of a
+/// [`Lane`], stored as one array per number so the per-request arithmetic
+/// runs over contiguous memory in SIMD registers; plus bit masks. Built
+/// once per configuration ([`Slate::new`]) and refreshed in place, so
+/// pricing never allocates either.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slate {
+    /// Destinations; the columns are padded to whole 64-lane words.
+    n: usize,
+    per_in: Vec<f64>,
+    per_out: Vec<f64>,
+    cold: Vec<f64>,
+    delay_s: Vec<f64>,
+    rank: Vec<f64>,
+    rest_in: Vec<f64>,
+    rest_out: Vec<f64>,
+    /// Destinations that can take a request now.
+    open: Vec<u64>,
+    /// Half-open destinations (a request there is the probe).
+    probe: Vec<u64>,
+    /// Pay-as-you-go destinations.
+    payg: Vec<u64>,
+    /// Destinations whose price can change with time alone (see
+    /// [`Health::depends_on_time`]): [`Slate::refresh_timed`] reprices them.
+    timed: Vec<u64>,
+    /// Every destination (bits past the fleet are zero).
+    all: Vec<u64>,
+}
+
+impl Slate {
+    /// A slate for `n` destinations, all closed until refreshed.
+    pub fn new(n: usize) -> Slate {
+        let words = n.div_ceil(64);
+        let lanes = words * 64;
+        let mut all = vec![0u64; words];
+        (0..n).for_each(|d| set_bit(&mut all, d, true));
+        Slate {
+            n,
+            per_in: vec![0.0; lanes],
+            per_out: vec![0.0; lanes],
+            cold: vec![0.0; lanes],
+            delay_s: vec![0.0; lanes],
+            rank: vec![1.0; lanes],
+            rest_in: vec![0.0; lanes],
+            rest_out: vec![0.0; lanes],
+            open: vec![0; words],
+            probe: vec![0; words],
+            payg: vec![0; words],
+            timed: vec![0; words],
+            all,
+        }
+    }
+
+    /// Price every destination at `now_ms`.
+    pub fn refresh(&mut self, fleet: &Fleet<'_>, now_ms: u64) {
+        for d in 0..self.len() {
+            self.refresh_one(fleet, d, now_ms);
+        }
+    }
+
+    /// Reprice, at `now_ms`, the destinations whose price can change with
+    /// time alone (usually none). A slate kept current with
+    /// [`Slate::refresh_one`] on every change and this before every decision
+    /// is the slate [`Slate::refresh`] would build at `now_ms`.
+    pub fn refresh_timed(&mut self, fleet: &Fleet<'_>, now_ms: u64) {
+        for w in 0..self.timed.len() {
+            let mut bits = self.timed.get(w).copied().unwrap_or(0);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                self.refresh_one(fleet, w * 64 + b, now_ms);
+            }
+        }
+    }
+
+    /// Price destination `d` at `now_ms` (after its health or load changed).
+    /// A destination missing from `fleet` is closed.
+    pub fn refresh_one(&mut self, fleet: &Fleet<'_>, d: usize, now_ms: u64) {
+        if d >= self.n {
+            return;
+        }
+        let priced = match (fleet.models.get(d), fleet.health.get(d)) {
+            (Some(model), Some(health)) => {
+                let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
+                Some(price(model, health, in_flight, now_ms, fleet.policy))
+            }
+            _ => None,
+        };
+        let Some((lane, open, probe, payg)) = priced else {
+            set_bit(&mut self.open, d, false);
+            set_bit(&mut self.timed, d, false);
+            return;
+        };
+        let timed = fleet
+            .health
+            .get(d)
+            .is_some_and(|h| h.depends_on_time(now_ms));
+        for (column, value) in [
+            (&mut self.per_in, lane.per_in),
+            (&mut self.per_out, lane.per_out),
+            (&mut self.cold, lane.cold),
+            (&mut self.delay_s, lane.delay_s),
+            (&mut self.rank, lane.rank),
+            (&mut self.rest_in, lane.rest_in),
+            (&mut self.rest_out, lane.rest_out),
+        ] {
+            if let Some(slot) = column.get_mut(d) {
+                *slot = value;
+            }
+        }
+        set_bit(&mut self.open, d, open);
+        set_bit(&mut self.probe, d, probe);
+        set_bit(&mut self.payg, d, payg);
+        set_bit(&mut self.timed, d, timed);
+    }
+
+    /// The destinations priced.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the slate prices no destination.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Destination `d`'s numbers.
+    pub fn lane(&self, d: usize) -> Option<Lane> {
+        if d >= self.n {
+            return None;
+        }
+        Some(Lane {
+            per_in: *self.per_in.get(d)?,
+            per_out: *self.per_out.get(d)?,
+            cold: *self.cold.get(d)?,
+            delay_s: *self.delay_s.get(d)?,
+            rank: *self.rank.get(d)?,
+            rest_in: *self.rest_in.get(d)?,
+            rest_out: *self.rest_out.get(d)?,
+        })
+    }
+
+    /// Whether destination `d` can take a request now.
+    pub fn is_open(&self, d: usize) -> bool {
+        bit(&self.open, d)
+    }
+}
+
+/// One destination's lane at `now_ms`, and whether it is open, half-open
+/// and pay-as-you-go.
 fn price(
     model: &CostModel,
     health: &Health,
     in_flight: u32,
-    warm: bool,
-    req: &Request,
+    now_ms: u64,
     policy: &HealthPolicy,
-) -> Option<(f64, f64)> {
-    let cold = if warm { 0.0 } else { model.cold_load_usd };
-    // The common case: healthy, uncut, not derated, under capacity.
-    if health.is_pristine(req.now_ms) && (model.capacity == 0 || in_flight < model.capacity) {
-        let marginal = model.rest_usd(req.tokens_in, req.tokens_out) + cold;
-        let used = f64::from(in_flight) + 1.0;
-        let delay = if model.capacity != 0 && used > model.knee * f64::from(model.capacity) {
-            model.queueing_delay_s(in_flight, Some(model.capacity))
-        } else {
-            0.0
-        };
-        return Some((
-            (marginal + req.latency_usd_per_s * delay) * model.bias,
-            marginal,
-        ));
-    }
-    if !health.admits(req.now_ms) {
-        return None;
-    }
-    let cap = health.cap(model.capacity, req.now_ms);
-    let marginal = model.marginal_usd(req.tokens_in, req.tokens_out, warm, in_flight, cap)?;
-    let delay = model.queueing_delay_s(in_flight, cap.or(Some(model.capacity)));
-    let effective =
-        (marginal + req.latency_usd_per_s * delay) * health.derate(req.now_ms, policy) * model.bias;
-    Some((effective, marginal))
+) -> (Lane, bool, bool, bool) {
+    let (rest_in, rest_out) = model.rest_prices();
+    let cap = health.cap(model.capacity, now_ms);
+    let now_prices = if cap.is_none_or(|c| in_flight < c) {
+        Some((rest_in, rest_out))
+    } else if model.tier == Tier::Reserved {
+        // Past the commitment: the overage price, if there is one.
+        model.overage_usd_per_token.map(|o| (o, o))
+    } else {
+        None
+    };
+    let open = health.admits(now_ms) && now_prices.is_some();
+    let (per_in, per_out) = now_prices.unwrap_or((rest_in, rest_out));
+    let lane = Lane {
+        per_in,
+        per_out,
+        cold: model.cold_load_usd,
+        delay_s: model.queueing_delay_s(in_flight, cap.or(Some(model.capacity))),
+        rank: health.derate(now_ms, policy) * model.bias,
+        rest_in,
+        rest_out,
+    };
+    let probe = health.breaker(now_ms) == Breaker::HalfOpen;
+    (lane, open, probe, model.tier == Tier::Payg)
 }
 
-/// Choose a destination for `req`.
+/// Lanes `base..base + len` of one of the slate's columns.
+#[inline]
+fn lanes(column: &[f64], base: usize, len: usize) -> Option<&[f64]> {
+    column.get(base..base + len)
+}
+
+/// Choose a destination for `req` on a priced fleet.
 ///
 /// `feasible` is the policy bitmask (bit i = destination i may serve this
 /// request); `warm` says which destinations have the requested model loaded.
 /// Both are read as zero past their end.
 pub fn decide(
-    fleet: &Fleet<'_>,
+    slate: &Slate,
     feasible: &[u64],
     warm: &[u64],
     req: &Request,
 ) -> Result<Decision, Refusal> {
-    let n = fleet.models.len();
-    let mut any_feasible = false;
-    // (index, effective, marginal)
-    let mut best: Option<(usize, f64, f64)> = None;
-    let mut second: Option<(usize, f64)> = None;
-    let mut counterfactual: Option<(usize, f64)> = None;
-    // Cheapest at-rest marginal among feasible destinations we had to skip.
-    let mut skipped_cheapest: Option<f64> = None;
+    let tin = f64::from(req.tokens_in);
+    let tout = f64::from(req.tokens_out);
+    let lv = req.latency_usd_per_s;
+    let mut any_feasible = 0u64;
+    // Indices are usize::MAX until found.
+    let (mut best, mut best_eff) = (usize::MAX, f64::INFINITY);
+    let (mut second, mut second_eff) = (usize::MAX, f64::INFINITY);
+    let (mut payg, mut payg_usd) = (usize::MAX, f64::INFINITY);
+    // The cheapest at-rest marginal among feasible destinations skipped.
+    let mut skipped_usd = f64::INFINITY;
+    let mut eff = [0.0f64; 64];
 
-    for (word_index, &word) in feasible.iter().enumerate() {
-        let mut w = word;
-        while w != 0 {
-            let d = word_index * 64 + w.trailing_zeros() as usize;
-            w &= w - 1;
-            if d >= n {
-                break;
+    let words = feasible
+        .iter()
+        .zip(&slate.all)
+        .zip(slate.open.iter().zip(&slate.payg));
+    for (w, ((&f, &all), (&open, &is_payg))) in words.enumerate() {
+        let f = f & all;
+        any_feasible |= f;
+        let candidates = f & open;
+        if candidates == 0 && f == 0 {
+            continue;
+        }
+        let warm_word = warm.get(w).copied().unwrap_or(0);
+        let base = w * 64;
+        // Every lane of the word up to its last candidate, densely:
+        // independent multiply-adds over equal-length slices, which the
+        // compiler turns into SIMD with no bounds checks; cheaper than
+        // picking the lanes one by one.
+        let hi = 64 - candidates.leading_zeros() as usize;
+        if let (Some(pi), Some(po), Some(dl), Some(rk), Some(out)) = (
+            lanes(&slate.per_in, base, hi),
+            lanes(&slate.per_out, base, hi),
+            lanes(&slate.delay_s, base, hi),
+            lanes(&slate.rank, base, hi),
+            eff.get_mut(..hi),
+        ) {
+            let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(rk);
+            for ((((e, pi), po), dl), rk) in lanes {
+                *e = (tin * pi + tout * po + lv * dl) * rk;
             }
-            any_feasible = true;
-            let (Some(model), Some(health)) = (fleet.models.get(d), fleet.health.get(d)) else {
-                continue;
-            };
-            let is_warm = bit(warm, d);
-            if model.tier == Tier::Payg {
-                let list = model.rest_usd(req.tokens_in, req.tokens_out);
-                if counterfactual.is_none_or(|(_, x)| list < x) {
-                    counterfactual = Some((d, list));
-                }
+        }
+        // A model not resident adds its cold load (rank-scaled, like the rest).
+        let mut cold = candidates & !warm_word;
+        while cold != 0 {
+            let b = cold.trailing_zeros() as usize;
+            cold &= cold - 1;
+            if let (Some(e), Some(c), Some(r)) = (
+                eff.get_mut(b),
+                slate.cold.get(base + b),
+                slate.rank.get(base + b),
+            ) {
+                *e += c * r;
             }
-            let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
-            match price(model, health, in_flight, is_warm, req, fleet.policy) {
-                Some((eff, marg)) => match best {
-                    Some((_, b, _)) if eff >= b => {
-                        if second.is_none_or(|(_, s)| eff < s) {
-                            second = Some((d, eff));
-                        }
-                    }
-                    _ => {
-                        second = best.map(|(i, e, _)| (i, e));
-                        best = Some((d, eff, marg));
-                    }
-                },
-                None => {
-                    let cold = if is_warm { 0.0 } else { model.cold_load_usd };
-                    let at_rest = model.rest_usd(req.tokens_in, req.tokens_out) + cold;
-                    if skipped_cheapest.is_none_or(|x| at_rest < x) {
-                        skipped_cheapest = Some(at_rest);
-                    }
-                }
+        }
+        // The candidates: feasible and open, in index order (ties go low).
+        let mut c = candidates;
+        while c != 0 {
+            let b = c.trailing_zeros() as usize;
+            c &= c - 1;
+            let e = eff.get(b & 63).copied().unwrap_or(f64::INFINITY);
+            if e < best_eff {
+                (second, second_eff) = (best, best_eff);
+                (best, best_eff) = (base + b, e);
+            } else if e < second_eff {
+                (second, second_eff) = (base + b, e);
             }
+        }
+        // Rare paths: the counterfactual (feasible pay-as-you-go, at list
+        // price) and the spill check (feasible but closed, at rest).
+        let at_rest = |b: usize, cold: bool| {
+            let d = base + b;
+            let (ri, ro) = (slate.rest_in.get(d), slate.rest_out.get(d));
+            let c = if cold { slate.cold.get(d) } else { Some(&0.0) };
+            match (ri, ro, c) {
+                (Some(ri), Some(ro), Some(c)) => tin * ri + tout * ro + c,
+                _ => f64::INFINITY,
+            }
+        };
+        let mut list = f & is_payg;
+        while list != 0 {
+            let b = list.trailing_zeros() as usize;
+            list &= list - 1;
+            let usd = at_rest(b, false);
+            if usd < payg_usd {
+                (payg, payg_usd) = (base + b, usd);
+            }
+        }
+        let mut closed = f & !open;
+        while closed != 0 {
+            let b = closed.trailing_zeros() as usize;
+            closed &= closed - 1;
+            skipped_usd = skipped_usd.min(at_rest(b, (warm_word >> b) & 1 == 0));
         }
     }
 
-    let Some((index, effective_usd, marginal_usd)) = best else {
-        return Err(if any_feasible {
+    if best == usize::MAX {
+        return Err(if any_feasible != 0 {
             Refusal::NoHealthyDestination
         } else {
             Refusal::NoFeasibleDestination
         });
-    };
-    let probing = fleet
-        .health
-        .get(index)
-        .is_some_and(|h| h.breaker(req.now_ms) == crate::health::Breaker::HalfOpen);
-    let reason = if probing {
+    }
+    // The booked cost: the winner's true marginal, without rank.
+    let marginal_usd = slate.lane(best).map_or(f64::INFINITY, |l| {
+        let cold = if bit(warm, best) { 0.0 } else { l.cold };
+        tin * l.per_in + tout * l.per_out + cold
+    });
+    let reason = if bit(&slate.probe, best) {
         Reason::Probe
-    } else if skipped_cheapest.is_some_and(|c| c < marginal_usd) {
+    } else if skipped_usd < marginal_usd {
         Reason::Spill
-    } else if second.is_some() {
+    } else if second != usize::MAX {
         Reason::Cheapest
     } else {
         Reason::OnlyOption
     };
+    let payg = (payg != usize::MAX).then_some(payg);
     Ok(Decision {
-        index,
-        runner_up: second.map(|(i, _)| i),
+        index: best,
+        runner_up: (second != usize::MAX).then_some(second),
         marginal_usd,
-        effective_usd,
-        counterfactual_usd: counterfactual.map(|(_, c)| c),
-        counterfactual_index: counterfactual.map(|(i, _)| i),
+        effective_usd: best_eff,
+        counterfactual_usd: payg.map(|_| payg_usd),
+        counterfactual_index: payg,
         reason,
     })
 }
@@ -253,8 +493,6 @@ pub fn decide(
 mod tests {
     use super::*;
     use crate::health::Outcome;
-    use alloc::vec;
-    use alloc::vec::Vec;
 
     fn owned(cap: u32) -> CostModel {
         CostModel {
@@ -286,7 +524,6 @@ mod tests {
         tokens_in: 1000,
         tokens_out: 200,
         latency_usd_per_s: 0.001,
-        now_ms: 0,
     };
 
     struct World {
@@ -305,14 +542,19 @@ mod tests {
                 policy: HealthPolicy::default(),
             }
         }
-        fn decide(&self, feasible: u64) -> Result<Decision, Refusal> {
+        fn slate(&self, now_ms: u64) -> Slate {
             let fleet = Fleet {
                 models: &self.models,
                 health: &self.health,
                 in_flight: &self.in_flight,
                 policy: &self.policy,
             };
-            decide(&fleet, &[feasible], &[u64::MAX], &REQ)
+            let mut slate = Slate::new(self.models.len());
+            slate.refresh(&fleet, now_ms);
+            slate
+        }
+        fn decide(&self, feasible: u64) -> Result<Decision, Refusal> {
+            decide(&self.slate(0), &[feasible], &[u64::MAX], &REQ)
         }
     }
 
@@ -354,17 +596,8 @@ mod tests {
         let d = w.decide(0b11);
         assert_eq!(d.map(|d| (d.index, d.reason)), Ok((0, Reason::Spill)));
         assert_eq!(w.decide(0b10), Err(Refusal::NoHealthyDestination));
-        let later = Request {
-            now_ms: p.base_cooldown_ms,
-            ..REQ
-        };
-        let fleet = Fleet {
-            models: &w.models,
-            health: &w.health,
-            in_flight: &w.in_flight,
-            policy: &w.policy,
-        };
-        let d = decide(&fleet, &[0b11], &[u64::MAX], &later);
+        let later = w.slate(p.base_cooldown_ms);
+        let d = decide(&later, &[0b11], &[u64::MAX], &REQ);
         assert_eq!(d.map(|d| (d.index, d.reason)), Ok((1, Reason::Probe)));
     }
 
@@ -398,19 +631,14 @@ mod tests {
         a.cold_load_usd = 1.0;
         let b = reserved(10);
         let w = World::new(vec![a, b]);
-        let fleet = Fleet {
-            models: &w.models,
-            health: &w.health,
-            in_flight: &w.in_flight,
-            policy: &w.policy,
-        };
+        let slate = w.slate(0);
         // Model warm only on destination 1: the reserved block wins.
         assert_eq!(
-            decide(&fleet, &[0b11], &[0b10], &REQ).map(|d| d.index),
+            decide(&slate, &[0b11], &[0b10], &REQ).map(|d| d.index),
             Ok(1)
         );
         assert_eq!(
-            decide(&fleet, &[0b11], &[0b11], &REQ).map(|d| d.index),
+            decide(&slate, &[0b11], &[0b11], &REQ).map(|d| d.index),
             Ok(0)
         );
     }

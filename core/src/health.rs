@@ -141,6 +141,14 @@ impl Health {
             && self.derate <= 1.0
     }
 
+    /// Whether the destination's price or admission can change with time
+    /// alone after `now_ms` (a breaker open or half-open, a throttle window
+    /// still running, a derate decaying). Others change only when an
+    /// outcome is observed or their load changes.
+    pub fn depends_on_time(&self, now_ms: u64) -> bool {
+        self.open_until_ms != 0 || now_ms < self.throttled_until_ms || self.derate > 1.0
+    }
+
     /// Whether a request may be sent now (a half-open destination admits one probe).
     pub fn admits(&self, now_ms: u64) -> bool {
         match self.breaker(now_ms) {

@@ -7,8 +7,14 @@
 //! allocates nothing per decision, and builds for `no_std` + `alloc`, which
 //! keeps it honest inside a Wasm VM.
 //!
-//! Today it holds the walking skeleton of merit order: among the configured
-//! destinations, the lowest static price wins, ties broken by position.
+//! Read it in this order:
+//!
+//! - [`cost`]: what one more request costs on a destination, by tier (the
+//!   supply curve's rungs, the stutter knee, warmth, bias);
+//! - [`health`]: trips, throttling caps and derates, from observed outcomes;
+//! - [`tables`]: the compiled Cedar policy as bitmask tables (feasibility);
+//! - [`dispatch`]: the decision itself: price the fleet when it changes,
+//!   then per request take the cheapest feasible, open destination.
 #![cfg_attr(not(feature = "std"), no_std)]
 
 extern crate alloc;
@@ -16,5 +22,4 @@ extern crate alloc;
 pub mod cost;
 pub mod dispatch;
 pub mod health;
-pub mod merit;
 pub mod tables;

@@ -27,7 +27,7 @@ pub mod config;
 pub mod event;
 pub mod state;
 
-use ace_core::dispatch::{self, Decision, Fleet, Request};
+use ace_core::dispatch::{self, Decision, Request};
 use ace_core::health::Outcome;
 use body::{RequestBody, Usage, UsageScanner};
 use config::Config;
@@ -35,7 +35,7 @@ use event::Event;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
-use state::FleetState;
+use state::{Mirror, Synced};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::UNIX_EPOCH;
@@ -154,8 +154,7 @@ struct Lookup {
 
 #[derive(Debug)]
 struct Scratch {
-    state: FleetState,
-    bytes: Vec<u8>,
+    mirror: Mirror,
 }
 
 /// The plugin (root) context: holds the validated configuration.
@@ -193,8 +192,7 @@ impl RootContext for AceRoot {
                     metrics,
                     state_key,
                     scratch: RefCell::new(Scratch {
-                        state: FleetState::new(n),
-                        bytes: Vec::with_capacity(n * state::STRIDE),
+                        mirror: Mirror::new(n),
                     }),
                     event_line: RefCell::new(String::with_capacity(1024)),
                     all: vec![u64::MAX; n.div_ceil(64)],
@@ -274,30 +272,43 @@ fn response_header(name: &str) -> Option<String> {
 }
 
 impl Plugin {
-    /// Read-modify-write the shared fleet state. `f` sees the freshest state
-    /// and returns whether to write it back.
-    fn update<T>(&self, mut f: impl FnMut(&mut FleetState) -> (bool, T)) -> Result<T, Status> {
+    /// Read-modify-write the shared fleet state. `f` sees this worker's
+    /// mirror, synced to the freshest state at `now`; it returns the one
+    /// destination it changed (if any), which is written back with a
+    /// compare-and-swap, retried from a fresh read when another worker wrote
+    /// first.
+    fn update<T>(
+        &self,
+        now: u64,
+        mut f: impl FnMut(&mut Mirror) -> (Option<usize>, T),
+    ) -> Result<T, Status> {
+        let (models, policy) = (&self.config.models, &self.config.health);
         let mut scratch = self.scratch.borrow_mut();
-        let Scratch { state, bytes, .. } = &mut *scratch;
+        let mirror = &mut scratch.mirror;
         for _ in 0..CAS_ATTEMPTS {
             let (current, cas) = hostcalls::get_shared_data(&self.state_key)?;
-            match current {
-                Some(b) => {
-                    if !state.load(&b) && !b.is_empty() {
-                        log::warn!("shared fleet state had an unexpected layout; starting fresh");
+            if mirror.sync(current.as_deref(), models, policy, now) == Synced::Repaired {
+                log::warn!(
+                    "shared fleet state had an unexpected layout; starting those parts fresh"
+                );
+            }
+            let (changed, out) = f(mirror);
+            let Some(d) = changed else {
+                return Ok(out);
+            };
+            let mut bytes = current.unwrap_or_default();
+            mirror.write(d, &mut bytes);
+            match hostcalls::set_shared_data(&self.state_key, Some(&bytes), cas) {
+                Ok(()) => {
+                    mirror.written(d, &bytes, models, policy, now);
+                    return Ok(out);
+                }
+                Err(e) => {
+                    mirror.lost(d);
+                    if e != Status::CasMismatch {
+                        return Err(e);
                     }
                 }
-                None => *state = FleetState::new(self.config.destinations.len()),
-            }
-            let (write, out) = f(state);
-            if !write {
-                return Ok(out);
-            }
-            state.store(bytes);
-            match hostcalls::set_shared_data(&self.state_key, Some(bytes), cas) {
-                Ok(()) => return Ok(out),
-                Err(Status::CasMismatch) => continue,
-                Err(e) => return Err(e),
             }
         }
         Err(Status::CasMismatch)
@@ -376,7 +387,6 @@ impl AceStream {
             tokens_in,
             tokens_out,
             latency_usd_per_s: cfg.latency_usd_per_s,
-            now_ms: now,
         };
         // Feasibility first: the compiled Cedar tables, per request.
         let mut lookup = plugin.lookup.borrow_mut();
@@ -404,24 +414,18 @@ impl AceStream {
             _ => mask.iter_mut().zip(&plugin.all).for_each(|(m, a)| *m = *a),
         }
         let (feasible, warm) = (&*mask, &plugin.all);
-        let decided = plugin.update(|st| {
-            let fleet = Fleet {
-                models: &cfg.models,
-                health: &st.health,
-                in_flight: &st.in_flight,
-                policy: &cfg.health,
-            };
-            match dispatch::decide(&fleet, feasible, warm, &req) {
+        let decided = plugin.update(now, |m| {
+            match dispatch::decide(&m.slate, feasible, warm, &req) {
                 Ok(d) => {
-                    if let Some(f) = st.in_flight.get_mut(d.index) {
+                    if let Some(f) = m.in_flight.get_mut(d.index) {
                         *f = f.saturating_add(1);
                     }
-                    if let Some(h) = st.health.get_mut(d.index) {
+                    if let Some(h) = m.health.get_mut(d.index) {
                         h.on_dispatch(now);
                     }
-                    (true, Ok(d))
+                    (Some(d.index), Ok(d))
                 }
-                Err(r) => (false, Err(r)),
+                Err(r) => (None, Err(r)),
             }
         });
         drop(lookup);
@@ -523,15 +527,15 @@ impl AceStream {
         let now = now_ms();
         let policy = plugin.config.health;
         let d = decision.index;
-        let result = plugin.update(|st| {
-            if let Some(f) = st.in_flight.get_mut(d) {
+        let result = plugin.update(now, |m| {
+            if let Some(f) = m.in_flight.get_mut(d) {
                 *f = f.saturating_sub(1);
             }
             let mut change = None;
-            if let (Some(h), Some(o)) = (st.health.get_mut(d), outcome) {
+            if let (Some(h), Some(o)) = (m.health.get_mut(d), outcome) {
                 change = Some(h.observe(o, now, &policy));
             }
-            (true, change)
+            (Some(d), change)
         });
         if let Some((_, failures, throttled)) = plugin.metrics.per_destination.get(d) {
             match outcome {

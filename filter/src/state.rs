@@ -1,104 +1,360 @@
-//! The fleet's live state, shared by every Envoy worker.
+//! The fleet's live state, shared by every Envoy worker, and this worker's
+//! priced copy of it.
 //!
 //! Envoy runs one Wasm VM per worker thread, so a trip seen by one worker
 //! must reach the others. The state (per destination: health, 40 bytes, and
 //! requests in flight, 4 bytes) lives in one Envoy shared-data entry, keyed
 //! by the configuration's fingerprint so a new destination set never reads
-//! an old layout. Updates are compare-and-swap loops; this module only
-//! encodes and decodes, the host calls stay in the adapter.
+//! an old layout. Updates are compare-and-swap loops in the adapter; this
+//! module holds no host calls.
+//!
+//! Every request reads the entry, but usually only one or two destinations
+//! changed since this worker last looked (the in-flight counts of the ones
+//! other requests went to). So [`Mirror::sync`] compares the entry with the
+//! bytes it last saw, destination by destination, and decodes and reprices
+//! only the ones that differ; an update rewrites only its destination's
+//! bytes. The decision then runs on an up-to-date [`Slate`] without pricing
+//! the whole fleet per request.
 
-use ace_core::health::{Health, ENCODED_LEN};
+use ace_core::cost::CostModel;
+use ace_core::dispatch::{Fleet, Slate};
+use ace_core::health::{Health, HealthPolicy, ENCODED_LEN};
 
 /// Bytes per destination in the shared entry.
 pub const STRIDE: usize = ENCODED_LEN + 4;
 
-/// Health and in-flight counts, parallel to the configured destinations.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FleetState {
+/// A destination's bytes that no real encoding equals (its cap fraction
+/// would be NaN): marks "re-read this one" in [`Mirror`]'s copy.
+const UNSEEN: [u8; STRIDE] = [0xff; STRIDE];
+
+/// What [`Mirror::sync`] found in the shared entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synced {
+    /// The entry held a state for this fleet.
+    Read,
+    /// There was no entry yet: everything starts healthy and idle.
+    Fresh,
+    /// The entry was not a state for this fleet (wrong size, or a
+    /// destination's bytes did not decode): those parts start fresh, and the
+    /// next write replaces the whole entry.
+    Repaired,
+}
+
+/// This worker's copy of the shared state, priced for decisions.
+#[derive(Clone, Debug)]
+pub struct Mirror {
     /// Health per destination.
     pub health: Vec<Health>,
     /// Requests in flight per destination, summed over all workers.
     pub in_flight: Vec<u32>,
+    /// The fleet priced from `health` and `in_flight`.
+    pub slate: Slate,
+    /// The entry's bytes as last synced (or written): what `health`,
+    /// `in_flight` and `slate` reflect.
+    seen: Vec<u8>,
+    /// The next write must carry every destination, not just one.
+    rewrite_all: bool,
+    /// A healthy, idle destination's bytes.
+    fresh: [u8; STRIDE],
 }
 
-impl FleetState {
-    /// A fresh state: everything healthy and idle.
-    pub fn new(n: usize) -> FleetState {
-        FleetState {
+impl Mirror {
+    /// A mirror of `n` destinations that has seen nothing yet.
+    pub fn new(n: usize) -> Mirror {
+        let mut fresh = [0u8; STRIDE];
+        if let Some(h) = fresh.get_mut(..ENCODED_LEN) {
+            h.copy_from_slice(&Health::default().encode());
+        }
+        Mirror {
+            fresh,
             health: vec![Health::default(); n],
             in_flight: vec![0; n],
+            slate: Slate::new(n),
+            seen: UNSEEN.repeat(n),
+            rewrite_all: true,
         }
     }
 
-    /// Overwrite `self` from `bytes`; false (and `self` reset to fresh) when
-    /// the bytes are not a state for this many destinations.
-    pub fn load(&mut self, bytes: &[u8]) -> bool {
+    /// Bring the mirror up to `entry` (the shared bytes, if any) at
+    /// `now_ms`: decode and reprice the destinations whose bytes changed,
+    /// then reprice those whose price moves with time.
+    pub fn sync(
+        &mut self,
+        entry: Option<&[u8]>,
+        models: &[CostModel],
+        policy: &HealthPolicy,
+        now_ms: u64,
+    ) -> Synced {
         let n = self.health.len();
-        if bytes.len() != n * STRIDE {
-            *self = FleetState::new(n);
-            return false;
-        }
-        for (i, chunk) in bytes.chunks_exact(STRIDE).enumerate() {
-            let (h, f) = chunk.split_at(ENCODED_LEN);
-            let health = Health::decode(h);
-            let flight = <[u8; 4]>::try_from(f).ok().map(u32::from_le_bytes);
-            match (
-                health,
-                flight,
-                self.health.get_mut(i),
-                self.in_flight.get_mut(i),
-            ) {
-                (Some(h), Some(f), Some(hs), Some(fs)) => {
-                    *hs = h;
-                    *fs = f;
-                }
-                _ => {
-                    *self = FleetState::new(n);
-                    return false;
-                }
+        let mut outcome = Synced::Read;
+        let entry = match entry {
+            Some(b) if b.len() == n * STRIDE => Some(b),
+            Some(_) => {
+                outcome = Synced::Repaired;
+                None
             }
+            None => {
+                outcome = Synced::Fresh;
+                None
+            }
+        };
+        let fresh = self.fresh;
+        for d in 0..n {
+            let at = d * STRIDE..(d + 1) * STRIDE;
+            let new = match entry {
+                Some(b) => b.get(at.clone()).unwrap_or(&UNSEEN),
+                None => fresh.as_slice(),
+            };
+            let Some(seen) = self.seen.get_mut(at) else {
+                continue;
+            };
+            if same(new, seen) {
+                continue;
+            }
+            let (h, f) = new.split_at(ENCODED_LEN);
+            let decoded = Health::decode(h).zip(<[u8; 4]>::try_from(f).ok());
+            let (health, flight) = match decoded {
+                Some((h, f)) => {
+                    seen.copy_from_slice(new);
+                    (h, u32::from_le_bytes(f))
+                }
+                None => {
+                    outcome = Synced::Repaired;
+                    seen.copy_from_slice(&fresh);
+                    (Health::default(), 0)
+                }
+            };
+            if let (Some(hs), Some(fs)) = (self.health.get_mut(d), self.in_flight.get_mut(d)) {
+                *hs = health;
+                *fs = flight;
+            }
+            self.reprice(d, models, policy, now_ms);
         }
-        true
+        if outcome != Synced::Read {
+            self.rewrite_all = true;
+        }
+        let fleet = Fleet {
+            models,
+            health: &self.health,
+            in_flight: &self.in_flight,
+            policy,
+        };
+        self.slate.refresh_timed(&fleet, now_ms);
+        outcome
     }
 
-    /// Encode into `out` (cleared first).
-    pub fn store(&self, out: &mut Vec<u8>) {
-        out.clear();
-        for (h, f) in self.health.iter().zip(&self.in_flight) {
-            out.extend_from_slice(&h.encode());
-            out.extend_from_slice(&f.to_le_bytes());
+    fn reprice(&mut self, d: usize, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
+        let fleet = Fleet {
+            models,
+            health: &self.health,
+            in_flight: &self.in_flight,
+            policy,
+        };
+        self.slate.refresh_one(&fleet, d, now_ms);
+    }
+
+    /// Write destination `d`'s state into `out`, the entry about to be
+    /// stored (every destination when the entry needs rebuilding). `out`
+    /// is resized to the entry's length if it is not that already.
+    pub fn write(&self, d: usize, out: &mut Vec<u8>) {
+        let n = self.health.len();
+        let whole = self.rewrite_all || out.len() != n * STRIDE;
+        if whole {
+            out.clear();
+            out.resize(n * STRIDE, 0);
+        }
+        for i in 0..n {
+            if !whole && i != d {
+                continue;
+            }
+            let (Some(h), Some(f), Some(chunk)) = (
+                self.health.get(i),
+                self.in_flight.get(i),
+                out.get_mut(i * STRIDE..(i + 1) * STRIDE),
+            ) else {
+                continue;
+            };
+            let (hb, fb) = chunk.split_at_mut(ENCODED_LEN);
+            hb.copy_from_slice(&h.encode());
+            fb.copy_from_slice(&f.to_le_bytes());
         }
     }
+
+    /// The entry was stored with `d` changed (from [`Mirror::write`]):
+    /// remember its bytes and reprice `d`.
+    pub fn written(
+        &mut self,
+        d: usize,
+        entry: &[u8],
+        models: &[CostModel],
+        policy: &HealthPolicy,
+        now_ms: u64,
+    ) {
+        if self.rewrite_all {
+            if let Some(all) = self.seen.get_mut(..entry.len()) {
+                all.copy_from_slice(entry);
+            }
+            self.rewrite_all = false;
+        } else if let (Some(seen), Some(new)) = (
+            self.seen.get_mut(d * STRIDE..(d + 1) * STRIDE),
+            entry.get(d * STRIDE..(d + 1) * STRIDE),
+        ) {
+            seen.copy_from_slice(new);
+        }
+        self.reprice(d, models, policy, now_ms);
+    }
+
+    /// The store of a change to `d` failed (another worker wrote first):
+    /// forget `d`'s local change so the next sync reads it again.
+    pub fn lost(&mut self, d: usize) {
+        if let Some(seen) = self.seen.get_mut(d * STRIDE..(d + 1) * STRIDE) {
+            seen.copy_from_slice(&UNSEEN);
+        }
+    }
+}
+
+/// `a == b` for one destination's bytes, a word at a time (a byte-wise
+/// `memcmp` costs several times more inside a Wasm VM).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.chunks(8)
+        .zip(b.chunks(8))
+        .all(|(x, y)| word(x) == word(y))
+}
+
+/// Up to eight bytes as one little-endian word (zero-padded).
+fn word(c: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    if let Some(dst) = w.get_mut(..c.len()) {
+        dst.copy_from_slice(c);
+    }
+    u64::from_le_bytes(w)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ace_core::health::{HealthPolicy, Outcome};
+    use ace_core::cost::Tier;
+    use ace_core::dispatch::{decide, Request};
+    use ace_core::health::Outcome;
+
+    fn models(n: usize) -> Vec<CostModel> {
+        (0..n)
+            .map(|i| CostModel {
+                tier: if i == 0 { Tier::Payg } else { Tier::InHouse },
+                usd_per_input_token: 1e-6 / (i + 1) as f64,
+                capacity: if i == 0 { 0 } else { 4 },
+                ..CostModel::default()
+            })
+            .collect()
+    }
+
+    /// Two workers sharing one entry, each with its own mirror; the result
+    /// must match a slate priced from scratch.
+    #[test]
+    fn two_mirrors_stay_in_step_through_the_shared_bytes() {
+        let p = HealthPolicy::default();
+        let m = models(3);
+        let mut entry: Option<Vec<u8>> = None;
+        let mut a = Mirror::new(3);
+        let mut b = Mirror::new(3);
+        let steps: [(bool, usize, Option<Outcome>); 6] = [
+            (true, 2, None),
+            (false, 2, None),
+            (true, 1, Some(Outcome::Failure)),
+            (false, 1, Some(Outcome::Failure)),
+            (true, 1, Some(Outcome::Failure)),
+            (
+                false,
+                0,
+                Some(Outcome::Throttled {
+                    retry_after_ms: Some(50),
+                }),
+            ),
+        ];
+        for (t, (on_a, d, outcome)) in steps.into_iter().enumerate() {
+            let now = t as u64 * 10;
+            let w = if on_a { &mut a } else { &mut b };
+            w.sync(entry.as_deref(), &m, &p, now);
+            w.in_flight[d] += 1;
+            if let Some(o) = outcome {
+                w.health[d].observe(o, now, &p);
+            }
+            let mut out = entry.clone().unwrap_or_default();
+            w.write(d, &mut out);
+            w.written(d, &out, &m, &p, now);
+            entry = Some(out);
+        }
+        for w in [&mut a, &mut b] {
+            assert_eq!(w.sync(entry.as_deref(), &m, &p, 100), Synced::Read);
+            let mut full = Slate::new(3);
+            full.refresh(
+                &Fleet {
+                    models: &m,
+                    health: &w.health,
+                    in_flight: &w.in_flight,
+                    policy: &p,
+                },
+                100,
+            );
+            assert_eq!(w.slate, full);
+            assert_eq!(w.in_flight, vec![1, 3, 2]);
+        }
+        // Destination 1 tripped after three failures; the decision skips it.
+        let req = Request {
+            tokens_in: 10,
+            tokens_out: 10,
+            latency_usd_per_s: 0.0,
+        };
+        let d = decide(&a.slate, &[0b110], &[u64::MAX], &req).map(|d| d.index);
+        assert_eq!(d, Ok(2));
+    }
 
     #[test]
-    fn round_trips_and_resets_on_junk() {
-        let mut s = FleetState::new(3);
-        s.in_flight[1] = 7;
-        s.health[2].observe(
-            Outcome::Throttled {
-                retry_after_ms: Some(9),
-            },
-            1,
-            &HealthPolicy::default(),
-        );
-        let mut bytes = Vec::new();
-        s.store(&mut bytes);
-        assert_eq!(bytes.len(), 3 * STRIDE);
-        let mut t = FleetState::new(3);
-        assert!(t.load(&bytes));
-        assert_eq!(t, s);
-        assert!(!t.load(&bytes[..10]));
-        assert_eq!(t, FleetState::new(3));
-        let mut other = FleetState::new(2);
+    fn word_compare_is_byte_compare() {
+        let a: Vec<u8> = (0..STRIDE as u8).collect();
+        for i in 0..STRIDE {
+            let mut b = a.clone();
+            b[i] ^= 1;
+            assert!(!same(&a, &b), "byte {i}");
+        }
+        assert!(same(&a, &a.clone()));
+        assert!(!same(&a, &a[1..]));
+    }
+
+    #[test]
+    fn a_lost_update_is_read_again() {
+        let p = HealthPolicy::default();
+        let m = models(2);
+        let mut w = Mirror::new(2);
+        w.sync(None, &m, &p, 0);
+        let mut entry = Vec::new();
+        w.write(1, &mut entry);
+        w.written(1, &entry, &m, &p, 0);
+        // A local change that never reached the entry.
+        w.in_flight[1] = 9;
+        w.lost(1);
+        w.sync(Some(&entry), &m, &p, 0);
+        assert_eq!(w.in_flight, vec![0, 0]);
+    }
+
+    #[test]
+    fn junk_entries_are_repaired_not_misread() {
+        let p = HealthPolicy::default();
+        let m = models(3);
+        let mut w = Mirror::new(3);
+        assert_eq!(w.sync(Some(&[1, 2, 3]), &m, &p, 0), Synced::Repaired);
+        assert_eq!(w.sync(Some(&UNSEEN.repeat(3)), &m, &p, 0), Synced::Repaired);
+        assert_eq!(w.in_flight, vec![0, 0, 0]);
+        let mut out = UNSEEN.repeat(3);
+        w.write(0, &mut out);
         assert!(
-            !other.load(&bytes),
-            "a different fleet size is never misread"
+            out.chunks(STRIDE).all(|c| c != UNSEEN),
+            "a repaired entry is rewritten whole"
         );
+        w.written(0, &out, &m, &p, 0);
+        assert_eq!(w.sync(Some(&out), &m, &p, 0), Synced::Read);
     }
 }

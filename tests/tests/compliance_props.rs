@@ -10,7 +10,7 @@
 //! matters, checked against Cedar directly.
 
 use ace_core::cost::{CostModel, Tier};
-use ace_core::dispatch::{decide, Fleet, Request};
+use ace_core::dispatch::{decide, Fleet, Request, Slate};
 use ace_core::health::{Health, HealthPolicy, Outcome};
 use ace_core::tables::Tables;
 use proptest::prelude::*;
@@ -114,8 +114,10 @@ proptest! {
             in_flight: &loads[..n],
             policy: &policy,
         };
-        let req = Request { tokens_in, tokens_out, latency_usd_per_s: 0.002, now_ms };
-        if let Ok(decision) = decide(&fleet, &mask, &[warm_bits], &req) {
+        let req = Request { tokens_in, tokens_out, latency_usd_per_s: 0.002 };
+        let mut slate = Slate::new(n);
+        slate.refresh(&fleet, now_ms);
+        if let Ok(decision) = decide(&slate, &mask, &[warm_bits], &req) {
             let context = c.project.context(&idx).map_err(TestCaseError::fail)?;
             let request = c
                 .project
@@ -160,8 +162,9 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
         tokens_in: 100,
         tokens_out: 10,
         latency_usd_per_s: 0.0,
-        now_ms: 0,
     };
+    let mut slate = Slate::new(n);
+    slate.refresh(&fleet, 0);
     let mut rng = ace_policy::verify::Rng(7);
     let (mut served, mut refused) = (0, 0);
     let mut mask = vec![0u64; tables.words()];
@@ -183,7 +186,7 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
                 c.project.allows(&r.unwrap_or_else(|e| panic!("{e}")))
             })
             .collect();
-        match decide(&fleet, &mask, &[u64::MAX], &req) {
+        match decide(&slate, &mask, &[u64::MAX], &req) {
             Ok(d) => {
                 assert!(
                     allowed[d.index],

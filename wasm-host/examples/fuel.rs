@@ -8,6 +8,16 @@
 //! Each request: request headers (POST, JSON), response headers (200), a
 //! small JSON body with usage, then the stream's end; the first request is
 //! excluded (one-time work). Prints the total and its split by phase.
+//!
+//! To see where the instructions go, build the filter unstripped and
+//! sample it with perf (wasmtime writes a perf map of the JIT code):
+//!
+//! ```sh
+//! CARGO_PROFILE_WASM_STRIP=false ACE_WASM_TARGET_DIR=target/wasm-named scripts/build-wasm.sh
+//! ACE_PERFMAP=1 perf record -e cpu-clock -F 20000 -o /tmp/ace.perf -- \
+//!     target/release/examples/fuel target/wasm-named/wasm32-wasip1/wasm/ace_filter.wasm CONFIG 200000
+//! perf report -i /tmp/ace.perf --no-children --sort symbol
+//! ```
 
 use ace_wasm_host::{FilterModule, Vm};
 
@@ -63,9 +73,12 @@ fn main() -> Result<(), Error> {
         return Err("usage: fuel FILTER.wasm CONFIG.json [REQUESTS]".into());
     };
     let n: u64 = args.get(3).map_or(Ok(100), |s| s.parse())?;
-    let engine = ace_wasm_host::wasmtime::Engine::new(
-        ace_wasm_host::wasmtime::Config::new().consume_fuel(true),
-    )?;
+    let mut engine_config = ace_wasm_host::wasmtime::Config::new();
+    engine_config.consume_fuel(true);
+    if std::env::var_os("ACE_PERFMAP").is_some() {
+        engine_config.profiler(ace_wasm_host::wasmtime::ProfilingStrategy::PerfMap);
+    }
+    let engine = ace_wasm_host::wasmtime::Engine::new(&engine_config)?;
     let module = FilterModule::with_engine(&engine, &std::fs::read(wasm)?)?;
     let config = std::fs::read_to_string(config)?;
     let mut vm = Vm::builder(&module)

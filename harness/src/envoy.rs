@@ -335,6 +335,26 @@ impl Envoy {
         self.admin_port
     }
 
+    /// Envoy's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// CPU time Envoy has used so far (user + system, all threads), from
+    /// `/proc`; `None` where that is not readable.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        // Fields after the parenthesised command name; utime and stime are
+        // the 14th and 15th fields overall, in clock ticks.
+        let rest = stat.get(stat.rfind(')')? + 2..)?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // Linux reports these in USER_HZ, which is 100 on every
+        // supported architecture.
+        Some(Duration::from_millis(ticks * 10))
+    }
+
     /// The temp dir holding the bootstrap and logs.
     pub fn dir(&self) -> &Path {
         self.dir.path()

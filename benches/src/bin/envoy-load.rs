@@ -5,11 +5,19 @@
 //! ```sh
 //! make wasm   # or let this build the filters
 //! cargo run --release -p ace-benches --bin envoy-load -- [SECONDS] [CONNECTIONS]
+//! cargo run --release -p ace-benches --bin envoy-load -- --calibrate [SECONDS] [CONNECTIONS]
 //! ```
+//!
+//! `--calibrate` prices Envoy's host calls instead: the no-op filter making
+//! 20 calls of one kind per request, against the plain no-op, so the
+//! difference in Envoy CPU per request over 20 is the cost of one call.
 //!
 //! Each variant runs Envoy with one worker in front of the same in-process
 //! upstream; `wrk` (closed loop, one thread, CONNECTIONS connections, default
-//! 10 s and 8) drives it after a 2 s warm-up. Prints requests/s, p50 and p99.
+//! 10 s and 8) drives it after a 2 s warm-up. Prints requests/s, p50 and p99,
+//! and Envoy's own CPU time per request (from `/proc`): on a shared machine
+//! latency and throughput move with everything else that runs, but the CPU
+//! Envoy spends per request does not, so ACE's share is read from that.
 
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Upstream;
@@ -28,13 +36,16 @@ fn main() -> ExitCode {
 
 struct Stats {
     rps: f64,
+    requests: u64,
     p50_us: f64,
     p99_us: f64,
     errors: u64,
 }
 
 fn run() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let calibrate = args.iter().any(|a| a == "--calibrate");
+    args.retain(|a| a != "--calibrate");
     let secs: u32 = args
         .get(1)
         .map_or(Ok(10), |s| s.parse())
@@ -67,38 +78,99 @@ fn run() -> Result<(), String> {
             .cluster("reserved", up.port())
             .cluster("payg", up.port())
     };
-    let variants: [(&str, EnvoyBuilder); 3] = [
-        ("plain Envoy", base().route(fixed_route.clone())),
+    if calibrate {
+        let kinds = [
+            "header_found",
+            "header_missing",
+            "header_pairs",
+            "header_set",
+            "property",
+            "clear_route_cache",
+            "shared_get",
+            "shared_set",
+            "metric",
+            "time",
+        ];
+        let mut variants = vec![(
+            "no-op".to_string(),
+            base().route(fixed_route.clone()).wasm_filter(&noop, ""),
+        )];
+        for k in kinds {
+            variants.push((
+                format!("{k} x{CALLS}"),
+                base()
+                    .route(fixed_route.clone())
+                    .wasm_filter(&noop, &format!("{k} {CALLS}")),
+            ));
+        }
+        let rows = measure(variants, secs, conns)?;
+        if let Some((_, _, base_cpu)) = rows.first() {
+            println!("\nEnvoy CPU per host call (difference over the no-op, / {CALLS}):");
+            for (name, _, cpu) in rows.iter().skip(1) {
+                println!(
+                    "  {name:<24} {:>6.2} µs",
+                    (cpu - base_cpu) / f64::from(CALLS)
+                );
+            }
+        }
+        return Ok(());
+    }
+    let variants = vec![
+        ("plain Envoy".to_string(), base().route(fixed_route.clone())),
         (
-            "no-op Wasm filter",
+            "no-op Wasm filter".to_string(),
             base().route(fixed_route).wasm_filter(&noop, ""),
         ),
-        ("ACE filter", base().wasm_filter(&ace, &ace_config)),
+        (
+            "ACE filter".to_string(),
+            base().wasm_filter(&ace, &ace_config),
+        ),
     ];
+    let rows = measure(variants, secs, conns)?;
+    if let [_, (_, noop, noop_cpu), (_, ace, ace_cpu)] = rows.as_slice() {
+        println!(
+            "\nACE's own share over the no-op filter: p50 {:+.0} µs, p99 {:+.0} µs, Envoy CPU {:+.1} µs per request",
+            ace.p50_us - noop.p50_us,
+            ace.p99_us - noop.p99_us,
+            ace_cpu - noop_cpu
+        );
+    }
+    Ok(())
+}
+
+/// Host calls per request in a calibration variant.
+const CALLS: u32 = 20;
+
+/// Run each variant (a warm-up, then the measured run) and print its row.
+fn measure(
+    variants: Vec<(String, EnvoyBuilder)>,
+    secs: u32,
+    conns: u32,
+) -> Result<Vec<(String, Stats, f64)>, String> {
     println!("Envoy 1.40, 1 worker, wrk -t1 -c{conns} -d{secs}s, POST of a 200-byte JSON body\n");
     println!(
-        "{:<20} {:>10} {:>10} {:>10} {:>8}",
-        "variant", "req/s", "p50 µs", "p99 µs", "errors"
+        "{:<24} {:>10} {:>10} {:>10} {:>8} {:>16}",
+        "variant", "req/s", "p50 µs", "p99 µs", "errors", "Envoy CPU µs/req"
     );
     let mut rows = Vec::new();
     for (name, builder) in variants {
         let envoy = builder.start().map_err(|e| e.to_string())?;
         let _warm = wrk(envoy.port(), 2, conns)?;
+        let before = envoy.cpu_time();
         let s = wrk(envoy.port(), secs, conns)?;
+        let cpu_us = match (before, envoy.cpu_time()) {
+            (Some(a), Some(b)) if s.requests > 0 => {
+                (b.saturating_sub(a)).as_secs_f64() * 1e6 / s.requests as f64
+            }
+            _ => f64::NAN,
+        };
         println!(
-            "{:<20} {:>10.0} {:>10.0} {:>10.0} {:>8}",
-            name, s.rps, s.p50_us, s.p99_us, s.errors
+            "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}",
+            name, s.rps, s.p50_us, s.p99_us, s.errors, cpu_us
         );
-        rows.push((name, s));
+        rows.push((name, s, cpu_us));
     }
-    if let [_, (_, noop), (_, ace)] = rows.as_slice() {
-        println!(
-            "\nACE's own share over the no-op filter: p50 {:+.0} µs, p99 {:+.0} µs",
-            ace.p50_us - noop.p50_us,
-            ace.p99_us - noop.p99_us
-        );
-    }
-    Ok(())
+    Ok(rows)
 }
 
 const SCRIPT: &str = r#"
@@ -153,6 +225,7 @@ fn parse_wrk(text: &str) -> Option<Stats> {
     let mut p50 = None;
     let mut p99 = None;
     let mut rps = None;
+    let mut requests = None;
     let mut errors = 0;
     for line in text.lines() {
         let l = line.trim();
@@ -160,6 +233,8 @@ fn parse_wrk(text: &str) -> Option<Stats> {
             p50 = dur_us(v);
         } else if let Some(v) = l.strip_prefix("99%") {
             p99 = dur_us(v);
+        } else if l.contains(" requests in ") {
+            requests = l.split_whitespace().next().and_then(|n| n.parse().ok());
         } else if let Some(v) = l.strip_prefix("Requests/sec:") {
             rps = v.trim().parse().ok();
         } else if let Some(v) = l.strip_prefix("Non-2xx or 3xx responses:") {
@@ -173,6 +248,7 @@ fn parse_wrk(text: &str) -> Option<Stats> {
     }
     Some(Stats {
         rps: rps?,
+        requests: requests?,
         p50_us: p50?,
         p99_us: p99?,
         errors,

@@ -13,8 +13,10 @@ wasm: setup
 	@bash scripts/build-wasm.sh ace-filter >/dev/null
 
 # The main job: a real Envoy with the filter in front of local upstreams.
+# Built without the planner's MILP solver, which the demo does not use, so a
+# fresh machine does not compile HiGHS first.
 demo: setup
-	$(CARGO) run -q -p ace-cli --bin ace -- demo
+	$(CARGO) run -q -p ace-cli --no-default-features --bin ace -- demo
 
 # Formatting, lints with warnings denied, then every test (the real-Envoy
 # tests build the .wasm from source in the same run).

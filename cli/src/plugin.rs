@@ -73,6 +73,7 @@ pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Valu
             "capacity": capacity,
             "knee": d.knee,
             "cold_load_usd": d.cold_load_usd,
+            "warm_models": d.warm_models,
             "bias": d.bias,
         });
         if let Some(slo) = d.slo_ms {
@@ -90,6 +91,28 @@ pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Valu
     });
     if read_body {
         config["body"] = json!({"read": true});
+    }
+    // What a second of queueing is worth per latency class in the
+    // manifest's domain: interactive work most, batch nothing. Starting
+    // values; edit them to the business's own.
+    if let Some(domain) = project.manifest.manifest.request.get("latency_class") {
+        let classes: serde_json::Map<String, Value> = domain
+            .get_ref()
+            .values
+            .iter()
+            .filter_map(|v| v.get_ref().as_str())
+            .map(|c| {
+                let usd_per_s = match c {
+                    "interactive" => 0.01,
+                    "batch" => 0.0,
+                    _ => 0.002,
+                };
+                (c.to_string(), json!(usd_per_s))
+            })
+            .collect();
+        if !classes.is_empty() {
+            config["latency_classes"] = Value::Object(classes);
+        }
     }
     Ok(config)
 }

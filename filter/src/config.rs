@@ -15,7 +15,9 @@
 //!      "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5}
 //!   ],
 //!   "latency_usd_per_s": 0.002,
+//!   "latency_classes": {"interactive": 0.01, "batch": 0.0},
 //!   "default_output_tokens": 256,
+//!   "response_headers": false,
 //!   "health": {"trip_after": 3, "base_cooldown_ms": 5000}
 //! }
 //! ```
@@ -38,8 +40,19 @@ pub struct Config {
     pub models: Vec<CostModel>,
     /// The request header that carries the chosen Envoy cluster.
     pub destination_header: String,
-    /// What a second of queueing delay is worth, USD (latency penalty).
+    /// What a second of queueing delay is worth, USD (latency penalty), for
+    /// a request whose latency class is not in `latency_classes`.
     pub latency_usd_per_s: f64,
+    /// The same per latency class (`x-ace-latency-class`), sorted by name:
+    /// interactive work values a second more than batch work.
+    pub latency_classes: Vec<(String, f64)>,
+    /// Which destinations have which models resident.
+    pub warmth: Warmth,
+    /// Whether responses carry `x-ace-destination`, `x-ace-tier`,
+    /// `x-ace-reason` and `x-ace-cost-usd` (off by default: they tell
+    /// clients the fleet's internals and prices; the access-log event has
+    /// them all).
+    pub response_headers: bool,
     /// Output tokens assumed when the request does not say.
     pub default_output_tokens: u32,
     /// Health tunables.
@@ -56,6 +69,92 @@ pub struct Config {
     /// Most bytes read from a request body, and most held at once while
     /// scanning a response for token usage.
     pub max_body_bytes: usize,
+}
+
+impl Config {
+    /// What a second of queueing delay is worth for a request of latency
+    /// class `class` (the default value when absent or not configured).
+    pub fn latency_value(&self, class: Option<&str>) -> f64 {
+        class
+            .and_then(|c| {
+                self.latency_classes
+                    .binary_search_by(|(name, _)| name.as_str().cmp(c))
+                    .ok()
+            })
+            .and_then(|i| self.latency_classes.get(i))
+            .map_or(self.latency_usd_per_s, |(_, v)| *v)
+    }
+}
+
+/// Which destinations have a model resident (until the control service
+/// reports it live): from each destination's `warm_models`. A destination
+/// without that list counts as warm for every model.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Warmth {
+    /// Destinations warm for any model.
+    always: Vec<u64>,
+    /// Per model named in some `warm_models` (sorted): the destinations
+    /// warm for it, `always` included.
+    by_model: Vec<(String, Vec<u64>)>,
+    /// Every destination.
+    all: Vec<u64>,
+}
+
+impl Warmth {
+    fn build(destinations: &[Destination]) -> Warmth {
+        let words = destinations.len().div_ceil(64);
+        let mut always = vec![0u64; words];
+        let mut by_model: std::collections::BTreeMap<&str, Vec<u64>> = Default::default();
+        for (i, d) in destinations.iter().enumerate() {
+            let (w, b) = (i / 64, 1u64 << (i % 64));
+            match &d.warm_models {
+                None => {
+                    if let Some(x) = always.get_mut(w) {
+                        *x |= b;
+                    }
+                }
+                Some(models) => {
+                    for m in models {
+                        let mask = by_model.entry(m).or_insert_with(|| vec![0; words]);
+                        if let Some(x) = mask.get_mut(w) {
+                            *x |= b;
+                        }
+                    }
+                }
+            }
+        }
+        let by_model = by_model
+            .into_iter()
+            .map(|(m, mut mask)| {
+                mask.iter_mut().zip(&always).for_each(|(x, a)| *x |= a);
+                (m.to_string(), mask)
+            })
+            .collect();
+        let mut all = vec![0u64; words];
+        (0..destinations.len()).for_each(|i| {
+            if let Some(x) = all.get_mut(i / 64) {
+                *x |= 1 << (i % 64);
+            }
+        });
+        Warmth {
+            always,
+            by_model,
+            all,
+        }
+    }
+
+    /// The warm mask for a request for `model`. With no model named, no
+    /// cold load can be attributed, so every destination counts as warm.
+    pub fn mask(&self, model: Option<&str>) -> &[u64] {
+        let Some(model) = model else {
+            return &self.all;
+        };
+        self.by_model
+            .binary_search_by(|(m, _)| m.as_str().cmp(model))
+            .ok()
+            .and_then(|i| self.by_model.get(i))
+            .map_or(&self.always, |(_, mask)| mask)
+    }
 }
 
 /// The feasibility gate: compiled Cedar tables plus how request headers
@@ -140,6 +239,10 @@ pub struct Destination {
     /// Rank-only preference weight (default 1; < 1 preferred).
     #[serde(default = "default_bias")]
     pub bias: f64,
+    /// Models resident on the destination (a request for another one pays
+    /// `cold_load_usd`). Absent: every model counts as resident.
+    #[serde(default)]
+    pub warm_models: Option<Vec<String>>,
 }
 
 fn default_tier() -> String {
@@ -177,6 +280,10 @@ struct RawConfig {
     destination_header: Option<String>,
     #[serde(default)]
     latency_usd_per_s: Option<f64>,
+    #[serde(default)]
+    latency_classes: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    response_headers: bool,
     #[serde(default)]
     default_output_tokens: Option<u32>,
     #[serde(default)]
@@ -333,6 +440,30 @@ impl Config {
         if !(latency_usd_per_s.is_finite() && latency_usd_per_s >= 0.0) {
             return Err(err("latency_usd_per_s", "must be a finite number >= 0"));
         }
+        let mut latency_classes = Vec::with_capacity(raw.latency_classes.len());
+        for (class, v) in &raw.latency_classes {
+            if !(v.is_finite() && *v >= 0.0) {
+                return Err(err(
+                    format!("latency_classes.{class}"),
+                    "must be a finite number >= 0 (USD per second of queueing delay)",
+                ));
+            }
+            latency_classes.push((class.clone(), *v));
+        }
+        for (i, d) in raw.destinations.iter().enumerate() {
+            if let Some(m) = d
+                .warm_models
+                .iter()
+                .flatten()
+                .position(|m| m.trim().is_empty())
+            {
+                return Err(err(
+                    format!("destinations[{i}].warm_models[{m}]"),
+                    "must be a model name, not empty",
+                ));
+            }
+        }
+        let warmth = Warmth::build(&raw.destinations);
         let health = health_policy(&raw.health)?;
         let fingerprint = fingerprint(&raw.destinations);
         let policy = match &raw.tables_base64 {
@@ -367,6 +498,9 @@ impl Config {
             models,
             destination_header,
             latency_usd_per_s,
+            latency_classes,
+            warmth,
+            response_headers: raw.response_headers,
             default_output_tokens: raw.default_output_tokens.unwrap_or(256),
             health,
             fingerprint,
@@ -536,6 +670,47 @@ mod tests {
         assert_eq!(c.models[1].tier, Tier::Payg);
         assert_eq!(c.models[1].knee, 0.8);
         assert_eq!(c.health, HealthPolicy::default());
+    }
+
+    #[test]
+    fn latency_value_by_class_with_a_default() {
+        let c = Config::parse(
+            br#"{"destinations":[{"name":"a","cluster":"ca"}],"latency_usd_per_s":0.002,
+                 "latency_classes":{"interactive":0.01,"batch":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.latency_value(Some("interactive")), 0.01);
+        assert_eq!(c.latency_value(Some("batch")), 0.0);
+        assert_eq!(c.latency_value(Some("standard")), 0.002);
+        assert_eq!(c.latency_value(None), 0.002);
+        assert_eq!(
+            field_of(
+                r#"{"destinations":[{"name":"a","cluster":"c"}],"latency_classes":{"fast":-1}}"#
+            ),
+            "latency_classes.fast"
+        );
+        assert!(!c.response_headers, "response headers are opt-in");
+    }
+
+    #[test]
+    fn warm_masks_by_model() {
+        let c = Config::parse(
+            br#"{"destinations":[
+                {"name":"a","cluster":"ca","warm_models":["m1"]},
+                {"name":"b","cluster":"cb"},
+                {"name":"c","cluster":"cc","warm_models":["m1","m2"]},
+                {"name":"d","cluster":"cd","warm_models":[]}]}"#,
+        )
+        .unwrap();
+        let w = &c.warmth;
+        assert_eq!(w.mask(Some("m1")), &[0b0111]);
+        assert_eq!(w.mask(Some("m2")), &[0b0110]);
+        assert_eq!(w.mask(Some("other")), &[0b0010]);
+        assert_eq!(w.mask(None), &[0b1111]);
+        assert_eq!(
+            field_of(r#"{"destinations":[{"name":"a","cluster":"c","warm_models":["m",""]}]}"#),
+            "destinations[0].warm_models[1]"
+        );
     }
 
     #[test]

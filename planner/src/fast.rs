@@ -16,7 +16,8 @@
 //!    `objective + mean priority x GPU-steps` so it can cross states that beat
 //!    the stand-in on one axis only; the pass budget depends on the size;
 //! 3. places RT on concrete GPUs with [`crate::rt::assign`] (high indices,
-//!    furthest next batch use, pre-migration) so the per-GPU swap cap holds;
+//!    furthest next batch use, GPUs that batch will claim shared out among
+//!    the apps, pre-migration) so the per-GPU swap cap holds;
 //! 4. checks the result with the independent checker and keeps the best valid
 //!    plan among itself, the stand-in and FIFO, ranked first by whether it is
 //!    at least as good as the stand-in on both utilisation and objective, then

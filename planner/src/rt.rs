@@ -2,15 +2,23 @@
 //!
 //! Why a separate pass: batch placement only needs RT *counts* (capacity),
 //! but the swap cap is about GPU *identity*. Once batch blocks are fixed, this
-//! pass walks the steps in order and, for each app, keeps the GPUs it already
-//! holds when they stay free, adds or drops GPUs by "furthest next batch use"
-//! (a GPU that batch work will claim soon is the first to drop and the last to
-//! take, like Belady's cache rule), and prefers high GPU indices so that low
-//! indices stay contiguous for batch blocks. Gains are limited so that gains
-//! plus losses stay within `2K`; demand that cannot be met that way becomes
-//! shortfall rather than an invalid plan. Spare swap budget is spent moving
-//! RT off GPUs that batch work is about to claim (pre-migration), so a block
-//! start rarely forces more than `2K` moves at one step.
+//! pass walks the steps in order. Each app keeps the GPUs it already holds
+//! when they stay free; GPUs are taken by "furthest next batch use" (a GPU
+//! that batch work will claim soon is the last to take and the first to drop,
+//! like Belady's cache rule), preferring high indices so that low indices stay
+//! contiguous for batch blocks. Gains are limited so that gains plus losses
+//! stay within `2K`; demand that cannot be met that way becomes shortfall
+//! rather than an invalid plan.
+//!
+//! The apps are assigned together, not one after another: when a batch block
+//! starts on GPUs RT holds, each app that holds some must replace them, and it
+//! can replace only about `K` per step. So each GPU an app gains goes to the
+//! app with the most room to give it up at the step batch claims it
+//! (`exposure`), and spare swap budget is spent moving RT off GPUs that
+//! batch work is about to claim (pre-migration), most exposed app first. In
+//! S7 this is what makes the stand-in's batch placement legal: its block
+//! start at hour 14 claims 5 RT GPUs at once, which one app cannot replace
+//! (the earlier app-by-app pass gave all 5 to app 2) but three apps can.
 
 use crate::model::{Cell, Plan, Scenario};
 
@@ -55,79 +63,146 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
             .map(|r| r.previous.clone().unwrap_or_default())
             .collect();
     let mut has_prev: Vec<bool> = s.rt.iter().map(|r| r.previous.is_some()).collect();
+    let nr = s.rt.len();
     let mut cand: Vec<u32> = Vec::with_capacity(gn);
+    let mut held: Vec<Vec<u32>> = vec![Vec::new(); nr];
+    let mut need = vec![0usize; nr];
+    let mut spare = vec![0usize; nr];
     for t in 0..tn {
         let row = t * gn;
+        let key = |g: u32| (next_use[row + g as usize], g);
+        // 1. Every app keeps the GPUs it held that stay free (dropping the
+        //    soonest-claimed ones when its demand falls).
+        let mut total_need = 0;
         for (ri, app) in s.rt.iter().enumerate() {
             let want = app.demand[t] as usize;
-            let key = |g: u32| (next_use[row + g as usize], g);
-            // GPUs kept from the previous step.
-            let mut keep: Vec<u32> = prev[ri]
-                .iter()
-                .copied()
-                .filter(|&g| (g as usize) < gn && plan.cells[row + g as usize] == Cell::Idle)
-                .collect();
+            let keep = &mut held[ri];
+            keep.clear();
+            keep.extend(
+                prev[ri]
+                    .iter()
+                    .copied()
+                    .filter(|&g| (g as usize) < gn && plan.cells[row + g as usize] == Cell::Idle),
+            );
             if keep.len() > want {
                 keep.sort_unstable_by_key(|&g| std::cmp::Reverse(key(g)));
                 keep.truncate(want);
             }
+            for &g in keep.iter() {
+                plan.cells[row + g as usize] = Cell::Rt(ri as u16);
+            }
             let lost = prev[ri].len() - keep.len();
-            if has_prev[ri] && lost > 2 * app.swap_cap as usize {
+            let cap = 2 * app.swap_cap as usize;
+            if has_prev[ri] && lost > cap {
                 stats.over_cap += 1;
             }
             let budget = if has_prev[ri] {
-                (2 * app.swap_cap as usize).saturating_sub(lost)
+                cap.saturating_sub(lost)
             } else {
                 usize::MAX
             };
-            let need = (want - keep.len()).min(budget);
-            let mut gained = 0;
-            for &g in &keep {
+            need[ri] = (want - keep.len()).min(budget);
+            total_need += need[ri];
+            spare[ri] = if has_prev[ri] { budget - need[ri] } else { 0 };
+        }
+        // 2. Gains: the best free GPUs (furthest next batch use), each handed
+        //    to the app with the most room to give it up when batch claims it,
+        //    so that no app holds more GPUs claimed at one step than its swap
+        //    cap lets it replace.
+        if total_need > 0 {
+            cand.clear();
+            cand.extend((0..gn as u32).filter(|&g| plan.cells[row + g as usize] == Cell::Idle));
+            if cand.len() > total_need {
+                cand.select_nth_unstable_by_key(total_need - 1, |&g| std::cmp::Reverse(key(g)));
+                cand.truncate(total_need);
+            }
+            cand.sort_unstable_by_key(|&g| std::cmp::Reverse(key(g)));
+            for &g in &cand {
+                let claim = next_use[row + g as usize];
+                let ri = (0..nr)
+                    .filter(|&r| need[r] > 0)
+                    .min_by_key(|&r| {
+                        let pressure = if (claim as usize) < tn {
+                            exposure(s, &held[r], &next_use, row, r, claim)
+                        } else {
+                            0
+                        };
+                        (pressure, std::cmp::Reverse(need[r]), r)
+                    })
+                    .unwrap_or(0);
                 plan.cells[row + g as usize] = Cell::Rt(ri as u16);
+                held[ri].push(g);
+                need[ri] -= 1;
             }
-            if need > 0 {
-                cand.clear();
-                cand.extend((0..gn as u32).filter(|&g| plan.cells[row + g as usize] == Cell::Idle));
-                if cand.len() > need {
-                    cand.select_nth_unstable_by_key(need - 1, |&g| std::cmp::Reverse(key(g)));
-                    cand.truncate(need);
+        }
+        // 3. Pre-migration: spend spare swap budget moving off GPUs that batch
+        //    work claims within LOOKAHEAD steps, most exposed app first, so
+        //    that a claim does not force more than 2K moves at once.
+        loop {
+            let mut pick: Option<(i64, usize, usize)> = None;
+            for r in 0..nr {
+                if spare[r] < 2 {
+                    continue;
                 }
-                for &g in &cand {
-                    plan.cells[row + g as usize] = Cell::Rt(ri as u16);
-                }
-                gained = cand.len();
-                keep.extend_from_slice(&cand);
-            }
-            if has_prev[ri] {
-                // Pre-migration: spend spare swap budget moving off GPUs that
-                // batch work claims within LOOKAHEAD steps, so that the claim
-                // does not force more than 2K losses at once.
-                let mut spare = (2 * app.swap_cap as usize).saturating_sub(lost + gained);
-                while spare >= 2 {
-                    let soon = keep
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &g)| next_use[row + g as usize] <= t as u32 + LOOKAHEAD)
-                        .min_by_key(|(_, &g)| next_use[row + g as usize]);
-                    let Some((pos, &g)) = soon else { break };
-                    let free = (0..gn as u32)
-                        .filter(|&h| plan.cells[row + h as usize] == Cell::Idle)
-                        .max_by_key(|&h| key(h));
-                    let Some(h) = free else { break };
-                    if next_use[row + h as usize] <= next_use[row + g as usize] {
-                        break;
+                for (pos, &g) in held[r].iter().enumerate() {
+                    let claim = next_use[row + g as usize];
+                    if claim as usize >= tn || claim > t as u32 + LOOKAHEAD {
+                        continue;
                     }
-                    plan.cells[row + g as usize] = Cell::Idle;
-                    plan.cells[row + h as usize] = Cell::Rt(ri as u16);
-                    keep[pos] = h;
-                    spare -= 2;
+                    let p = exposure(s, &held[r], &next_use, row, r, claim);
+                    let better = pick.is_none_or(|(bp, br, bpos)| {
+                        let bc = next_use[row + held[br][bpos] as usize];
+                        (p, std::cmp::Reverse(claim)) > (bp, std::cmp::Reverse(bc))
+                    });
+                    if better {
+                        pick = Some((p, r, pos));
+                    }
                 }
             }
-            stats.served += keep.len() as u64;
-            stats.shortfall += (want - keep.len()) as u64;
-            prev[ri] = keep;
+            let Some((_, r, pos)) = pick else { break };
+            let g = held[r][pos];
+            let free = (0..gn as u32)
+                .filter(|&h| plan.cells[row + h as usize] == Cell::Idle)
+                .max_by_key(|&h| key(h));
+            let Some(h) = free else { break };
+            if next_use[row + h as usize] <= next_use[row + g as usize] {
+                // No free GPU is safer for this app; stop it migrating.
+                spare[r] = 0;
+                continue;
+            }
+            plan.cells[row + g as usize] = Cell::Idle;
+            plan.cells[row + h as usize] = Cell::Rt(r as u16);
+            held[r][pos] = h;
+            spare[r] -= 2;
+        }
+        for (ri, app) in s.rt.iter().enumerate() {
+            let want = app.demand[t] as usize;
+            stats.served += held[ri].len() as u64;
+            stats.shortfall += (want - held[ri].len()) as u64;
+            std::mem::swap(&mut prev[ri], &mut held[ri]);
             has_prev[ri] = true;
         }
     }
     stats
+}
+
+/// How far app `r`, holding `held` at the step starting at `row`, is over what
+/// it can give up when batch claims its GPUs at step `claim`: the GPUs it holds
+/// that batch claims then, minus how many it can replace within its swap cap
+/// there (`(2K - demand change) / 2`). Positive means a cap violation ahead
+/// unless it moves some of them first.
+fn exposure(s: &Scenario, held: &[u32], next_use: &[u32], row: usize, r: usize, claim: u32) -> i64 {
+    let app = &s.rt[r];
+    let c = claim as usize;
+    let change = if c == 0 {
+        0
+    } else {
+        i64::from(app.demand[c]) - i64::from(app.demand[c - 1])
+    };
+    let room = (2 * i64::from(app.swap_cap) - change).max(0) / 2;
+    let at = held
+        .iter()
+        .filter(|&&g| next_use[row + g as usize] == claim)
+        .count() as i64;
+    at - room
 }

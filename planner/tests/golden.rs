@@ -138,8 +138,9 @@ fn greedy_reproduces_the_note_for_all_seven_scenarios() {
             "S{n} done"
         );
         assert_eq!(notation(&s, &plan), normalise(&e.greedy), "S{n} placements");
-        // Under the real per-GPU swap cap the stand-in's grid is legal in
-        // six scenarios; in S7 a block start takes 5 GPUs from one app at once.
-        assert_eq!(r.valid(), n != 7, "S{n}: {:?}", r.violations);
+        // Under the real per-GPU swap cap the stand-in's batch placement is
+        // legal in all seven once RT GPUs are chosen well (in S7 a block start
+        // at hour 14 claims 5 RT GPUs; they must be spread over the apps).
+        assert!(r.valid(), "S{n}: {:?}", r.violations);
     }
 }

@@ -36,6 +36,8 @@ pub struct Options {
     /// use (RT served + batch). Used to ask whether a plan dominating a
     /// baseline on both utilisation and value exists.
     pub min_gpu_steps: Option<u64>,
+    /// Print HiGHS's progress log (incumbents, bound, nodes) to stdout.
+    pub log: bool,
 }
 
 impl Default for Options {
@@ -45,6 +47,7 @@ impl Default for Options {
             max_nonzeros: 4_000_000,
             heuristic_effort: 0.3,
             min_gpu_steps: None,
+            log: false,
         }
     }
 }
@@ -311,7 +314,12 @@ mod imp {
             sol[i] = v;
         }
         let mut model = pb.optimise(Sense::Maximise);
-        model.make_quiet();
+        if opts.log {
+            model.set_option("output_flag", true);
+            model.set_option("log_to_console", true);
+        } else {
+            model.make_quiet();
+        }
         model.set_option("time_limit", opts.time_limit_s);
         model.set_option("threads", 1);
         model.set_option("mip_heuristic_effort", opts.heuristic_effort);

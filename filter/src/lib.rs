@@ -52,6 +52,9 @@ pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
 /// Compare-and-swap attempts before giving up on a shared-state update.
 const CAS_ATTEMPTS: usize = 32;
 
+/// How often an idle worker pays the in-flight releases it owes.
+const TICK: std::time::Duration = std::time::Duration::from_millis(500);
+
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
@@ -206,12 +209,28 @@ impl RootContext for AceRoot {
                     }),
                     config,
                 }));
+                // Pays owed in-flight releases when the worker goes idle.
+                if let Err(s) = hostcalls::set_tick_period(TICK) {
+                    log::warn!("cannot set the tick period: {s:?}");
+                }
                 true
             }
             Err(e) => {
                 // Refuse this configuration; Envoy keeps the last good one.
                 log::error!("{e}");
                 false
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        // An idle worker pays the in-flight releases it owes.
+        let Some(plugin) = &self.plugin else {
+            return;
+        };
+        if plugin.scratch.borrow().mirror.owes() {
+            if let Err(s) = plugin.update(now_ms(), |_| (None, ())) {
+                log::warn!("cannot update the shared fleet state: {s:?}");
             }
         }
     }
@@ -292,19 +311,27 @@ impl Plugin {
                     "shared fleet state had an unexpected layout; starting those parts fresh"
                 );
             }
+            mirror.apply_owed(models, policy, now);
             let (changed, out) = f(mirror);
-            let Some(d) = changed else {
+            if changed.is_none() && !mirror.owes() {
                 return Ok(out);
-            };
+            }
+            // This destination and every one with releases owed.
+            let mut dirty = mirror.owed().to_vec();
+            if let Some(w) = changed.and_then(|d| dirty.get_mut(d / 64).map(|w| (w, d))) {
+                *w.0 |= 1 << (w.1 % 64);
+            }
+            let dirty = Bits(&dirty);
             let mut bytes = current.unwrap_or_default();
-            mirror.write(d, &mut bytes);
+            dirty.each(|d| mirror.write(d, &mut bytes));
             match hostcalls::set_shared_data(&self.state_key, Some(&bytes), cas) {
                 Ok(()) => {
-                    mirror.written(d, &bytes, models, policy, now);
+                    dirty.each(|d| mirror.written(d, &bytes, models, policy, now));
+                    mirror.paid();
                     return Ok(out);
                 }
                 Err(e) => {
-                    mirror.lost(d);
+                    dirty.each(|d| mirror.lost(d));
                     if e != Status::CasMismatch {
                         return Err(e);
                     }
@@ -312,6 +339,21 @@ impl Plugin {
             }
         }
         Err(Status::CasMismatch)
+    }
+}
+
+/// The set bits of a destination mask.
+struct Bits<'a>(&'a [u64]);
+
+impl Bits<'_> {
+    fn each(&self, mut f: impl FnMut(usize)) {
+        for (w, &word) in self.0.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                f(w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
     }
 }
 
@@ -527,6 +569,26 @@ impl AceStream {
         let now = now_ms();
         let policy = plugin.config.health;
         let d = decision.index;
+        // A quiet ending (success within the SLO, or the client gone) on a
+        // destination with nothing to recover only releases a slot: owe it
+        // to the next write instead of writing now (see `state`).
+        let quiet = match outcome {
+            None => true,
+            Some(Outcome::Success { latency_ms, slo_ms }) => slo_ms.is_none_or(|s| latency_ms <= s),
+            Some(_) => false,
+        };
+        if quiet {
+            let mut scratch = plugin.scratch.borrow_mut();
+            let calm = scratch
+                .mirror
+                .health
+                .get(d)
+                .is_some_and(|h| h.is_pristine(now) && h.consecutive_failures() == 0);
+            if calm {
+                scratch.mirror.owe_release(d);
+                return;
+            }
+        }
         let result = plugin.update(now, |m| {
             if let Some(f) = m.in_flight.get_mut(d) {
                 *f = f.saturating_sub(1);

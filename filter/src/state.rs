@@ -15,6 +15,14 @@
 //! only the ones that differ; an update rewrites only its destination's
 //! bytes. The decision then runs on an up-to-date [`Slate`] without pricing
 //! the whole fleet per request.
+//!
+//! A request that ends quietly (a success within its SLO on a destination
+//! with nothing to recover) changes nothing but its in-flight count, so
+//! its release is owed ([`Mirror::owe_release`]) and paid with this
+//! worker's next write, usually the next request's claim, or by the
+//! plugin's tick when the worker goes idle. That saves a shared-data round
+//! trip per request; other workers see the count high by this worker's
+//! unpaid releases for that long, which only makes them more cautious.
 
 use ace_core::cost::CostModel;
 use ace_core::dispatch::{Fleet, Slate};
@@ -56,6 +64,10 @@ pub struct Mirror {
     rewrite_all: bool,
     /// A healthy, idle destination's bytes.
     fresh: [u8; STRIDE],
+    /// In-flight releases owed to the shared entry, per destination.
+    owed: Vec<u32>,
+    /// Destinations with releases owed.
+    owed_mask: Vec<u64>,
 }
 
 impl Mirror {
@@ -72,7 +84,51 @@ impl Mirror {
             slate: Slate::new(n),
             seen: UNSEEN.repeat(n),
             rewrite_all: true,
+            owed: vec![0; n],
+            owed_mask: vec![0; n.div_ceil(64)],
         }
+    }
+
+    /// Record that a request on `d` ended quietly: its slot is released
+    /// with the next write instead of a write of its own.
+    pub fn owe_release(&mut self, d: usize) {
+        if let (Some(o), Some(w)) = (self.owed.get_mut(d), self.owed_mask.get_mut(d / 64)) {
+            *o = o.saturating_add(1);
+            *w |= 1 << (d % 64);
+        }
+    }
+
+    /// Whether releases are owed.
+    pub fn owes(&self) -> bool {
+        self.owed_mask.iter().any(|w| *w != 0)
+    }
+
+    /// Destinations with releases owed (bit mask).
+    pub fn owed(&self) -> &[u64] {
+        &self.owed_mask
+    }
+
+    /// Fold the owed releases into the synced counts and reprice (call
+    /// right after [`Mirror::sync`], before deciding or writing).
+    pub fn apply_owed(&mut self, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
+        for w in 0..self.owed_mask.len() {
+            let mut bits = self.owed_mask.get(w).copied().unwrap_or(0);
+            while bits != 0 {
+                let d = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let owed = self.owed.get(d).copied().unwrap_or(0);
+                if let Some(f) = self.in_flight.get_mut(d) {
+                    *f = f.saturating_sub(owed);
+                }
+                self.reprice(d, models, policy, now_ms);
+            }
+        }
+    }
+
+    /// The owed releases reached the shared entry.
+    pub fn paid(&mut self) {
+        self.owed.iter_mut().for_each(|o| *o = 0);
+        self.owed_mask.iter_mut().for_each(|w| *w = 0);
     }
 
     /// Bring the mirror up to `entry` (the shared bytes, if any) at
@@ -322,6 +378,38 @@ mod tests {
         }
         assert!(same(&a, &a.clone()));
         assert!(!same(&a, &a[1..]));
+    }
+
+    #[test]
+    fn owed_releases_are_paid_with_the_next_write() {
+        let p = HealthPolicy::default();
+        let m = models(3);
+        let mut w = Mirror::new(3);
+        w.sync(None, &m, &p, 0);
+        w.in_flight[1] = 2;
+        let mut entry = Vec::new();
+        w.write(1, &mut entry);
+        w.written(1, &entry, &m, &p, 0);
+        w.owe_release(1);
+        w.owe_release(1);
+        assert!(w.owes());
+        // The next claim (on destination 2) syncs, folds the releases in,
+        // and writes both destinations.
+        w.sync(Some(&entry), &m, &p, 5);
+        w.apply_owed(&m, &p, 5);
+        assert_eq!(w.in_flight, vec![0, 0, 0]);
+        w.in_flight[2] += 1;
+        for d in [1, 2] {
+            w.write(d, &mut entry);
+        }
+        for d in [1, 2] {
+            w.written(d, &entry, &m, &p, 5);
+        }
+        w.paid();
+        assert!(!w.owes());
+        let mut other = Mirror::new(3);
+        other.sync(Some(&entry), &m, &p, 5);
+        assert_eq!(other.in_flight, vec![0, 0, 1]);
     }
 
     #[test]

@@ -48,7 +48,7 @@ fn fleet_config() -> Value {
             d
         })
         .collect();
-    json!({"destinations": dests, "health": {"trip_after": 3, "base_cooldown_ms": 3000}})
+    json!({"response_headers": true, "destinations": dests, "health": {"trip_after": 3, "base_cooldown_ms": 3000}})
 }
 
 fn line(i: usize, what: &str, r: &Response) {
@@ -198,7 +198,8 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
         "\nscene 5: the example fleet and Cedar policies in {} (12 destinations, 4 jurisdictions)",
         dir.display()
     );
-    let config = ace_cli::plugin::build(&dir, false, false)?;
+    let mut config = ace_cli::plugin::build(&dir, false, false)?;
+    config["response_headers"] = json!(true);
     let project = ace_policy::load_dir(&dir).map_err(|e| anyhow!("{e}"))?;
     let jurisdiction = |name: &str| {
         project

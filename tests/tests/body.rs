@@ -46,6 +46,7 @@ fn fleet() -> (Envoy, Upstream, Upstream) {
     let wasm = ace_filter_wasm();
     let (small, big) = (upstream("small-gpu"), upstream("big-gpu"));
     let config = json!({
+        "response_headers": true,
         "destinations": [
             {"name": "small-gpu", "cluster": "small_gpu", "tier": "inhouse", "capacity": 8,
              "usd_per_input_token": 1e-9, "usd_per_output_token": 1e-9},

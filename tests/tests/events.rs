@@ -37,7 +37,7 @@ fn one_parseable_event_per_request_with_every_field() {
     require_envoy();
     let wasm = ace_filter_wasm();
     let (owned, payg) = (upstream("owned"), upstream("payg"));
-    let config = json!({"destinations": [
+    let config = json!({"response_headers": true, "destinations": [
         {"name": "payg", "cluster": "payg", "tier": "payg",
          "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5},
         {"name": "owned", "cluster": "owned", "tier": "inhouse", "capacity": 8,

@@ -23,7 +23,8 @@ fn fleet() -> Fleet {
     require_envoy();
     let wasm = ace_filter_wasm();
     let dir = ace_harness::workspace_root().join("policies");
-    let config = ace_cli::plugin::build(&dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut config = ace_cli::plugin::build(&dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
+    config["response_headers"] = serde_json::json!(true);
     let project = ace_policy::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
     let mut facts = HashMap::new();
     for d in &project.manifest.manifest.destinations {

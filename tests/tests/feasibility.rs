@@ -76,6 +76,7 @@ fn config(on_missing: &str) -> Value {
         })
         .collect();
     json!({
+        "response_headers": true,
         "destinations": dests,
         "tables_base64": base64::engine::general_purpose::STANDARD.encode(eu_residency_tables()),
         "on_missing_attribute": on_missing,

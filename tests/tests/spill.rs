@@ -21,6 +21,7 @@ fn dest(name: &str, tier: &str, capacity: u32, usd_in: f64, usd_out: f64) -> Val
 /// trip threshold and first cool-down.
 fn three_tiers(trip_after: u32, base_cooldown_ms: u64) -> Value {
     json!({
+        "response_headers": true,
         "destinations": [
             dest("payg", "payg", 0, 2.5e-6, 1e-5),
             dest("reserved", "reserved", 16, 5e-9, 5e-9),
@@ -68,7 +69,7 @@ fn owned_fills_to_its_knee_then_reserved_then_payg() {
     o["knee"] = json!(0.75);
     let mut r = dest("reserved", "reserved", 4, 5e-9, 5e-9);
     r["knee"] = json!(0.75);
-    let config = json!({"destinations": [dest("payg", "payg", 0, 2.5e-6, 1e-5), r, o]});
+    let config = json!({"response_headers": true, "destinations": [dest("payg", "payg", 0, 2.5e-6, 1e-5), r, o]});
     let envoy = start_fleet(config, &[&owned, &reserved, &payg]);
 
     let port = envoy.port();
@@ -161,7 +162,7 @@ fn refused_connections_trip_the_destination() {
 #[test]
 fn a_429_with_retry_after_takes_the_destination_out_for_that_long() {
     let (cheap, dear) = (upstream("payg-cheap"), upstream("payg-dear"));
-    let config = json!({"destinations": [
+    let config = json!({"response_headers": true, "destinations": [
         dest("payg-dear", "payg", 0, 5e-6, 2e-5),
         dest("payg-cheap", "payg", 0, 1e-6, 4e-6)
     ]});

@@ -79,6 +79,15 @@ impl Event {
     /// always present (`null` when unknown), in a fixed order.
     pub fn write_json(&self, out: &mut String) {
         out.clear();
+        self.write_head(out);
+        self.write_tail(out);
+    }
+
+    /// Append the members that are fixed once the request is routed, from
+    /// `schema` through `tier`: the filter renders them once per request
+    /// and then writes `head + tail` (see [`Event::write_tail`]), so a
+    /// rewrite formats only what can still change.
+    pub fn write_head(&self, out: &mut String) {
         out.push_str("{\"schema\":");
         string(out, self.schema);
         out.push_str(",\"request_id\":");
@@ -99,17 +108,20 @@ impl Event {
         opt_string(out, self.destination.as_deref());
         out.push_str(",\"tier\":");
         opt_string(out, self.tier);
+    }
+
+    /// Append the members after `tier` (tokens, status, latency, costs,
+    /// reason) and the closing brace.
+    pub fn write_tail(&self, out: &mut String) {
         out.push_str(",\"tokens_in\":");
         out.push_str(itoa::Buffer::new().format(self.tokens_in));
         out.push_str(",\"tokens_out\":");
         out.push_str(itoa::Buffer::new().format(self.tokens_out));
-        out.push_str(",\"tokens_estimated\":");
         out.push_str(if self.tokens_estimated {
-            "true"
+            ",\"tokens_estimated\":true,\"status\":"
         } else {
-            "false"
+            ",\"tokens_estimated\":false,\"status\":"
         });
-        out.push_str(",\"status\":");
         out.push_str(itoa::Buffer::new().format(self.status));
         out.push_str(",\"latency_ms\":");
         out.push_str(itoa::Buffer::new().format(self.latency_ms));
@@ -118,13 +130,11 @@ impl Event {
             Some(v) => out.push_str(itoa::Buffer::new().format(v)),
             None => out.push_str("null"),
         }
-        out.push_str(",\"slo_met\":");
         out.push_str(match self.slo_met {
-            Some(true) => "true",
-            Some(false) => "false",
-            None => "null",
+            Some(true) => ",\"slo_met\":true,\"marginal_usd\":",
+            Some(false) => ",\"slo_met\":false,\"marginal_usd\":",
+            None => ",\"slo_met\":null,\"marginal_usd\":",
         });
-        out.push_str(",\"marginal_usd\":");
         number(out, self.marginal_usd);
         out.push_str(",\"counterfactual_usd\":");
         match self.counterfactual_usd {
@@ -164,37 +174,53 @@ impl UsdBuffer {
         if !v.is_finite() {
             return "0";
         }
-        let mut n = 0;
-        let mut put = |b: u8| {
-            if let Some(slot) = self.bytes.get_mut(n) {
-                *slot = b;
-                n += 1;
-            }
-        };
         if !(0.0..1e7).contains(&v) {
             // At most 24 bytes (`-1.2345678901234567e-308`).
-            zmij::Buffer::new()
-                .format_finite(v)
-                .bytes()
-                .for_each(&mut put);
-            return self.written(n);
+            let mut z = zmij::Buffer::new();
+            return self.copied(z.format_finite(v).as_bytes());
         }
         // v < 1e7, so v * 1e12 < 1e19 < u64::MAX.
         let pico = (v * 1e12).round() as u64;
-        let (whole, frac) = (pico / PICO, pico % PICO);
-        itoa::Buffer::new().format(whole).bytes().for_each(&mut put);
+        let (whole, mut frac) = (pico / PICO, pico % PICO);
+        // `whole` < 1e7: at most 7 digits, then `.` and at most 12.
+        let mut int = itoa::Buffer::new();
+        let mut n = self.copy_at(0, int.format(whole).as_bytes());
         if frac != 0 {
-            let mut digits = [b'0'; 12];
-            let mut f = frac;
-            for d in digits.iter_mut().rev() {
-                *d = b'0' + (f % 10) as u8;
-                f /= 10;
+            let mut digits = 12;
+            while frac % 10 == 0 {
+                frac /= 10;
+                digits -= 1;
             }
-            let keep = digits.iter().rposition(|&d| d != b'0').map_or(0, |i| i + 1);
-            core::iter::once(b'.')
-                .chain(digits.iter().take(keep).copied())
-                .for_each(&mut put);
+            if let Some((dot, rest)) = self
+                .bytes
+                .get_mut(n..n + 1 + digits)
+                .and_then(|s| s.split_first_mut())
+            {
+                *dot = b'.';
+                for d in rest.iter_mut().rev() {
+                    *d = b'0' + (frac % 10) as u8;
+                    frac /= 10;
+                }
+                n += 1 + digits;
+            }
         }
+        self.written(n)
+    }
+
+    /// Copy `src` to offset `at`; returns the end offset (`at` if it does
+    /// not fit, which the callers' bounds rule out).
+    fn copy_at(&mut self, at: usize, src: &[u8]) -> usize {
+        match self.bytes.get_mut(at..at + src.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(src);
+                at + src.len()
+            }
+            None => at,
+        }
+    }
+
+    fn copied(&mut self, src: &[u8]) -> &str {
+        let n = self.copy_at(0, src);
         self.written(n)
     }
 
@@ -309,6 +335,10 @@ mod tests {
         };
         let line = e.to_json();
         assert!(!line.contains('\n'));
+        let mut split = String::new();
+        e.write_head(&mut split);
+        e.write_tail(&mut split);
+        assert_eq!(split, line, "head + tail is the whole line");
         assert_eq!(
             line,
             "{\"schema\":\"ace.event/1\",\"request_id\":\"r-1\",\"time_ms\":5,\"tenant\":\"acme\",\

@@ -264,6 +264,10 @@ struct AceStream {
     settled: bool,
     /// The request's event; written to filter state whenever it changes.
     event: Option<Event>,
+    /// The event's members up to `tier` (fixed once routed), rendered once
+    /// in `route`; empty before. Every later write copies it and formats
+    /// only the tail.
+    event_head: String,
     /// Token usage in the response, when it is being looked for.
     usage: Option<UsageScanner>,
 }
@@ -399,7 +403,13 @@ impl AceStream {
             return;
         };
         let mut line = plugin.event_line.borrow_mut();
-        e.write_json(&mut line);
+        line.clear();
+        if self.event_head.is_empty() {
+            e.write_head(&mut line);
+        } else {
+            line.push_str(&self.event_head);
+        }
+        e.write_tail(&mut line);
         if let Err(s) = hostcalls::set_property(vec![event::PROPERTY], Some(line.as_bytes())) {
             log::warn!("cannot write the request event: {s:?}");
         }
@@ -508,6 +518,9 @@ impl AceStream {
             e.marginal_usd = decision.marginal_usd;
             e.counterfactual_usd = decision.counterfactual_usd;
             e.reason = decision.reason.as_str();
+            // Nothing up to `tier` changes after this point.
+            self.event_head = String::with_capacity(512);
+            e.write_head(&mut self.event_head);
         }
         if let Err(s) = hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
@@ -666,23 +679,34 @@ impl HttpContext for AceStream {
                 "cannot sanitise request headers",
             );
         }
-        // Capture what later phases need while the headers are readable.
-        if let Some(policy) = &cfg.policy {
-            self.attributes = policy
-                .attributes
-                .iter()
-                .map(|a| request_header(&a.header))
-                .collect();
-        }
+        // Capture what later phases need while the headers are readable,
+        // each header once: the event reuses the attribute values.
+        let policy_headers = cfg.policy.as_ref().map_or(&[][..], |p| &p.attributes[..]);
+        self.attributes = policy_headers
+            .iter()
+            .map(|a| request_header(&a.header))
+            .collect();
+        let header = |name: &str| match policy_headers
+            .iter()
+            .position(|a| a.header.eq_ignore_ascii_case(name))
+        {
+            Some(i) => self.attributes.get(i).cloned().flatten(),
+            None => request_header(name),
+        };
+        let model = header("x-ace-model");
+        let (tenant, data_class, latency_class) = (
+            header("x-ace-tenant"),
+            header("x-ace-data-class"),
+            header("x-ace-latency-class"),
+        );
         self.content_length = request_header("content-length").and_then(|v| v.trim().parse().ok());
-        let model = request_header("x-ace-model");
         self.event = Some(Event {
             schema: event::SCHEMA,
             request_id: request_header("x-request-id"),
             time_ms: now_ms(),
-            tenant: request_header("x-ace-tenant"),
-            data_class: request_header("x-ace-data-class"),
-            latency_class: request_header("x-ace-latency-class"),
+            tenant,
+            data_class,
+            latency_class,
             model_served: model.clone(),
             model_requested: model,
             destination: None,
@@ -699,8 +723,11 @@ impl HttpContext for AceStream {
             reason: "",
         });
         let has_body = !eos && self.content_length != Some(0);
-        let json = request_header("content-type").is_some_and(|c| c.contains("json"));
-        if cfg.read_body && has_body && json {
+        // Only read the content type when the body would be read.
+        if cfg.read_body
+            && has_body
+            && request_header("content-type").is_some_and(|c| c.contains("json"))
+        {
             // Hold the headers (StopIteration under
             // allow_on_headers_stop_iteration) until the body is read.
             self.waiting_for_body = true;

@@ -68,8 +68,7 @@ struct Plugin {
     config: Config,
     /// Shared-data key of the fleet state.
     state_key: String,
-    /// Every destination: the warm mask (until the control service reports
-    /// which models are resident) and the feasible mask without policy.
+    /// Every destination: the feasible mask when there is no policy.
     all: Vec<u64>,
     /// The compiled policy tables, borrowed zero-copy.
     tables: Option<ace_core::tables::Tables<'static>>,
@@ -282,16 +281,25 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A header's value. Read as bytes: the SDK's string read unwraps its
+/// UTF-8 check, so a client sending a non-UTF-8 value would trap the VM.
+/// Such a value is kept with U+FFFD in place of the bad bytes: it matches
+/// no attribute value (unknown, so policy fails closed) and still shows in
+/// the event.
+fn header(map: MapType, name: &str) -> Option<String> {
+    let bytes = hostcalls::get_map_value_bytes(map, name).ok().flatten()?;
+    Some(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
 fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-        .ok()
-        .flatten()
+    header(MapType::HttpRequestHeaders, name)
 }
 
 fn response_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
-        .ok()
-        .flatten()
+    header(MapType::HttpResponseHeaders, name)
 }
 
 impl Plugin {
@@ -417,9 +425,8 @@ impl AceStream {
 
     /// Feasibility, then merit order, then the routing header. Runs from
     /// the headers callback, or from the body callback once the body is read.
-    fn route(&mut self, plugin: &Rc<Plugin>, body: Option<&RequestBody>) -> Action {
+    fn route(&mut self, plugin: &Rc<Plugin>, body: Option<&RequestBody>, now: u64) -> Action {
         let cfg = &plugin.config;
-        let now = now_ms();
         let tokens_in = body
             .map(|b| b.tokens_in)
             .unwrap_or_else(|| self.content_length.map_or(1, body::estimate_tokens));
@@ -435,11 +442,16 @@ impl AceStream {
                 e.model_served = e.model_requested.clone();
             }
         }
+        let event = self.event.as_ref();
         let req = Request {
             tokens_in,
             tokens_out,
-            latency_usd_per_s: cfg.latency_usd_per_s,
+            latency_usd_per_s: cfg.latency_value(event.and_then(|e| e.latency_class.as_deref())),
         };
+        // Which destinations have the requested model resident.
+        let warm = cfg
+            .warmth
+            .mask(event.and_then(|e| e.model_requested.as_deref()));
         // Feasibility first: the compiled Cedar tables, per request.
         let mut lookup = plugin.lookup.borrow_mut();
         let Lookup { values, mask } = &mut *lookup;
@@ -465,7 +477,7 @@ impl AceStream {
             }
             _ => mask.iter_mut().zip(&plugin.all).for_each(|(m, a)| *m = *a),
         }
-        let (feasible, warm) = (&*mask, &plugin.all);
+        let feasible = &*mask;
         let decided = plugin.update(now, |m| {
             match dispatch::decide(&m.slate, feasible, warm, &req) {
                 Ok(d) => {
@@ -508,7 +520,7 @@ impl AceStream {
             bump(*requests, 1);
         }
         let Some(dest) = cfg.destinations.get(decision.index) else {
-            self.settle(None);
+            self.settle(None, None);
             return self.reply_json(500, "internal", "internal", "decision index out of range");
         };
         if let Some(e) = self.event.as_mut() {
@@ -528,7 +540,7 @@ impl AceStream {
             Some(&dest.cluster),
         ) {
             log::warn!("cannot set destination header: {s:?}");
-            self.settle(None);
+            self.settle(None, None);
             return self.reply_json(
                 500,
                 "internal",
@@ -571,7 +583,9 @@ impl AceStream {
         self.write_event();
     }
 
-    fn settle(&mut self, outcome: Option<Outcome>) {
+    /// Fold the request's outcome into the shared state (once). `now` is
+    /// the caller's clock reading, if it has one (each read is a host call).
+    fn settle(&mut self, outcome: Option<Outcome>, now: Option<u64>) {
         if self.settled {
             return;
         }
@@ -579,7 +593,7 @@ impl AceStream {
         let (Some(plugin), Some((decision, _))) = (self.plugin.as_ref(), self.chosen) else {
             return;
         };
-        let now = now_ms();
+        let now = now.unwrap_or_else(now_ms);
         let policy = plugin.config.health;
         let d = decision.index;
         // A quiet ending (success within the SLO, or the client gone) on a
@@ -700,10 +714,11 @@ impl HttpContext for AceStream {
             header("x-ace-latency-class"),
         );
         self.content_length = request_header("content-length").and_then(|v| v.trim().parse().ok());
+        let now = now_ms();
         self.event = Some(Event {
             schema: event::SCHEMA,
             request_id: request_header("x-request-id"),
-            time_ms: now_ms(),
+            time_ms: now,
             tenant,
             data_class,
             latency_class,
@@ -733,7 +748,7 @@ impl HttpContext for AceStream {
             self.waiting_for_body = true;
             return Action::Pause;
         }
-        self.route(&plugin, None)
+        self.route(&plugin, None, now)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -762,7 +777,7 @@ impl HttpContext for AceStream {
             body_size.max(max + 1)
         };
         match body::scan_request(&bytes, total) {
-            Ok(b) => self.route(&plugin, Some(&b)),
+            Ok(b) => self.route(&plugin, Some(&b), now_ms()),
             Err(e) => {
                 let needs_model = plugin
                     .config
@@ -783,7 +798,7 @@ impl HttpContext for AceStream {
                 }
                 // The body only refines the estimate: fall back to its size.
                 self.content_length = Some(body_size);
-                self.route(&plugin, None)
+                self.route(&plugin, None, now_ms())
             }
         }
     }
@@ -796,7 +811,8 @@ impl HttpContext for AceStream {
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
         let dest = plugin.config.destinations.get(decision.index);
-        let latency_ms = now_ms().saturating_sub(started);
+        let now = now_ms();
+        let latency_ms = now.saturating_sub(started);
         let outcome = match status {
             429 => Outcome::Throttled {
                 retry_after_ms: response_header("retry-after")
@@ -809,7 +825,7 @@ impl HttpContext for AceStream {
                 slo_ms: dest.and_then(|d| d.slo_ms),
             },
         };
-        self.settle(Some(outcome));
+        self.settle(Some(outcome), Some(now));
         if let Some(e) = self.event.as_mut() {
             e.latency_ms = latency_ms;
         }
@@ -819,7 +835,7 @@ impl HttpContext for AceStream {
                 response_header("content-type").is_some_and(|c| c.contains("text/event-stream"));
             self.usage = Some(UsageScanner::new(sse, plugin.config.max_body_bytes));
         }
-        if let Some(dest) = dest {
+        if let Some(dest) = dest.filter(|_| plugin.config.response_headers) {
             let tier = plugin
                 .config
                 .models
@@ -863,7 +879,7 @@ impl HttpContext for AceStream {
     fn on_log(&mut self) {
         // The client went away before any response: free the slot and
         // blame no one. The event keeps status 0 unless a response was seen.
-        self.settle(None);
+        self.settle(None, None);
         if self.event.as_ref().is_some_and(|e| e.status == 0) {
             self.finish_event(0, "client_gone");
         }

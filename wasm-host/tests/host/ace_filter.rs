@@ -85,3 +85,56 @@ fn many_requests_do_not_grow_memory_without_bound() -> Result<(), Error> {
     assert_eq!(vm.memory_size(), after_warmup, "linear memory grew");
     Ok(())
 }
+
+/// Two in-house destinations; `cheap` is cheaper per token but has only
+/// `m1` resident and a cold load that costs more than the difference.
+const WARMTH: &str = r#"{"response_headers":true,"destinations":[
+    {"name":"cheap","cluster":"c_cheap","tier":"inhouse","capacity":10,
+     "usd_per_input_token":1e-9,"cold_load_usd":0.5,"warm_models":["m1"]},
+    {"name":"dear","cluster":"c_dear","tier":"inhouse","capacity":10,
+     "usd_per_input_token":1e-6}]}"#;
+
+fn routed_to(vm: &mut Vm, headers: &[(&str, &[u8])]) -> Result<Option<String>, Error> {
+    let mut s = vm.http_stream()?;
+    let mut all: Vec<(&str, &[u8])> = vec![(":path", b"/v1/chat"), (":method", b"POST")];
+    all.extend_from_slice(headers);
+    s.send_request_headers(all.into_iter().collect::<ace_wasm_host::Headers>(), true)?;
+    let to = s
+        .request_headers()
+        .get("x-ace-destination")
+        .map(str::to_string);
+    s.send_response_headers([(":status", "200")], true)?;
+    s.finish()?;
+    Ok(to)
+}
+
+#[test]
+fn a_cold_model_pays_its_load_and_a_warm_one_does_not() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let mut vm = Vm::builder(&m).configuration(WARMTH).start()?;
+    let warm = routed_to(&mut vm, &[("x-ace-model", b"m1")])?;
+    assert_eq!(warm.as_deref(), Some("c_cheap"));
+    let cold = routed_to(&mut vm, &[("x-ace-model", b"m2")])?;
+    assert_eq!(cold.as_deref(), Some("c_dear"), "m2 is cold on `cheap`");
+    // No model named: no cold load can be attributed.
+    assert_eq!(routed_to(&mut vm, &[])?.as_deref(), Some("c_cheap"));
+    Ok(())
+}
+
+#[test]
+fn a_header_that_is_not_utf8_is_an_unknown_value_not_a_trap() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let mut vm = Vm::builder(&m).configuration(WARMTH).start()?;
+    let to = routed_to(
+        &mut vm,
+        &[("x-ace-model", b"m1\xff\xfe"), ("x-ace-tenant", b"\xc3")],
+    )?;
+    // The model matches no warm list, so `cheap` is cold.
+    assert_eq!(to.as_deref(), Some("c_dear"));
+    // The VM is still alive.
+    assert_eq!(
+        routed_to(&mut vm, &[("x-ace-model", b"m1")])?.as_deref(),
+        Some("c_cheap")
+    );
+    Ok(())
+}

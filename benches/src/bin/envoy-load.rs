@@ -168,6 +168,19 @@ fn measure(
             "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}",
             name, s.rps, s.p50_us, s.p99_us, s.errors, cpu_us
         );
+        // The filter's warnings under load cost time too; show them.
+        let log = envoy.log();
+        let noisy: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("wasm") && (l.contains("[warning]") || l.contains("[error]")))
+            .collect();
+        if !noisy.is_empty() {
+            println!(
+                "  {} warning/error lines in Envoy's log, e.g. {}",
+                noisy.len(),
+                noisy.first().copied().unwrap_or_default()
+            );
+        }
         rows.push((name, s, cpu_us));
     }
     Ok(rows)

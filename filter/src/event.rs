@@ -269,7 +269,7 @@ fn opt_string(out: &mut String, s: Option<&str>) {
 
 /// A JSON string: quotes, backslashes and control characters escaped; all
 /// other characters (the input is UTF-8 already) copied as they are.
-fn string(out: &mut String, s: &str) {
+pub fn string(out: &mut String, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     if !needs_escape(s.as_bytes()) {

@@ -3,23 +3,59 @@
 #![cfg(feature = "milp")]
 
 use ace_planner::{check, fast, full, parse};
+use std::time::Instant;
 
+/// The bar: on S1-S5 full mode proves optimality or reports a proven
+/// gap of at most 1 % within the default 60 s. S1, S2, S3 and S5 are proved
+/// optimal (values fixed here); S4 must end within 1 % (bound vs incumbent).
 #[test]
-fn full_mode_proves_optimality_on_s1_and_s5() {
-    for (n, optimum) in [(1u32, 1054.0), (5, 735.0)] {
+fn small_scenarios_optimal_or_within_one_percent_in_60_s() {
+    for (n, optimum) in [
+        (1u32, Some(1054.0)),
+        (2, Some(726.0)),
+        (3, Some(754.0)),
+        (4, None),
+        (5, Some(735.0)),
+    ] {
         let path = format!("{}/scenarios/s{n}", env!("CARGO_MANIFEST_DIR"));
         let s = parse(&std::fs::read_to_string(path).unwrap(), "s").unwrap();
         let warm = fast::solve(&s);
+        let clock = Instant::now();
         let out = full::solve_checked(&s, &warm.plan, full::Options::default()).unwrap();
+        let secs = clock.elapsed().as_secs_f64();
         let r = check(&s, &out.plan);
         assert!(r.valid(), "S{n}: {:?}", r.violations);
         assert!(
             r.objective >= warm.report.objective,
             "S{n}: worse than the warm start"
         );
-        assert!(out.proof.optimal, "S{n}: {:?}", out.proof);
-        assert!(out.proof.gap <= 1e-4, "S{n}: {:?}", out.proof);
-        assert_eq!(r.objective, optimum, "S{n}");
+        // The time limit is HiGHS's; allow for model building and checking.
+        assert!(secs <= 70.0, "S{n}: {secs:.1} s");
+        // The reported gap is the proven one: bound vs the plan's objective.
+        assert!(
+            out.proof.bound >= r.objective - 1e-6,
+            "S{n}: {:?}",
+            out.proof
+        );
+        let gap = ((out.proof.bound - r.objective) / r.objective.abs().max(1.0)).max(0.0);
+        assert!(
+            (gap - out.proof.gap).abs() < 1e-6,
+            "S{n}: {gap} vs {:?}",
+            out.proof
+        );
+        match optimum {
+            Some(v) => {
+                assert!(out.proof.optimal, "S{n}: {:?}", out.proof);
+                assert!(out.proof.gap <= 1e-4, "S{n}: {:?}", out.proof);
+                assert_eq!(r.objective, v, "S{n}");
+            }
+            None => assert!(
+                out.proof.optimal || out.proof.gap <= 0.01,
+                "S{n}: {:?}",
+                out.proof
+            ),
+        }
+        eprintln!("S{n}: {} {:?} {secs:.1} s", r.value, out.proof);
     }
 }
 

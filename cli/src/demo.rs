@@ -246,26 +246,20 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
         };
         println!("  {what:<44} -> {dest:<18} {:<4} {extra}", r.status);
     };
-    show(
-        "globex, public, llama-3.1-8b",
-        &ask("globex", "public", "llama-3.1-8b")?,
-    );
-    show(
-        "northbank, personal_eu, llama-3.1-8b",
-        &ask("northbank", "personal_eu", "llama-3.1-8b")?,
-    );
-    show(
-        "acme-health, phi, llama-3.1-70b",
-        &ask("acme-health", "phi", "llama-3.1-70b")?,
-    );
-    show(
-        "northbank, personal_eu, gpt-4o (US only)",
-        &ask("northbank", "personal_eu", "gpt-4o")?,
-    );
-    show(
-        "globex, top-secret (unknown class)",
-        &ask("globex", "top-secret", "llama-3.1-8b")?,
-    );
+    // (tenant, data class, model, note): each asked once, then shown.
+    let case = |(tenant, class, model, note): (&str, &str, &str, &str)| {
+        let what = format!("{tenant}, {class}, {model} {note}");
+        ask(tenant, class, model).map(|r| show(&what, &r))
+    };
+    for c in [
+        ("globex", "public", "llama-3.1-8b", ""),
+        ("northbank", "personal_eu", "llama-3.1-8b", ""),
+        ("acme-health", "phi", "llama-3.1-70b", ""),
+        ("northbank", "personal_eu", "gpt-4o", "(US only)"),
+        ("globex", "top-secret", "llama-3.1-8b", "(unknown class)"),
+    ] {
+        case(c)?;
+    }
     println!("  every EU destination starts failing ...");
     for u in &ups {
         if jurisdiction(u.name()) == "EU" {
@@ -275,13 +269,7 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
     for _ in 0..15 {
         let _ = ask("northbank", "personal_eu", "llama-3.1-8b")?;
     }
-    show(
-        "northbank, personal_eu, llama-3.1-8b",
-        &ask("northbank", "personal_eu", "llama-3.1-8b")?,
-    );
-    show(
-        "globex, public, llama-3.1-8b",
-        &ask("globex", "public", "llama-3.1-8b")?,
-    );
+    case(("northbank", "personal_eu", "llama-3.1-8b", ""))?;
+    case(("globex", "public", "llama-3.1-8b", ""))?;
     Ok(())
 }

@@ -325,25 +325,18 @@ impl Plugin {
             }
             mirror.apply_owed(models, policy, now);
             let (changed, out) = f(mirror);
-            if changed.is_none() && !mirror.owes() {
+            if !mirror.has_changes(changed) {
                 return Ok(out);
             }
-            // This destination and every one with releases owed.
-            let mut dirty = mirror.owed().to_vec();
-            if let Some(w) = changed.and_then(|d| dirty.get_mut(d / 64).map(|w| (w, d))) {
-                *w.0 |= 1 << (w.1 % 64);
-            }
-            let dirty = Bits(&dirty);
             let mut bytes = current.unwrap_or_default();
-            dirty.each(|d| mirror.write(d, &mut bytes));
+            mirror.write_changes(changed, &mut bytes);
             match hostcalls::set_shared_data(&self.state_key, Some(&bytes), cas) {
                 Ok(()) => {
-                    dirty.each(|d| mirror.written(d, &bytes, models, policy, now));
-                    mirror.paid();
+                    mirror.stored_changes(changed, &bytes, models, policy, now);
                     return Ok(out);
                 }
                 Err(e) => {
-                    dirty.each(|d| mirror.lost(d));
+                    mirror.lost_changes(changed);
                     if e != Status::CasMismatch {
                         return Err(e);
                     }
@@ -351,21 +344,6 @@ impl Plugin {
             }
         }
         Err(Status::CasMismatch)
-    }
-}
-
-/// The set bits of a destination mask.
-struct Bits<'a>(&'a [u64]);
-
-impl Bits<'_> {
-    fn each(&self, mut f: impl FnMut(usize)) {
-        for (w, &word) in self.0.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                f(w * 64 + bits.trailing_zeros() as usize);
-                bits &= bits - 1;
-            }
-        }
     }
 }
 

@@ -103,30 +103,20 @@ impl Mirror {
         self.owed_mask.iter().any(|w| *w != 0)
     }
 
-    /// Destinations with releases owed (bit mask).
-    pub fn owed(&self) -> &[u64] {
-        &self.owed_mask
-    }
-
     /// Fold the owed releases into the synced counts and reprice (call
     /// right after [`Mirror::sync`], before deciding or writing).
     pub fn apply_owed(&mut self, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
-        for w in 0..self.owed_mask.len() {
-            let mut bits = self.owed_mask.get(w).copied().unwrap_or(0);
-            while bits != 0 {
-                let d = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let owed = self.owed.get(d).copied().unwrap_or(0);
-                if let Some(f) = self.in_flight.get_mut(d) {
-                    *f = f.saturating_sub(owed);
-                }
-                self.reprice(d, models, policy, now_ms);
+        self.each_dirty(None, |m, d| {
+            let owed = m.owed.get(d).copied().unwrap_or(0);
+            if let Some(f) = m.in_flight.get_mut(d) {
+                *f = f.saturating_sub(owed);
             }
-        }
+            m.reprice(d, models, policy, now_ms);
+        });
     }
 
     /// The owed releases reached the shared entry.
-    pub fn paid(&mut self) {
+    fn paid(&mut self) {
         self.owed.iter_mut().for_each(|o| *o = 0);
         self.owed_mask.iter_mut().for_each(|w| *w = 0);
     }
@@ -258,6 +248,57 @@ impl Mirror {
             seen.copy_from_slice(new);
         }
         self.reprice(d, models, policy, now_ms);
+    }
+
+    /// Word `w` of the set this worker is about to write: every destination
+    /// with releases owed, plus `changed`.
+    fn dirty_word(&self, w: usize, changed: Option<usize>) -> u64 {
+        let owed = self.owed_mask.get(w).copied().unwrap_or(0);
+        match changed {
+            Some(d) if d / 64 == w => owed | 1 << (d % 64),
+            _ => owed,
+        }
+    }
+
+    /// Calls `f` for each destination of the write set (see
+    /// [`Mirror::dirty_word`]), without allocating.
+    fn each_dirty(&mut self, changed: Option<usize>, mut f: impl FnMut(&mut Mirror, usize)) {
+        for w in 0..self.owed_mask.len() {
+            let mut bits = self.dirty_word(w, changed);
+            while bits != 0 {
+                f(self, w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+    }
+
+    /// Whether there is anything to write: a change, or releases owed.
+    pub fn has_changes(&self, changed: Option<usize>) -> bool {
+        changed.is_some() || self.owes()
+    }
+
+    /// [`Mirror::write`] for `changed` and every destination owed a release.
+    pub fn write_changes(&mut self, changed: Option<usize>, out: &mut Vec<u8>) {
+        self.each_dirty(changed, |m, d| m.write(d, out));
+    }
+
+    /// The entry holding [`Mirror::write_changes`]'s bytes was stored:
+    /// remember them, reprice, and clear the releases they paid.
+    pub fn stored_changes(
+        &mut self,
+        changed: Option<usize>,
+        entry: &[u8],
+        models: &[CostModel],
+        policy: &HealthPolicy,
+        now_ms: u64,
+    ) {
+        self.each_dirty(changed, |m, d| m.written(d, entry, models, policy, now_ms));
+        self.paid();
+    }
+
+    /// The store of [`Mirror::write_changes`]'s bytes failed: forget them.
+    pub fn lost_changes(&mut self, changed: Option<usize>) {
+        self.each_dirty(changed, |m, d| m.lost(d));
     }
 
     /// The store of a change to `d` failed (another worker wrote first):

@@ -244,7 +244,7 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
                 .and_then(|v| v["error"]["type"].as_str().map(str::to_string))
                 .unwrap_or_default()
         };
-        println!("  {what:<44} -> {dest:<18} {:<4} {extra}", r.status);
+        println!("  {what:<48} -> {dest:<18} {:<4} {extra}", r.status);
     };
     // (tenant, data class, model, note): each asked once, then shown.
     let case = |(tenant, class, model, note): (&str, &str, &str, &str)| {

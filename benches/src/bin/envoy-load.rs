@@ -4,9 +4,27 @@
 //!
 //! ```sh
 //! make wasm   # or let this build the filters
-//! cargo run --release -p ace-benches --bin envoy-load -- [SECONDS] [CONNECTIONS]
+//! cargo run --release -p ace-benches --bin envoy-load -- [OPTIONS] [SECONDS] [CONNECTIONS]
 //! cargo run --release -p ace-benches --bin envoy-load -- --calibrate [SECONDS] [CONNECTIONS]
 //! ```
+//!
+//! Options:
+//!
+//! - `--rounds N`: run the variants N times, interleaved (plain, no-op,
+//!   ACE, plain, ...), each on a fresh Envoy, then print each variant's
+//!   median and the median of the per-round differences ACE − no-op. Runs at
+//!   one connection vary by tens of microseconds from run to run (wake-up
+//!   latency, core placement), so single runs cannot resolve a 20 µs share.
+//! - `--pin`: run Envoy (every thread) on the last CPU and this process
+//!   (the upstream) and `wrk` on the others, so the load generator never
+//!   shares a core with the proxy it measures, as in any serious proxy
+//!   benchmark. Needs at least 2 CPUs.
+//! - `--only NAMES`: a comma-separated subset of `plain`, `noop`, `ace`.
+//! - `ACE_FILTER_WASM=PATH` measures that build of the filter instead of
+//!   building the workspace's; `ACE_BASELINE_WASM=PATH` adds a variant
+//!   "ACE baseline" (that build, same configuration) to every round, and
+//!   the summary prints ACE − baseline: how to tell whether a change to the
+//!   filter helped, when the effect is smaller than run-to-run noise.
 //!
 //! `--calibrate` prices Envoy's host calls instead: the no-op filter making
 //! 20 calls of one kind per request, against the plain no-op, so the
@@ -15,14 +33,23 @@
 //! Each variant runs Envoy with one worker in front of the same in-process
 //! upstream; `wrk` (closed loop, one thread, CONNECTIONS connections, default
 //! 10 s and 8) drives it after a 2 s warm-up. Prints requests/s, p50 and p99,
-//! and Envoy's own CPU time per request (from `/proc`): on a shared machine
-//! latency and throughput move with everything else that runs, but the CPU
-//! Envoy spends per request does not, so ACE's share is read from that.
+//! and Envoy's own CPU time per request (all threads, from
+//! `/proc/PID/task/*/schedstat`, in nanoseconds): on a shared machine latency
+//! and throughput move with everything else that runs, while the CPU Envoy
+//! spends per request moves much less.
+//!
+//! `ENVOY_LOAD_PROBE` attaches a tool to Envoy for each measured run: a
+//! shell command in which `{pid}` is Envoy's process id, started just before
+//! the run and sent SIGINT just after it (its output goes to the terminal),
+//! e.g. `ENVOY_LOAD_PROBE='perf stat -e context-switches,syscalls:sys_enter_epoll_wait -p {pid}'`
+//! or `ENVOY_LOAD_PROBE='strace -c -f -p {pid}'`.
 
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Upstream;
 use serde_json::json;
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 fn main() -> ExitCode {
     match run() {
@@ -42,22 +69,137 @@ struct Stats {
     errors: u64,
 }
 
+/// One measured run of one variant.
+struct Row {
+    name: String,
+    stats: Stats,
+    /// Envoy CPU per request, µs.
+    cpu_us: f64,
+}
+
+/// Command-line options.
+struct Options {
+    calibrate: bool,
+    rounds: usize,
+    pin: bool,
+    only: Option<Vec<String>>,
+    secs: u32,
+    conns: u32,
+}
+
+const USAGE: &str = "usage: envoy-load [--calibrate] [--rounds N] [--pin] [--only plain,noop,ace] [SECONDS] [CONNECTIONS]";
+
+fn options() -> Result<Options, String> {
+    let mut o = Options {
+        calibrate: false,
+        rounds: 1,
+        pin: false,
+        only: None,
+        secs: 10,
+        conns: 8,
+    };
+    let mut positional = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--calibrate" => o.calibrate = true,
+            "--pin" => o.pin = true,
+            "--rounds" => {
+                let v = args.next().ok_or("--rounds needs a number")?;
+                o.rounds = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("--rounds {v}: expected a positive integer"))?;
+            }
+            "--only" => {
+                let v = args.next().ok_or("--only needs a list")?;
+                let names: Vec<String> = v.split(',').map(str::to_string).collect();
+                if let Some(bad) = names
+                    .iter()
+                    .find(|n| !["plain", "noop", "ace"].contains(&n.as_str()))
+                {
+                    return Err(format!(
+                        "--only: unknown variant `{bad}` (plain, noop, ace)"
+                    ));
+                }
+                o.only = Some(names);
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            _ if a.starts_with('-') => return Err(format!("unknown option {a}\n{USAGE}")),
+            _ => positional.push(a),
+        }
+    }
+    if let Some(v) = positional.first() {
+        o.secs = v
+            .parse()
+            .map_err(|e| format!("SECONDS `{v}`: {e}\n{USAGE}"))?;
+    }
+    if let Some(v) = positional.get(1) {
+        o.conns = v
+            .parse()
+            .map_err(|e| format!("CONNECTIONS `{v}`: {e}\n{USAGE}"))?;
+    }
+    Ok(o)
+}
+
+/// The CPUs to pin to: (Envoy's, everyone else's), as `taskset` lists.
+fn cpu_split() -> Result<(String, String), String> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n < 2 {
+        return Err("--pin needs at least 2 CPUs".into());
+    }
+    Ok(((n - 1).to_string(), format!("0-{}", n - 2)))
+}
+
+/// Pin every thread of `pid` to `cpus` (a `taskset` list).
+fn pin(pid: u32, cpus: &str) -> Result<(), String> {
+    let ok = Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run taskset: {e}"))?
+        .success();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "taskset could not pin process {pid} to CPUs {cpus}"
+        ))
+    }
+}
+
 fn run() -> Result<(), String> {
-    let mut args: Vec<String> = std::env::args().collect();
-    let calibrate = args.iter().any(|a| a == "--calibrate");
-    args.retain(|a| a != "--calibrate");
-    let secs: u32 = args
-        .get(1)
-        .map_or(Ok(10), |s| s.parse())
-        .map_err(|e| format!("SECONDS: {e}"))?;
-    let conns: u32 = args
-        .get(2)
-        .map_or(Ok(8), |s| s.parse())
-        .map_err(|e| format!("CONNECTIONS: {e}"))?;
+    let o = options()?;
     if Command::new("wrk").arg("--version").output().is_err() {
         return Err("wrk is not installed; run `make setup`".into());
     }
-    let ace = ace_harness::wasm::build("ace-filter")?;
+    let pinning = if o.pin {
+        let (envoy_cpus, rest) = cpu_split()?;
+        // This process, its upstream threads and the wrk it starts.
+        pin(std::process::id(), &rest)?;
+        Some(envoy_cpus)
+    } else {
+        None
+    };
+    let wasm_from = |var: &str| -> Result<Option<PathBuf>, String> {
+        match std::env::var_os(var) {
+            Some(p) => {
+                let p = PathBuf::from(p);
+                if p.is_file() {
+                    Ok(Some(p))
+                } else {
+                    Err(format!("{var}={}: no such file", p.display()))
+                }
+            }
+            None => Ok(None),
+        }
+    };
+    let ace = match wasm_from("ACE_FILTER_WASM")? {
+        Some(p) => p,
+        None => ace_harness::wasm::build("ace-filter")?,
+    };
+    let baseline = wasm_from("ACE_BASELINE_WASM")?;
     let noop = ace_harness::wasm::build("ace-bench-noop-filter")?;
     let up = Upstream::start("upstream").map_err(|e| e.to_string())?;
     let fixed_route = json!({"cluster": "owned", "timeout": "30s"});
@@ -78,7 +220,13 @@ fn run() -> Result<(), String> {
             .cluster("reserved", up.port())
             .cluster("payg", up.port())
     };
-    if calibrate {
+    let bench = Bench {
+        secs: o.secs,
+        conns: o.conns,
+        pin: pinning,
+    };
+    bench.heading();
+    if o.calibrate {
         let kinds = [
             "header_found",
             "header_missing",
@@ -103,70 +251,198 @@ fn run() -> Result<(), String> {
                     .wasm_filter(&noop, &format!("{k} {CALLS}")),
             ));
         }
-        let rows = measure(variants, secs, conns)?;
-        if let Some((_, _, base_cpu)) = rows.first() {
+        let mut rows = Vec::new();
+        for (name, builder) in variants {
+            rows.push(bench.measure(name, builder)?);
+        }
+        if let Some(base) = rows.first() {
             println!("\nEnvoy CPU per host call (difference over the no-op, / {CALLS}):");
-            for (name, _, cpu) in rows.iter().skip(1) {
+            for r in rows.iter().skip(1) {
                 println!(
-                    "  {name:<24} {:>6.2} µs",
-                    (cpu - base_cpu) / f64::from(CALLS)
+                    "  {:<24} {:>6.2} µs",
+                    r.name,
+                    (r.cpu_us - base.cpu_us) / f64::from(CALLS)
                 );
             }
         }
         return Ok(());
     }
-    let variants = vec![
-        ("plain Envoy".to_string(), base().route(fixed_route.clone())),
-        (
-            "no-op Wasm filter".to_string(),
-            base().route(fixed_route).wasm_filter(&noop, ""),
-        ),
-        (
-            "ACE filter".to_string(),
-            base().wasm_filter(&ace, &ace_config),
-        ),
-    ];
-    let rows = measure(variants, secs, conns)?;
-    if let [_, (_, noop, noop_cpu), (_, ace, ace_cpu)] = rows.as_slice() {
+    let wanted = |key: &str| o.only.as_ref().is_none_or(|l| l.iter().any(|n| n == key));
+    let mut rounds: Vec<Vec<Row>> = Vec::new();
+    for round in 0..o.rounds {
+        if o.rounds > 1 {
+            println!("round {}/{}", round + 1, o.rounds);
+        }
+        let mut rows = Vec::new();
+        if wanted("plain") {
+            rows.push(bench.measure("plain Envoy".into(), base().route(fixed_route.clone()))?);
+        }
+        if wanted("noop") {
+            rows.push(bench.measure(
+                "no-op Wasm filter".into(),
+                base().route(fixed_route.clone()).wasm_filter(&noop, ""),
+            )?);
+        }
+        if wanted("ace") {
+            if let Some(b) = &baseline {
+                rows.push(
+                    bench.measure("ACE baseline".into(), base().wasm_filter(b, &ace_config))?,
+                );
+            }
+            rows.push(bench.measure("ACE filter".into(), base().wasm_filter(&ace, &ace_config))?);
+        }
+        rounds.push(rows);
+    }
+    summarise(&rounds, o.rounds > 1);
+    Ok(())
+}
+
+/// Median of `v` (NaN when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Print the medians over rounds (when there are several) and ACE's share
+/// over the no-op filter.
+fn summarise(rounds: &[Vec<Row>], medians: bool) {
+    let names: Vec<String> = rounds
+        .first()
+        .map(|r| r.iter().map(|x| x.name.clone()).collect())
+        .unwrap_or_default();
+    let column = |name: &str, f: &dyn Fn(&Row) -> f64| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| r.iter().find(|x| x.name == name).map(f))
+            .collect()
+    };
+    if medians {
+        println!("\nmedian of {} rounds:", rounds.len());
+        for n in &names {
+            println!(
+                "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}",
+                n,
+                median(column(n, &|r| r.stats.rps)),
+                median(column(n, &|r| r.stats.p50_us)),
+                median(column(n, &|r| r.stats.p99_us)),
+                "",
+                median(column(n, &|r| r.cpu_us)),
+            );
+        }
+    }
+    share(
+        rounds,
+        "no-op Wasm filter",
+        "ACE's own share over the no-op filter",
+        medians,
+    );
+    share(
+        rounds,
+        "ACE baseline",
+        "ACE over the baseline build",
+        medians,
+    );
+}
+
+/// Print the paired difference "ACE filter" − `against`, per round and its median.
+fn share(rounds: &[Vec<Row>], against: &str, title: &str, medians: bool) {
+    let diff = |f: &dyn Fn(&Row) -> f64| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| {
+                let base = r.iter().find(|x| x.name == against)?;
+                let ace = r.iter().find(|x| x.name == "ACE filter")?;
+                Some(f(ace) - f(base))
+            })
+            .collect()
+    };
+    let p50 = diff(&|r| r.stats.p50_us);
+    if p50.is_empty() {
+        return;
+    }
+    let p99 = diff(&|r| r.stats.p99_us);
+    let cpu = diff(&|r| r.cpu_us);
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:+.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if medians {
         println!(
-            "\nACE's own share over the no-op filter: p50 {:+.0} µs, p99 {:+.0} µs, Envoy CPU {:+.1} µs per request",
-            ace.p50_us - noop.p50_us,
-            ace.p99_us - noop.p99_us,
-            ace_cpu - noop_cpu
+            "\n{title}, median of {} paired rounds: p50 {:+.0} µs (rounds: {}), p99 {:+.0} µs, Envoy CPU {:+.1} µs per request (rounds: {})",
+            p50.len(),
+            median(p50.clone()),
+            list(&p50),
+            median(p99),
+            median(cpu.clone()),
+            list(&cpu),
+        );
+    } else {
+        println!(
+            "\n{title}: p50 {:+.0} µs, p99 {:+.0} µs, Envoy CPU {:+.1} µs per request",
+            p50[0], p99[0], cpu[0]
         );
     }
-    Ok(())
 }
 
 /// Host calls per request in a calibration variant.
 const CALLS: u32 = 20;
 
-/// Run each variant (a warm-up, then the measured run) and print its row.
-fn measure(
-    variants: Vec<(String, EnvoyBuilder)>,
+/// How each variant is driven.
+struct Bench {
     secs: u32,
     conns: u32,
-) -> Result<Vec<(String, Stats, f64)>, String> {
-    println!("Envoy 1.40, 1 worker, wrk -t1 -c{conns} -d{secs}s, POST of a 200-byte JSON body\n");
-    println!(
-        "{:<24} {:>10} {:>10} {:>10} {:>8} {:>16}",
-        "variant", "req/s", "p50 µs", "p99 µs", "errors", "Envoy CPU µs/req"
-    );
-    let mut rows = Vec::new();
-    for (name, builder) in variants {
+    /// Envoy's CPUs, when pinning.
+    pin: Option<String>,
+}
+
+impl Bench {
+    fn heading(&self) {
+        println!(
+            "Envoy 1.40, 1 worker, wrk -t1 -c{} -d{}s, POST of a 200-byte JSON body{}\n",
+            self.conns,
+            self.secs,
+            match &self.pin {
+                Some(c) => format!(", Envoy pinned to CPU {c}, wrk and upstream elsewhere"),
+                None => String::new(),
+            }
+        );
+        println!(
+            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>16}",
+            "variant", "req/s", "p50 µs", "p99 µs", "errors", "Envoy CPU µs/req"
+        );
+    }
+
+    /// Start Envoy, warm it up, measure one run and print its row.
+    fn measure(&self, name: String, builder: EnvoyBuilder) -> Result<Row, String> {
         let envoy = builder.start().map_err(|e| e.to_string())?;
-        let _warm = wrk(envoy.port(), 2, conns)?;
-        let before = envoy.cpu_time();
-        let s = wrk(envoy.port(), secs, conns)?;
-        let cpu_us = match (before, envoy.cpu_time()) {
-            (Some(a), Some(b)) if s.requests > 0 => {
-                (b.saturating_sub(a)).as_secs_f64() * 1e6 / s.requests as f64
+        if let Some(cpus) = &self.pin {
+            pin(envoy.pid(), cpus)?;
+        }
+        let _warm = wrk(envoy.port(), 2, self.conns)?;
+        let probe = start_probe(envoy.pid())?;
+        let before = cpu_time(envoy.pid());
+        let stats = wrk(envoy.port(), self.secs, self.conns)?;
+        let cpu_us = match (before, cpu_time(envoy.pid())) {
+            (Some(a), Some(b)) if stats.requests > 0 => {
+                b.saturating_sub(a).as_secs_f64() * 1e6 / stats.requests as f64
             }
             _ => f64::NAN,
         };
+        stop_probe(probe);
         println!(
             "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}",
-            name, s.rps, s.p50_us, s.p99_us, s.errors, cpu_us
+            name, stats.rps, stats.p50_us, stats.p99_us, stats.errors, cpu_us
         );
         // The filter's warnings under load cost time too; show them.
         let log = envoy.log();
@@ -181,9 +457,67 @@ fn measure(
                 noisy.first().copied().unwrap_or_default()
             );
         }
-        rows.push((name, s, cpu_us));
+        Ok(Row {
+            name,
+            stats,
+            cpu_us,
+        })
     }
-    Ok(rows)
+}
+
+/// CPU time of every thread of `pid` so far, from the scheduler's
+/// nanosecond counters (`/proc/PID/task/*/schedstat`); falls back to
+/// `/proc/PID/stat`'s 10 ms ticks where those are missing.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ns: u64 = 0;
+    let mut any = false;
+    for t in tasks.flatten() {
+        let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(v) = s
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            ns = ns.saturating_add(v);
+            any = true;
+        }
+    }
+    if any {
+        return Some(Duration::from_nanos(ns));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Start `ENVOY_LOAD_PROBE` (if set) against Envoy's process.
+fn start_probe(pid: u32) -> Result<Option<std::process::Child>, String> {
+    let Ok(template) = std::env::var("ENVOY_LOAD_PROBE") else {
+        return Ok(None);
+    };
+    let cmd = template.replace("{pid}", &pid.to_string());
+    let child = Command::new("sh")
+        .args(["-c", &format!("exec {cmd}")])
+        .spawn()
+        .map_err(|e| format!("cannot start ENVOY_LOAD_PROBE `{cmd}`: {e}"))?;
+    // Give the tool time to attach before the measured run starts.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    Ok(Some(child))
+}
+
+/// Interrupt the probe so that it prints its summary, and wait for it.
+fn stop_probe(probe: Option<std::process::Child>) {
+    if let Some(mut child) = probe {
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+    }
 }
 
 const SCRIPT: &str = r#"

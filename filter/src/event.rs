@@ -79,15 +79,6 @@ impl Event {
     /// always present (`null` when unknown), in a fixed order.
     pub fn write_json(&self, out: &mut String) {
         out.clear();
-        self.write_head(out);
-        self.write_tail(out);
-    }
-
-    /// Append the members that are fixed once the request is routed, from
-    /// `schema` through `tier`: the filter renders them once per request
-    /// and then writes `head + tail` (see [`Event::write_tail`]), so a
-    /// rewrite formats only what can still change.
-    pub fn write_head(&self, out: &mut String) {
         out.push_str("{\"schema\":");
         string(out, self.schema);
         out.push_str(",\"request_id\":");
@@ -108,11 +99,6 @@ impl Event {
         opt_string(out, self.destination.as_deref());
         out.push_str(",\"tier\":");
         opt_string(out, self.tier);
-    }
-
-    /// Append the members after `tier` (tokens, status, latency, costs,
-    /// reason) and the closing brace.
-    pub fn write_tail(&self, out: &mut String) {
         out.push_str(",\"tokens_in\":");
         out.push_str(itoa::Buffer::new().format(self.tokens_in));
         out.push_str(",\"tokens_out\":");
@@ -335,10 +321,9 @@ mod tests {
         };
         let line = e.to_json();
         assert!(!line.contains('\n'));
-        let mut split = String::new();
-        e.write_head(&mut split);
-        e.write_tail(&mut split);
-        assert_eq!(split, line, "head + tail is the whole line");
+        let mut reused = String::from("stale");
+        e.write_json(&mut reused);
+        assert_eq!(reused, line, "a reused buffer holds exactly the line");
         assert_eq!(
             line,
             "{\"schema\":\"ace.event/1\",\"request_id\":\"r-1\",\"time_ms\":5,\"tenant\":\"acme\",\

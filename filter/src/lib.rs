@@ -4,18 +4,26 @@
 //! the core's answer into a routing header. All decisions live in the core;
 //! all parsing happens once, in `on_configure`.
 //!
-//! Request path: strip any client-supplied destination header (clients never
-//! choose); read the fleet's shared state (health and in-flight counts that
-//! every worker updates); ask the core for the destination with the lowest
-//! effective cost; claim a slot on it with a compare-and-swap; write its
-//! Envoy cluster into the destination header and clear Envoy's route cache
-//! so the route's `cluster_header` sees the new value. Envoy 1.40 already
-//! clears the cache after a header mutation for ABI 0.2.1 modules; the
-//! explicit `clear_route_cache` call keeps that true for newer ABIs.
+//! Request path: bring this worker's mirror of the fleet's shared state
+//! (health and in-flight counts that every worker updates) up to date; ask
+//! the core for the destination with the lowest effective cost; claim a
+//! slot on it with a compare-and-swap; write its Envoy cluster into the
+//! destination header, replacing any value a client sent (clients never
+//! choose). Envoy re-selects the route because this module speaks ABI
+//! 0.2.1, for which Envoy clears the route cache on every request-header
+//! mutation (see [`ROUTE_CACHE_CLEARED_BY_HOST`]).
 //!
 //! Response path: classify the outcome (5xx and Envoy's local replies for
 //! refused connections and timeouts are failures, 429 is throttling, a slow
 //! answer past the SLO derates) and fold it into the shared health.
+//!
+//! The request's event is written once, in `on_log`, which Envoy runs
+//! before its access loggers (the real-Envoy event tests hold it to that).
+//!
+//! Inside Envoy a host call costs far more than the Wasm code around it
+//! (`BENCHMARKS.md`), so the per-request path makes as few as it can: no
+//! shared-data read when this worker's copy is known to be current, one
+//! clock read per phase, each header read once, one filter-state write.
 //!
 //! The filter must never panic (a panic kills the worker's VM): every host
 //! call goes through `hostcalls`' `Result`s, never the SDK's unwrapping trait
@@ -48,6 +56,15 @@ pub const RESPONSE_REASON_HEADER: &str = "x-ace-reason";
 pub const RESPONSE_TIER_HEADER: &str = "x-ace-tier";
 /// Response header with the booked (true marginal) cost, USD.
 pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
+
+/// The ABI this module exports (proxy-wasm Rust SDK 0.2). For it Envoy
+/// clears the route cache whenever a filter changes request headers, so
+/// setting the destination header is enough for the route's
+/// `cluster_header` to see it. Modules speaking a later ABI must call the
+/// `clear_route_cache` foreign function themselves (about 2 µs of Envoy
+/// CPU per call); the wasm-host test `filter_speaks_abi_0_2_1` fails if the
+/// SDK ever changes this.
+pub const ROUTE_CACHE_CLEARED_BY_HOST: &str = "proxy_abi_version_0_2_1";
 
 /// Compare-and-swap attempts before giving up on a shared-state update.
 const CAS_ATTEMPTS: usize = 32;
@@ -261,12 +278,8 @@ struct AceStream {
     chosen: Option<(Decision, u64)>,
     /// Whether the outcome was folded into the shared state.
     settled: bool,
-    /// The request's event; written to filter state whenever it changes.
+    /// The request's event, written to filter state once, in `on_log`.
     event: Option<Event>,
-    /// The event's members up to `tier` (fixed once routed), rendered once
-    /// in `route`; empty before. Every later write copies it and formats
-    /// only the tail.
-    event_head: String,
     /// Token usage in the response, when it is being looked for.
     usage: Option<UsageScanner>,
 }
@@ -304,10 +317,14 @@ fn response_header(name: &str) -> Option<String> {
 
 impl Plugin {
     /// Read-modify-write the shared fleet state. `f` sees this worker's
-    /// mirror, synced to the freshest state at `now`; it returns the one
-    /// destination it changed (if any), which is written back with a
-    /// compare-and-swap, retried from a fresh read when another worker wrote
-    /// first.
+    /// mirror, current at `now`; it returns the one destination it changed
+    /// (if any), which is written back with a compare-and-swap.
+    ///
+    /// The first attempt skips the read when the mirror knows the entry's
+    /// CAS value (see [`state`]): the write then succeeds only if the
+    /// mirror was current. Otherwise, and after a failed write, it reads,
+    /// syncs and runs `f` again on the fresh state. An answer that writes
+    /// nothing (a refusal) is never given from an unverified mirror.
     fn update<T>(
         &self,
         now: u64,
@@ -316,27 +333,51 @@ impl Plugin {
         let (models, policy) = (&self.config.models, &self.config.health);
         let mut scratch = self.scratch.borrow_mut();
         let mirror = &mut scratch.mirror;
-        for _ in 0..CAS_ATTEMPTS {
-            let (current, cas) = hostcalls::get_shared_data(&self.state_key)?;
-            if mirror.sync(current.as_deref(), models, policy, now) == Synced::Repaired {
-                log::warn!(
-                    "shared fleet state had an unexpected layout; starting those parts fresh"
-                );
-            }
+        for attempt in 0..CAS_ATTEMPTS {
+            let trusted = if attempt == 0 {
+                mirror.known_cas(now)
+            } else {
+                None
+            };
+            let (mut bytes, cas) = match trusted {
+                Some(cas) => {
+                    mirror.advance(models, policy, now);
+                    (mirror.known_entry(), Some(cas))
+                }
+                None => {
+                    let (current, cas) = hostcalls::get_shared_data(&self.state_key)?;
+                    let synced = mirror.sync(current.as_deref(), models, policy, now);
+                    if synced == Synced::Repaired {
+                        log::warn!(
+                            "shared fleet state had an unexpected layout; starting those parts fresh"
+                        );
+                    }
+                    mirror.read_with(cas, synced, now);
+                    (current.unwrap_or_default(), cas)
+                }
+            };
             mirror.apply_owed(models, policy, now);
             let (changed, out) = f(mirror);
             if !mirror.has_changes(changed) {
+                mirror.recycle(bytes);
+                if trusted.is_some() {
+                    continue; // verify against a fresh read
+                }
                 return Ok(out);
             }
-            let mut bytes = current.unwrap_or_default();
             mirror.write_changes(changed, &mut bytes);
-            match hostcalls::set_shared_data(&self.state_key, Some(&bytes), cas) {
+            let stored = hostcalls::set_shared_data(&self.state_key, Some(&bytes), cas);
+            match stored {
                 Ok(()) => {
                     mirror.stored_changes(changed, &bytes, models, policy, now);
+                    mirror.stored_with(cas, now);
+                    mirror.recycle(bytes);
                     return Ok(out);
                 }
                 Err(e) => {
                     mirror.lost_changes(changed);
+                    mirror.forget_cas();
+                    mirror.recycle(bytes);
                     if e != Status::CasMismatch {
                         return Err(e);
                     }
@@ -376,7 +417,7 @@ impl AceStream {
         Action::Pause
     }
 
-    /// Record the final status and reason, and write the event.
+    /// Record the final status and reason (the event is written in `on_log`).
     fn finish_event(&mut self, status: u32, reason: &'static str) {
         if let Some(e) = self.event.as_mut() {
             e.status = status;
@@ -386,7 +427,6 @@ impl AceStream {
                     Some(status != 0 && status < 500 && status != 429 && e.latency_ms <= slo);
             }
         }
-        self.write_event();
     }
 
     /// Write the event to filter state (`wasm.ace_event`) for the access log.
@@ -395,13 +435,7 @@ impl AceStream {
             return;
         };
         let mut line = plugin.event_line.borrow_mut();
-        line.clear();
-        if self.event_head.is_empty() {
-            e.write_head(&mut line);
-        } else {
-            line.push_str(&self.event_head);
-        }
-        e.write_tail(&mut line);
+        e.write_json(&mut line);
         if let Err(s) = hostcalls::set_property(vec![event::PROPERTY], Some(line.as_bytes())) {
             log::warn!("cannot write the request event: {s:?}");
         }
@@ -514,9 +548,6 @@ impl AceStream {
             e.marginal_usd = decision.marginal_usd;
             e.counterfactual_usd = decision.counterfactual_usd;
             e.reason = decision.reason.as_str();
-            // Nothing up to `tier` changes after this point.
-            self.event_head = String::with_capacity(512);
-            e.write_head(&mut self.event_head);
         }
         if let Err(s) = hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
@@ -532,10 +563,7 @@ impl AceStream {
                 "cannot set the destination header",
             );
         }
-        // Explicit, so routing stays right on ABIs that no longer clear the
-        // route cache automatically. Older Envoys lack it; that is fine.
-        let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-        // The event is written when the response (or its absence) is known.
+        // No `clear_route_cache` call: see ROUTE_CACHE_CLEARED_BY_HOST.
         Action::Continue
     }
 
@@ -564,7 +592,6 @@ impl AceStream {
         if let Some(c) = decision.counterfactual_index.and_then(price) {
             e.counterfactual_usd = Some(c);
         }
-        self.write_event();
     }
 
     /// Fold the request's outcome into the shared state (once). `now` is
@@ -665,18 +692,9 @@ impl HttpContext for AceStream {
         };
         let cfg = &plugin.config;
         bump(plugin.metrics.requests, 1);
-        // Clients never choose: drop any destination header they sent.
-        if let Err(s) =
-            hostcalls::set_map_value(MapType::HttpRequestHeaders, &cfg.destination_header, None)
-        {
-            log::warn!("cannot strip client destination header: {s:?}");
-            return self.reply_json(
-                500,
-                "internal",
-                "internal",
-                "cannot sanitise request headers",
-            );
-        }
+        // Clients never choose: a destination header they sent is replaced
+        // in `route` (a replace drops every earlier value) or, when the
+        // request is refused, never reaches an upstream.
         // Capture what later phases need while the headers are readable,
         // each header once: the event reuses the attribute values.
         let policy_headers = cfg.policy.as_ref().map_or(&[][..], |p| &p.attributes[..]);
@@ -867,5 +885,8 @@ impl HttpContext for AceStream {
         if self.event.as_ref().is_some_and(|e| e.status == 0) {
             self.finish_event(0, "client_gone");
         }
+        // Envoy runs this before its access loggers: the one write of the
+        // request's event, with everything the request turned out to be.
+        self.write_event();
     }
 }

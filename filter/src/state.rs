@@ -16,6 +16,16 @@
 //! bytes. The decision then runs on an up-to-date [`Slate`] without pricing
 //! the whole fleet per request.
 //!
+//! Most requests need not read the entry at all. Envoy stamps each
+//! successful write with the next value of one process-wide counter, so when
+//! this worker stores the entry with compare-and-swap value `c` and nothing
+//! writes in between, the entry holds `c + 1`. The mirror remembers that
+//! [`Mirror::known_cas`]; the next update writes with it straight away, and
+//! only if another worker wrote meanwhile does the write fail and the
+//! update read, sync and try again. With one busy worker that saves the
+//! shared-data read, the costliest host call on the path, on almost every
+//! request.
+//!
 //! A request that ends quietly (a success within its SLO on a destination
 //! with nothing to recover) changes nothing but its in-flight count, so
 //! its release is owed ([`Mirror::owe_release`]) and paid with this
@@ -30,6 +40,11 @@ use ace_core::health::{Health, HealthPolicy, ENCODED_LEN};
 
 /// Bytes per destination in the shared entry.
 pub const STRIDE: usize = ENCODED_LEN + 4;
+
+/// How long a known CAS value is trusted (ms). Far shorter than the time
+/// any proxy needs to make 2^32 shared-data writes, so the counter cannot
+/// wrap around to the same value unseen.
+pub const TRUST_MS: u64 = 1_000;
 
 /// A destination's bytes that no real encoding equals (its cap fraction
 /// would be NaN): marks "re-read this one" in [`Mirror`]'s copy.
@@ -68,6 +83,11 @@ pub struct Mirror {
     owed: Vec<u32>,
     /// Destinations with releases owed.
     owed_mask: Vec<u64>,
+    /// The entry's CAS value while `seen` is known to equal the entry, and
+    /// when that became known (ms).
+    known: Option<(u32, u64)>,
+    /// A reused buffer for the entry about to be stored.
+    spare: Vec<u8>,
 }
 
 impl Mirror {
@@ -86,7 +106,67 @@ impl Mirror {
             rewrite_all: true,
             owed: vec![0; n],
             owed_mask: vec![0; n.div_ceil(64)],
+            known: None,
+            spare: Vec::with_capacity(n * STRIDE),
         }
+    }
+
+    /// The entry's CAS value, if this worker's copy is known to equal the
+    /// entry: it read or stored the entry within [`TRUST_MS`] and nothing
+    /// it knows of has written since (see the module docs). Writing with
+    /// it either succeeds, and then the mirror was current, or fails with a
+    /// CAS mismatch.
+    pub fn known_cas(&self, now_ms: u64) -> Option<u32> {
+        self.known
+            .filter(|(_, at)| now_ms.saturating_sub(*at) <= TRUST_MS)
+            .map(|(cas, _)| cas)
+    }
+
+    /// The entry was read with CAS value `cas` and synced as `outcome`.
+    pub fn read_with(&mut self, cas: Option<u32>, outcome: Synced, now_ms: u64) {
+        self.known = match outcome {
+            Synced::Read => cas.map(|c| (c, now_ms)),
+            // A repaired or missing entry differs from what the mirror holds.
+            Synced::Fresh | Synced::Repaired => None,
+        };
+    }
+
+    /// The entry was stored with compare-and-swap value `cas`: unless
+    /// anything else writes, the entry now holds the counter's next value.
+    /// An unconditional store (`None`) leaves the value unknown.
+    pub fn stored_with(&mut self, cas: Option<u32>, now_ms: u64) {
+        self.known = cas.map(|c| (next_cas(c), now_ms));
+    }
+
+    /// A store failed: the entry is no longer known.
+    pub fn forget_cas(&mut self) {
+        self.known = None;
+    }
+
+    /// The entry as this worker knows it (its last read or store), in a
+    /// reused buffer; hand the buffer back with [`Mirror::recycle`].
+    pub fn known_entry(&mut self) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.spare);
+        out.clear();
+        out.extend_from_slice(&self.seen);
+        out
+    }
+
+    /// Keep `buf` for the next [`Mirror::known_entry`].
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.spare = buf;
+    }
+
+    /// Reprice the destinations whose price moves with time, for a decision
+    /// at `now_ms` without a read (what [`Mirror::sync`] does last).
+    pub fn advance(&mut self, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
+        let fleet = Fleet {
+            models,
+            health: &self.health,
+            in_flight: &self.in_flight,
+            policy,
+        };
+        self.slate.refresh_timed(&fleet, now_ms);
     }
 
     /// Record that a request on `d` ended quietly: its slot is released
@@ -179,13 +259,7 @@ impl Mirror {
         if outcome != Synced::Read {
             self.rewrite_all = true;
         }
-        let fleet = Fleet {
-            models,
-            health: &self.health,
-            in_flight: &self.in_flight,
-            policy,
-        };
-        self.slate.refresh_timed(&fleet, now_ms);
+        self.advance(models, policy, now_ms);
         outcome
     }
 
@@ -310,6 +384,15 @@ impl Mirror {
     }
 }
 
+/// The CAS value Envoy gives the write after one that carried `cas`, when
+/// nothing else wrote in between (its counter skips 0).
+fn next_cas(cas: u32) -> u32 {
+    match cas.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    }
+}
+
 /// `a == b` for one destination's bytes, a word at a time (a byte-wise
 /// `memcmp` costs several times more inside a Wasm VM).
 fn same(a: &[u8], b: &[u8]) -> bool {
@@ -410,6 +493,50 @@ mod tests {
     }
 
     #[test]
+    fn a_known_cas_is_trusted_briefly_and_only_after_a_clean_read_or_store() {
+        let mut w = Mirror::new(2);
+        assert_eq!(w.known_cas(0), None, "nothing read yet");
+        w.read_with(Some(5), Synced::Read, 100);
+        assert_eq!(w.known_cas(100 + TRUST_MS), Some(5));
+        assert_eq!(w.known_cas(101 + TRUST_MS), None, "too old to trust");
+        w.stored_with(Some(5), 200);
+        assert_eq!(w.known_cas(200), Some(6), "Envoy's next counter value");
+        w.stored_with(Some(u32::MAX), 200);
+        assert_eq!(w.known_cas(200), Some(1), "the counter skips 0");
+        w.stored_with(None, 200);
+        assert_eq!(w.known_cas(200), None, "an unconditional store");
+        for outcome in [Synced::Fresh, Synced::Repaired] {
+            w.read_with(Some(5), outcome, 300);
+            assert_eq!(w.known_cas(300), None, "{outcome:?}");
+        }
+        w.read_with(Some(5), Synced::Read, 300);
+        w.forget_cas();
+        assert_eq!(w.known_cas(300), None);
+    }
+
+    /// A fresh mirror of `n` destinations that has stored `flight`
+    /// requests in flight on destination 1; returns it and the entry.
+    fn stored(n: usize, flight: u32) -> (Mirror, Vec<u8>) {
+        let (p, m) = (HealthPolicy::default(), models(n));
+        let mut w = Mirror::new(n);
+        w.sync(None, &m, &p, 0);
+        w.in_flight[1] = flight;
+        let mut entry = Vec::new();
+        w.write(1, &mut entry);
+        w.written(1, &entry, &m, &p, 0);
+        (w, entry)
+    }
+
+    #[test]
+    fn the_known_entry_is_what_the_mirror_last_saw() {
+        let (mut w, entry) = stored(2, 3);
+        let known = w.known_entry();
+        assert_eq!(known, entry);
+        w.recycle(known);
+        assert_eq!(w.known_entry(), entry, "a recycled buffer is refilled");
+    }
+
+    #[test]
     fn word_compare_is_byte_compare() {
         let a: Vec<u8> = (0..STRIDE as u8).collect();
         for i in 0..STRIDE {
@@ -425,12 +552,7 @@ mod tests {
     fn owed_releases_are_paid_with_the_next_write() {
         let p = HealthPolicy::default();
         let m = models(3);
-        let mut w = Mirror::new(3);
-        w.sync(None, &m, &p, 0);
-        w.in_flight[1] = 2;
-        let mut entry = Vec::new();
-        w.write(1, &mut entry);
-        w.written(1, &entry, &m, &p, 0);
+        let (mut w, mut entry) = stored(3, 2);
         w.owe_release(1);
         w.owe_release(1);
         assert!(w.owes());
@@ -455,13 +577,8 @@ mod tests {
 
     #[test]
     fn a_lost_update_is_read_again() {
-        let p = HealthPolicy::default();
-        let m = models(2);
-        let mut w = Mirror::new(2);
-        w.sync(None, &m, &p, 0);
-        let mut entry = Vec::new();
-        w.write(1, &mut entry);
-        w.written(1, &entry, &m, &p, 0);
+        let (p, m) = (HealthPolicy::default(), models(2));
+        let (mut w, entry) = stored(2, 0);
         // A local change that never reached the entry.
         w.in_flight[1] = 9;
         w.lost(1);

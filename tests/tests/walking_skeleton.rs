@@ -36,8 +36,10 @@ fn request_arrives_at_the_upstream_the_filter_chose() {
 
     for i in 0..5 {
         let resp = Request::post_json("/v1/chat/completions", &json!({"model": "m", "n": i}))
-            // A client trying to choose its own destination is ignored.
+            // A client trying to choose its own destination is ignored,
+            // however many times it says so.
             .header("x-ace-destination", "payg_api")
+            .header("x-ace-destination", "reserved_ptu")
             .send(envoy.port())
             .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
         assert_eq!(resp.status, 200, "request {i}: {}", resp.text());

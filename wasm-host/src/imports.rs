@@ -303,6 +303,7 @@ pub(crate) fn define(
             return st(Status::InvalidMemoryAccess);
         };
         let s = c.data();
+        s.process.count_shared_data_read();
         let Some((value, cas)) = s.process.shared_data(&s.plugin.vm_id, &key) else {
             return st(Status::NotFound);
         };

@@ -58,6 +58,8 @@ type Namespace = HashMap<Vec<u8>, (Vec<u8>, u32)>;
 struct Inner {
     data: HashMap<String, Namespace>,
     last_cas: u32,
+    /// `proxy_get_shared_data` calls so far.
+    shared_reads: u64,
     queue_tokens: HashMap<(String, Vec<u8>), u32>,
     queues: HashMap<u32, Queue>,
     last_queue: u32,
@@ -155,6 +157,17 @@ impl Process {
             .cloned()
     }
 
+    /// How many times guests have called `proxy_get_shared_data` (a filter's
+    /// read budget is worth testing: inside Envoy it is a costly call).
+    pub fn shared_data_reads(&self) -> u64 {
+        self.lock().shared_reads
+    }
+
+    pub(crate) fn count_shared_data_read(&self) {
+        let mut g = self.lock();
+        g.shared_reads = g.shared_reads.saturating_add(1);
+    }
+
     /// Writes shared data as `proxy_set_shared_data` does: `cas == 0` is
     /// unconditional; otherwise it must equal the stored CAS (for an existing
     /// key) or the write fails with [`Status::CasMismatch`].
@@ -166,11 +179,13 @@ impl Process {
         cas: u32,
     ) -> Result<(), Status> {
         let mut g = self.lock();
-        g.last_cas = g.last_cas.wrapping_add(1);
-        if g.last_cas == 0 {
-            g.last_cas = 1;
-        }
-        let next = g.last_cas;
+        // One process-wide counter, advanced by successful writes only, as
+        // in proxy-wasm-cpp-host: a filter may rely on "the entry still
+        // holds the CAS my write gave it" meaning "nobody wrote since".
+        let next = match g.last_cas.wrapping_add(1) {
+            0 => 1,
+            n => n,
+        };
         let map = g.data.entry(vm_id.to_string()).or_default();
         match map.get_mut(key) {
             Some(entry) => {
@@ -183,6 +198,7 @@ impl Process {
                 map.insert(key.to_vec(), (value.to_vec(), next));
             }
         }
+        g.last_cas = next;
         Ok(())
     }
 
@@ -308,5 +324,23 @@ mod tests {
             Err(Status::CasMismatch)
         );
         assert_eq!(p.shared_data("other", b"k"), None);
+    }
+
+    /// Envoy's CAS values come from one counter for the whole process,
+    /// advanced by each successful write (of any key, in any `vm_id`).
+    #[test]
+    fn cas_values_come_from_one_counter_that_only_writes_advance() {
+        let p = Process::new();
+        let cas = |vm: &str, k: &[u8]| p.shared_data(vm, k).map(|(_, c)| c);
+        assert_eq!(p.set_shared_data("vm", b"a", b"1", 0), Ok(()));
+        assert_eq!(cas("vm", b"a"), Some(1));
+        assert_eq!(p.set_shared_data("other", b"b", b"1", 0), Ok(()));
+        assert_eq!(cas("other", b"b"), Some(2));
+        assert_eq!(
+            p.set_shared_data("vm", b"a", b"2", 7),
+            Err(Status::CasMismatch)
+        );
+        assert_eq!(p.set_shared_data("vm", b"a", b"2", 1), Ok(()));
+        assert_eq!(cas("vm", b"a"), Some(3), "the failed write took no value");
     }
 }

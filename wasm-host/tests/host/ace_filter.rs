@@ -1,7 +1,7 @@
 //! ACE's own filter (crate `ace-filter`) on the host.
 
 use crate::common::{ace_config, module};
-use ace_wasm_host::{Action, Error, Request, Response, Route, Vm};
+use ace_wasm_host::{Action, Error, Process, Request, Response, Route, Vm};
 
 #[test]
 fn routes_to_the_cheapest_destination() -> Result<(), Error> {
@@ -23,6 +23,16 @@ fn routes_to_the_cheapest_destination() -> Result<(), Error> {
     Ok(())
 }
 
+/// The filter relies on Envoy clearing the route cache when it sets the
+/// destination header, which Envoy does for ABI 0.2.1 modules and not for
+/// later ones (`ace_filter::ROUTE_CACHE_CLEARED_BY_HOST`). If an SDK upgrade
+/// changes the ABI, this fails: then call the `clear_route_cache` foreign
+/// function after setting the header.
+#[test]
+fn filter_speaks_abi_0_2_1() {
+    assert_eq!(module("ace-filter").abi_version(), "0.2.1");
+}
+
 #[test]
 fn clients_cannot_choose_the_destination() -> Result<(), Error> {
     let m = module("ace-filter");
@@ -32,6 +42,7 @@ fn clients_cannot_choose_the_destination() -> Result<(), Error> {
         &route,
         Request::post("/v1/chat")
             .header("x-ace-destination", "cluster_a")
+            .header("x-ace-destination", "cluster_c")
             .body("{}"),
         |up| Some(Response::new(200).body(up.cluster.clone())),
     )?;
@@ -136,5 +147,80 @@ fn a_header_that_is_not_utf8_is_an_unknown_value_not_a_trap() -> Result<(), Erro
         routed_to(&mut vm, &[("x-ace-model", b"m1")])?.as_deref(),
         Some("c_cheap")
     );
+    Ok(())
+}
+
+/// `owned` takes two requests at a time; `payg` is dear and unlimited.
+const TWO_WORKERS: &str = r#"{"response_headers":true,"destinations":[
+    {"name":"owned","cluster":"c_owned","tier":"inhouse","capacity":2,"knee":1.0,
+     "usd_per_input_token":1e-9},
+    {"name":"payg","cluster":"c_payg","tier":"payg","usd_per_input_token":1e-5}],
+    "health":{"trip_after":1,"base_cooldown_ms":60000}}"#;
+
+/// Opens a request on `vm` and leaves it in flight; returns its stream id
+/// and where it was routed.
+fn open(vm: &mut Vm) -> Result<(u32, Option<String>), Error> {
+    let mut s = vm.http_stream()?;
+    s.send_request_headers([(":path", "/v1/chat"), (":method", "POST")], true)?;
+    let to = s
+        .request_headers()
+        .get("x-ace-destination")
+        .map(str::to_string);
+    Ok((s.id(), to))
+}
+
+/// Two workers (VMs of one process, one `vm_id`) see each other's claims
+/// and trips. Each worker skips the shared-data read while it knows the
+/// entry's CAS value; after the other worker writes, that write fails and
+/// the worker reads: it must never decide on the stale copy.
+#[test]
+fn two_workers_see_each_others_claims_and_trips() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let process = Process::new();
+    let worker = || {
+        Vm::builder(&m)
+            .process(&process)
+            .vm_id("ace")
+            .configuration(TWO_WORKERS)
+            .start()
+    };
+    let (mut a, mut b) = (worker()?, worker()?);
+    let (a1, to) = open(&mut a)?;
+    assert_eq!(to.as_deref(), Some("c_owned"));
+    let (_, to) = open(&mut b)?;
+    assert_eq!(to.as_deref(), Some("c_owned"), "B read A's claim: 1 of 2");
+    // A's copy still shows one request on `owned`; B's claim filled it.
+    let (a2, to) = open(&mut a)?;
+    assert_eq!(to.as_deref(), Some("c_payg"), "A must see B's claim");
+    // A's first request ends in a 503: `owned` trips (trip_after 1).
+    let mut s = a.stream(a1)?;
+    s.send_response_headers([(":status", "503")], true)?;
+    s.finish()?;
+    let mut s = a.stream(a2)?;
+    s.send_response_headers([(":status", "200")], true)?;
+    s.finish()?;
+    // B last wrote before the trip; its next request must not use `owned`.
+    let (_, to) = open(&mut b)?;
+    assert_eq!(to.as_deref(), Some("c_payg"), "B must see A's trip");
+    Ok(())
+}
+
+/// A worker that alone writes the shared state reads it once, not once
+/// per request: its own writes tell it the entry's CAS value.
+#[test]
+fn a_lone_worker_does_not_read_the_shared_state_per_request() -> Result<(), Error> {
+    let m = module("ace-filter");
+    let process = Process::new();
+    let mut vm = Vm::builder(&m)
+        .process(&process)
+        .configuration(TWO_WORKERS)
+        .start()?;
+    let route = Route::ClusterHeader("x-ace-destination".into());
+    for _ in 0..20 {
+        let ex = vm.exchange(&route, Request::get("/"), |_| Some(Response::new(200)))?;
+        assert_eq!(ex.upstream.map(|u| u.cluster).as_deref(), Some("c_owned"));
+    }
+    let reads = process.shared_data_reads();
+    assert!(reads <= 2, "{reads} shared-data reads for 20 requests");
     Ok(())
 }

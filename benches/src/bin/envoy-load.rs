@@ -11,10 +11,12 @@
 //! Options:
 //!
 //! - `--rounds N`: run the variants N times, interleaved (plain, no-op,
-//!   ACE, plain, ...), each on a fresh Envoy, then print each variant's
-//!   median and the median of the per-round differences ACE − no-op. Runs at
-//!   one connection vary by tens of microseconds from run to run (wake-up
-//!   latency, core placement), so single runs cannot resolve a 20 µs share.
+//!   ACE, plain, ...; every variant's Envoy runs throughout, only one is
+//!   loaded at a time), then print each variant's median and the median of
+//!   the per-round differences ACE − no-op. Runs at one connection vary by
+//!   tens of microseconds from run to run (wake-up latency, the hypervisor),
+//!   so single runs cannot resolve a 20 µs share; many short alternating
+//!   runs can.
 //! - `--pin`: run Envoy (every thread) on the last CPU and this process
 //!   (the upstream) and `wrk` on the others, so the load generator never
 //!   shares a core with the proxy it measures, as in any serious proxy
@@ -253,7 +255,8 @@ fn run() -> Result<(), String> {
         }
         let mut rows = Vec::new();
         for (name, builder) in variants {
-            rows.push(bench.measure(name, builder)?);
+            let running = bench.start(name, &builder)?;
+            rows.push(bench.run(&running)?);
         }
         if let Some(base) = rows.first() {
             println!("\nEnvoy CPU per host call (difference over the no-op, / {CALLS}):");
@@ -268,30 +271,39 @@ fn run() -> Result<(), String> {
         return Ok(());
     }
     let wanted = |key: &str| o.only.as_ref().is_none_or(|l| l.iter().any(|n| n == key));
+    let mut variants = Vec::new();
+    if wanted("plain") {
+        variants.push(("plain Envoy", base().route(fixed_route.clone())));
+    }
+    if wanted("noop") {
+        variants.push((
+            "no-op Wasm filter",
+            base().route(fixed_route.clone()).wasm_filter(&noop, ""),
+        ));
+    }
+    if wanted("ace") {
+        if let Some(b) = &baseline {
+            variants.push(("ACE baseline", base().wasm_filter(b, &ace_config)));
+        }
+        variants.push(("ACE filter", base().wasm_filter(&ace, &ace_config)));
+    }
+    // Every variant runs at once (only one is loaded at a time), so the
+    // rounds can alternate quickly without restarting Envoy.
+    let running = variants
+        .into_iter()
+        .map(|(name, builder)| bench.start(name.into(), &builder))
+        .collect::<Result<Vec<_>, String>>()?;
     let mut rounds: Vec<Vec<Row>> = Vec::new();
     for round in 0..o.rounds {
         if o.rounds > 1 {
             println!("round {}/{}", round + 1, o.rounds);
         }
-        let mut rows = Vec::new();
-        if wanted("plain") {
-            rows.push(bench.measure("plain Envoy".into(), base().route(fixed_route.clone()))?);
-        }
-        if wanted("noop") {
-            rows.push(bench.measure(
-                "no-op Wasm filter".into(),
-                base().route(fixed_route.clone()).wasm_filter(&noop, ""),
-            )?);
-        }
-        if wanted("ace") {
-            if let Some(b) = &baseline {
-                rows.push(
-                    bench.measure("ACE baseline".into(), base().wasm_filter(b, &ace_config))?,
-                );
-            }
-            rows.push(bench.measure("ACE filter".into(), base().wasm_filter(&ace, &ace_config))?);
-        }
-        rounds.push(rows);
+        rounds.push(
+            running
+                .iter()
+                .map(|r| bench.run(r))
+                .collect::<Result<Vec<_>, String>>()?,
+        );
     }
     summarise(&rounds, o.rounds > 1);
     Ok(())
@@ -423,13 +435,19 @@ impl Bench {
         );
     }
 
-    /// Start Envoy, warm it up, measure one run and print its row.
-    fn measure(&self, name: String, builder: EnvoyBuilder) -> Result<Row, String> {
+    /// Start Envoy (pinned, if pinning) and warm it up.
+    fn start(&self, name: String, builder: &EnvoyBuilder) -> Result<Running, String> {
         let envoy = builder.start().map_err(|e| e.to_string())?;
         if let Some(cpus) = &self.pin {
             pin(envoy.pid(), cpus)?;
         }
         let _warm = wrk(envoy.port(), 2, self.conns)?;
+        Ok(Running { name, envoy })
+    }
+
+    /// Measure one run of a started variant and print its row.
+    fn run(&self, r: &Running) -> Result<Row, String> {
+        let envoy = &r.envoy;
         let probe = start_probe(envoy.pid())?;
         let before = cpu_time(envoy.pid());
         let stats = wrk(envoy.port(), self.secs, self.conns)?;
@@ -442,7 +460,7 @@ impl Bench {
         stop_probe(probe);
         println!(
             "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}",
-            name, stats.rps, stats.p50_us, stats.p99_us, stats.errors, cpu_us
+            r.name, stats.rps, stats.p50_us, stats.p99_us, stats.errors, cpu_us
         );
         // The filter's warnings under load cost time too; show them.
         let log = envoy.log();
@@ -458,11 +476,17 @@ impl Bench {
             );
         }
         Ok(Row {
-            name,
+            name: r.name.clone(),
             stats,
             cpu_us,
         })
     }
+}
+
+/// A started, warmed-up variant.
+struct Running {
+    name: String,
+    envoy: ace_harness::envoy::Envoy,
 }
 
 /// CPU time of every thread of `pid` so far, from the scheduler's

@@ -23,7 +23,8 @@
 //! Inside Envoy a host call costs far more than the Wasm code around it
 //! (`BENCHMARKS.md`), so the per-request path makes as few as it can: no
 //! shared-data read when this worker's copy is known to be current, one
-//! clock read per phase, each header read once, one filter-state write.
+//! clock read per phase, each header map read in one call ([`headers`]),
+//! one filter-state write.
 //!
 //! The filter must never panic (a panic kills the worker's VM): every host
 //! call goes through `hostcalls`' `Result`s, never the SDK's unwrapping trait
@@ -33,6 +34,7 @@ pub mod attributes;
 pub mod body;
 pub mod config;
 pub mod event;
+pub mod headers;
 pub mod state;
 
 use ace_core::dispatch::{self, Decision, Request};
@@ -40,6 +42,7 @@ use ace_core::health::Outcome;
 use body::{RequestBody, Usage, UsageScanner};
 use config::Config;
 use event::Event;
+use headers::Pairs;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
@@ -292,27 +295,6 @@ fn now_ms() -> u64 {
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// A header's value. Read as bytes: the SDK's string read unwraps its
-/// UTF-8 check, so a client sending a non-UTF-8 value would trap the VM.
-/// Such a value is kept with U+FFFD in place of the bad bytes: it matches
-/// no attribute value (unknown, so policy fails closed) and still shows in
-/// the event.
-fn header(map: MapType, name: &str) -> Option<String> {
-    let bytes = hostcalls::get_map_value_bytes(map, name).ok().flatten()?;
-    Some(match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
-}
-
-fn request_header(name: &str) -> Option<String> {
-    header(MapType::HttpRequestHeaders, name)
-}
-
-fn response_header(name: &str) -> Option<String> {
-    header(MapType::HttpResponseHeaders, name)
 }
 
 impl Plugin {
@@ -696,34 +678,37 @@ impl HttpContext for AceStream {
         // in `route` (a replace drops every earlier value) or, when the
         // request is refused, never reaches an upstream.
         // Capture what later phases need while the headers are readable,
-        // each header once: the event reuses the attribute values.
+        // all of them in one host call.
+        let headers = headers::read(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
+            // Every attribute is then unknown: policy fails closed.
+            log::warn!("cannot read the request headers: {s:?}");
+            Pairs::default()
+        });
         let policy_headers = cfg.policy.as_ref().map_or(&[][..], |p| &p.attributes[..]);
         self.attributes = policy_headers
             .iter()
-            .map(|a| request_header(&a.header))
+            .map(|a| headers.string(&a.header))
             .collect();
-        let header = |name: &str| match policy_headers
-            .iter()
-            .position(|a| a.header.eq_ignore_ascii_case(name))
-        {
-            Some(i) => self.attributes.get(i).cloned().flatten(),
-            None => request_header(name),
-        };
-        let model = header("x-ace-model");
-        let (tenant, data_class, latency_class) = (
-            header("x-ace-tenant"),
-            header("x-ace-data-class"),
-            header("x-ace-latency-class"),
-        );
-        self.content_length = request_header("content-length").and_then(|v| v.trim().parse().ok());
+        let [model, tenant, data_class, latency_class, request_id, length, content_type] = headers
+            .find([
+                "x-ace-model",
+                "x-ace-tenant",
+                "x-ace-data-class",
+                "x-ace-latency-class",
+                "x-request-id",
+                "content-length",
+                "content-type",
+            ]);
+        let model = headers::text(model);
+        self.content_length = headers::number(length);
         let now = now_ms();
         self.event = Some(Event {
             schema: event::SCHEMA,
-            request_id: request_header("x-request-id"),
+            request_id: headers::text(request_id),
             time_ms: now,
-            tenant,
-            data_class,
-            latency_class,
+            tenant: headers::text(tenant),
+            data_class: headers::text(data_class),
+            latency_class: headers::text(latency_class),
             model_served: model.clone(),
             model_requested: model,
             destination: None,
@@ -741,10 +726,7 @@ impl HttpContext for AceStream {
         });
         let has_body = !eos && self.content_length != Some(0);
         // Only read the content type when the body would be read.
-        if cfg.read_body
-            && has_body
-            && request_header("content-type").is_some_and(|c| c.contains("json"))
-        {
+        if cfg.read_body && has_body && headers::has(content_type, "json") {
             // Hold the headers (StopIteration under
             // allow_on_headers_stop_iteration) until the body is read.
             self.waiting_for_body = true;
@@ -809,16 +791,18 @@ impl HttpContext for AceStream {
         let (Some(plugin), Some((decision, started))) = (self.plugin.clone(), self.chosen) else {
             return Action::Continue;
         };
-        let status = response_header(":status")
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(0);
+        let headers = headers::read(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
+            log::warn!("cannot read the response headers: {s:?}");
+            Pairs::default()
+        });
+        let status = headers.number::<u32>(":status").unwrap_or(0);
         let dest = plugin.config.destinations.get(decision.index);
         let now = now_ms();
         let latency_ms = now.saturating_sub(started);
         let outcome = match status {
             429 => Outcome::Throttled {
-                retry_after_ms: response_header("retry-after")
-                    .and_then(|v| v.trim().parse::<u64>().ok())
+                retry_after_ms: headers
+                    .number::<u64>("retry-after")
                     .map(|s| s.saturating_mul(1000)),
             },
             500..=599 | 0 => Outcome::Failure,
@@ -833,8 +817,7 @@ impl HttpContext for AceStream {
         }
         self.finish_event(status, decision.reason.as_str());
         if (200..300).contains(&status) {
-            let sse =
-                response_header("content-type").is_some_and(|c| c.contains("text/event-stream"));
+            let sse = headers.contains("content-type", "text/event-stream");
             self.usage = Some(UsageScanner::new(sse, plugin.config.max_body_bytes));
         }
         if let Some(dest) = dest.filter(|_| plugin.config.response_headers) {

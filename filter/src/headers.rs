@@ -1,0 +1,280 @@
+//! A header map read in one host call.
+//!
+//! Reading headers one at a time costs a host call each, and inside Envoy
+//! every value found costs a second crossing: the host calls back into the
+//! VM to allocate the copy. `proxy_get_header_map_pairs` returns the whole
+//! map in one buffer (one call, one allocation), and [`Pairs`] finds values
+//! in it without copying. A request's headers are a dozen or so pairs, so a
+//! linear scan per lookup is cheaper than any index.
+//!
+//! The buffer is the ABI's pair encoding: the number of pairs (u32, little
+//! endian), then each pair's name and value lengths (u32 each), then each
+//! name and value, each followed by a NUL. It comes from the host, but it
+//! is read with checked slicing anyway: a malformed buffer yields the pairs
+//! before the damage, never a panic.
+
+use proxy_wasm::types::{MapType, Status};
+
+/// A header map's pairs, as the host encoded them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pairs {
+    buf: Vec<u8>,
+}
+
+impl Pairs {
+    /// Wrap an encoded pair buffer (see the module docs).
+    pub fn from_encoded(buf: Vec<u8>) -> Pairs {
+        Pairs { buf }
+    }
+
+    /// The ABI encoding of `pairs` (for tests and fuzzing).
+    pub fn encode<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Pairs {
+        let list: Vec<(&[u8], &[u8])> = pairs.into_iter().collect();
+        let mut buf = Vec::new();
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+        buf.extend_from_slice(&len(list.len()));
+        for (k, v) in &list {
+            buf.extend_from_slice(&len(k.len()));
+            buf.extend_from_slice(&len(v.len()));
+        }
+        for (k, v) in &list {
+            buf.extend_from_slice(k);
+            buf.push(0);
+            buf.extend_from_slice(v);
+            buf.push(0);
+        }
+        Pairs { buf }
+    }
+
+    /// Every (name, value) pair, in the host's order.
+    pub fn iter(&self) -> Iter<'_> {
+        let count = self
+            .buf
+            .get(..4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, |b| u32::from_le_bytes(b) as usize);
+        // Each pair needs 8 bytes of lengths: a count that the buffer
+        // cannot hold is damage, not a reason to loop for long.
+        let count = count.min(self.buf.len().saturating_sub(4) / 8);
+        Iter {
+            buf: &self.buf,
+            index: 0,
+            count,
+            data: 4 + 8 * count,
+        }
+    }
+
+    /// The first value of header `name` (ASCII case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        let name = name.as_bytes();
+        self.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// The first value of each of `names` (ASCII case-insensitive), in one
+    /// pass over the pairs: cheaper than a [`Pairs::get`] per name once
+    /// there are a few names to find.
+    pub fn find<const N: usize>(&self, names: [&str; N]) -> [Option<&[u8]>; N] {
+        let mut found = [None; N];
+        let mut missing = N;
+        for (k, v) in self.iter() {
+            for (slot, name) in found.iter_mut().zip(names) {
+                if slot.is_none()
+                    && k.len() == name.len()
+                    && k.eq_ignore_ascii_case(name.as_bytes())
+                {
+                    *slot = Some(v);
+                    missing -= 1;
+                }
+            }
+            if missing == 0 {
+                break;
+            }
+        }
+        found
+    }
+
+    /// Whether header `name` is present and contains `needle` (ASCII
+    /// case-insensitive), e.g. a content type naming `json`.
+    pub fn contains(&self, name: &str, needle: &str) -> bool {
+        has(self.get(name), needle)
+    }
+
+    /// [`Pairs::get`] parsed as a number (see [`number`]).
+    pub fn number<T: std::str::FromStr>(&self, name: &str) -> Option<T> {
+        number(self.get(name))
+    }
+
+    /// [`Pairs::get`] as text (see [`text`]).
+    pub fn string(&self, name: &str) -> Option<String> {
+        text(self.get(name))
+    }
+}
+
+/// A header value parsed as a number (surrounding spaces allowed).
+pub fn number<T: std::str::FromStr>(value: Option<&[u8]>) -> Option<T> {
+    std::str::from_utf8(value?).ok()?.trim().parse().ok()
+}
+
+/// A header value as text. A value that is not UTF-8 keeps U+FFFD in place
+/// of the bad bytes: it matches no attribute value (unknown, so policy
+/// fails closed) and still shows in the event.
+pub fn text(value: Option<&[u8]>) -> Option<String> {
+    value.map(|v| match std::str::from_utf8(v) {
+        Ok(s) => s.to_owned(),
+        Err(_) => String::from_utf8_lossy(v).into_owned(),
+    })
+}
+
+/// Whether `value` contains `needle`, ASCII case-insensitive.
+pub fn has(value: Option<&[u8]>, needle: &str) -> bool {
+    let needle = needle.as_bytes();
+    value.is_some_and(|v| {
+        needle.is_empty()
+            || v.windows(needle.len())
+                .any(|w| w.eq_ignore_ascii_case(needle))
+    })
+}
+
+impl Pairs {}
+
+/// The pairs of a [`Pairs`] buffer.
+#[derive(Debug)]
+pub struct Iter<'a> {
+    buf: &'a [u8],
+    index: usize,
+    count: usize,
+    /// Where the next pair's name starts.
+    data: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.index >= self.count {
+            return None;
+        }
+        let at = 4 + 8 * self.index;
+        let word = |o: usize| {
+            self.buf
+                .get(o..o + 4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(|b| u32::from_le_bytes(b) as usize)
+        };
+        let (Some(klen), Some(vlen)) = (word(at), word(at + 4)) else {
+            self.index = self.count;
+            return None;
+        };
+        let key_end = self.data.checked_add(klen)?;
+        let value_start = key_end.checked_add(1)?;
+        let value_end = value_start.checked_add(vlen)?;
+        let (Some(k), Some(v)) = (
+            self.buf.get(self.data..key_end),
+            self.buf.get(value_start..value_end),
+        ) else {
+            self.index = self.count;
+            return None;
+        };
+        self.index += 1;
+        self.data = value_end + 1;
+        Some((k, v))
+    }
+}
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    // The SDK's own declaration, repeated: its wrapper decodes every pair
+    // into owned strings, which is most of the cost this module saves.
+    fn proxy_get_header_map_pairs(
+        map_type: MapType,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> Status;
+}
+
+/// Read header map `map` in one host call.
+pub fn read(map: MapType) -> Result<Pairs, Status> {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the host writes a pointer it allocated through this module's
+    // `proxy_on_memory_allocate` (the SDK's, a `Vec<u8>` of exactly `size`
+    // bytes leaked with `mem::forget`) and its size; we take ownership
+    // back the way the SDK does, once.
+    let status = unsafe { proxy_get_header_map_pairs(map, &mut data, &mut size) };
+    match status {
+        Status::Ok if data.is_null() => Ok(Pairs::default()),
+        Status::Ok => Ok(Pairs::from_encoded(unsafe {
+            // SAFETY: see above.
+            Vec::from_raw_parts(data, size, size)
+        })),
+        other => Err(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Pairs {
+        Pairs::encode(list.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())))
+    }
+
+    #[test]
+    fn finds_values_by_name_case_insensitively() {
+        let p = pairs(&[
+            (":method", "POST"),
+            ("x-ace-tenant", "acme"),
+            ("x-ace-tenant", "second"),
+            ("content-length", ""),
+        ]);
+        assert_eq!(p.get("X-ACE-Tenant"), Some(&b"acme"[..]), "the first value");
+        assert_eq!(p.get("content-length"), Some(&b""[..]));
+        assert_eq!(p.get("x-absent"), None);
+        assert_eq!(p.iter().count(), 4);
+        assert_eq!(p.string(":method").as_deref(), Some("POST"));
+        assert_eq!(
+            p.find(["content-length", "x-absent", "X-ACE-TENANT"]),
+            [Some(&b""[..]), None, Some(&b"acme"[..])]
+        );
+    }
+
+    #[test]
+    fn numbers_and_substrings() {
+        let p = pairs(&[
+            (":status", "429"),
+            ("retry-after", " 7 "),
+            ("content-type", "Text/Event-Stream; charset=utf-8"),
+        ]);
+        assert_eq!(p.number::<u32>(":status"), Some(429));
+        assert_eq!(p.number::<u64>("retry-after"), Some(7));
+        assert_eq!(p.number::<u64>("content-type"), None);
+        assert!(p.contains("content-type", "text/event-stream"));
+        assert!(!p.contains("content-type", "json"));
+        assert!(!p.contains("x-absent", ""));
+    }
+
+    #[test]
+    fn non_utf8_values_are_lossy_not_errors() {
+        let p = Pairs::encode([(&b"x-ace-tenant"[..], &b"ac\xffme"[..])]);
+        assert_eq!(p.string("x-ace-tenant").as_deref(), Some("ac\u{fffd}me"));
+    }
+
+    #[test]
+    fn damaged_buffers_yield_what_precedes_the_damage() {
+        let whole = pairs(&[("a", "1"), ("b", "22")]);
+        let bytes = whole.buf.clone();
+        for cut in 0..bytes.len() {
+            let p = Pairs::from_encoded(bytes.get(..cut).unwrap_or_default().to_vec());
+            assert!(p.iter().count() <= 2, "cut at {cut}");
+            let _ = p.get("b");
+        }
+        // A count far beyond the buffer, and lengths that overflow.
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Pairs::from_encoded(huge).iter().count(), 0);
+        assert_eq!(Pairs::default().iter().count(), 0);
+    }
+}

@@ -194,6 +194,9 @@ pub(crate) struct PluginInfo {
 
 /// The data of a VM's `Store`.
 pub(crate) struct VmState {
+    /// Calls from the guest into host functions (counted only when
+    /// [`crate::VmBuilder::count_host_calls`] is set).
+    pub host_calls: u64,
     pub memory: Option<Memory>,
     pub alloc: Option<TypedFunc<i32, i32>>,
     pub process: Process,
@@ -243,6 +246,7 @@ impl VmState {
     pub fn new(process: Process, plugin: PluginInfo, epoch_ns: u64, seed: u64) -> VmState {
         let vm_instance = process.new_vm_instance();
         VmState {
+            host_calls: 0,
             memory: None,
             alloc: None,
             process,

@@ -105,9 +105,18 @@ pub struct VmBuilder<'m> {
     allow_on_headers_stop_iteration: bool,
     memory_limit: Option<usize>,
     fuel: Option<u64>,
+    count_host_calls: bool,
 }
 
 impl<'m> VmBuilder<'m> {
+    /// Counts the guest's calls into host functions ([`Vm::host_calls`]).
+    /// Inside Envoy a host call costs far more than the Wasm around it, so
+    /// this count, like fuel, is a load-independent cost to compare builds
+    /// by. Off by default: the hook runs on every call.
+    pub fn count_host_calls(mut self) -> Self {
+        self.count_host_calls = true;
+        self
+    }
     /// Caps the guest's linear memory; growing past it fails the guest's
     /// allocation (an SDK filter then traps, as it would on a real OOM).
     pub fn memory_limit(mut self, bytes: usize) -> Self {
@@ -225,6 +234,14 @@ impl<'m> VmBuilder<'m> {
         }
         let mut store = Store::new(&self.module.engine, state);
         store.limiter(|s| &mut s.limits);
+        if self.count_host_calls {
+            store.call_hook(|mut s, hook| {
+                if matches!(hook, wasmtime::CallHook::CallingHost) {
+                    s.data_mut().host_calls += 1;
+                }
+                Ok(())
+            });
+        }
         if let Some(fuel) = self.fuel {
             store.set_fuel(fuel).map_err(|e| {
                 Error::Instantiate(format!("fuel needs an engine with consume_fuel: {e:#}"))
@@ -333,6 +350,7 @@ impl Vm {
             allow_on_headers_stop_iteration: false,
             memory_limit: None,
             fuel: None,
+            count_host_calls: false,
         }
     }
 
@@ -341,6 +359,12 @@ impl Vm {
     /// the work a filter does, e.g. per request.
     pub fn fuel_consumed(&self) -> u64 {
         self.fuel_consumed
+    }
+
+    /// Calls from the guest into host functions so far (0 unless
+    /// [`VmBuilder::count_host_calls`] is set).
+    pub fn host_calls(&self) -> u64 {
+        self.store.data().host_calls
     }
 
     fn alloc_context(&mut self) -> u32 {

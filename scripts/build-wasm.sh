@@ -10,6 +10,8 @@
 # has its own target dir so the two toolchains never fight over fingerprints.
 #
 # The last line printed on stdout is the absolute path of the .wasm file.
+# ACE_WASM_PROFILE, ACE_WASM_TARGET_DIR and ACE_WASM_RUSTFLAGS (extra rustc
+# flags, e.g. `-C target-feature=-bulk-memory`) select other builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,7 +21,8 @@ TARGET_DIR=${ACE_WASM_TARGET_DIR:-$ROOT/target/wasm}
 LIB=$(echo "$PKG" | tr - _)
 
 if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
-    cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" -p "$PKG" >&2
+    RUSTFLAGS="${RUSTFLAGS:-} ${ACE_WASM_RUSTFLAGS:-}" \
+        cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" -p "$PKG" >&2
 else
     WASM_LD=$(ls /usr/lib/llvm-*/bin/wasm-ld 2>/dev/null | sort -V | tail -1 || true)
     if [ ! -x /usr/bin/cargo ] || [ ! -x /usr/bin/rustc ] || [ -z "$WASM_LD" ] || [ ! -d /usr/lib/wasm32-wasi ]; then
@@ -29,7 +32,7 @@ else
     # Debian's cargo, with the rustup proxies out of the way.
     env -u RUSTUP_TOOLCHAIN \
         RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
-        RUSTFLAGS="-C linker=$WASM_LD -L /usr/lib/wasm32-wasi" \
+        RUSTFLAGS="-C linker=$WASM_LD -L /usr/lib/wasm32-wasi ${ACE_WASM_RUSTFLAGS:-}" \
         /usr/bin/cargo build -q --profile "$PROFILE" --target wasm32-wasip1 \
         -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" -p "$PKG" >&2
 fi

@@ -10,8 +10,11 @@
 //! slot on it with a compare-and-swap; write its Envoy cluster into the
 //! destination header, replacing any value a client sent (clients never
 //! choose). Envoy re-selects the route because this module speaks ABI
-//! 0.2.1, for which Envoy clears the route cache on every request-header
-//! mutation (see [`ROUTE_CACHE_CLEARED_BY_HOST`]).
+//! 0.2.1 (the proxy-wasm Rust SDK 0.2's), for which Envoy clears the route
+//! cache on every request-header mutation; modules speaking a later ABI
+//! must call the `clear_route_cache` foreign function themselves (about
+//! 2 µs of Envoy CPU). The wasm-host test `filter_speaks_abi_0_2_1` fails
+//! if an SDK upgrade changes the ABI.
 //!
 //! Response path: classify the outcome (5xx and Envoy's local replies for
 //! refused connections and timeouts are failures, 429 is throttling, a slow
@@ -59,15 +62,6 @@ pub const RESPONSE_REASON_HEADER: &str = "x-ace-reason";
 pub const RESPONSE_TIER_HEADER: &str = "x-ace-tier";
 /// Response header with the booked (true marginal) cost, USD.
 pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
-
-/// The ABI this module exports (proxy-wasm Rust SDK 0.2). For it Envoy
-/// clears the route cache whenever a filter changes request headers, so
-/// setting the destination header is enough for the route's
-/// `cluster_header` to see it. Modules speaking a later ABI must call the
-/// `clear_route_cache` foreign function themselves (about 2 µs of Envoy
-/// CPU per call); the wasm-host test `filter_speaks_abi_0_2_1` fails if the
-/// SDK ever changes this.
-pub const ROUTE_CACHE_CLEARED_BY_HOST: &str = "proxy_abi_version_0_2_1";
 
 /// Compare-and-swap attempts before giving up on a shared-state update.
 const CAS_ATTEMPTS: usize = 32;
@@ -545,7 +539,8 @@ impl AceStream {
                 "cannot set the destination header",
             );
         }
-        // No `clear_route_cache` call: see ROUTE_CACHE_CLEARED_BY_HOST.
+        // No `clear_route_cache` call: for ABI 0.2.1 Envoy clears the route
+        // cache on the header change (see the module docs).
         Action::Continue
     }
 

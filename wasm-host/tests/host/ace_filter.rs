@@ -25,9 +25,9 @@ fn routes_to_the_cheapest_destination() -> Result<(), Error> {
 
 /// The filter relies on Envoy clearing the route cache when it sets the
 /// destination header, which Envoy does for ABI 0.2.1 modules and not for
-/// later ones (`ace_filter::ROUTE_CACHE_CLEARED_BY_HOST`). If an SDK upgrade
-/// changes the ABI, this fails: then call the `clear_route_cache` foreign
-/// function after setting the header.
+/// later ones (see `ace_filter`'s module docs). If an SDK upgrade changes
+/// the ABI, this fails: then call the `clear_route_cache` foreign function
+/// after setting the header.
 #[test]
 fn filter_speaks_abi_0_2_1() {
     assert_eq!(module("ace-filter").abi_version(), "0.2.1");

@@ -283,6 +283,25 @@ struct AceStream {
 
 impl Context for AceStream {}
 
+#[link(wasm_import_module = "env")]
+extern "C" {
+    // The SDK's own declaration, repeated: its wrapper panics (killing the
+    // VM) on any status but `Ok`, and allocates the path on every call.
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> Status;
+}
+
+/// Set filter state `wasm.<path>` (one path segment) to `value`; returns
+/// Envoy's status instead of trapping on a failure.
+fn set_property(path: &[u8], value: &[u8]) -> Status {
+    // SAFETY: both slices outlive the call; the host only reads them.
+    unsafe { proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len()) }
+}
+
 fn now_ms() -> u64 {
     hostcalls::get_current_time()
         .ok()
@@ -412,8 +431,9 @@ impl AceStream {
         };
         let mut line = plugin.event_line.borrow_mut();
         e.write_json(&mut line);
-        if let Err(s) = hostcalls::set_property(vec![event::PROPERTY], Some(line.as_bytes())) {
-            log::warn!("cannot write the request event: {s:?}");
+        match set_property(event::PROPERTY.as_bytes(), line.as_bytes()) {
+            Status::Ok => {}
+            s => log::warn!("cannot write the request event: {s:?}"),
         }
     }
 

@@ -340,10 +340,22 @@ impl Envoy {
         self.child.id()
     }
 
-    /// CPU time Envoy has used so far (user + system, all threads), from
-    /// `/proc`; `None` where that is not readable.
+    /// CPU time Envoy has used so far (all threads), from the scheduler's
+    /// nanosecond counters (`/proc/PID/task/*/schedstat`), else from
+    /// `/proc/PID/stat`'s 10 ms ticks; `None` where neither is readable.
     pub fn cpu_time(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        let pid = self.pid();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            let ns = tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .reduce(u64::saturating_add);
+            if let Some(ns) = ns {
+                return Some(Duration::from_nanos(ns));
+            }
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // Fields after the parenthesised command name; utime and stime are
         // the 14th and 15th fields overall, in clock ticks.
         let rest = stat.get(stat.rfind(')')? + 2..)?;

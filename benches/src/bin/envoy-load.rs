@@ -56,7 +56,6 @@ use ace_harness::upstream::Upstream;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
-use std::time::Duration;
 
 fn main() -> ExitCode {
     match run() {
@@ -485,9 +484,9 @@ impl Bench {
     fn run(&self, r: &Running) -> Result<Row, String> {
         let envoy = &r.envoy;
         let probe = start_probe(envoy.pid())?;
-        let before = cpu_time(envoy.pid());
+        let before = envoy.cpu_time();
         let stats = self.load(envoy.port(), self.secs)?;
-        let cpu_us = match (before, cpu_time(envoy.pid())) {
+        let cpu_us = match (before, envoy.cpu_time()) {
             (Some(a), Some(b)) if stats.requests > 0 => {
                 b.saturating_sub(a).as_secs_f64() * 1e6 / stats.requests as f64
             }
@@ -523,36 +522,6 @@ impl Bench {
 struct Running {
     name: String,
     envoy: ace_harness::envoy::Envoy,
-}
-
-/// CPU time of every thread of `pid` so far, from the scheduler's
-/// nanosecond counters (`/proc/PID/task/*/schedstat`); falls back to
-/// `/proc/PID/stat`'s 10 ms ticks where those are missing.
-fn cpu_time(pid: u32) -> Option<Duration> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut ns: u64 = 0;
-    let mut any = false;
-    for t in tasks.flatten() {
-        let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
-            continue;
-        };
-        if let Some(v) = s
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            ns = ns.saturating_add(v);
-            any = true;
-        }
-    }
-    if any {
-        return Some(Duration::from_nanos(ns));
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
 }
 
 /// Start `ENVOY_LOAD_PROBE` (if set) against Envoy's process.

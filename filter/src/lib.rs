@@ -29,9 +29,12 @@
 //! clock read per phase, each header map read in one call ([`headers`]),
 //! one filter-state write.
 //!
-//! The filter must never panic (a panic kills the worker's VM): every host
-//! call goes through `hostcalls`' `Result`s, never the SDK's unwrapping trait
-//! defaults, and a failure is logged and answered.
+//! The filter must never panic (a panic kills the worker's VM): host calls
+//! go through `hostcalls`' `Result`s, never the SDK's unwrapping trait
+//! defaults, and a failure is logged and answered. Header maps and filter
+//! state use raw calls that return Envoy's status ([`headers::read`],
+//! `set_property`); the SDK wrappers still used panic only on statuses
+//! Envoy does not return in the phases where this filter calls them.
 
 pub mod attributes;
 pub mod body;
@@ -692,6 +695,7 @@ impl HttpContext for AceStream {
         // Clients never choose: a destination header they sent is replaced
         // in `route` (a replace drops every earlier value) or, when the
         // request is refused, never reaches an upstream.
+        //
         // Capture what later phases need while the headers are readable,
         // all of them in one host call.
         let headers = headers::read(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
@@ -740,7 +744,6 @@ impl HttpContext for AceStream {
             reason: "",
         });
         let has_body = !eos && self.content_length != Some(0);
-        // Only read the content type when the body would be read.
         if cfg.read_body && has_body && headers::has(content_type, "json") {
             // Hold the headers (StopIteration under
             // allow_on_headers_stop_iteration) until the body is read.
@@ -810,15 +813,15 @@ impl HttpContext for AceStream {
             log::warn!("cannot read the response headers: {s:?}");
             Pairs::default()
         });
-        let status = headers.number::<u32>(":status").unwrap_or(0);
+        let [status, retry_after, content_type] =
+            headers.find([":status", "retry-after", "content-type"]);
+        let status = headers::number::<u32>(status).unwrap_or(0);
         let dest = plugin.config.destinations.get(decision.index);
         let now = now_ms();
         let latency_ms = now.saturating_sub(started);
         let outcome = match status {
             429 => Outcome::Throttled {
-                retry_after_ms: headers
-                    .number::<u64>("retry-after")
-                    .map(|s| s.saturating_mul(1000)),
+                retry_after_ms: headers::number::<u64>(retry_after).map(|s| s.saturating_mul(1000)),
             },
             500..=599 | 0 => Outcome::Failure,
             _ => Outcome::Success {
@@ -832,7 +835,7 @@ impl HttpContext for AceStream {
         }
         self.finish_event(status, decision.reason.as_str());
         if (200..300).contains(&status) {
-            let sse = headers.contains("content-type", "text/event-stream");
+            let sse = headers::has(content_type, "text/event-stream");
             self.usage = Some(UsageScanner::new(sse, plugin.config.max_body_bytes));
         }
         if let Some(dest) = dest.filter(|_| plugin.config.response_headers) {

@@ -559,11 +559,17 @@ fn wrk_script() -> String {
     )
 }
 
+/// Write `contents` to `name` in this process's scratch directory.
+fn scratch_file(name: &str, contents: &str) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("ace-envoy-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    std::fs::write(&path, contents).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
 fn wrk(port: u16, secs: u32, conns: u32) -> Result<Stats, String> {
-    let dir = std::env::temp_dir().join(format!("ace-wrk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let script = dir.join("post.lua");
-    std::fs::write(&script, wrk_script()).map_err(|e| e.to_string())?;
+    let script = scratch_file("post.lua", &wrk_script())?;
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -592,12 +598,9 @@ fn wrk(port: u16, secs: u32, conns: u32) -> Result<Stats, String> {
 /// request takes rather than the queue a closed loop builds. Percentiles
 /// come from h2load's per-request log.
 fn h2load(port: u16, secs: u32, conns: u32, rate: u32) -> Result<Stats, String> {
-    let dir = std::env::temp_dir().join(format!("ace-h2load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let body = dir.join("body.json");
-    std::fs::write(&body, BODY).map_err(|e| e.to_string())?;
-    let log = dir.join("requests.tsv");
-    let _ = std::fs::remove_file(&log);
+    let body = scratch_file("body.json", BODY)?;
+    // Each run starts from an empty log.
+    let log = scratch_file("requests.tsv", "")?;
     let per_conn = f64::from(rate) / f64::from(conns.max(1));
     let out = Command::new("h2load")
         .args(["--h1", "-c", &conns.max(1).to_string(), "--rps"])

@@ -66,8 +66,8 @@ pub struct Config {
     /// Whether to read request bodies (needs Envoy's
     /// `allow_on_headers_stop_iteration: true` on the Wasm filter).
     pub read_body: bool,
-    /// Most bytes read from a request body, and most held at once while
-    /// scanning a response for token usage.
+    /// Most bytes read from a request body (responses are scanned for
+    /// token usage as they stream, whatever their size).
     pub max_body_bytes: usize,
 }
 

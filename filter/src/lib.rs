@@ -42,10 +42,11 @@ pub mod config;
 pub mod event;
 pub mod headers;
 pub mod state;
+pub mod usage;
 
 use ace_core::dispatch::{self, Decision, Request};
 use ace_core::health::Outcome;
-use body::{RequestBody, Usage, UsageScanner};
+use body::RequestBody;
 use config::Config;
 use event::Event;
 use headers::Pairs;
@@ -56,6 +57,7 @@ use state::{Mirror, Synced};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::UNIX_EPOCH;
+use usage::{Usage, UsageScanner};
 
 /// Response header naming the destination that served the request.
 pub const RESPONSE_DESTINATION_HEADER: &str = "x-ace-destination";
@@ -836,7 +838,7 @@ impl HttpContext for AceStream {
         self.finish_event(status, decision.reason.as_str());
         if (200..300).contains(&status) {
             let sse = headers::has(content_type, "text/event-stream");
-            self.usage = Some(UsageScanner::new(sse, plugin.config.max_body_bytes));
+            self.usage = Some(UsageScanner::new(sse));
         }
         if let Some(dest) = dest.filter(|_| plugin.config.response_headers) {
             let tier = plugin

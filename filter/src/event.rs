@@ -146,6 +146,9 @@ fn number(out: &mut String, v: f64) {
     }
 }
 
+/// Leading zeros of a fraction.
+const ZEROS: &[u8; 12] = b"000000000000";
+
 /// Formats dollar amounts without allocating (see [`number`]).
 #[derive(Debug, Default)]
 pub struct UsdBuffer {
@@ -156,7 +159,6 @@ impl UsdBuffer {
     /// `v` in dollars, fixed-point to 12 decimals, trailing zeros trimmed
     /// (`0.00000125`, `3`); finite `v` only (others print as `0`).
     pub fn format(&mut self, v: f64) -> &str {
-        const PICO: u64 = 1_000_000_000_000;
         if !v.is_finite() {
             return "0";
         }
@@ -165,30 +167,21 @@ impl UsdBuffer {
             let mut z = zmij::Buffer::new();
             return self.copied(z.format_finite(v).as_bytes());
         }
-        // v < 1e7, so v * 1e12 < 1e19 < u64::MAX.
-        let pico = (v * 1e12).round() as u64;
-        let (whole, mut frac) = (pico / PICO, pico % PICO);
-        // `whole` < 1e7: at most 7 digits, then `.` and at most 12.
+        // v < 1e7, so v * 1e12 < 1e19 < u64::MAX; v >= 0, so adding a half
+        // and truncating rounds to nearest (`f64::round` is a libm call in
+        // Wasm).
+        let pico = (v * 1e12 + 0.5) as u64;
         let mut int = itoa::Buffer::new();
-        let mut n = self.copy_at(0, int.format(whole).as_bytes());
-        if frac != 0 {
-            let mut digits = 12;
-            while frac % 10 == 0 {
-                frac /= 10;
-                digits -= 1;
-            }
-            if let Some((dot, rest)) = self
-                .bytes
-                .get_mut(n..n + 1 + digits)
-                .and_then(|s| s.split_first_mut())
-            {
-                *dot = b'.';
-                for d in rest.iter_mut().rev() {
-                    *d = b'0' + (frac % 10) as u8;
-                    frac /= 10;
-                }
-                n += 1 + digits;
-            }
+        let digits = int.format(pico).as_bytes();
+        // The last 12 digits are the fraction; the rest, or 0, the units.
+        let (units, frac) = digits.split_at(digits.len().saturating_sub(12));
+        let mut n = self.copy_at(0, if units.is_empty() { b"0" } else { units });
+        let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |i| i + 1);
+        if let Some(frac) = frac.get(..kept).filter(|f| !f.is_empty()) {
+            n = self.copy_at(n, b".");
+            let pad = ZEROS.get(digits.len().min(12)..).unwrap_or(b"");
+            n = self.copy_at(n, pad);
+            n = self.copy_at(n, frac);
         }
         self.written(n)
     }

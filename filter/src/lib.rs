@@ -159,7 +159,8 @@ fn bump(id: u32, n: u64) {
 
 fn nano_usd(usd: f64) -> u64 {
     if usd.is_finite() && usd > 0.0 {
-        (usd * 1e9).round().min(u64::MAX as f64) as u64
+        // Rounds half up (usd > 0); the cast saturates.
+        (usd * 1e9 + 0.5) as u64
     } else {
         0
     }

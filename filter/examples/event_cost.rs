@@ -7,13 +7,13 @@ fn main() {
         .unwrap_or(1);
     let e = Event {
         schema: SCHEMA,
+        headers: Default::default(),
         request_id: Some("2f1c9a54-0d7e-4c36-9d55-6f0b8e8a1c11".into()),
         time_ms: 1_780_000_000_000,
         tenant: Some("acme".into()),
         data_class: Some("public".into()),
         latency_class: Some("interactive".into()),
         model_requested: Some("llama-3-70b".into()),
-        model_served: Some("llama-3-70b".into()),
         destination: Some("owned".into()),
         tier: Some("inhouse"),
         tokens_in: 30,
@@ -27,7 +27,7 @@ fn main() {
         counterfactual_usd: Some(1.95e-4),
         reason: "cheapest",
     };
-    let mut out = String::with_capacity(1024);
+    let mut out = Vec::with_capacity(1024);
     let mut total = 0;
     for _ in 0..n {
         e.write_json(&mut out);

@@ -22,27 +22,37 @@ pub const SCHEMA: &str = "ace.event/1";
 /// Filter-state key (Envoy prefixes it with `wasm.`).
 pub const PROPERTY: &str = "ace_event";
 
+use crate::headers::{Pairs, Span};
+use std::rc::Rc;
+
 /// One request's event.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The text that comes from request headers is not copied: the event
+/// keeps the request's header buffer (already allocated by the one read of
+/// the map) and points into it, so a request costs no allocation per field.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Event {
     /// [`SCHEMA`].
     pub schema: &'static str,
+    /// The request's headers, which [`Text::Header`] fields point into.
+    pub headers: Pairs,
     /// Envoy's `x-request-id`.
-    pub request_id: Option<String>,
+    pub request_id: Option<Text>,
     /// When the decision was made, ms since the Unix epoch.
     pub time_ms: u64,
     /// `x-ace-tenant`.
-    pub tenant: Option<String>,
+    pub tenant: Option<Text>,
     /// `x-ace-data-class`.
-    pub data_class: Option<String>,
+    pub data_class: Option<Text>,
     /// `x-ace-latency-class`.
-    pub latency_class: Option<String>,
-    /// The model the client asked for (`x-ace-model`).
-    pub model_requested: Option<String>,
-    /// The model the destination served (today: the one requested).
-    pub model_served: Option<String>,
-    /// Destination name, when one was chosen.
-    pub destination: Option<String>,
+    pub latency_class: Option<Text>,
+    /// The model the client asked for (`x-ace-model`, else the body's
+    /// `model`). The line's `model_served` is the same model today: no
+    /// destination substitutes another yet.
+    pub model_requested: Option<Text>,
+    /// Destination name, when one was chosen (shared with the
+    /// configuration, not copied).
+    pub destination: Option<Rc<str>>,
     /// Its tier.
     pub tier: Option<&'static str>,
     /// Estimated input tokens.
@@ -67,69 +77,113 @@ pub struct Event {
     pub reason: &'static str,
 }
 
+/// A text field of an [`Event`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Text {
+    /// A value in the event's header buffer.
+    Header(Span),
+    /// Text from elsewhere (a model named in the request body).
+    Owned(String),
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Text {
+        Text::Owned(s.to_owned())
+    }
+}
+
+/// Stands for a header value that is not UTF-8: it matches no configured
+/// name (so policy and lookups treat it as unknown) and shows in the line
+/// as the replacement character.
+pub const NOT_UTF8: &str = "\u{fffd}";
+
 impl Event {
+    /// The bytes of a text field.
+    pub fn bytes<'a>(&'a self, t: &'a Option<Text>) -> Option<&'a [u8]> {
+        match t.as_ref()? {
+            Text::Header(span) => self.headers.at(*span),
+            Text::Owned(s) => Some(s.as_bytes()),
+        }
+    }
+
+    /// A text field as text; a value that is not UTF-8 reads as
+    /// [`NOT_UTF8`].
+    pub fn text<'a>(&'a self, t: &'a Option<Text>) -> Option<&'a str> {
+        self.bytes(t)
+            .map(|b| std::str::from_utf8(b).unwrap_or(NOT_UTF8))
+    }
+
     /// One JSON line (no trailing newline).
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(512);
+        let mut out = Vec::with_capacity(512);
         self.write_json(&mut out);
-        out
+        // Valid by construction (see `string`); lossy is only a fallback.
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// Write the JSON line into `out`, replacing what it held. Fields are
     /// always present (`null` when unknown), in a fixed order.
-    pub fn write_json(&self, out: &mut String) {
+    pub fn write_json(&self, out: &mut Vec<u8>) {
         out.clear();
-        out.push_str("{\"schema\":");
-        string(out, self.schema);
-        out.push_str(",\"request_id\":");
-        opt_string(out, self.request_id.as_deref());
-        out.push_str(",\"time_ms\":");
-        out.push_str(itoa::Buffer::new().format(self.time_ms));
-        out.push_str(",\"tenant\":");
-        opt_string(out, self.tenant.as_deref());
-        out.push_str(",\"data_class\":");
-        opt_string(out, self.data_class.as_deref());
-        out.push_str(",\"latency_class\":");
-        opt_string(out, self.latency_class.as_deref());
-        out.push_str(",\"model_requested\":");
-        opt_string(out, self.model_requested.as_deref());
-        out.push_str(",\"model_served\":");
-        opt_string(out, self.model_served.as_deref());
-        out.push_str(",\"destination\":");
+        out.extend_from_slice(b"{\"schema\":");
+        string(out, self.schema.as_bytes());
+        out.extend_from_slice(b",\"request_id\":");
+        self.opt_text(out, &self.request_id);
+        out.extend_from_slice(b",\"time_ms\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.time_ms).as_bytes());
+        out.extend_from_slice(b",\"tenant\":");
+        self.opt_text(out, &self.tenant);
+        out.extend_from_slice(b",\"data_class\":");
+        self.opt_text(out, &self.data_class);
+        out.extend_from_slice(b",\"latency_class\":");
+        self.opt_text(out, &self.latency_class);
+        out.extend_from_slice(b",\"model_requested\":");
+        self.opt_text(out, &self.model_requested);
+        out.extend_from_slice(b",\"model_served\":");
+        self.opt_text(out, &self.model_requested);
+        out.extend_from_slice(b",\"destination\":");
         opt_string(out, self.destination.as_deref());
-        out.push_str(",\"tier\":");
+        out.extend_from_slice(b",\"tier\":");
         opt_string(out, self.tier);
-        out.push_str(",\"tokens_in\":");
-        out.push_str(itoa::Buffer::new().format(self.tokens_in));
-        out.push_str(",\"tokens_out\":");
-        out.push_str(itoa::Buffer::new().format(self.tokens_out));
-        out.push_str(if self.tokens_estimated {
-            ",\"tokens_estimated\":true,\"status\":"
+        out.extend_from_slice(b",\"tokens_in\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.tokens_in).as_bytes());
+        out.extend_from_slice(b",\"tokens_out\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.tokens_out).as_bytes());
+        out.extend_from_slice(if self.tokens_estimated {
+            b",\"tokens_estimated\":true,\"status\":"
         } else {
-            ",\"tokens_estimated\":false,\"status\":"
+            b",\"tokens_estimated\":false,\"status\":"
         });
-        out.push_str(itoa::Buffer::new().format(self.status));
-        out.push_str(",\"latency_ms\":");
-        out.push_str(itoa::Buffer::new().format(self.latency_ms));
-        out.push_str(",\"slo_ms\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.status).as_bytes());
+        out.extend_from_slice(b",\"latency_ms\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.latency_ms).as_bytes());
+        out.extend_from_slice(b",\"slo_ms\":");
         match self.slo_ms {
-            Some(v) => out.push_str(itoa::Buffer::new().format(v)),
-            None => out.push_str("null"),
+            Some(v) => out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()),
+            None => out.extend_from_slice(b"null"),
         }
-        out.push_str(match self.slo_met {
-            Some(true) => ",\"slo_met\":true,\"marginal_usd\":",
-            Some(false) => ",\"slo_met\":false,\"marginal_usd\":",
-            None => ",\"slo_met\":null,\"marginal_usd\":",
+        out.extend_from_slice(match self.slo_met {
+            Some(true) => b",\"slo_met\":true,\"marginal_usd\":",
+            Some(false) => b",\"slo_met\":false,\"marginal_usd\":",
+            None => b",\"slo_met\":null,\"marginal_usd\":",
         });
         number(out, self.marginal_usd);
-        out.push_str(",\"counterfactual_usd\":");
+        out.extend_from_slice(b",\"counterfactual_usd\":");
         match self.counterfactual_usd {
             Some(v) => number(out, v),
-            None => out.push_str("null"),
+            None => out.extend_from_slice(b"null"),
         }
-        out.push_str(",\"reason\":");
-        string(out, self.reason);
-        out.push('}');
+        out.extend_from_slice(b",\"reason\":");
+        string(out, self.reason.as_bytes());
+        out.push(b'}');
+    }
+
+    fn opt_text(&self, out: &mut Vec<u8>, t: &Option<Text>) {
+        match self.bytes(t) {
+            Some(b) => string(out, b),
+            None => out.extend_from_slice(b"null"),
+        }
     }
 }
 
@@ -137,12 +191,12 @@ impl Event {
 /// picodollar (1e-12 USD, far below any price), which formats with integer
 /// arithmetic; amounts of ten million dollars and more use the shortest
 /// round-trip form; `null` if not finite (JSON has no NaN or infinity).
-fn number(out: &mut String, v: f64) {
+fn number(out: &mut Vec<u8>, v: f64) {
     if v.is_finite() {
         let mut buf = UsdBuffer::default();
-        out.push_str(buf.format(v));
+        out.extend_from_slice(buf.format(v).as_bytes());
     } else {
-        out.push_str("null");
+        out.extend_from_slice(b"null");
     }
 }
 
@@ -211,8 +265,9 @@ impl UsdBuffer {
     }
 }
 
-/// Whether any byte of `b` is `"`, `\\` or a control character, eight
-/// bytes at a time (the usual case, a header value, has none).
+/// Whether any byte of `b` needs a look: `"`, `\\`, a control character,
+/// or a byte of a multi-byte (or invalid) UTF-8 sequence. Eight bytes at a
+/// time; the usual value, an ASCII header, has none.
 fn needs_escape(b: &[u8]) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -223,9 +278,10 @@ fn needs_escape(b: &[u8]) -> bool {
         let mut a = [0u8; 8];
         a.copy_from_slice(w);
         let x = u64::from_le_bytes(a);
-        // Bytes below 0x20 (ASCII only: bytes >= 0x80 are excluded by `!x`).
+        // Bytes below 0x20 (among ASCII bytes), and bytes from 0x80.
         let control = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
         if control
+            | (x & HIGH)
             | has_zero(x ^ (ONES * u64::from(b'"')))
             | has_zero(x ^ (ONES * u64::from(b'\\')))
             != 0
@@ -236,52 +292,62 @@ fn needs_escape(b: &[u8]) -> bool {
     words
         .remainder()
         .iter()
-        .any(|&c| c < 0x20 || c == b'"' || c == b'\\')
+        .any(|&c| !(0x20..0x80).contains(&c) || c == b'"' || c == b'\\')
 }
 
-fn opt_string(out: &mut String, s: Option<&str>) {
+fn opt_string(out: &mut Vec<u8>, s: Option<&str>) {
     match s {
-        Some(s) => string(out, s),
-        None => out.push_str("null"),
+        Some(s) => string(out, s.as_bytes()),
+        None => out.extend_from_slice(b"null"),
     }
 }
 
-/// A JSON string: quotes, backslashes and control characters escaped; all
-/// other characters (the input is UTF-8 already) copied as they are.
-pub fn string(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push('"');
-    if !needs_escape(s.as_bytes()) {
-        out.push_str(s);
-        out.push('"');
+/// A JSON string: quotes, backslashes and control characters escaped;
+/// other characters copied as they are, except that each invalid UTF-8
+/// sequence (header values are bytes) becomes U+FFFD. The output is UTF-8.
+pub fn string(out: &mut Vec<u8>, s: &[u8]) {
+    out.push(b'"');
+    if !needs_escape(s) {
+        out.extend_from_slice(s);
+        out.push(b'"');
         return;
     }
-    let mut plain = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let escape = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(s.get(plain..i).unwrap_or(""));
-        plain = i + 1;
-        if escape.is_empty() {
-            out.push_str("\\u00");
-            for nibble in [b >> 4, b & 0xf] {
-                out.push(char::from(
-                    HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'),
-                ));
-            }
-        } else {
-            out.push_str(escape);
+    for chunk in s.utf8_chunks() {
+        escape(out, chunk.valid());
+        if !chunk.invalid().is_empty() {
+            out.extend_from_slice("\u{fffd}".as_bytes());
         }
     }
-    out.push_str(s.get(plain..).unwrap_or(""));
-    out.push('"');
+    out.push(b'"');
+}
+
+/// `s` with quotes, backslashes and control characters escaped.
+fn escape(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let s = s.as_bytes();
+    let mut plain = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(s.get(plain..i).unwrap_or(b""));
+        plain = i + 1;
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            for nibble in [b >> 4, b & 0xf] {
+                out.push(HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'));
+            }
+        } else {
+            out.extend_from_slice(escape);
+        }
+    }
+    out.extend_from_slice(s.get(plain..).unwrap_or(b""));
 }
 
 #[cfg(test)]
@@ -292,13 +358,13 @@ mod tests {
     fn serialises_every_field_on_one_line() {
         let e = Event {
             schema: SCHEMA,
+            headers: Pairs::default(),
             request_id: Some("r-1".into()),
             time_ms: 5,
             tenant: Some("acme".into()),
             data_class: Some("eu-personal".into()),
             latency_class: None,
             model_requested: Some("m".into()),
-            model_served: Some("m".into()),
             destination: Some("owned".into()),
             tier: Some("inhouse"),
             tokens_in: 10,
@@ -314,9 +380,13 @@ mod tests {
         };
         let line = e.to_json();
         assert!(!line.contains('\n'));
-        let mut reused = String::from("stale");
+        let mut reused = b"stale".to_vec();
         e.write_json(&mut reused);
-        assert_eq!(reused, line, "a reused buffer holds exactly the line");
+        assert_eq!(
+            reused,
+            line.as_bytes(),
+            "a reused buffer holds exactly the line"
+        );
         assert_eq!(
             line,
             "{\"schema\":\"ace.event/1\",\"request_id\":\"r-1\",\"time_ms\":5,\"tenant\":\"acme\",\
@@ -371,13 +441,13 @@ mod tests {
         for (s, v) in nasty.iter().zip(numbers.iter().cycle()) {
             let e = Event {
                 schema: SCHEMA,
+                headers: Pairs::default(),
                 request_id: Some((*s).into()),
                 time_ms: u64::MAX,
                 tenant: None,
                 data_class: Some((*s).into()),
                 latency_class: None,
                 model_requested: None,
-                model_served: None,
                 destination: None,
                 tier: None,
                 tokens_in: u32::MAX,
@@ -402,6 +472,34 @@ mod tests {
             assert_eq!(parsed["tokens_in"].as_u64(), Some(u64::from(u32::MAX)));
             assert!(!line.contains('\n'));
         }
+    }
+
+    #[test]
+    fn header_fields_are_read_from_the_kept_buffer() {
+        let headers = Pairs::encode([
+            (&b"x-request-id"[..], &b"r-9"[..]),
+            (b"x-ace-tenant", b"ac\xffme"),
+        ]);
+        let [id, tenant] = headers.find(["x-request-id", "x-ace-tenant"]);
+        let span = |v: Option<&[u8]>| v.and_then(|v| headers.span(v)).map(Text::Header);
+        let e = Event {
+            request_id: span(id),
+            tenant: span(tenant),
+            model_requested: Some("from-body".into()),
+            headers: headers.clone(),
+            ..Event::default()
+        };
+        assert_eq!(e.text(&e.request_id), Some("r-9"));
+        assert_eq!(
+            e.text(&e.tenant),
+            Some(NOT_UTF8),
+            "not UTF-8: matches nothing"
+        );
+        let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
+        assert_eq!(v["request_id"], "r-9");
+        assert_eq!(v["tenant"], "ac\u{fffd}me", "lossy in the line");
+        assert_eq!(v["model_requested"], "from-body");
+        assert_eq!(v["model_served"], "from-body");
     }
 
     #[test]
@@ -430,13 +528,21 @@ mod tests {
                 for byte in 0..=255u8 {
                     let mut b = vec![b'a'; len];
                     b[pos] = byte;
-                    let naive = b.iter().any(|&c| c < 0x20 || c == b'"' || c == b'\\');
+                    let naive = b
+                        .iter()
+                        .any(|&c| !(0x20..0x80).contains(&c) || c == b'"' || c == b'\\');
                     assert_eq!(needs_escape(&b), naive, "len {len} pos {pos} byte {byte}");
                 }
             }
         }
         let mixed = b"\xff\x80 \x1f\xe0\xa0\x80abcdefgh";
         assert!(needs_escape(mixed));
-        assert!(!needs_escape("é ü 中文 🦀 plain text!".as_bytes()));
+        assert!(
+            needs_escape("é".as_bytes()),
+            "non-ASCII takes the careful path"
+        );
+        assert!(!needs_escape(
+            b"2f1c9a54-0d7e-4c36-9d55-6f0b8e8a1c11 plain text!"
+        ));
     }
 }

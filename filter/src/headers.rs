@@ -137,7 +137,35 @@ pub fn has(value: Option<&[u8]>, needle: &str) -> bool {
     })
 }
 
-impl Pairs {}
+/// Where a value lies in a [`Pairs`] buffer: lets a request keep header
+/// values without copying them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Pairs {
+    /// The span of `value`, a slice this buffer handed out (`None` for
+    /// any other slice).
+    pub fn span(&self, value: &[u8]) -> Option<Span> {
+        let start = (value.as_ptr() as usize).checked_sub(self.buf.as_ptr() as usize)?;
+        let end = start.checked_add(value.len())?;
+        if end > self.buf.len() {
+            return None;
+        }
+        Some(Span {
+            start: u32::try_from(start).ok()?,
+            len: u32::try_from(value.len()).ok()?,
+        })
+    }
+
+    /// The bytes at `span` (`None` if it does not fit this buffer).
+    pub fn at(&self, span: Span) -> Option<&[u8]> {
+        let start = span.start as usize;
+        self.buf.get(start..start.checked_add(span.len as usize)?)
+    }
+}
 
 /// The pairs of a [`Pairs`] buffer.
 #[derive(Debug)]
@@ -256,6 +284,20 @@ mod tests {
         assert!(p.contains("content-type", "text/event-stream"));
         assert!(!p.contains("content-type", "json"));
         assert!(!p.contains("x-absent", ""));
+    }
+
+    #[test]
+    fn spans_point_back_into_the_buffer() {
+        let p = pairs(&[("x-request-id", "r-1"), ("x-ace-tenant", "acme")]);
+        let [id, tenant] = p.find(["x-request-id", "x-ace-tenant"]);
+        let (id, tenant) = (id.and_then(|v| p.span(v)), tenant.and_then(|v| p.span(v)));
+        assert_eq!(id.and_then(|s| p.at(s)), Some(&b"r-1"[..]));
+        assert_eq!(tenant.and_then(|s| p.at(s)), Some(&b"acme"[..]));
+        // Slices of anything else have no span; spans of a larger buffer
+        // do not fit a smaller one.
+        assert_eq!(p.span(b"r-1"), None);
+        let empty = Pairs::default();
+        assert_eq!(tenant.and_then(|s| empty.at(s)), None);
     }
 
     #[test]

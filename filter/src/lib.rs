@@ -48,7 +48,7 @@ use ace_core::dispatch::{self, Decision, Request};
 use ace_core::health::Outcome;
 use body::RequestBody;
 use config::Config;
-use event::Event;
+use event::{Event, Text};
 use headers::Pairs;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -96,9 +96,11 @@ struct Plugin {
     /// Reused buffers (one VM is single-threaded).
     scratch: RefCell<Scratch>,
     /// The event's JSON line, rewritten in place for every write.
-    event_line: RefCell<String>,
+    event_line: RefCell<Vec<u8>>,
     /// Metric ids (0 when a metric could not be defined).
     metrics: Metrics,
+    /// Destination names, shared with each request's event.
+    names: Vec<Rc<str>>,
 }
 
 /// Proxy-wasm counters, shown by Envoy as `wasmcustom.ace.*` (Prometheus
@@ -212,11 +214,16 @@ impl RootContext for AceRoot {
                 let metrics = Metrics::define(&config);
                 self.plugin = Some(Rc::new(Plugin {
                     metrics,
+                    names: config
+                        .destinations
+                        .iter()
+                        .map(|d| d.name.as_str().into())
+                        .collect(),
                     state_key,
                     scratch: RefCell::new(Scratch {
                         mirror: Mirror::new(n),
                     }),
-                    event_line: RefCell::new(String::with_capacity(1024)),
+                    event_line: RefCell::new(Vec::with_capacity(1024)),
                     all: vec![u64::MAX; n.div_ceil(64)],
                     tables: config
                         .policy
@@ -400,18 +407,18 @@ impl AceStream {
         self.finish_event(status, reason);
         // By hand: `serde_json::json!` cost ~30,000 Wasm instructions here,
         // on the path that refusals (and floods of them) take.
-        let mut body = String::with_capacity(96 + message.len());
-        body.push_str("{\"error\":{\"type\":");
-        event::string(&mut body, kind);
-        body.push_str(",\"reason\":");
-        event::string(&mut body, reason);
-        body.push_str(",\"message\":");
-        event::string(&mut body, message);
-        body.push_str("}}");
+        let mut body = Vec::with_capacity(96 + message.len());
+        body.extend_from_slice(b"{\"error\":{\"type\":");
+        event::string(&mut body, kind.as_bytes());
+        body.extend_from_slice(b",\"reason\":");
+        event::string(&mut body, reason.as_bytes());
+        body.extend_from_slice(b",\"message\":");
+        event::string(&mut body, message.as_bytes());
+        body.extend_from_slice(b"}}");
         if let Err(s) = hostcalls::send_http_response(
             status,
             vec![("content-type", "application/json")],
-            Some(body.as_bytes()),
+            Some(&body),
         ) {
             log::error!("cannot send local reply: {s:?}");
         }
@@ -437,7 +444,7 @@ impl AceStream {
         };
         let mut line = plugin.event_line.borrow_mut();
         e.write_json(&mut line);
-        match set_property(event::PROPERTY.as_bytes(), line.as_bytes()) {
+        match set_property(event::PROPERTY.as_bytes(), &line) {
             Status::Ok => {}
             s => log::warn!("cannot write the request event: {s:?}"),
         }
@@ -458,20 +465,19 @@ impl AceStream {
             e.tokens_in = tokens_in;
             e.tokens_out = tokens_out;
             if e.model_requested.is_none() {
-                e.model_requested = body.and_then(|b| b.model.clone());
-                e.model_served = e.model_requested.clone();
+                e.model_requested = body.and_then(|b| b.model.clone()).map(Text::Owned);
             }
         }
         let event = self.event.as_ref();
         let req = Request {
             tokens_in,
             tokens_out,
-            latency_usd_per_s: cfg.latency_value(event.and_then(|e| e.latency_class.as_deref())),
+            latency_usd_per_s: cfg.latency_value(event.and_then(|e| e.text(&e.latency_class))),
         };
         // Which destinations have the requested model resident.
         let warm = cfg
             .warmth
-            .mask(event.and_then(|e| e.model_requested.as_deref()));
+            .mask(event.and_then(|e| e.text(&e.model_requested)));
         // Feasibility first: the compiled Cedar tables, per request.
         let mut lookup = plugin.lookup.borrow_mut();
         let Lookup { values, mask } = &mut *lookup;
@@ -544,7 +550,7 @@ impl AceStream {
             return self.reply_json(500, "internal", "internal", "decision index out of range");
         };
         if let Some(e) = self.event.as_mut() {
-            e.destination = Some(dest.name.clone());
+            e.destination = plugin.names.get(decision.index).cloned();
             e.tier = cfg.models.get(decision.index).map(|m| m.tier.as_str());
             e.slo_ms = dest.slo_ms;
             e.marginal_usd = decision.marginal_usd;
@@ -721,17 +727,26 @@ impl HttpContext for AceStream {
                 "content-length",
                 "content-type",
             ]);
-        let model = headers::text(model);
         self.content_length = headers::number(length);
+        let json = headers::has(content_type, "json");
+        // The event points into the header buffer instead of copying.
+        let span = |v: Option<&[u8]>| v.and_then(|v| headers.span(v)).map(Text::Header);
+        let (model, tenant, data_class, latency_class, request_id) = (
+            span(model),
+            span(tenant),
+            span(data_class),
+            span(latency_class),
+            span(request_id),
+        );
         let now = now_ms();
         self.event = Some(Event {
             schema: event::SCHEMA,
-            request_id: headers::text(request_id),
+            headers,
+            request_id,
             time_ms: now,
-            tenant: headers::text(tenant),
-            data_class: headers::text(data_class),
-            latency_class: headers::text(latency_class),
-            model_served: model.clone(),
+            tenant,
+            data_class,
+            latency_class,
             model_requested: model,
             destination: None,
             tier: None,
@@ -747,7 +762,7 @@ impl HttpContext for AceStream {
             reason: "",
         });
         let has_body = !eos && self.content_length != Some(0);
-        if cfg.read_body && has_body && headers::has(content_type, "json") {
+        if cfg.read_body && has_body && json {
             // Hold the headers (StopIteration under
             // allow_on_headers_stop_iteration) until the body is read.
             self.waiting_for_body = true;

@@ -105,57 +105,104 @@ struct Plugin {
 
 /// Proxy-wasm counters, shown by Envoy as `wasmcustom.ace.*` (Prometheus
 /// output strips the namespace). Dollars are counted in nano-USD.
+///
+/// Counts are kept in the VM and handed to Envoy on the worker's tick
+/// (every [`TICK`]), not per request: an increment is a host call, and the
+/// few a request made were a measurable share of its cost in Envoy
+/// (`BENCHMARKS.md`). Envoy's counters therefore lag by at most one tick;
+/// what is pending when a configuration is replaced is handed over when
+/// its last request ends.
 #[derive(Debug, Default)]
 struct Metrics {
-    requests: u32,
-    no_destination: u32,
-    trips: u32,
-    cap_cuts: u32,
-    derates: u32,
-    booked_nano_usd: u32,
-    counterfactual_nano_usd: u32,
+    requests: Counter,
+    no_destination: Counter,
+    trips: Counter,
+    cap_cuts: Counter,
+    derates: Counter,
+    booked_nano_usd: Counter,
+    counterfactual_nano_usd: Counter,
     /// Per destination: (requests, failures, throttled).
-    per_destination: Vec<(u32, u32, u32)>,
+    per_destination: Vec<(Counter, Counter, Counter)>,
+    /// Envoy's metric id per counter (0 when it could not be defined).
+    ids: Vec<u32>,
+    /// Counts not yet handed to Envoy, per counter.
+    pending: RefCell<Vec<u64>>,
 }
+
+/// A counter's slot in [`Metrics`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Counter(usize);
 
 impl Metrics {
     fn define(config: &Config) -> Metrics {
-        let counter = |name: &str| match hostcalls::define_metric(MetricType::Counter, name) {
-            Ok(id) => id,
-            Err(s) => {
-                log::warn!("cannot define metric {name}: {s:?}");
-                0
-            }
+        let mut ids = Vec::new();
+        let mut counter = |name: &str| {
+            ids.push(match hostcalls::define_metric(MetricType::Counter, name) {
+                Ok(id) => id,
+                Err(s) => {
+                    log::warn!("cannot define metric {name}: {s:?}");
+                    0
+                }
+            });
+            Counter(ids.len() - 1)
         };
+        let requests = counter("ace.requests");
+        let no_destination = counter("ace.no_destination");
+        let trips = counter("ace.trips");
+        let cap_cuts = counter("ace.cap_cuts");
+        let derates = counter("ace.derates");
+        let booked_nano_usd = counter("ace.booked_nano_usd");
+        let counterfactual_nano_usd = counter("ace.counterfactual_nano_usd");
+        let per_destination = config
+            .destinations
+            .iter()
+            .zip(&config.models)
+            .map(|(d, m)| {
+                let base = format!("ace.destination.{}.tier.{}", d.name, m.tier.as_str());
+                (
+                    counter(&format!("{base}.requests")),
+                    counter(&format!("{base}.failures")),
+                    counter(&format!("{base}.throttled")),
+                )
+            })
+            .collect();
+        let pending = RefCell::new(vec![0; ids.len()]);
         Metrics {
-            requests: counter("ace.requests"),
-            no_destination: counter("ace.no_destination"),
-            trips: counter("ace.trips"),
-            cap_cuts: counter("ace.cap_cuts"),
-            derates: counter("ace.derates"),
-            booked_nano_usd: counter("ace.booked_nano_usd"),
-            counterfactual_nano_usd: counter("ace.counterfactual_nano_usd"),
-            per_destination: config
-                .destinations
-                .iter()
-                .zip(&config.models)
-                .map(|(d, m)| {
-                    let base = format!("ace.destination.{}.tier.{}", d.name, m.tier.as_str());
-                    (
-                        counter(&format!("{base}.requests")),
-                        counter(&format!("{base}.failures")),
-                        counter(&format!("{base}.throttled")),
-                    )
-                })
-                .collect(),
+            requests,
+            no_destination,
+            trips,
+            cap_cuts,
+            derates,
+            booked_nano_usd,
+            counterfactual_nano_usd,
+            per_destination,
+            ids,
+            pending,
+        }
+    }
+
+    /// Count `n` more on `c` (handed to Envoy at the next [`Metrics::flush`]).
+    fn add(&self, c: Counter, n: u64) {
+        if let Some(p) = self.pending.borrow_mut().get_mut(c.0) {
+            *p = p.saturating_add(n);
+        }
+    }
+
+    /// Hand the pending counts to Envoy (Envoy wants positive deltas).
+    fn flush(&self) {
+        let mut pending = self.pending.borrow_mut();
+        for (&id, p) in self.ids.iter().zip(pending.iter_mut()) {
+            if *p > 0 && id != 0 {
+                let _ = hostcalls::increment_metric(id, (*p).min(i64::MAX as u64) as i64);
+            }
+            *p = 0;
         }
     }
 }
 
-/// Add `n` to counter `id` (Envoy wants a positive delta; 0 ids are skipped).
-fn bump(id: u32, n: u64) {
-    if id != 0 && n > 0 {
-        let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -235,7 +282,8 @@ impl RootContext for AceRoot {
                     }),
                     config,
                 }));
-                // Pays owed in-flight releases when the worker goes idle.
+                // Hands counts to Envoy, and pays owed in-flight releases
+                // when the worker goes idle.
                 if let Err(s) = hostcalls::set_tick_period(TICK) {
                     log::warn!("cannot set the tick period: {s:?}");
                 }
@@ -250,10 +298,11 @@ impl RootContext for AceRoot {
     }
 
     fn on_tick(&mut self) {
-        // An idle worker pays the in-flight releases it owes.
         let Some(plugin) = &self.plugin else {
             return;
         };
+        plugin.metrics.flush();
+        // An idle worker pays the in-flight releases it owes.
         if plugin.scratch.borrow().mirror.owes() {
             if let Err(s) = plugin.update(now_ms(), |_| (None, ())) {
                 log::warn!("cannot update the shared fleet state: {s:?}");
@@ -522,7 +571,7 @@ impl AceStream {
         let decision = match decided {
             Ok(Ok(d)) => d,
             Ok(Err(refusal)) => {
-                bump(plugin.metrics.no_destination, 1);
+                plugin.metrics.add(plugin.metrics.no_destination, 1);
                 return self.reply_json(
                     503,
                     "no_feasible_destination",
@@ -537,13 +586,13 @@ impl AceStream {
         };
         self.chosen = Some((decision, now));
         let m = &plugin.metrics;
-        bump(m.booked_nano_usd, nano_usd(decision.marginal_usd));
-        bump(
+        m.add(m.booked_nano_usd, nano_usd(decision.marginal_usd));
+        m.add(
             m.counterfactual_nano_usd,
             nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
         );
         if let Some((requests, _, _)) = m.per_destination.get(decision.index) {
-            bump(*requests, 1);
+            m.add(*requests, 1);
         }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None, None);
@@ -646,21 +695,21 @@ impl AceStream {
             }
             (Some(d), change)
         });
-        if let Some((_, failures, throttled)) = plugin.metrics.per_destination.get(d) {
+        let m = &plugin.metrics;
+        if let Some((_, failures, throttled)) = m.per_destination.get(d) {
             match outcome {
-                Some(Outcome::Failure) => bump(*failures, 1),
-                Some(Outcome::Throttled { .. }) => bump(*throttled, 1),
+                Some(Outcome::Failure) => m.add(*failures, 1),
+                Some(Outcome::Throttled { .. }) => m.add(*throttled, 1),
                 _ => {}
             }
         }
         match result {
             Ok(Some(change)) if change != ace_core::health::Change::None => {
                 use ace_core::health::Change;
-                let m = &plugin.metrics;
                 match change {
-                    Change::Tripped { .. } => bump(m.trips, 1),
-                    Change::CapCut { .. } => bump(m.cap_cuts, 1),
-                    Change::Derated { .. } => bump(m.derates, 1),
+                    Change::Tripped { .. } => m.add(m.trips, 1),
+                    Change::CapCut { .. } => m.add(m.cap_cuts, 1),
+                    Change::Derated { .. } => m.add(m.derates, 1),
                     Change::Recovered | Change::None => {}
                 }
                 let name = plugin
@@ -700,7 +749,7 @@ impl HttpContext for AceStream {
             );
         };
         let cfg = &plugin.config;
-        bump(plugin.metrics.requests, 1);
+        plugin.metrics.add(plugin.metrics.requests, 1);
         // Clients never choose: a destination header they sent is replaced
         // in `route` (a replace drops every earlier value) or, when the
         // request is refused, never reaches an upstream.

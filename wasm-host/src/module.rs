@@ -18,6 +18,7 @@ use wasmtime::{Engine, InstancePre, Linker, Module};
 pub struct FilterModule {
     pub(crate) engine: Engine,
     pub(crate) pre: Arc<InstancePre<VmState>>,
+    module: Module,
     abi: String,
 }
 
@@ -49,11 +50,48 @@ impl FilterModule {
     /// Loads a module with a caller-supplied engine (e.g. with fuel enabled).
     pub fn with_engine(engine: &Engine, bytes: &[u8]) -> Result<FilterModule, Error> {
         let module = Module::new(engine, bytes).map_err(|e| Error::Compile(format!("{e:#}")))?;
+        FilterModule::link(engine, module, None)
+    }
+
+    /// The same module, linked so that its `env` import `name` does
+    /// nothing and returns `status`: a host that fails (or answers a
+    /// status the guest does not expect) in exactly one call, to show a
+    /// filter survives it. No recompilation. `name` must be an import of
+    /// the module that returns a status.
+    pub fn with_failing_import(&self, name: &str, status: u32) -> Result<FilterModule, Error> {
+        FilterModule::link(&self.engine, self.module.clone(), Some((name, status)))
+    }
+
+    fn link(
+        engine: &Engine,
+        module: Module,
+        failing: Option<(&str, u32)>,
+    ) -> Result<FilterModule, Error> {
         let mut linker = Linker::new(engine);
         let mut defined = HashSet::new();
         imports::define(&mut linker, &mut defined)
             .and_then(|()| wasi::define(&mut linker, &mut defined))
             .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
+        if let Some((name, status)) = failing {
+            let ty = module
+                .imports()
+                .find(|i| i.module() == "env" && i.name() == name)
+                .and_then(|i| i.ty().func().cloned())
+                .filter(|f| f.results().len() == 1)
+                .ok_or_else(|| Error::BadExport {
+                    name: name.to_string(),
+                    reason: "the module imports no such function returning a status".into(),
+                })?;
+            linker.allow_shadowing(true);
+            linker
+                .func_new("env", name, ty, move |_, _, results| {
+                    if let Some(r) = results.first_mut() {
+                        *r = wasmtime::Val::I32(status as i32);
+                    }
+                    Ok(())
+                })
+                .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
+        }
         let missing: Vec<String> = module
             .imports()
             .filter(|i| !defined.contains(&(i.module().to_string(), i.name().to_string())))
@@ -83,6 +121,7 @@ impl FilterModule {
         Ok(FilterModule {
             engine: engine.clone(),
             pre: Arc::new(pre),
+            module,
             abi: abi
                 .trim_start_matches("proxy_abi_version_")
                 .replace('_', "."),

@@ -224,3 +224,62 @@ fn a_lone_worker_does_not_read_the_shared_state_per_request() -> Result<(), Erro
     assert!(reads <= 2, "{reads} shared-data reads for 20 requests");
     Ok(())
 }
+
+/// A host that fails any one call, with any status (numbers the ABI does
+/// not define included), never kills the filter's VM: every call goes
+/// through `ace_filter::host`'s results, not the SDK's wrappers, which
+/// panic on a status they do not expect. The filter answers instead
+/// (a refused configuration, a 5xx, a missing event line).
+#[test]
+fn a_failing_host_call_never_traps_the_filter() -> Result<(), String> {
+    let m = module("ace-filter");
+    let calls = [
+        "proxy_log",
+        "proxy_get_current_time_nanoseconds",
+        "proxy_set_tick_period_milliseconds",
+        "proxy_get_buffer_bytes",
+        "proxy_get_header_map_pairs",
+        "proxy_replace_header_map_value",
+        "proxy_set_property",
+        "proxy_get_shared_data",
+        "proxy_set_shared_data",
+        "proxy_send_local_response",
+        "proxy_define_metric",
+        "proxy_increment_metric",
+    ];
+    for name in calls {
+        for status in [1u32, 2, 3, 8, 10, 12, 99] {
+            let at = |e: Error| format!("{name} answering {status}: {e}");
+            let failing = m.with_failing_import(name, status).map_err(at)?;
+            let mut vm = match Vm::builder(&failing).configuration(ace_config()).start() {
+                Ok(vm) => vm,
+                // The configuration could not be read: refused, not a trap.
+                Err(Error::Rejected { .. }) => continue,
+                Err(e) => return Err(at(e)),
+            };
+            for _ in 0..3 {
+                let mut s = vm.http_stream().map_err(at)?;
+                s.send_request_headers(
+                    [
+                        (":path", "/v1/chat"),
+                        (":method", "POST"),
+                        ("x-request-id", "r-1"),
+                    ],
+                    true,
+                )
+                .map_err(at)?;
+                s.send_response_headers([(":status", "200")], false)
+                    .map_err(at)?;
+                s.send_response_body(br#"{"usage":{"prompt_tokens":3}}"#, true)
+                    .map_err(at)?;
+                s.finish().map_err(at)?;
+            }
+            // A tick hands the counters over.
+            vm.advance(std::time::Duration::from_secs(1)).map_err(at)?;
+            if let Some(f) = vm.failure() {
+                return Err(format!("{name} answering {status}: the VM failed: {f}"));
+            }
+        }
+    }
+    Ok(())
+}

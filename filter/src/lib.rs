@@ -68,7 +68,8 @@ pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
 /// Compare-and-swap attempts before giving up on a shared-state update.
 const CAS_ATTEMPTS: usize = 32;
 
-/// How often an idle worker pays the in-flight releases it owes.
+/// How often a worker hands its counts to Envoy and, when idle, pays the
+/// in-flight releases it owes (ms).
 const TICK_MS: u32 = 500;
 
 proxy_wasm::main! {{
@@ -94,7 +95,7 @@ struct Plugin {
     scratch: RefCell<Scratch>,
     /// The event's JSON line, rewritten in place for every write.
     event_line: RefCell<Vec<u8>>,
-    /// Metric ids (0 when a metric could not be defined).
+    /// The counters, and counts not yet handed to Envoy.
     metrics: Metrics,
     /// Destination names, shared with each request's event.
     names: Vec<Rc<str>>,

@@ -8,6 +8,7 @@
 //! block (429 + retry-after), and recovery after the cool-down. It grows with
 //! the product: what it shows is what ACE does today.
 
+use ace_cli::outln;
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
@@ -52,7 +53,7 @@ fn fleet_config() -> Value {
 }
 
 fn line(i: usize, what: &str, r: &Response) {
-    println!(
+    outln!(
         "  {:<3} {:<26} -> {:<16} {:<9} {:<16} ${:<12} {}",
         i,
         what,
@@ -76,13 +77,13 @@ fn chat(envoy: &Envoy, i: usize) -> anyhow::Result<Response> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    println!("ACE demo: merit-order dispatch inside a real Envoy\n");
-    println!("building the filter for wasm32-wasip1 ...");
+    outln!("ACE demo: merit-order dispatch inside a real Envoy\n");
+    outln!("building the filter for wasm32-wasip1 ...");
     let wasm = ace_harness::wasm::build("ace-filter").map_err(|e| anyhow!(e))?;
     let size = std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
-    println!("  {} ({} KiB)\n", wasm.display(), size / 1024);
+    outln!("  {} ({} KiB)\n", wasm.display(), size / 1024);
 
-    println!("fleet (capacity = concurrent requests; knee at 67 % of it):");
+    outln!("fleet (capacity = concurrent requests; knee at 67 % of it):");
     let mut ups = Vec::new();
     let mut builder = EnvoyBuilder::new();
     for (name, tier, cap, usd_in, usd_out) in FLEET {
@@ -92,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             cap.to_string()
         };
-        println!(
+        outln!(
             "  {name:<16} {tier:<9} capacity {cap_s:<9} ${usd_in:e}/in-token ${usd_out:e}/out-token  127.0.0.1:{}",
             up.port()
         );
@@ -108,16 +109,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .start()
         .map_err(|e| anyhow!("{e}"))
         .context("starting Envoy with the ACE filter")?;
-    println!(
+    outln!(
         "\nEnvoy 1.40 on 127.0.0.1:{} (admin :{}), 2 workers sharing health through shared data\n",
         envoy.port(),
         envoy.admin_port()
     );
-    println!(
+    outln!(
         "  #   request                       served by        tier      reason           booked        status"
     );
 
-    println!(
+    outln!(
         "scene 1: a burst of {} concurrent slow requests fills each tier to its knee",
         args.burst
     );
@@ -140,8 +141,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for (i, h) in burst.into_iter().enumerate() {
         match h.join() {
             Ok(Ok(r)) => line(i, "burst", &r),
-            Ok(Err(e)) => println!("  {i:<3} burst request failed: {e}"),
-            Err(_) => println!("  {i:<3} burst client thread panicked"),
+            Ok(Err(e)) => outln!("  {i:<3} burst request failed: {e}"),
+            Err(_) => outln!("  {i:<3} burst client thread panicked"),
         }
     }
     for u in [&payg, &ondemand, &reserved, &owned] {
@@ -149,14 +150,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut n = args.burst;
-    println!("\nscene 2: the reserved block (sunk cost, so first in merit order) starts answering 503;\n         after 3 failures it trips and traffic spills to the next-cheapest");
+    outln!("\nscene 2: the reserved block (sunk cost, so first in merit order) starts answering 503;\n         after 3 failures it trips and traffic spills to the next-cheapest");
     reserved.set_behavior(Behavior::Status(503));
     for _ in 0..5 {
         line(n, "chat", &chat(&envoy, n)?);
         n += 1;
     }
 
-    println!("\nscene 3: the owned pool throttles (429, retry-after: 2): its cap halves (3 -> 1), so\n         the next request would sit past its knee and the next tier up is cheaper");
+    outln!("\nscene 3: the owned pool throttles (429, retry-after: 2): its cap halves (3 -> 1), so\n         the next request would sit past its knee and the next tier up is cheaper");
     owned.set_behavior(Behavior::RateLimited { retry_after_s: 2 });
     line(n, "chat", &chat(&envoy, n)?);
     n += 1;
@@ -166,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         n += 1;
     }
 
-    println!("\nscene 4: the reserved block recovers; after the cool-down one probe goes, then it is back");
+    outln!("\nscene 4: the reserved block recovers; after the cool-down one probe goes, then it is back");
     reserved.set_behavior(Behavior::Ok);
     std::thread::sleep(Duration::from_millis(3200));
     for _ in 0..3 {
@@ -174,13 +175,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         n += 1;
     }
 
-    println!("\nrequests received per upstream:");
+    outln!("\nrequests received per upstream:");
     for u in [&owned, &reserved, &ondemand, &payg] {
-        println!("  {:<16} {}", u.name(), u.count());
+        outln!("  {:<16} {}", u.name(), u.count());
     }
     drop(envoy);
     policy_scene(&wasm)?;
-    println!(
+    outln!(
         "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
          feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\
          its load, plus a latency penalty past the knee. A 5xx trips a destination for a\n\
@@ -194,7 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// filter's configuration, in front of one local upstream per destination.
 fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
     let dir = ace_harness::workspace_root().join("policies");
-    println!(
+    outln!(
         "\nscene 5: the example fleet and Cedar policies in {} (12 destinations, 4 jurisdictions)",
         dir.display()
     );
@@ -244,7 +245,7 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
                 .and_then(|v| v["error"]["type"].as_str().map(str::to_string))
                 .unwrap_or_default()
         };
-        println!("  {what:<48} -> {dest:<18} {:<4} {extra}", r.status);
+        outln!("  {what:<48} -> {dest:<18} {:<4} {extra}", r.status);
     };
     // (tenant, data class, model, note): each asked once, then shown.
     let case = |(tenant, class, model, note): (&str, &str, &str, &str)| {
@@ -260,7 +261,7 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
     ] {
         case(c)?;
     }
-    println!("  every EU destination starts failing ...");
+    outln!("  every EU destination starts failing ...");
     for u in &ups {
         if jurisdiction(u.name()) == "EU" {
             u.set_behavior(Behavior::Status(503));

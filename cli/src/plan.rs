@@ -11,31 +11,7 @@ use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// `println!` that does not panic when the reader goes away (`ace plan ... |
-/// head`): a closed pipe ends the output quietly, other write errors are
-/// reported on stderr.
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        emit(writeln!(std::io::stdout().lock(), $($arg)*));
-    }};
-}
-
-/// `print!` with the same handling as [`outln!`].
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        emit(write!(std::io::stdout().lock(), $($arg)*));
-    }};
-}
-
-fn emit(r: std::io::Result<()>) {
-    if let Err(e) = r {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("error: cannot write output: {e}");
-        }
-    }
-}
+use ace_cli::{out, outln};
 
 /// Exit code when a plan fails the checker.
 const INVALID_PLAN: u8 = 4;

@@ -6,6 +6,7 @@
 //! compiled tables. This is the one place that translation happens, so the
 //! filter never sees a manifest and the manifest never sees filter fields.
 
+use crate::out;
 use anyhow::{anyhow, bail, Context};
 use base64::Engine;
 use serde_json::{json, Value};
@@ -38,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(p) => {
             std::fs::write(p, text).with_context(|| format!("cannot write `{}`", p.display()))?
         }
-        None => print!("{text}"),
+        None => out!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }

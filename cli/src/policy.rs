@@ -7,6 +7,7 @@
 //! `<dir>/out/`: `tables.acet` (what the filter loads), `tables.txt` (the
 //! dump) and `fleet.json` (destinations with resolved cost parameters, in
 //! table order).
+use ace_cli::{out, outln};
 use ace_policy::{compile, dump, verify};
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -93,7 +94,7 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
             let bytes = read_tables(&file)?;
             let text = dump::dump(&bytes)
                 .with_context(|| format!("cannot load policy tables `{}`", file.display()))?;
-            print!("{text}");
+            out!("{text}");
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -118,7 +119,7 @@ fn run_compile(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let fleet = serde_json::to_string_pretty(&project.manifest.resolved())?;
     std::fs::write(&fleet_path, fleet + "\n")
         .with_context(|| format!("cannot write `{}`", fleet_path.display()))?;
-    println!(
+    outln!(
         "compiled {} policies over {} destinations and {} request attributes in {:.2?} ({} Cedar evaluations)",
         project.info.len(),
         project.destinations.len(),
@@ -131,20 +132,20 @@ fn run_compile(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<ExitCode> {
             ace_core::tables::FactorKind::Permit => "permit",
             ace_core::tables::FactorKind::Forbid => "forbid",
         };
-        println!(
+        outln!(
             "  factor {i}: {kind} keyed by [{}], {} rows: {}",
             f.attributes.join(", "),
             f.rows,
             f.policies.join(", ")
         );
     }
-    println!(
+    outln!(
         "wrote {} ({} bytes)",
         tables.display(),
         compiled.bytes.len()
     );
-    println!("wrote {}", dump_path.display());
-    println!("wrote {}", fleet_path.display());
+    outln!("wrote {}", dump_path.display());
+    outln!("wrote {}", fleet_path.display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -156,7 +157,7 @@ fn run_verify(dir: &Path, tables: &Path) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("verifying `{}`", tables.display()))?;
     for m in &report.mismatches {
         let yn = |b: bool| if b { "allow" } else { "deny" };
-        println!(
+        outln!(
             "mismatch: request {} destination {}: cedar {}, tables {}",
             m.request,
             m.destination,
@@ -165,12 +166,12 @@ fn run_verify(dir: &Path, tables: &Path) -> anyhow::Result<ExitCode> {
         );
     }
     if report.mismatch_count > report.mismatches.len() as u64 {
-        println!(
+        outln!(
             "... and {} more mismatches",
             report.mismatch_count - report.mismatches.len() as u64
         );
     }
-    println!(
+    outln!(
         "{} request space: {} combinations (unknown values included)",
         if report.exhaustive {
             "exhaustive"
@@ -179,7 +180,7 @@ fn run_verify(dir: &Path, tables: &Path) -> anyhow::Result<ExitCode> {
         },
         report.space
     );
-    println!(
+    outln!(
         "checked {} requests ({} with every value known, {} with an unknown value) x {} destinations = {} decisions in {:.2?}",
         report.requests,
         report.known,
@@ -188,7 +189,7 @@ fn run_verify(dir: &Path, tables: &Path) -> anyhow::Result<ExitCode> {
         report.decisions,
         start.elapsed()
     );
-    println!("mismatches: {}", report.mismatch_count);
+    outln!("mismatches: {}", report.mismatch_count);
     Ok(if report.mismatch_count == 0 {
         ExitCode::SUCCESS
     } else {
@@ -202,7 +203,7 @@ fn run_explain(dir: &Path, request: &str, tables: &Path) -> anyhow::Result<ExitC
     let project = ace_policy::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?;
     let bytes = read_tables(tables)?;
     let (lines, notes) = verify::explain(&project, &bytes, &json)?;
-    print!("{}", verify::render_explanation(&lines, &notes));
+    out!("{}", verify::render_explanation(&lines, &notes));
     Ok(if lines.iter().all(|l| l.cedar == l.table || !l.table) {
         ExitCode::SUCCESS
     } else {

@@ -21,7 +21,11 @@
 //!   (the upstream) and `wrk` on the others, so the load generator never
 //!   shares a core with the proxy it measures, as in any serious proxy
 //!   benchmark. Needs at least 2 CPUs.
-//! - `--only NAMES`: a comma-separated subset of `plain`, `noop`, `ace`.
+//! - `--only NAMES`: a comma-separated subset of `plain`, `noop`,
+//!   `minimal` (the no-op written against the ABI directly, exporting only
+//!   the callbacks ACE uses: `benches/minimal-filter`), `floor` (that
+//!   filter making exactly the host calls ACE makes per request, with no
+//!   code around them, routed like ACE), `ace`.
 //! - `ACE_FILTER_WASM=PATH` measures that build of the filter instead of
 //!   building the workspace's; `ACE_BASELINE_WASM=PATH` adds a variant
 //!   "ACE baseline" (that build, same configuration) to every round, and
@@ -111,7 +115,7 @@ struct Options {
     callgrind: bool,
 }
 
-const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
+const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,minimal,floor,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
@@ -153,10 +157,10 @@ fn options() -> Result<Options, String> {
                 let names: Vec<String> = v.split(',').map(str::to_string).collect();
                 if let Some(bad) = names
                     .iter()
-                    .find(|n| !["plain", "noop", "ace"].contains(&n.as_str()))
+                    .find(|n| !["plain", "noop", "minimal", "floor", "ace"].contains(&n.as_str()))
                 {
                     return Err(format!(
-                        "--only: unknown variant `{bad}` (plain, noop, ace)"
+                        "--only: unknown variant `{bad}` (plain, noop, minimal, floor, ace)"
                     ));
                 }
                 o.only = Some(names);
@@ -246,6 +250,7 @@ fn run() -> Result<(), String> {
     };
     let baseline = wasm_from("ACE_BASELINE_WASM")?;
     let noop = ace_harness::wasm::build("ace-bench-noop-filter")?;
+    let minimal = ace_harness::wasm::build("ace-bench-minimal-filter")?;
     let up = Upstream::start("upstream").map_err(|e| e.to_string())?;
     let fixed_route = json!({"cluster": "owned", "timeout": "30s"});
     let ace_config = json!({"destinations": [
@@ -330,15 +335,25 @@ fn run() -> Result<(), String> {
     }
     if wanted("noop") {
         variants.push((
-            "no-op Wasm filter",
+            NOOP,
             base().route(fixed_route.clone()).wasm_filter(&noop, ""),
         ));
+    }
+    if wanted("minimal") {
+        variants.push((
+            MINIMAL,
+            base().route(fixed_route.clone()).wasm_filter(&minimal, ""),
+        ));
+    }
+    if wanted("floor") {
+        // Routed on the destination header, like ACE.
+        variants.push((FLOOR, base().wasm_filter(&minimal, "ace-calls")));
     }
     if wanted("ace") {
         if let Some(b) = &baseline {
             variants.push(("ACE baseline", base().wasm_filter(b, &ace_config)));
         }
-        variants.push(("ACE filter", base().wasm_filter(&ace, &ace_config)));
+        variants.push((ACE, base().wasm_filter(&ace, &ace_config)));
     }
     // Every variant runs at once (only one is loaded at a time), so the
     // rounds can alternate quickly without restarting Envoy.
@@ -404,28 +419,31 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
             );
         }
     }
-    share(
-        rounds,
-        "no-op Wasm filter",
-        "ACE's own share over the no-op filter",
-        medians,
-    );
-    share(
-        rounds,
-        "ACE baseline",
-        "ACE over the baseline build",
-        medians,
-    );
+    for (of, over, title) in [
+        (ACE, NOOP, "ACE's own share over the no-op filter"),
+        (ACE, "ACE baseline", "ACE over the baseline build"),
+        (FLOOR, NOOP, "ACE's host calls alone, over the no-op filter"),
+        (ACE, FLOOR, "ACE over its host calls alone (ACE's own code)"),
+        (NOOP, MINIMAL, "the SDK's no-op over the minimal filter"),
+    ] {
+        share(rounds, of, over, title, medians);
+    }
 }
 
-/// Print the paired difference "ACE filter" − `against`, per round and its median.
-fn share(rounds: &[Vec<Row>], against: &str, title: &str, medians: bool) {
+/// Variant names, as printed.
+const NOOP: &str = "no-op Wasm filter";
+const MINIMAL: &str = "minimal Wasm filter";
+const FLOOR: &str = "ACE's host calls only";
+const ACE: &str = "ACE filter";
+
+/// Print the paired difference `of` − `against`, per round and its median.
+fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: bool) {
     let diff = |f: &dyn Fn(&Row) -> f64| -> Vec<f64> {
         rounds
             .iter()
             .filter_map(|r| {
                 let base = r.iter().find(|x| x.name == against)?;
-                let ace = r.iter().find(|x| x.name == "ACE filter")?;
+                let ace = r.iter().find(|x| x.name == of)?;
                 Some(f(ace) - f(base))
             })
             .collect()

@@ -7,28 +7,34 @@
 //! replaced by the configured default, per `on_missing_attribute`.
 
 use crate::config::{AttributeSource, OnMissing, Policy};
-use ace_core::tables::Tables;
+use ace_core::tables::{Tables, UNKNOWN};
 
 /// Fill `values` (one slot per table attribute) for one request.
 ///
-/// `headers[i]` is the value of attribute `i`'s header, if sent;
+/// `header(i, a)` is the value of attribute `i`'s header (`a.header`), if
+/// sent: a lookup into the request's header buffer, so nothing is copied.
 /// `body_model` is the body's `model` field, used for an attribute named
-/// `model` when its header is absent. Returns the first attribute that is
+/// `model` when its header is absent. A value that is not UTF-8 is sent but
+/// matches nothing: the unknown index. Returns the first attribute that is
 /// missing when the policy refuses missing attributes.
-pub fn resolve<'p>(
+pub fn resolve<'p, 'h>(
     tables: &Tables<'_>,
     policy: &'p Policy,
-    headers: &[Option<String>],
+    header: impl Fn(usize, &AttributeSource) -> Option<&'h [u8]>,
     body_model: Option<&str>,
     values: &mut [u32],
 ) -> Result<(), &'p AttributeSource> {
     for (i, a) in policy.attributes.iter().enumerate() {
-        let from_body = if a.name == "model" { body_model } else { None };
-        let value = headers.get(i).and_then(|v| v.as_deref()).or(from_body);
-        let index = match value {
-            Some(v) => tables.value_index(i as u32, v.trim()),
-            None if policy.on_missing == OnMissing::Reject => return Err(a),
-            None => a.default_index,
+        let index = match header(i, a) {
+            Some(v) => match std::str::from_utf8(v) {
+                Ok(v) => tables.value_index(i as u32, v.trim()),
+                Err(_) => UNKNOWN,
+            },
+            None => match body_model.filter(|_| a.name == "model") {
+                Some(v) => tables.value_index(i as u32, v.trim()),
+                None if policy.on_missing == OnMissing::Reject => return Err(a),
+                None => a.default_index,
+            },
         };
         if let Some(slot) = values.get_mut(i) {
             *slot = index;
@@ -42,7 +48,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use ace_core::tables::{
-        encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, UNKNOWN,
+        encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec,
     };
     use base64::Engine;
 
@@ -80,26 +86,39 @@ mod tests {
         Config::parse(json.as_bytes())
     }
 
+    /// Header values by attribute position.
+    fn sent<'a>(
+        values: &'a [Option<&'a str>],
+    ) -> impl Fn(usize, &AttributeSource) -> Option<&'a [u8]> + 'a {
+        |i, _| values.get(i).copied().flatten().map(str::as_bytes)
+    }
+
     #[test]
     fn maps_headers_and_the_body_model() {
         let c = config("reject", "{}");
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
-        let r = resolve(&t, p, &[Some(" public ".into()), None], Some("m1"), &mut v);
+        let r = resolve(&t, p, sent(&[Some(" public "), None]), Some("m1"), &mut v);
         assert!(r.is_ok());
         assert_eq!(v, [2, 1]);
-        let r = resolve(
-            &t,
-            p,
-            &[Some("secret".into()), Some("m1".into())],
-            None,
-            &mut v,
-        );
+        let r = resolve(&t, p, sent(&[Some("secret"), Some("m1")]), None, &mut v);
         assert!(r.is_ok());
         assert_eq!(v, [UNKNOWN, 1], "unknown values fail closed");
-        let r = resolve(&t, p, &[None, Some("m1".into())], None, &mut v);
+        let r = resolve(&t, p, sent(&[None, Some("m1")]), None, &mut v);
         assert_eq!(r.map_err(|a| a.header.as_str()), Err("x-ace-data-class"));
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_sent_but_unknown() {
+        let c = config("reject", "{}");
+        let p = c.policy.as_ref().unwrap();
+        let t = Tables::load(p.tables).unwrap();
+        let mut v = [9u32; 2];
+        let bad: &[u8] = b"publ\xffic";
+        let r = resolve(&t, p, |i, _| [Some(bad), Some(&b"m1"[..])][i], None, &mut v);
+        assert!(r.is_ok(), "sent, so not missing");
+        assert_eq!(v, [UNKNOWN, 1]);
     }
 
     #[test]
@@ -108,7 +127,7 @@ mod tests {
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
-        assert!(resolve(&t, p, &[None, None], None, &mut v).is_ok());
+        assert!(resolve(&t, p, sent(&[None, None]), None, &mut v).is_ok());
         assert_eq!(v, [1, UNKNOWN]);
     }
 

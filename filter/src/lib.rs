@@ -324,9 +324,6 @@ impl RootContext for AceRoot {
 #[derive(Debug, Default)]
 struct AceStream {
     plugin: Option<Rc<Plugin>>,
-    /// Header values of the table attributes, captured while the request
-    /// headers are readable (they are not, later).
-    attributes: Vec<Option<String>>,
     /// `content-length`, if sent.
     content_length: Option<usize>,
     /// Holding the request headers until the body has been read.
@@ -506,9 +503,11 @@ impl AceStream {
         match (&plugin.tables, &cfg.policy) {
             (Some(tables), Some(policy)) => {
                 let body_model = body.and_then(|b| b.model.as_deref());
-                if let Err(a) =
-                    attributes::resolve(tables, policy, &self.attributes, body_model, values)
-                {
+                // The request's header buffer, kept by its event (a
+                // request without one has no headers: every value missing).
+                let sent = event.map(|e| &e.headers);
+                let header = |_, a: &config::AttributeSource| sent?.get(&a.header);
+                if let Err(a) = attributes::resolve(tables, policy, header, body_model, values) {
                     let message = format!(
                         "this request needs the `{}` attribute; send it in the `{}` header",
                         a.name, a.header
@@ -734,11 +733,6 @@ impl HttpContext for AceStream {
             log::warn!("cannot read the request headers: {s:?}");
             Pairs::default()
         });
-        let policy_headers = cfg.policy.as_ref().map_or(&[][..], |p| &p.attributes[..]);
-        self.attributes = policy_headers
-            .iter()
-            .map(|a| headers.string(&a.header))
-            .collect();
         let [model, tenant, data_class, latency_class, request_id, length, content_type] = headers
             .find([
                 "x-ace-model",

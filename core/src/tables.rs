@@ -593,10 +593,14 @@ impl<'a> Tables<'a> {
 
     /// The string at fields `i`, `i + 1` (offset, length) of a record.
     fn string(&self, section: &[u8], size: usize, rec: usize, i: usize) -> Option<&'a str> {
+        core::str::from_utf8(self.bytes(section, size, rec, i)?).ok()
+    }
+
+    /// The bytes of a string field, without the UTF-8 check.
+    fn bytes(&self, section: &[u8], size: usize, rec: usize, i: usize) -> Option<&'a [u8]> {
         let off = field(section, size, rec, i)? as usize;
         let len = field(section, size, rec, i + 1)? as usize;
-        let bytes = self.strings.get(off..off.checked_add(len)?)?;
-        core::str::from_utf8(bytes).ok()
+        self.strings.get(off..off.checked_add(len)?)
     }
 
     /// Number of destinations `D`.
@@ -647,6 +651,13 @@ impl<'a> Tables<'a> {
     /// known value, [`UNKNOWN`] otherwise (including a missing attribute).
     /// A binary search; allocates nothing.
     pub fn value_index(&self, attribute: u32, value: &str) -> u32 {
+        self.value_index_bytes(attribute, value.as_bytes())
+    }
+
+    /// [`Tables::value_index`] of raw bytes, e.g. a header value as it
+    /// arrived: bytes that are not UTF-8 equal no value (every value was
+    /// checked to be UTF-8 at load), so they are [`UNKNOWN`].
+    pub fn value_index_bytes(&self, attribute: u32, value: &[u8]) -> u32 {
         let first = if (attribute as usize) < self.attribute_count {
             field(self.attributes, ATTR_REC, attribute as usize, 2).unwrap_or(0) as usize
         } else {
@@ -655,10 +666,11 @@ impl<'a> Tables<'a> {
         let (mut lo, mut hi) = (0usize, self.value_count(attribute) as usize);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let Some(s) = self.string(self.values, VALUE_REC, first + mid, 0) else {
+            // Validated as UTF-8 at load: compared as bytes, not re-checked.
+            let Some(s) = self.bytes(self.values, VALUE_REC, first + mid, 0) else {
                 return UNKNOWN;
             };
-            match s.as_bytes().cmp(value.as_bytes()) {
+            match s.cmp(value) {
                 core::cmp::Ordering::Less => lo = mid + 1,
                 core::cmp::Ordering::Greater => hi = mid,
                 core::cmp::Ordering::Equal => return (mid + 1) as u32,
@@ -1098,6 +1110,8 @@ mod tests {
         assert_eq!(t.value_index(0, "personal"), 1);
         assert_eq!(t.value_index(0, "secret"), UNKNOWN);
         assert_eq!(t.value_index(9, "public"), UNKNOWN);
+        assert_eq!(t.value_index_bytes(0, b"public"), 2);
+        assert_eq!(t.value_index_bytes(0, b"publ\xffc"), UNKNOWN, "not UTF-8");
         assert_eq!(t.value_name(0, 2), Some("public"));
         assert_eq!(t.value_name(0, 0), None);
         assert_eq!(t.destination_cluster(2), Some("c2"));

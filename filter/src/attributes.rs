@@ -7,38 +7,60 @@
 //! replaced by the configured default, per `on_missing_attribute`.
 
 use crate::config::{AttributeSource, OnMissing, Policy};
-use ace_core::tables::{Tables, UNKNOWN};
+use crate::headers::Pairs;
+use ace_core::tables::Tables;
 
 /// Fill `values` (one slot per table attribute) for one request.
 ///
-/// `header(i, a)` is the value of attribute `i`'s header (`a.header`), if
-/// sent: a lookup into the request's header buffer, so nothing is copied.
-/// `body_model` is the body's `model` field, used for an attribute named
-/// `model` when its header is absent. A value that is not UTF-8 is sent but
-/// matches nothing: the unknown index. Returns the first attribute that is
-/// missing when the policy refuses missing attributes.
-pub fn resolve<'p, 'h>(
+/// `headers` is the request's header map; each attribute's value is the
+/// first value of its header (`AttributeSource::header`), found in one pass
+/// over the pairs however many attributes there are. `body_model` is the
+/// body's `model` field, used for an attribute named `model` when its
+/// header is absent. ASCII whitespace around a value is ignored; a value
+/// that is not UTF-8 is sent but matches nothing: the unknown index.
+/// Returns the first attribute that is missing when the policy refuses
+/// missing attributes.
+pub fn resolve<'p>(
     tables: &Tables<'_>,
     policy: &'p Policy,
-    header: impl Fn(usize, &AttributeSource) -> Option<&'h [u8]>,
+    headers: &Pairs,
     body_model: Option<&str>,
     values: &mut [u32],
 ) -> Result<(), &'p AttributeSource> {
-    for (i, a) in policy.attributes.iter().enumerate() {
-        let index = match header(i, a) {
-            Some(v) => match std::str::from_utf8(v) {
-                Ok(v) => tables.value_index(i as u32, v.trim()),
-                Err(_) => UNKNOWN,
-            },
-            None => match body_model.filter(|_| a.name == "model") {
-                Some(v) => tables.value_index(i as u32, v.trim()),
-                None if policy.on_missing == OnMissing::Reject => return Err(a),
-                None => a.default_index,
-            },
-        };
-        if let Some(slot) = values.get_mut(i) {
-            *slot = index;
+    // Not yet seen: no value index is u32::MAX (tables refuse to load with
+    // that many values).
+    const UNSET: u32 = u32::MAX;
+    let attributes = &policy.attributes;
+    values.fill(UNSET);
+    let mut unset = attributes.len().min(values.len());
+    for (name, value) in headers.iter() {
+        if unset == 0 {
+            break;
         }
+        for (i, (slot, a)) in values.iter_mut().zip(attributes).enumerate() {
+            let header = a.header.as_bytes();
+            // Envoy hands names over in lower case, as the configuration
+            // holds them: an exact comparison (vectorised) settles the
+            // match, the byte-by-byte one only a name sent otherwise.
+            if *slot == UNSET
+                && name.len() == header.len()
+                && (name == header || name.eq_ignore_ascii_case(header))
+            {
+                // Bytes that are not UTF-8 match no value: unknown.
+                *slot = tables.value_index_bytes(i as u32, value.trim_ascii());
+                unset -= 1;
+            }
+        }
+    }
+    for (i, (slot, a)) in values.iter_mut().zip(attributes).enumerate() {
+        if *slot != UNSET {
+            continue;
+        }
+        *slot = match body_model.filter(|_| a.name == "model") {
+            Some(m) => tables.value_index_bytes(i as u32, m.as_bytes().trim_ascii()),
+            None if policy.on_missing == OnMissing::Reject => return Err(a),
+            None => a.default_index,
+        };
     }
     Ok(())
 }
@@ -48,7 +70,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use ace_core::tables::{
-        encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec,
+        encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, UNKNOWN,
     };
     use base64::Engine;
 
@@ -86,11 +108,17 @@ mod tests {
         Config::parse(json.as_bytes())
     }
 
-    /// Header values by attribute position.
-    fn sent<'a>(
-        values: &'a [Option<&'a str>],
-    ) -> impl Fn(usize, &AttributeSource) -> Option<&'a [u8]> + 'a {
-        |i, _| values.get(i).copied().flatten().map(str::as_bytes)
+    /// A request's headers: each attribute's header (by position in the
+    /// policy) with the value given, if any, among unrelated headers.
+    fn sent(p: &Policy, values: &[Option<&[u8]>]) -> Pairs {
+        let mut list: Vec<(&[u8], &[u8])> = vec![(b":method", b"POST")];
+        for (a, v) in p.attributes.iter().zip(values) {
+            if let Some(v) = v {
+                list.push((a.header.as_bytes(), v));
+            }
+        }
+        list.push((b"content-type", b"application/json"));
+        Pairs::encode(list)
     }
 
     #[test]
@@ -99,14 +127,41 @@ mod tests {
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
-        let r = resolve(&t, p, sent(&[Some(" public "), None]), Some("m1"), &mut v);
+        let r = resolve(
+            &t,
+            p,
+            &sent(p, &[Some(b" public "), None]),
+            Some("m1"),
+            &mut v,
+        );
         assert!(r.is_ok());
         assert_eq!(v, [2, 1]);
-        let r = resolve(&t, p, sent(&[Some("secret"), Some("m1")]), None, &mut v);
+        let r = resolve(
+            &t,
+            p,
+            &sent(p, &[Some(b"secret"), Some(b"m1")]),
+            None,
+            &mut v,
+        );
         assert!(r.is_ok());
         assert_eq!(v, [UNKNOWN, 1], "unknown values fail closed");
-        let r = resolve(&t, p, sent(&[None, Some("m1")]), None, &mut v);
+        let r = resolve(&t, p, &sent(p, &[None, Some(b"m1")]), None, &mut v);
         assert_eq!(r.map_err(|a| a.header.as_str()), Err("x-ace-data-class"));
+    }
+
+    #[test]
+    fn the_first_value_counts_and_names_ignore_case() {
+        let c = config("reject", "{}");
+        let p = c.policy.as_ref().unwrap();
+        let t = Tables::load(p.tables).unwrap();
+        let mut v = [9u32; 2];
+        let headers = Pairs::encode([
+            (&b"X-ACE-Data-Class"[..], &b"personal_eu"[..]),
+            (b"x-ace-data-class", b"public"),
+            (b"x-ace-model", b"m1"),
+        ]);
+        assert!(resolve(&t, p, &headers, None, &mut v).is_ok());
+        assert_eq!(v, [1, 1], "personal_eu, the first value, not public");
     }
 
     #[test]
@@ -115,8 +170,8 @@ mod tests {
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
-        let bad: &[u8] = b"publ\xffic";
-        let r = resolve(&t, p, |i, _| [Some(bad), Some(&b"m1"[..])][i], None, &mut v);
+        let headers = sent(p, &[Some(b"publ\xffic"), Some(b"m1")]);
+        let r = resolve(&t, p, &headers, None, &mut v);
         assert!(r.is_ok(), "sent, so not missing");
         assert_eq!(v, [UNKNOWN, 1]);
     }
@@ -127,7 +182,7 @@ mod tests {
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
-        assert!(resolve(&t, p, sent(&[None, None]), None, &mut v).is_ok());
+        assert!(resolve(&t, p, &sent(p, &[None, None]), None, &mut v).is_ok());
         assert_eq!(v, [1, UNKNOWN]);
     }
 

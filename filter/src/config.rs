@@ -599,7 +599,8 @@ fn load_policy(
             }
         };
         attributes.push(AttributeSource {
-            header: format!("x-ace-{}", name.replace('_', "-")),
+            // Lower case, as Envoy hands header names over.
+            header: format!("x-ace-{}", name.replace('_', "-").to_ascii_lowercase()),
             name,
             default_index,
         });

@@ -505,9 +505,9 @@ impl AceStream {
                 let body_model = body.and_then(|b| b.model.as_deref());
                 // The request's header buffer, kept by its event (a
                 // request without one has no headers: every value missing).
-                let sent = event.map(|e| &e.headers);
-                let header = |_, a: &config::AttributeSource| sent?.get(&a.header);
-                if let Err(a) = attributes::resolve(tables, policy, header, body_model, values) {
+                let none = Pairs::default();
+                let headers = event.map_or(&none, |e| &e.headers);
+                if let Err(a) = attributes::resolve(tables, policy, headers, body_model, values) {
                     let message = format!(
                         "this request needs the `{}` attribute; send it in the `{}` header",
                         a.name, a.header

@@ -8,6 +8,10 @@
 //!   and the host's bookkeeping.
 //! - `request/ace-filter`: the same calls through ACE's filter; minus the
 //!   boundary, that is the filter's own work.
+//! - `request/ace-filter-fleet`: the example fleet (`policies/`: twelve
+//!   destinations and compiled Cedar tables) routing a request that sends
+//!   every attribute, with a JSON response reporting usage: the policy
+//!   path, which `request/ace-filter` (three destinations, no tables) skips.
 //! - `request/ace-filter-exchange`: a whole request with Envoy's emulation.
 //! - `hostcall/get_header_x100`: one `on_request_headers` making 100
 //!   `proxy_get_header_map_value` calls.
@@ -19,7 +23,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use ace_wasm_host::{FilterModule, Request, Response, Route, Vm};
+use ace_wasm_host::{FilterModule, Headers, Request, Response, Route, Vm};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 
@@ -68,6 +72,43 @@ fn request_headers() -> [(&'static str, &'static str); 6] {
     ]
 }
 
+/// A request the example fleet's policy tables route: every attribute
+/// sent, values the tables know.
+fn fleet_request_headers() -> Headers {
+    let attributes = [
+        ("x-ace-tenant", "globex"),
+        ("x-ace-data-class", "public"),
+        ("x-ace-model", "llama-3.1-70b"),
+        ("x-ace-latency-class", "interactive"),
+        ("x-ace-tp-degree", "1"),
+    ];
+    request_headers().into_iter().chain(attributes).collect()
+}
+
+/// The example fleet (`policies/`: twelve destinations, compiled Cedar
+/// tables), as `ace plugin-config policies` prints it.
+fn fleet_config() -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    ace_cli::plugin::build(&dir, false, false)
+        .unwrap_or_else(|e| panic!("plugin configuration of {}: {e:#}", dir.display()))
+        .to_string()
+}
+
+/// The fleet request, with a JSON response that reports usage.
+fn one_fleet_request(vm: &mut Vm) {
+    let Ok(mut s) = vm.http_stream() else { return };
+    let _ = black_box(s.send_request_headers(fleet_request_headers(), false));
+    let _ = black_box(s.send_response_headers(
+        [(":status", "200"), ("content-type", "application/json")],
+        false,
+    ));
+    let _ = black_box(s.send_response_body(
+        br#"{"usage":{"prompt_tokens":30,"completion_tokens":12}}"#,
+        true,
+    ));
+    let _ = s.finish();
+}
+
 fn one_request(vm: &mut Vm) {
     let Ok(mut s) = vm.http_stream() else { return };
     let _ = black_box(s.send_request_headers(request_headers(), false));
@@ -106,6 +147,23 @@ fn benches(c: &mut Criterion) {
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     g.bench_function("ace-filter", |b| b.iter(|| one_request(&mut vm)));
+    let mut fleet_vm = Vm::builder(&ace)
+        .configuration(fleet_config())
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    {
+        // Routed, not refused: otherwise this would time the refusal.
+        let mut s = fleet_vm.http_stream().unwrap_or_else(|e| panic!("{e}"));
+        let _ = s.send_request_headers(fleet_request_headers(), false);
+        assert!(
+            s.local_response().is_none() && s.request_headers().get("x-ace-destination").is_some(),
+            "the example fleet must route the bench request"
+        );
+        let _ = s.finish();
+    }
+    g.bench_function("ace-filter-fleet", |b| {
+        b.iter(|| one_fleet_request(&mut fleet_vm))
+    });
     let route = Route::ClusterHeader("x-ace-destination".into());
     g.bench_function("ace-filter-exchange", |b| {
         b.iter(|| {

@@ -10,6 +10,17 @@
 //! excluded (one-time work). Prints the total and its split by phase, in
 //! Wasm instructions and in host calls (inside Envoy the calls dominate).
 //!
+//! `ACE_FUEL_HEADERS` sets or adds request headers, as `name=value` pairs
+//! separated by commas, e.g. attribute values that the configuration's
+//! policy tables know (the defaults name a tenant and a model that the
+//! example fleet does not have):
+//!
+//! ```sh
+//! cargo run --release -p ace-cli -- plugin-config policies > /tmp/fleet.json
+//! ACE_FUEL_HEADERS=x-ace-tenant=globex,x-ace-model=llama-3.1-70b,x-ace-tp-degree=1 \
+//!     cargo run --release -p ace-wasm-host --example fuel -- FILTER.wasm /tmp/fleet.json
+//! ```
+//!
 //! To see where the instructions go, build the filter unstripped and
 //! sample it with perf (wasmtime writes a perf map of the JIT code):
 //!
@@ -20,7 +31,7 @@
 //! perf report -i /tmp/ace.perf --no-children --sort symbol
 //! ```
 
-use ace_wasm_host::{FilterModule, Vm};
+use ace_wasm_host::{FilterModule, Headers, Vm};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -36,24 +47,44 @@ fn mark(vm: &Vm) -> [u64; 2] {
     [vm.fuel_consumed(), vm.host_calls()]
 }
 
-/// One request; adds each phase's (fuel, host calls) to `phases`.
-fn one(vm: &mut Vm, phases: &mut [[u64; 2]; 4]) -> Result<(), Error> {
+/// One request; adds each phase's (fuel, host calls) to `phases` and
+/// returns what became of it (the destination, or the filter's refusal).
+fn one(
+    vm: &mut Vm,
+    extra: &[(String, String)],
+    phases: &mut [[u64; 2]; 4],
+) -> Result<String, Error> {
     let t0 = mark(vm);
     let mut s = vm.http_stream()?;
-    s.send_request_headers(
-        [
-            (":path", "/v1/chat/completions"),
-            (":method", "POST"),
-            ("content-type", "application/json"),
-            ("content-length", "120"),
-            ("x-request-id", "2f1c9a54-0d7e-4c36-9d55-6f0b8e8a1c11"),
-            ("x-ace-tenant", "acme"),
-            ("x-ace-data-class", "public"),
-            ("x-ace-latency-class", "interactive"),
-            ("x-ace-model", "llama-3-70b"),
-        ],
-        true,
-    )?;
+    let mut headers: Headers = [
+        (":path", "/v1/chat/completions"),
+        (":method", "POST"),
+        ("content-type", "application/json"),
+        ("content-length", "120"),
+        ("x-request-id", "2f1c9a54-0d7e-4c36-9d55-6f0b8e8a1c11"),
+        ("x-ace-tenant", "acme"),
+        ("x-ace-data-class", "public"),
+        ("x-ace-latency-class", "interactive"),
+        ("x-ace-model", "llama-3-70b"),
+    ]
+    .into_iter()
+    .collect();
+    for (name, value) in extra {
+        headers.set(name, value);
+    }
+    s.send_request_headers(headers, true)?;
+    let outcome = match (
+        s.local_response(),
+        s.request_headers().get("x-ace-destination"),
+    ) {
+        (Some(r), _) => format!(
+            "refused with {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        ),
+        (None, Some(d)) => format!("routed to cluster {d}"),
+        (None, None) => "neither routed nor refused".to_string(),
+    };
     let t1 = mark(s.vm());
     s.send_response_headers(
         [(":status", "200"), ("content-type", "application/json")],
@@ -74,7 +105,7 @@ fn one(vm: &mut Vm, phases: &mut [[u64; 2]; 4]) -> Result<(), Error> {
         p[0] += b[0] - a[0];
         p[1] += b[1] - a[1];
     }
-    Ok(())
+    Ok(outcome)
 }
 
 fn main() -> Result<(), Error> {
@@ -96,12 +127,28 @@ fn main() -> Result<(), Error> {
         .fuel_per_callback(100_000_000)
         .count_host_calls()
         .start()?;
+    let extra: Vec<(String, String)> = match std::env::var("ACE_FUEL_HEADERS") {
+        Ok(list) => list
+            .split(',')
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| {
+                p.split_once('=')
+                    .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+                    .ok_or_else(|| {
+                        format!("ACE_FUEL_HEADERS: `{p}` is not `name=value` (pairs are separated by commas)")
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+        Err(_) => Vec::new(),
+    };
     let mut phases = [[0u64; 2]; 4];
-    one(&mut vm, &mut phases)?;
+    let first = one(&mut vm, &extra, &mut phases)?;
     phases = [[0; 2]; 4];
+    let mut last = first.clone();
     for _ in 0..n {
-        one(&mut vm, &mut phases)?;
+        last = one(&mut vm, &extra, &mut phases)?;
     }
+    println!("first request {first}; last {last}");
     let fuel: u64 = phases.iter().map(|p| p[0]).sum::<u64>() / n;
     let calls: u64 = phases.iter().map(|p| p[1]).sum::<u64>();
     println!(

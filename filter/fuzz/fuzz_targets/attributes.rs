@@ -7,6 +7,7 @@ use ace_core::tables::{
 };
 use ace_filter::attributes::resolve;
 use ace_filter::config::Config;
+use ace_filter::headers::Pairs;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -91,19 +92,69 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let tables = Tables::load(policy.tables).expect("fixture tables load");
-    // Split the input into up to four fields: three header values and a body model.
+    // Fields split on 0xff: three header values (raw bytes, not always
+    // UTF-8, as on the wire), a body model, then a second value for the
+    // first attribute's header (repeated headers: the first one counts).
+    // Bit 1 of the first byte writes the header names in upper case.
+    let upper = data.first().is_some_and(|b| b & 2 != 0);
     let mut parts = data.get(1..).unwrap_or(&[]).split(|b| *b == 0xff);
-    // Header values stay raw bytes (not always UTF-8, as on the wire).
-    let headers: Vec<Option<&[u8]>> = (0..3)
+    let sent: Vec<Option<&[u8]>> = (0..3)
         .map(|_| parts.next().filter(|p| !p.is_empty()))
         .collect();
     let body_model = parts
         .next()
         .map(|p| String::from_utf8_lossy(p).into_owned());
+    let repeat = parts.next();
+    let names: Vec<Vec<u8>> = policy
+        .attributes
+        .iter()
+        .map(|a| {
+            let n = a.header.as_bytes().to_vec();
+            if upper {
+                n.to_ascii_uppercase()
+            } else {
+                n
+            }
+        })
+        .collect();
+    let mut list: Vec<(&[u8], &[u8])> = vec![(b":method", b"POST")];
+    for (name, value) in names.iter().zip(&sent) {
+        if let Some(v) = value {
+            list.push((name, v));
+        }
+    }
+    if let (Some(name), Some(v)) = (names.first(), repeat) {
+        list.push((name, v));
+    }
+    let headers = Pairs::encode(list);
+    // The oracle: one lookup per attribute.
+    let expected: Option<Vec<u32>> = policy
+        .attributes
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match headers.get(&a.header) {
+            Some(v) => Some(tables.value_index_bytes(i as u32, v.trim_ascii())),
+            None => match body_model.as_deref().filter(|_| a.name == "model") {
+                Some(m) => Some(tables.value_index(i as u32, m.trim_ascii())),
+                None if reject => None,
+                None => Some(a.default_index),
+            },
+        })
+        .collect();
     let mut values = [u32::MAX; 3];
-    let header = |i: usize, _: &_| headers.get(i).copied().flatten();
-    match resolve(&tables, policy, header, body_model.as_deref(), &mut values) {
+    match resolve(
+        &tables,
+        policy,
+        &headers,
+        body_model.as_deref(),
+        &mut values,
+    ) {
         Ok(()) => {
+            assert_eq!(
+                Some(values.to_vec()),
+                expected,
+                "one pass = one lookup per attribute"
+            );
             for (a, v) in values.iter().enumerate() {
                 assert!(
                     *v <= tables.value_count(a as u32),
@@ -114,6 +165,9 @@ fuzz_target!(|data: &[u8]| {
             tables.feasible(&values, &mut mask).expect("lookup works");
             assert_eq!(mask[0] & !0b11, 0, "no bits past the destinations");
         }
-        Err(a) => assert!(reject && policy.attributes.iter().any(|x| x.name == a.name)),
+        Err(a) => {
+            assert!(reject && policy.attributes.iter().any(|x| x.name == a.name));
+            assert_eq!(expected, None, "refused only when an attribute is missing");
+        }
     }
 });

@@ -42,5 +42,6 @@ if [ ! -f "$OUT" ]; then
     exit 1
 fi
 SIZE=$(stat -c %s "$OUT")
-echo "build-wasm: $PKG -> $OUT ($SIZE bytes, $((SIZE / 1024)) KiB)" >&2
+SHA=$(sha256sum "$OUT" | cut -d' ' -f1)
+echo "build-wasm: $PKG -> $OUT ($SIZE bytes, $((SIZE / 1024)) KiB, sha256 $SHA)" >&2
 echo "$OUT"

@@ -1,0 +1,210 @@
+//! The shipped Istio manifests (`envoy/istio/`) hold together: what each
+//! hands Envoy is accepted by Envoy 1.40 and by the filter (built from source
+//! in this run), and the patches point at each other by the right names.
+//!
+//! There is no Istio here, so the test plays its part: it takes the Wasm
+//! filter configuration from each manifest (the `EnvoyFilter`'s ECDS
+//! extension config as is; the `WasmPlugin`'s `pluginConfig` as the JSON
+//! string Istio passes), puts it in a bootstrap with the `EnvoyFilter`'s
+//! route patch and one cluster per destination, and runs
+//! `envoy --mode validate`, in which Envoy also starts the plugin.
+
+use ace_tests::{ace_filter_wasm, require_envoy};
+use serde_json::{json, Value};
+
+fn manifest(name: &str) -> Value {
+    let path = ace_harness::workspace_root().join("envoy/istio").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The `EnvoyFilter`'s config patch applied to `apply_to` (its `match` and
+/// its `patch`).
+fn config_patch<'a>(filter: &'a Value, apply_to: &str) -> &'a Value {
+    let patches = filter["spec"]["configPatches"]
+        .as_array()
+        .unwrap_or_else(|| panic!("envoyfilter.yaml: spec.configPatches is not a list"));
+    let found: Vec<&Value> = patches
+        .iter()
+        .filter(|p| p["applyTo"] == apply_to)
+        .collect();
+    assert_eq!(found.len(), 1, "envoyfilter.yaml: one {apply_to} patch");
+    found[0]
+}
+
+/// `envoy --mode validate` on a bootstrap whose only HTTP filter before the
+/// router is `wasm` (a `TypedExtensionConfig`), routed like the
+/// `EnvoyFilter`'s route patch; returns Envoy's output.
+fn validate(wasm: &Value, route: &Value) -> String {
+    let config = wasm["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no plugin configuration string in {wasm}"));
+    let config: Value = serde_json::from_str(config)
+        .unwrap_or_else(|e| panic!("the plugin configuration is not JSON: {e}"));
+    let clusters: Vec<Value> = config["destinations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no destinations in {config}"))
+        .iter()
+        .map(|d| {
+            let name = d["cluster"].as_str().unwrap_or_default();
+            json!({
+                "name": name,
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address":
+                        {"address": "127.0.0.1", "port_value": 9}}}}]}]}
+            })
+        })
+        .collect();
+    let bootstrap = json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "gateway",
+                        "route_config": {"virtual_hosts": [{
+                            "name": "llm", "domains": ["*"],
+                            "routes": [{"name": "ace-llm", "match": {"prefix": "/v1/"}, "route": route}]
+                        }]},
+                        "http_filters": [
+                            {"name": wasm["name"], "typed_config": wasm["typed_config"]},
+                            {"name": "envoy.filters.http.router", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": clusters
+        }
+    });
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("gateway.json");
+    std::fs::write(&path, bootstrap.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let envoy = ace_harness::envoy::find_envoy().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(envoy)
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run envoy: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("OK"),
+        "envoy --mode validate failed:\n{text}"
+    );
+    text
+}
+
+/// The route as the `EnvoyFilter` leaves it: the patch merged into the
+/// `VirtualService`'s route (the patch's `cluster_header` takes the place
+/// of Istio's `cluster`, one `oneof`).
+fn patched_route(filter: &Value) -> Value {
+    let service = manifest("virtualservice.yaml");
+    let route = config_patch(filter, "HTTP_ROUTE");
+    let wanted = route["match"]["routeConfiguration"]["vhost"]["route"]["name"].clone();
+    assert!(
+        service["spec"]["http"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|r| r["name"] == wanted)),
+        "the route patch targets {wanted}, a route virtualservice.yaml names"
+    );
+    let merged = route["patch"]["value"]["route"].clone();
+    assert_eq!(merged["cluster_header"], "x-ace-destination", "{merged}");
+    merged
+}
+
+#[test]
+fn envoyfilter_configures_the_plugin_and_routes_on_its_header() {
+    require_envoy();
+    let module = ace_filter_wasm();
+    let filter = manifest("envoyfilter.yaml");
+
+    // The HTTP filter asks ECDS for the extension config the first patch
+    // adds, by its name and type, just before the router.
+    let ext = config_patch(&filter, "EXTENSION_CONFIG")["patch"]["value"].clone();
+    let http = config_patch(&filter, "HTTP_FILTER");
+    assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
+    let sub = &http["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"];
+    assert_eq!(
+        sub, "envoy.filters.http.router",
+        "ACE runs last before the router"
+    );
+    let http = &http["patch"]["value"];
+    assert_eq!(http["name"], ext["name"], "ECDS asks for the added config");
+    let types = &http["config_discovery"]["type_urls"];
+    let wanted = ext["typed_config"]["@type"].as_str().map(|t| {
+        format!(
+            "type.googleapis.com/{}",
+            t.trim_start_matches("type.googleapis.com/")
+        )
+    });
+    assert!(
+        types
+            .as_array()
+            .is_some_and(|t| t.iter().any(|u| u.as_str() == wanted.as_deref())),
+        "config_discovery.type_urls {types} include the extension's type"
+    );
+    let wasm_config = &ext["typed_config"]["config"];
+    assert_eq!(wasm_config["failure_policy"], "FAIL_CLOSED");
+    assert_eq!(wasm_config["allow_on_headers_stop_iteration"], true);
+
+    // What ECDS delivers, with the module where this machine has it.
+    let mut ext = ext;
+    let code = &mut ext["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"];
+    assert!(code.is_string(), "the module is a local file: {code}");
+    *code = json!(module.to_string_lossy());
+    let text = validate(&ext, &patched_route(&filter));
+    assert!(
+        text.contains("configured 2 destinations"),
+        "the plugin accepted the EnvoyFilter's configuration:\n{text}"
+    );
+}
+
+#[test]
+fn wasmplugin_config_is_accepted_as_istio_passes_it() {
+    require_envoy();
+    let module = ace_filter_wasm();
+    let plugin = manifest("wasmplugin.yaml");
+    let spec = &plugin["spec"];
+    assert_eq!(spec["failStrategy"], "FAIL_CLOSE");
+    assert!(
+        spec["url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("oci://")),
+        "{}",
+        spec["url"]
+    );
+    // Istio hands `pluginConfig` to the filter as a JSON string.
+    let config = spec["pluginConfig"].to_string();
+    let ext = json!({
+        "name": "ace",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "root_id": "ace",
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": module.to_string_lossy()}}
+                },
+                "failure_policy": "FAIL_CLOSED",
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": config
+                }
+            }
+        }
+    });
+    let text = validate(&ext, &patched_route(&manifest("envoyfilter.yaml")));
+    assert!(
+        text.contains("configured 2 destinations"),
+        "the plugin accepted the WasmPlugin's pluginConfig:\n{text}"
+    );
+}

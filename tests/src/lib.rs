@@ -38,3 +38,26 @@ pub fn require_envoy() {
         panic!("{e}");
     }
 }
+
+/// Run `envoy --mode validate` on the bootstrap at `path` (Envoy also
+/// starts Wasm plugins in this mode) and return its output, or fail the
+/// test with that output when Envoy refuses the configuration.
+pub fn envoy_validate(path: &std::path::Path) -> String {
+    let envoy = ace_harness::envoy::find_envoy().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(envoy)
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run envoy: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("OK"),
+        "envoy --mode validate refused {}:\n{text}",
+        path.display()
+    );
+    text
+}

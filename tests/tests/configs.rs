@@ -1,7 +1,7 @@
 //! The shipped Envoy configuration is valid for Envoy 1.40 and configures
 //! the filter (built from source in this run) without error.
 
-use ace_tests::{ace_filter_wasm, require_envoy};
+use ace_tests::{ace_filter_wasm, envoy_validate, require_envoy};
 
 #[test]
 fn shipped_envoy_yaml_validates_and_the_plugin_accepts_its_configuration() {
@@ -15,22 +15,7 @@ fn shipped_envoy_yaml_validates_and_the_plugin_accepts_its_configuration() {
     let path = dir.path().join("envoy.yaml");
     let local = yaml.replace("/etc/ace/ace_filter.wasm", &wasm.to_string_lossy());
     std::fs::write(&path, local).unwrap_or_else(|e| panic!("{e}"));
-    let envoy = ace_harness::envoy::find_envoy().unwrap_or_else(|e| panic!("{e}"));
-    let out = std::process::Command::new(envoy)
-        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run envoy: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "envoy --mode validate failed:\n{text}"
-    );
-    assert!(text.contains("OK"), "{text}");
+    let text = envoy_validate(&path);
     assert!(
         text.contains("configured 3 destinations"),
         "the plugin configured itself:\n{text}"

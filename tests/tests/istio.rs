@@ -9,7 +9,7 @@
 //! route patch and one cluster per destination, and runs
 //! `envoy --mode validate`, in which Envoy also starts the plugin.
 
-use ace_tests::{ace_filter_wasm, require_envoy};
+use ace_tests::{ace_filter_wasm, envoy_validate, require_envoy};
 use serde_json::{json, Value};
 
 fn manifest(name: &str) -> Value {
@@ -85,22 +85,7 @@ fn validate(wasm: &Value, route: &Value) -> String {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let path = dir.path().join("gateway.json");
     std::fs::write(&path, bootstrap.to_string()).unwrap_or_else(|e| panic!("{e}"));
-    let envoy = ace_harness::envoy::find_envoy().unwrap_or_else(|e| panic!("{e}"));
-    let out = std::process::Command::new(envoy)
-        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run envoy: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("OK"),
-        "envoy --mode validate failed:\n{text}"
-    );
-    text
+    envoy_validate(&path)
 }
 
 /// The route as the `EnvoyFilter` leaves it: the patch merged into the

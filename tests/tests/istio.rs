@@ -153,11 +153,10 @@ fn envoyfilter_configures_the_plugin_and_routes_on_its_header() {
     );
 }
 
-#[test]
-fn wasmplugin_config_is_accepted_as_istio_passes_it() {
-    require_envoy();
+/// Validate a `WasmPlugin` the way Istio would deliver it: its
+/// `pluginConfig` as a JSON string in the Wasm filter's configuration.
+fn validate_wasmplugin(plugin: &Value) -> String {
     let module = ace_filter_wasm();
-    let plugin = manifest("wasmplugin.yaml");
     let spec = &plugin["spec"];
     assert_eq!(spec["failStrategy"], "FAIL_CLOSE");
     assert!(
@@ -167,7 +166,6 @@ fn wasmplugin_config_is_accepted_as_istio_passes_it() {
         "{}",
         spec["url"]
     );
-    // Istio hands `pluginConfig` to the filter as a JSON string.
     let config = spec["pluginConfig"].to_string();
     let ext = json!({
         "name": "ace",
@@ -187,9 +185,42 @@ fn wasmplugin_config_is_accepted_as_istio_passes_it() {
             }
         }
     });
-    let text = validate(&ext, &patched_route(&manifest("envoyfilter.yaml")));
+    validate(&ext, &patched_route(&manifest("envoyfilter.yaml")))
+}
+
+#[test]
+fn wasmplugin_config_is_accepted_as_istio_passes_it() {
+    require_envoy();
+    let text = validate_wasmplugin(&manifest("wasmplugin.yaml"));
     assert!(
         text.contains("configured 2 destinations"),
         "the plugin accepted the WasmPlugin's pluginConfig:\n{text}"
+    );
+}
+
+/// envoy/README.md: `ace plugin-config` output goes under `pluginConfig:`
+/// unchanged. Pasted into the shipped manifest's text in place of its own
+/// `pluginConfig` block, the example fleet with its Cedar tables loads.
+#[test]
+fn ace_plugin_config_pastes_into_the_wasmplugin_as_is() {
+    require_envoy();
+    let dir = ace_harness::workspace_root().join("policies");
+    let config = ace_cli::plugin::build(&dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
+    let path = ace_harness::workspace_root().join("envoy/istio/wasmplugin.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    let at = text
+        .find("  pluginConfig:")
+        .unwrap_or_else(|| panic!("wasmplugin.yaml has no pluginConfig block"));
+    let pasted = format!(
+        "{}  pluginConfig: {}\n",
+        &text[..at],
+        serde_json::to_string_pretty(&config).unwrap_or_default()
+    );
+    let plugin: Value = serde_yaml_ng::from_str(&pasted).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin["spec"]["pluginConfig"], config);
+    let text = validate_wasmplugin(&plugin);
+    assert!(
+        text.contains("configured 12 destinations"),
+        "the plugin accepted the example fleet's configuration:\n{text}"
     );
 }

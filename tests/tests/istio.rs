@@ -5,8 +5,8 @@
 //! There is no Istio here, so the test plays its part: it takes the Wasm
 //! filter configuration from each manifest (the `EnvoyFilter`'s ECDS
 //! extension config as is; the `WasmPlugin`'s `pluginConfig` as the JSON
-//! string Istio passes), puts it in a bootstrap with the `EnvoyFilter`'s
-//! route patch and one cluster per destination, and runs
+//! string Istio passes), puts it in a bootstrap with `route.yaml`'s route
+//! patch and one cluster per destination, and runs
 //! `envoy --mode validate`, in which Envoy also starts the plugin.
 
 use ace_tests::{ace_filter_wasm, envoy_validate, require_envoy};
@@ -18,23 +18,33 @@ fn manifest(name: &str) -> Value {
     serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The `EnvoyFilter`'s config patch applied to `apply_to` (its `match` and
+/// An `EnvoyFilter`'s config patch applied to `apply_to` (its `match` and
 /// its `patch`).
 fn config_patch<'a>(filter: &'a Value, apply_to: &str) -> &'a Value {
     let patches = filter["spec"]["configPatches"]
         .as_array()
-        .unwrap_or_else(|| panic!("envoyfilter.yaml: spec.configPatches is not a list"));
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: spec.configPatches is not a list",
+                filter["metadata"]["name"]
+            )
+        });
     let found: Vec<&Value> = patches
         .iter()
         .filter(|p| p["applyTo"] == apply_to)
         .collect();
-    assert_eq!(found.len(), 1, "envoyfilter.yaml: one {apply_to} patch");
+    assert_eq!(
+        found.len(),
+        1,
+        "{}: one {apply_to} patch",
+        filter["metadata"]["name"]
+    );
     found[0]
 }
 
 /// `envoy --mode validate` on a bootstrap whose only HTTP filter before the
-/// router is `wasm` (a `TypedExtensionConfig`), routed like the
-/// `EnvoyFilter`'s route patch; returns Envoy's output.
+/// router is `wasm` (a `TypedExtensionConfig`), routed as `route.yaml`
+/// patches the gateway route; returns Envoy's output.
 fn validate(wasm: &Value, route: &Value) -> String {
     let config = wasm["typed_config"]["config"]["configuration"]["value"]
         .as_str()
@@ -88,12 +98,14 @@ fn validate(wasm: &Value, route: &Value) -> String {
     envoy_validate(&path)
 }
 
-/// The route as the `EnvoyFilter` leaves it: the patch merged into the
+/// The route as `route.yaml` leaves it: the patch merged into the
 /// `VirtualService`'s route (the patch's `cluster_header` takes the place
 /// of Istio's `cluster`, one `oneof`).
-fn patched_route(filter: &Value) -> Value {
+fn patched_route() -> Value {
     let service = manifest("virtualservice.yaml");
-    let route = config_patch(filter, "HTTP_ROUTE");
+    let patches = manifest("route.yaml");
+    let route = config_patch(&patches, "HTTP_ROUTE");
+    assert_eq!(route["patch"]["operation"], "MERGE");
     let wanted = route["match"]["routeConfiguration"]["vhost"]["route"]["name"].clone();
     assert!(
         service["spec"]["http"]
@@ -103,6 +115,7 @@ fn patched_route(filter: &Value) -> Value {
     );
     let merged = route["patch"]["value"]["route"].clone();
     assert_eq!(merged["cluster_header"], "x-ace-destination", "{merged}");
+    assert_eq!(merged["timeout"], "0s", "streams outlive any fixed timeout");
     merged
 }
 
@@ -114,6 +127,22 @@ fn envoyfilter_configures_the_plugin_and_routes_on_its_header() {
 
     // The HTTP filter asks ECDS for the extension config the first patch
     // adds, by its name and type, just before the router.
+    // The route patch lives in route.yaml alone (the WasmPlugin needs it too),
+    // for the same gateway.
+    let patches = filter["spec"]["configPatches"].as_array();
+    assert!(
+        patches.is_some_and(|p| p.iter().all(|p| p["applyTo"] != "HTTP_ROUTE")),
+        "envoyfilter.yaml leaves the route to route.yaml"
+    );
+    let gateway = &filter["spec"]["workloadSelector"]["labels"];
+    assert_eq!(
+        &manifest("route.yaml")["spec"]["workloadSelector"]["labels"],
+        gateway
+    );
+    assert_eq!(
+        &manifest("wasmplugin.yaml")["spec"]["selector"]["matchLabels"],
+        gateway
+    );
     let ext = config_patch(&filter, "EXTENSION_CONFIG")["patch"]["value"].clone();
     let http = config_patch(&filter, "HTTP_FILTER");
     assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
@@ -146,7 +175,7 @@ fn envoyfilter_configures_the_plugin_and_routes_on_its_header() {
     let code = &mut ext["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"];
     assert!(code.is_string(), "the module is a local file: {code}");
     *code = json!(module.to_string_lossy());
-    let text = validate(&ext, &patched_route(&filter));
+    let text = validate(&ext, &patched_route());
     assert!(
         text.contains("configured 2 destinations"),
         "the plugin accepted the EnvoyFilter's configuration:\n{text}"
@@ -185,7 +214,7 @@ fn validate_wasmplugin(plugin: &Value) -> String {
             }
         }
     });
-    validate(&ext, &patched_route(&manifest("envoyfilter.yaml")))
+    validate(&ext, &patched_route())
 }
 
 #[test]

@@ -20,6 +20,7 @@
 //! error naming it and the command that installs it.
 
 pub mod client;
+pub mod dylib;
 pub mod envoy;
 pub mod upstream;
 pub mod wasm;

@@ -25,7 +25,9 @@
 //!   `minimal` (the no-op written against the ABI directly, exporting only
 //!   the callbacks ACE uses: `benches/minimal-filter`), `floor` (that
 //!   filter making exactly the host calls ACE makes per request, with no
-//!   code around them, routed like ACE), `ace`.
+//!   code around them, routed like ACE), `dynfloor` (the same calls from
+//!   an Envoy dynamic module, a native shared library, instead of Wasm:
+//!   `benches/dynamic-floor`), `ace`.
 //! - `ACE_FILTER_WASM=PATH` measures that build of the filter instead of
 //!   building the workspace's; `ACE_BASELINE_WASM=PATH` adds a variant
 //!   "ACE baseline" (that build, same configuration) to every round, and
@@ -115,7 +117,7 @@ struct Options {
     callgrind: bool,
 }
 
-const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,minimal,floor,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
+const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,minimal,floor,dynfloor,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
@@ -155,12 +157,11 @@ fn options() -> Result<Options, String> {
             "--only" => {
                 let v = args.next().ok_or("--only needs a list")?;
                 let names: Vec<String> = v.split(',').map(str::to_string).collect();
-                if let Some(bad) = names
-                    .iter()
-                    .find(|n| !["plain", "noop", "minimal", "floor", "ace"].contains(&n.as_str()))
-                {
+                if let Some(bad) = names.iter().find(|n| {
+                    !["plain", "noop", "minimal", "floor", "dynfloor", "ace"].contains(&n.as_str())
+                }) {
                     return Err(format!(
-                        "--only: unknown variant `{bad}` (plain, noop, minimal, floor, ace)"
+                        "--only: unknown variant `{bad}` (plain, noop, minimal, floor, dynfloor, ace)"
                     ));
                 }
                 o.only = Some(names);
@@ -349,6 +350,23 @@ fn run() -> Result<(), String> {
         // Routed on the destination header, like ACE.
         variants.push((FLOOR, base().wasm_filter(&minimal, "ace-calls")));
     }
+    if wanted("dynfloor") {
+        let lib = ace_harness::dylib::build("ace-bench-dynamic-floor")?;
+        // Envoy looks for `lib<name>.so` on this path; it inherits it.
+        let dir = lib.parent().unwrap_or(std::path::Path::new("."));
+        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
+        variants.push((
+            DYN_FLOOR,
+            base().http_filter(json!({
+                "name": "envoy.filters.http.dynamic_modules",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+                    "dynamic_module_config": {"name": "ace_bench_dynamic_floor"},
+                    "filter_name": "floor"
+                }
+            })),
+        ));
+    }
     if wanted("ace") {
         if let Some(b) = &baseline {
             variants.push(("ACE baseline", base().wasm_filter(b, &ace_config)));
@@ -425,6 +443,16 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
         (FLOOR, NOOP, "ACE's host calls alone, over the no-op filter"),
         (ACE, FLOOR, "ACE over its host calls alone (ACE's own code)"),
         (NOOP, MINIMAL, "the SDK's no-op over the minimal filter"),
+        (
+            DYN_FLOOR,
+            NOOP,
+            "ACE's host calls from a dynamic module, over the no-op Wasm filter",
+        ),
+        (
+            DYN_FLOOR,
+            FLOOR,
+            "ACE's host calls, dynamic module over Wasm",
+        ),
     ] {
         share(rounds, of, over, title, medians);
     }
@@ -434,6 +462,7 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
 const NOOP: &str = "no-op Wasm filter";
 const MINIMAL: &str = "minimal Wasm filter";
 const FLOOR: &str = "ACE's host calls only";
+const DYN_FLOOR: &str = "host calls, dynamic module";
 const ACE: &str = "ACE filter";
 
 /// Print the paired difference `of` − `against`, per round and its median.

@@ -88,6 +88,7 @@ pub struct EnvoyBuilder {
     log_format: Value,
     log_level: String,
     ready_timeout: Duration,
+    node: Option<Value>,
 }
 
 impl Default for EnvoyBuilder {
@@ -115,6 +116,7 @@ impl EnvoyBuilder {
             }}),
             log_level: "info".into(),
             ready_timeout: Duration::from_secs(60),
+            node: None,
         }
     }
 
@@ -169,6 +171,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Name this Envoy (bootstrap `node`), as xDS sources such as ECDS
+    /// require, and as an Istio proxy always is.
+    pub fn node(mut self, id: &str, cluster: &str) -> EnvoyBuilder {
+        self.node = Some(json!({"id": id, "cluster": cluster}));
+        self
+    }
+
     /// Replace the route action (default: `cluster_header` + 30 s timeout).
     pub fn route(mut self, route: Value) -> EnvoyBuilder {
         self.route = route;
@@ -207,7 +216,7 @@ impl EnvoyBuilder {
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
         }));
-        json!({
+        let mut bootstrap = json!({
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
             "static_resources": {
                 "listeners": [{
@@ -241,7 +250,11 @@ impl EnvoyBuilder {
                 }],
                 "clusters": self.clusters
             }
-        })
+        });
+        if let Some(node) = &self.node {
+            bootstrap["node"] = node.clone();
+        }
+        bootstrap
     }
 
     /// Write the bootstrap, start Envoy, and wait (up to the ready

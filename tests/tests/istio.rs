@@ -9,7 +9,9 @@
 //! patch and one cluster per destination, and runs
 //! `envoy --mode validate`, in which Envoy also starts the plugin.
 
-use ace_tests::{ace_filter_wasm, envoy_validate, require_envoy};
+use ace_harness::client::Request;
+use ace_harness::envoy::EnvoyBuilder;
+use ace_tests::{ace_filter_wasm, envoy_validate, require_envoy, start, upstream};
 use serde_json::{json, Value};
 
 fn manifest(name: &str) -> Value {
@@ -252,4 +254,77 @@ fn ace_plugin_config_pastes_into_the_wasmplugin_as_is() {
         text.contains("configured 12 destinations"),
         "the plugin accepted the example fleet's configuration:\n{text}"
     );
+}
+
+/// The `EnvoyFilter` path run for real, as an Istio gateway would: the
+/// filter arrives through ECDS (here from a file instead of istiod's ADS,
+/// the rest of the HTTP_FILTER patch as shipped), the route is route.yaml's
+/// patch, and the clusters carry Istio's names. Requests reach the cheapest
+/// destination's cluster by the header ACE wrote.
+#[test]
+fn envoyfilter_gateway_serves_through_ecds_by_the_route_patch() {
+    require_envoy();
+    let module = ace_filter_wasm();
+    let filter = manifest("envoyfilter.yaml");
+    let mut ext = config_patch(&filter, "EXTENSION_CONFIG")["patch"]["value"].clone();
+    ext["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+        json!(module.to_string_lossy());
+    let mut http = config_patch(&filter, "HTTP_FILTER")["patch"]["value"].clone();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let ecds = dir.path().join("ace-ecds.json");
+    let resource = json!({
+        "version_info": "1",
+        "resources": [{
+            "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+            "name": ext["name"],
+            "typed_config": ext["typed_config"]
+        }]
+    });
+    std::fs::write(&ecds, resource.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    http["config_discovery"]["config_source"] = json!({
+        "resource_api_version": "V3",
+        "path_config_source": {"path": ecds.to_string_lossy()}
+    });
+
+    let config: Value = ext["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_else(|| panic!("no plugin configuration in {ext}"));
+    let cluster = |name: &str| -> String {
+        config["destinations"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["name"] == name))
+            .and_then(|d| d["cluster"].as_str())
+            .unwrap_or_else(|| panic!("no destination {name} in {config}"))
+            .to_string()
+    };
+    let (owned_cluster, payg_cluster) = (cluster("owned-h100-eu"), cluster("payg-api-us"));
+    assert!(owned_cluster.starts_with("outbound|"), "{owned_cluster}");
+    let (owned, payg) = (upstream("owned"), upstream("payg"));
+    let envoy = start(
+        &EnvoyBuilder::new()
+            .node(
+                "router~10.0.0.1~ingressgateway.istio-system~istio-system.svc.cluster.local",
+                "istio-ingressgateway",
+            )
+            .http_filter(http)
+            .route(patched_route())
+            .cluster(&owned_cluster, owned.port())
+            .cluster(&payg_cluster, payg.port()),
+    );
+    for i in 0..3 {
+        let resp = Request::post_json(
+            "/v1/chat/completions",
+            &json!({"model": "llama-3.1-8b", "max_tokens": 16, "n": i}),
+        )
+        .send(envoy.port())
+        .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+    }
+    assert_eq!(owned.count(), 3, "the owned GPUs are cheapest");
+    assert_eq!(payg.count(), 0);
+    for r in owned.requests() {
+        let dest = r.headers.iter().find(|(k, _)| k == "x-ace-destination");
+        assert_eq!(dest.map(|(_, v)| v.as_str()), Some(owned_cluster.as_str()));
+    }
 }

@@ -14,7 +14,7 @@ type Builds = Vec<(String, Result<PathBuf, String>)>;
 
 static BUILT: OnceLock<Mutex<Builds>> = OnceLock::new();
 
-/// Build `package` (a workspace cdylib with no dependencies on wasm) in
+/// Build `package` (a workspace cdylib built for this machine) in
 /// release mode and return the path of its `lib<name>.so`.
 pub fn build(package: &str) -> Result<PathBuf, String> {
     let cache = BUILT.get_or_init(|| Mutex::new(Vec::new()));

@@ -15,20 +15,10 @@ fn dynamic_floor_module_routes_by_its_header_and_logs_its_event() {
     require_envoy();
     let lib =
         ace_harness::dylib::build("ace-bench-dynamic-floor").unwrap_or_else(|e| panic!("{e}"));
-    let dir = lib.parent().unwrap_or_else(|| panic!("{}", lib.display()));
-    // Envoy (a child of this test binary) finds `lib<name>.so` here.
-    std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
     let (owned, other) = (upstream("owned"), upstream("other"));
     let envoy = start(
         &EnvoyBuilder::new()
-            .http_filter(json!({
-                "name": "envoy.filters.http.dynamic_modules",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
-                    "dynamic_module_config": {"name": "ace_bench_dynamic_floor"},
-                    "filter_name": "floor"
-                }
-            }))
+            .http_filter(ace_harness::dylib::http_filter_json(&lib, "floor"))
             .cluster("owned", owned.port())
             .cluster("other", other.port())
             .access_log_line("%FILTER_STATE(ace_event:PLAIN)%"),

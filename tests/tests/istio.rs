@@ -44,15 +44,21 @@ fn config_patch<'a>(filter: &'a Value, apply_to: &str) -> &'a Value {
     found[0]
 }
 
+/// The ACE plugin configuration (JSON in a `StringValue`) inside a Wasm
+/// filter's `TypedExtensionConfig`.
+fn plugin_config(wasm: &Value) -> Value {
+    let text = wasm["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no plugin configuration string in {wasm}"));
+    serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("the plugin configuration is not JSON: {e}"))
+}
+
 /// `envoy --mode validate` on a bootstrap whose only HTTP filter before the
 /// router is `wasm` (a `TypedExtensionConfig`), routed as `route.yaml`
 /// patches the gateway route; returns Envoy's output.
 fn validate(wasm: &Value, route: &Value) -> String {
-    let config = wasm["typed_config"]["config"]["configuration"]["value"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no plugin configuration string in {wasm}"));
-    let config: Value = serde_json::from_str(config)
-        .unwrap_or_else(|e| panic!("the plugin configuration is not JSON: {e}"));
+    let config = plugin_config(wasm);
     let clusters: Vec<Value> = config["destinations"]
         .as_array()
         .unwrap_or_else(|| panic!("no destinations in {config}"))
@@ -286,10 +292,7 @@ fn envoyfilter_gateway_serves_through_ecds_by_the_route_patch() {
         "path_config_source": {"path": ecds.to_string_lossy()}
     });
 
-    let config: Value = ext["typed_config"]["config"]["configuration"]["value"]
-        .as_str()
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_else(|| panic!("no plugin configuration in {ext}"));
+    let config = plugin_config(&ext);
     let cluster = |name: &str| -> String {
         config["destinations"]
             .as_array()

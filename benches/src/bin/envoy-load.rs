@@ -352,19 +352,9 @@ fn run() -> Result<(), String> {
     }
     if wanted("dynfloor") {
         let lib = ace_harness::dylib::build("ace-bench-dynamic-floor")?;
-        // Envoy looks for `lib<name>.so` on this path; it inherits it.
-        let dir = lib.parent().unwrap_or(std::path::Path::new("."));
-        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
         variants.push((
             DYN_FLOOR,
-            base().http_filter(json!({
-                "name": "envoy.filters.http.dynamic_modules",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
-                    "dynamic_module_config": {"name": "ace_bench_dynamic_floor"},
-                    "filter_name": "floor"
-                }
-            })),
+            base().http_filter(ace_harness::dylib::http_filter_json(&lib, "floor")),
         ));
     }
     if wanted("ace") {

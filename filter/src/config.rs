@@ -72,6 +72,35 @@ pub struct Config {
 }
 
 impl Config {
+    /// One line saying what this configuration routes, for the log.
+    pub fn summary(&self) -> String {
+        format!(
+            "configured {} destinations, routing header {}, {}",
+            self.destinations.len(),
+            self.destination_header,
+            match &self.policy {
+                Some(p) => format!("policy tables reading {} attributes", p.attributes.len()),
+                None => "no policy tables: every destination is feasible".to_string(),
+            }
+        )
+    }
+
+    /// Destination names, to share with each request's event.
+    pub fn names(&self) -> Vec<std::sync::Arc<str>> {
+        self.destinations
+            .iter()
+            .map(|d| d.name.as_str().into())
+            .collect()
+    }
+
+    /// The compiled policy tables, borrowed zero-copy (validated by
+    /// [`Config::parse`], so `None` only when there is no policy).
+    pub fn tables(&self) -> Option<ace_core::tables::Tables<'static>> {
+        self.policy
+            .as_ref()
+            .and_then(|p| ace_core::tables::Tables::load(p.tables).ok())
+    }
+
     /// What a second of queueing delay is worth for a request of latency
     /// class `class` (the default value when absent or not configured).
     pub fn latency_value(&self, class: Option<&str>) -> f64 {

@@ -23,7 +23,7 @@ pub const SCHEMA: &str = "ace.event/1";
 pub const PROPERTY: &str = "ace_event";
 
 use crate::headers::{Pairs, Span};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// One request's event.
 ///
@@ -52,7 +52,7 @@ pub struct Event {
     pub model_requested: Option<Text>,
     /// Destination name, when one was chosen (shared with the
     /// configuration, not copied).
-    pub destination: Option<Rc<str>>,
+    pub destination: Option<Arc<str>>,
     /// Its tier.
     pub tier: Option<&'static str>,
     /// Estimated input tokens.
@@ -98,6 +98,17 @@ impl From<&str> for Text {
 pub const NOT_UTF8: &str = "\u{fffd}";
 
 impl Event {
+    /// Record the final status and reason; whether the SLO was met follows
+    /// from them (a 5xx, a 429 or no answer never meets it).
+    pub fn finish(&mut self, status: u32, reason: &'static str) {
+        self.status = status;
+        self.reason = reason;
+        if let Some(slo) = self.slo_ms {
+            self.slo_met =
+                Some(status != 0 && status < 500 && status != 429 && self.latency_ms <= slo);
+        }
+    }
+
     /// The bytes of a text field.
     pub fn bytes<'a>(&'a self, t: &'a Option<Text>) -> Option<&'a [u8]> {
         match t.as_ref()? {

@@ -30,10 +30,12 @@ impl Pairs {
         Pairs { buf }
     }
 
-    /// The ABI encoding of `pairs` (for tests and fuzzing).
+    /// The ABI encoding of `pairs`: for hosts that hand a header map over
+    /// as a list (Envoy's dynamic modules), for tests and for fuzzing.
     pub fn encode<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Pairs {
         let list: Vec<(&[u8], &[u8])> = pairs.into_iter().collect();
-        let mut buf = Vec::new();
+        let size: usize = list.iter().map(|(k, v)| 10 + k.len() + v.len()).sum();
+        let mut buf = Vec::with_capacity(4 + size);
         let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
         buf.extend_from_slice(&len(list.len()));
         for (k, v) in &list {

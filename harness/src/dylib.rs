@@ -58,13 +58,18 @@ fn build_uncached(package: &str) -> Result<PathBuf, String> {
 }
 
 /// The HTTP filter entry that loads the module at `lib` (as [`build`]
-/// returned it) as Envoy filter `filter_name`.
+/// returned it) as Envoy filter `filter_name`, handing it `config` (a
+/// string, as `filter_config`'s `StringValue`) when given.
 ///
 /// Envoy finds a module by name, as `lib<name>.so` on
 /// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`; this sets that variable in this
 /// process to `lib`'s directory, so every Envoy started from here
 /// afterwards inherits it.
-pub fn http_filter_json(lib: &std::path::Path, filter_name: &str) -> serde_json::Value {
+pub fn http_filter_json(
+    lib: &std::path::Path,
+    filter_name: &str,
+    config: Option<&str>,
+) -> serde_json::Value {
     if let Some(dir) = lib.parent() {
         std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
     }
@@ -73,12 +78,19 @@ pub fn http_filter_json(lib: &std::path::Path, filter_name: &str) -> serde_json:
         .and_then(|s| s.to_str())
         .map(|s| s.trim_start_matches("lib"))
         .unwrap_or_default();
-    serde_json::json!({
+    let mut filter = serde_json::json!({
         "name": "envoy.filters.http.dynamic_modules",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
             "dynamic_module_config": {"name": name},
             "filter_name": filter_name
         }
-    })
+    });
+    if let Some(config) = config {
+        filter["typed_config"]["filter_config"] = serde_json::json!({
+            "@type": "type.googleapis.com/google.protobuf.StringValue",
+            "value": config
+        });
+    }
+    filter
 }

@@ -15,6 +15,84 @@ pub fn ace_filter_wasm() -> PathBuf {
     }
 }
 
+/// The two ways ACE runs in Envoy; the e2e tests run against both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// The proxy-wasm module (`ace-filter`, V8), as Istio loads it.
+    Wasm,
+    /// The Envoy dynamic module (`ace-dynamic`, native).
+    Dynamic,
+}
+
+impl Filter {
+    /// `builder` with ACE added under plugin configuration `config`.
+    pub fn add(self, builder: EnvoyBuilder, config: &str) -> EnvoyBuilder {
+        match self {
+            Filter::Wasm => builder.wasm_filter(&ace_filter_wasm(), config),
+            Filter::Dynamic => self.add_reading_body(builder, config),
+        }
+    }
+
+    /// Like [`Filter::add`], allowing the filter to hold the request
+    /// headers while it reads the body (the Wasm filter needs Envoy's
+    /// `allow_on_headers_stop_iteration` for that; a dynamic module always
+    /// may).
+    pub fn add_reading_body(self, builder: EnvoyBuilder, config: &str) -> EnvoyBuilder {
+        match self {
+            Filter::Wasm => builder.wasm_filter_reading_body(&ace_filter_wasm(), config),
+            Filter::Dynamic => builder.http_filter(ace_harness::dylib::http_filter_json(
+                &ace_dynamic_lib(),
+                "ace",
+                Some(config),
+            )),
+        }
+    }
+
+    /// The access-log format that prints ACE's event line.
+    pub fn event_log_line(self) -> &'static str {
+        match self {
+            Filter::Wasm => "%FILTER_STATE(wasm.ace_event:PLAIN)%",
+            Filter::Dynamic => "%FILTER_STATE(ace_event:PLAIN)%",
+        }
+    }
+
+    /// The name Envoy's stats give ACE's counter `name` (`ace.requests`).
+    pub fn stat(self, name: &str) -> String {
+        match self {
+            Filter::Wasm => format!("wasmcustom.{name}"),
+            Filter::Dynamic => format!("dynamicmodulescustom.{name}"),
+        }
+    }
+}
+
+/// Build the ACE dynamic module (once per test binary) or fail the test.
+pub fn ace_dynamic_lib() -> PathBuf {
+    match ace_harness::dylib::build("ace-dynamic") {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Run each named test function (taking a [`Filter`]) once per filter, as
+/// tests `wasm::NAME` and `dynamic_module::NAME`.
+#[macro_export]
+macro_rules! for_each_filter {
+    ($($name:ident),* $(,)?) => {
+        mod wasm {
+            $(#[test]
+            fn $name() {
+                super::$name($crate::Filter::Wasm)
+            })*
+        }
+        mod dynamic_module {
+            $(#[test]
+            fn $name() {
+                super::$name($crate::Filter::Dynamic)
+            })*
+        }
+    };
+}
+
 /// Start Envoy from `builder` or fail the test with Envoy's log.
 pub fn start(builder: &EnvoyBuilder) -> Envoy {
     match builder.start() {

@@ -18,7 +18,7 @@ fn dynamic_floor_module_routes_by_its_header_and_logs_its_event() {
     let (owned, other) = (upstream("owned"), upstream("other"));
     let envoy = start(
         &EnvoyBuilder::new()
-            .http_filter(ace_harness::dylib::http_filter_json(&lib, "floor"))
+            .http_filter(ace_harness::dylib::http_filter_json(&lib, "floor", None))
             .cluster("owned", owned.port())
             .cluster("other", other.port())
             .access_log_line("%FILTER_STATE(ace_event:PLAIN)%"),

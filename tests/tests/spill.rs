@@ -2,13 +2,14 @@
 //! then reserved, then pay-as-you-go; a failing destination trips and its
 //! traffic spills to the next-cheapest until the cool-down ends; a 429 with
 //! `retry-after` takes a destination out of the running for that long.
-//! Health lives in Envoy shared data, so what one worker sees holds for all
-//! (Envoy runs two workers here).
+//! Health is shared by Envoy's workers (shared data for the Wasm filter,
+//! process memory for the dynamic module), so what one worker sees holds
+//! for all (Envoy runs two workers here). Every test runs against both.
 
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -31,10 +32,9 @@ fn three_tiers(trip_after: u32, base_cooldown_ms: u64) -> Value {
     })
 }
 
-fn start_fleet(config: Value, ups: &[&Upstream]) -> Envoy {
+fn start_fleet(filter: Filter, config: Value, ups: &[&Upstream]) -> Envoy {
     require_envoy();
-    let wasm = ace_filter_wasm();
-    let mut b = EnvoyBuilder::new().wasm_filter(&wasm, &config.to_string());
+    let mut b = filter.add(EnvoyBuilder::new(), &config.to_string());
     for u in ups {
         b = b.cluster(u.name(), u.port());
     }
@@ -58,8 +58,7 @@ fn served_by(r: &Response) -> String {
     )
 }
 
-#[test]
-fn owned_fills_to_its_knee_then_reserved_then_payg() {
+fn owned_fills_to_its_knee_then_reserved_then_payg(filter: Filter) {
     let (owned, reserved, payg) = (upstream("owned"), upstream("reserved"), upstream("payg"));
     for u in [&owned, &reserved, &payg] {
         u.set_behavior(Behavior::Slow(Duration::from_millis(2500)));
@@ -70,7 +69,7 @@ fn owned_fills_to_its_knee_then_reserved_then_payg() {
     let mut r = dest("reserved", "reserved", 4, 5e-9, 5e-9);
     r["knee"] = json!(0.75);
     let config = json!({"response_headers": true, "destinations": [dest("payg", "payg", 0, 2.5e-6, 1e-5), r, o]});
-    let envoy = start_fleet(config, &[&owned, &reserved, &payg]);
+    let envoy = start_fleet(filter, config, &[&owned, &reserved, &payg]);
 
     let port = envoy.port();
     let clients: Vec<_> = (0..12)
@@ -96,11 +95,10 @@ fn owned_fills_to_its_knee_then_reserved_then_payg() {
     assert_eq!(owned.max_in_flight(), 3);
 }
 
-#[test]
-fn a_failing_destination_trips_spills_and_returns_after_the_cooldown() {
+fn a_failing_destination_trips_spills_and_returns_after_the_cooldown(filter: Filter) {
     let (owned, reserved, payg) = (upstream("owned"), upstream("reserved"), upstream("payg"));
     let config = three_tiers(3, 2000);
-    let envoy = start_fleet(config, &[&owned, &reserved, &payg]);
+    let envoy = start_fleet(filter, config, &[&owned, &reserved, &payg]);
     assert_eq!(served_by(&chat(&envoy)), "owned/cheapest");
 
     owned.set_behavior(Behavior::Status(503));
@@ -134,17 +132,15 @@ fn a_failing_destination_trips_spills_and_returns_after_the_cooldown() {
     );
 }
 
-#[test]
-fn refused_connections_trip_the_destination() {
+fn refused_connections_trip_the_destination(filter: Filter) {
     let (reserved, payg) = (upstream("reserved"), upstream("payg"));
     // Nothing listens on this port: Envoy answers 503 (UF) locally.
     let dead_port = ace_harness::free_port().unwrap_or_else(|e| panic!("{e}"));
     require_envoy();
-    let wasm = ace_filter_wasm();
     let config = three_tiers(2, 60000);
     let envoy = start(
-        &EnvoyBuilder::new()
-            .wasm_filter(&wasm, &config.to_string())
+        &filter
+            .add(EnvoyBuilder::new(), &config.to_string())
             .cluster("owned", dead_port)
             .cluster("reserved", reserved.port())
             .cluster("payg", payg.port()),
@@ -159,14 +155,13 @@ fn refused_connections_trip_the_destination() {
     assert_eq!(reserved.count(), 4);
 }
 
-#[test]
-fn a_429_with_retry_after_takes_the_destination_out_for_that_long() {
+fn a_429_with_retry_after_takes_the_destination_out_for_that_long(filter: Filter) {
     let (cheap, dear) = (upstream("payg-cheap"), upstream("payg-dear"));
     let config = json!({"response_headers": true, "destinations": [
         dest("payg-dear", "payg", 0, 5e-6, 2e-5),
         dest("payg-cheap", "payg", 0, 1e-6, 4e-6)
     ]});
-    let envoy = start_fleet(config, &[&cheap, &dear]);
+    let envoy = start_fleet(filter, config, &[&cheap, &dear]);
     assert_eq!(served_by(&chat(&envoy)), "payg-cheap/cheapest");
 
     cheap.set_behavior(Behavior::RateLimited { retry_after_s: 2 });
@@ -185,3 +180,10 @@ fn a_429_with_retry_after_takes_the_destination_out_for_that_long() {
         "back after retry-after"
     );
 }
+
+ace_tests::for_each_filter!(
+    owned_fills_to_its_knee_then_reserved_then_payg,
+    a_failing_destination_trips_spills_and_returns_after_the_cooldown,
+    refused_connections_trip_the_destination,
+    a_429_with_retry_after_takes_the_destination_out_for_that_long,
+);

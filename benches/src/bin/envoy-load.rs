@@ -354,7 +354,7 @@ fn run() -> Result<(), String> {
         let lib = ace_harness::dylib::build("ace-bench-dynamic-floor")?;
         variants.push((
             DYN_FLOOR,
-            base().http_filter(ace_harness::dylib::http_filter_json(&lib, "floor")),
+            base().http_filter(ace_harness::dylib::http_filter_json(&lib, "floor", None)),
         ));
     }
     if wanted("ace") {

@@ -1,0 +1,383 @@
+//! Envoy 1.40's dynamic-module ABI ("v0.2.0"), the part ACE uses, and safe
+//! wrappers over it.
+//!
+//! The prototypes follow `source/extensions/dynamic_modules/abi/abi.h` of
+//! Envoy 1.40 and were checked against the 1.40 release binary's exported
+//! symbols and their argument registers. The ABI changes between Envoy
+//! releases, so this module is built for 1.40 (the Envoy `make setup`
+//! installs); another Envoy may warn about the version or refuse to load it.
+//!
+//! Every unsafe call is here. The rest of the crate sees [`Filter`] (one
+//! stream's handle, valid from Envoy's `filter_new` to `destroy`) and
+//! [`ConfigHandle`] (valid during `config_new`), whose methods take and
+//! return Rust slices. Buffers Envoy hands out point into its own memory
+//! and are valid until the hook that read them returns; the wrappers keep
+//! them inside a closure or copy them.
+
+use std::ffi::{c_char, c_void};
+
+/// A buffer Envoy owns.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EnvoyBuffer {
+    pub ptr: *const c_char,
+    pub length: usize,
+}
+
+impl EnvoyBuffer {
+    const EMPTY: EnvoyBuffer = EnvoyBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+
+    /// The bytes, or nothing for a null pointer.
+    ///
+    /// # Safety
+    /// `self` must come from Envoy, and the hook that received it must not
+    /// have returned.
+    pub unsafe fn bytes<'a>(self) -> &'a [u8] {
+        if self.ptr.is_null() || self.length == 0 {
+            return &[];
+        }
+        // SAFETY: Envoy's buffer, valid for the caller's hook (above).
+        unsafe { std::slice::from_raw_parts(self.ptr.cast(), self.length) }
+    }
+}
+
+/// A buffer the module owns, lent to Envoy for one call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ModuleBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl ModuleBuffer {
+    fn of(bytes: &[u8]) -> ModuleBuffer {
+        ModuleBuffer {
+            ptr: bytes.as_ptr().cast(),
+            length: bytes.len(),
+        }
+    }
+}
+
+/// One header, pointing into Envoy's header map.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EnvoyHeader {
+    key: EnvoyBuffer,
+    value: EnvoyBuffer,
+}
+
+/// One header the module owns (for local replies).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ModuleHeader {
+    key: ModuleBuffer,
+    value: ModuleBuffer,
+}
+
+/// Envoy's handle for one stream's filter.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy)]
+pub struct Filter(*mut c_void);
+
+/// Envoy's handle for a filter configuration being created.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigHandle(*mut c_void);
+
+/// The module's object for a configuration or a stream, as Envoy holds it.
+pub type ModulePtr = *const c_void;
+
+/// Which header map (`envoy_dynamic_module_type_http_header_type`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy)]
+pub enum HeaderMap {
+    Request = 0,
+    Response = 2,
+}
+
+/// Which body (`envoy_dynamic_module_type_http_body_type`): the chunk this
+/// hook received.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy)]
+pub enum Body {
+    ReceivedRequest = 0,
+    ReceivedResponse = 2,
+}
+
+/// `..._on_http_filter_request_headers_status` and its siblings.
+pub mod status {
+    /// Every `Continue` is 0.
+    pub const CONTINUE: u32 = 0;
+    /// Request headers: hold them (until a body hook continues).
+    pub const STOP_ITERATION: u32 = 1;
+    /// Request body: hold it and let Envoy buffer it.
+    pub const STOP_AND_BUFFER: u32 = 1;
+    /// Request body: stop, keeping nothing (after a local reply).
+    pub const STOP_NO_BUFFER: u32 = 3;
+}
+
+/// `envoy_dynamic_module_type_log_level`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy)]
+pub enum LogLevel {
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+}
+
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+    fn envoy_dynamic_module_callback_http_get_headers_size(f: Filter, kind: u32) -> usize;
+    fn envoy_dynamic_module_callback_http_get_headers(
+        f: Filter,
+        kind: u32,
+        out: *mut EnvoyHeader,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_header(
+        f: Filter,
+        kind: u32,
+        key: ModuleBuffer,
+        out: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_header(
+        f: Filter,
+        kind: u32,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_clear_route_cache(f: Filter);
+    fn envoy_dynamic_module_callback_http_get_body_chunks_size(f: Filter, kind: u32) -> usize;
+    fn envoy_dynamic_module_callback_http_get_body_chunks(
+        f: Filter,
+        kind: u32,
+        out: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_send_response(
+        f: Filter,
+        status: u32,
+        headers: *const ModuleHeader,
+        headers_len: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+        f: Filter,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        c: ConfigHandle,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_len: usize,
+        id: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        f: Filter,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+}
+
+/// Write `message` to Envoy's log (component `dynamic_modules`).
+pub fn log(level: LogLevel, message: &str) {
+    // SAFETY: a plain call; the message outlives it.
+    unsafe { envoy_dynamic_module_callback_log(level as u32, ModuleBuffer::of(message.as_bytes())) }
+}
+
+impl ConfigHandle {
+    /// Define counter `name`; its id for [`Filter::increment_counter`], or
+    /// Envoy's error code.
+    pub fn define_counter(self, name: &str) -> Result<usize, u32> {
+        let mut id = 0usize;
+        // SAFETY: `self` is live during `config_new`, the only caller; no
+        // labels; `id` outlives the call.
+        let r = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_counter(
+                self,
+                ModuleBuffer::of(name.as_bytes()),
+                std::ptr::null(),
+                0,
+                &mut id,
+            )
+        };
+        if r == 0 {
+            Ok(id)
+        } else {
+            Err(r)
+        }
+    }
+
+    /// Wrap Envoy's pointer.
+    pub fn from_raw(p: *mut c_void) -> ConfigHandle {
+        ConfigHandle(p)
+    }
+}
+
+impl Filter {
+    /// Every header of `map`, as (name, value) pairs borrowed from Envoy,
+    /// handed to `f` (they are valid only inside the hook). `scratch` holds
+    /// the list between requests so reading allocates nothing once warm.
+    pub fn with_headers<T>(
+        self,
+        map: HeaderMap,
+        scratch: &mut Vec<EnvoyHeader>,
+        f: impl for<'h> FnOnce(&mut dyn Iterator<Item = (&'h [u8], &'h [u8])>) -> T,
+    ) -> T {
+        scratch.clear();
+        // SAFETY: `self` is live for this hook; the vector has room for
+        // the count Envoy reports, and its length is set to that count only
+        // after Envoy filled it.
+        unsafe {
+            let n = envoy_dynamic_module_callback_http_get_headers_size(self, map as u32);
+            scratch.reserve(n);
+            if n > 0
+                && envoy_dynamic_module_callback_http_get_headers(
+                    self,
+                    map as u32,
+                    scratch.as_mut_ptr(),
+                )
+            {
+                scratch.set_len(n);
+            }
+        }
+        // SAFETY: Envoy's buffers, read before this hook returns.
+        let mut pairs = scratch
+            .iter()
+            .map(|h| unsafe { (h.key.bytes(), h.value.bytes()) });
+        f(&mut pairs)
+    }
+
+    /// The first value of header `name` in `map`, handed to `f`.
+    pub fn with_header<T>(
+        self,
+        map: HeaderMap,
+        name: &str,
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> T {
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: `self` is live; `out` outlives the call.
+        let found = unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self,
+                map as u32,
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        // SAFETY: Envoy's buffer, read before this hook returns.
+        f(found.then(|| unsafe { out.bytes() }))
+    }
+
+    /// Set header `name` of `map` to `value`, replacing every earlier value.
+    pub fn set_header(self, map: HeaderMap, name: &str, value: &str) -> bool {
+        // SAFETY: `self` is live; Envoy copies key and value.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self,
+                map as u32,
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        }
+    }
+
+    /// Make Envoy select the route again (after the routing header changed).
+    pub fn clear_route_cache(self) {
+        // SAFETY: `self` is live.
+        unsafe { envoy_dynamic_module_callback_http_clear_route_cache(self) }
+    }
+
+    /// Hand each chunk of `body` to `f`.
+    pub fn for_each_chunk(
+        self,
+        body: Body,
+        scratch: &mut Vec<EnvoyBuffer>,
+        mut f: impl FnMut(&[u8]),
+    ) {
+        scratch.clear();
+        // SAFETY: as in `with_headers`.
+        unsafe {
+            let n = envoy_dynamic_module_callback_http_get_body_chunks_size(self, body as u32);
+            scratch.reserve(n);
+            if n > 0
+                && envoy_dynamic_module_callback_http_get_body_chunks(
+                    self,
+                    body as u32,
+                    scratch.as_mut_ptr(),
+                )
+            {
+                scratch.set_len(n);
+            }
+        }
+        for chunk in scratch.iter() {
+            // SAFETY: Envoy's buffer, read before this hook returns.
+            f(unsafe { chunk.bytes() });
+        }
+    }
+
+    /// Answer the request locally: `status`, a JSON `body`, and `details`
+    /// for Envoy's response-code details (what `%RESPONSE_CODE_DETAILS%`
+    /// logs).
+    pub fn send_json(self, status: u32, body: &[u8], details: &str) {
+        let headers = [ModuleHeader {
+            key: ModuleBuffer::of(b"content-type"),
+            value: ModuleBuffer::of(b"application/json"),
+        }];
+        // SAFETY: `self` is live; Envoy copies headers, body and details.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response(
+                self,
+                status,
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details.as_bytes()),
+            )
+        }
+    }
+
+    /// Store `value` in the stream's filter state under `key` (the access
+    /// log reads it with `%FILTER_STATE(key:PLAIN)%`).
+    pub fn set_filter_state(self, key: &str, value: &[u8]) -> bool {
+        // SAFETY: `self` is live; Envoy copies key and value.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_filter_state_bytes(
+                self,
+                ModuleBuffer::of(key.as_bytes()),
+                ModuleBuffer::of(value),
+            )
+        }
+    }
+
+    /// Add `n` to counter `id` (from [`ConfigHandle::define_counter`] on
+    /// this stream's configuration).
+    pub fn increment_counter(self, id: usize, n: u64) {
+        // SAFETY: `self` is live; no labels. An unknown id is an error
+        // code, not a crash.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_increment_counter(
+                self,
+                id,
+                std::ptr::null(),
+                0,
+                n,
+            );
+        }
+    }
+
+    /// Wrap Envoy's pointer.
+    pub fn from_raw(p: *mut c_void) -> Filter {
+        Filter(p)
+    }
+}

@@ -1,0 +1,709 @@
+//! ace-dynamic: ACE as an Envoy dynamic module, a native shared library
+//! (`libace_dynamic.so`) that Envoy 1.40 loads with
+//! `envoy.filters.http.dynamic_modules`.
+//!
+//! Why a second adapter: inside Envoy's V8, each proxy-wasm host call that
+//! returns data re-enters the Wasm module, and the Wasm filter's host calls
+//! alone cost about 20 µs p50 per request (`BENCHMARKS.md`). A dynamic
+//! module calls Envoy with plain function calls that hand out pointers into
+//! Envoy's own buffers, and shares the process's memory, so the fleet state
+//! needs no shared-data round trips. The Wasm filter stays what Istio's
+//! WasmPlugin loads; this is for proxies you configure yourself.
+//!
+//! It is the same filter: the same configuration (`ace plugin-config`),
+//! the same steps ([`ace_filter::request`]), the same decision core, the
+//! same event line and counters. Only the plumbing differs:
+//!
+//! - request headers: the whole map is read once and encoded as
+//!   [`Pairs`], which the attribute resolver and the event already read;
+//! - routing: the destination header is set (replacing what the client
+//!   sent) and the route cache cleared, so Envoy re-selects the route;
+//! - the fleet's health and in-flight counts live in process memory
+//!   ([`fleet`]), shared by all workers;
+//! - the event goes to filter state `ace_event` in `stream_complete`, which
+//!   Envoy runs before its access loggers: log it with
+//!   `%FILTER_STATE(ace_event:PLAIN)%`;
+//! - counters are Envoy's, defined with the configuration and counted as
+//!   they happen.
+//!
+//! A configuration that does not parse is refused (Envoy rejects it and
+//! keeps the last good one) with a log line naming the problem. Nothing
+//! here may panic: a panic would unwind into Envoy, which aborts it.
+
+mod abi;
+pub mod fleet;
+
+use abi::{Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel, ModulePtr};
+use ace_core::dispatch::Decision;
+use ace_core::health::Outcome;
+use ace_core::tables::Tables;
+use ace_filter::body::{self, RequestBody};
+use ace_filter::config::Config;
+use ace_filter::event::{self, Event};
+use ace_filter::headers::{self, Pairs};
+use ace_filter::request::{self, Counters, Lookup, Refused};
+use ace_filter::usage::UsageScanner;
+use fleet::Fleet;
+use std::cell::RefCell;
+use std::ffi::c_char;
+use std::sync::{Arc, Mutex};
+
+/// Filter-state key of the request's event.
+pub const EVENT_KEY: &str = "ace_event";
+
+/// Everything a request needs, built once per configuration and shared by
+/// every worker.
+#[derive(Debug)]
+struct Shared {
+    config: Config,
+    /// The compiled policy tables, borrowed zero-copy.
+    tables: Option<Tables<'static>>,
+    /// Destination names, shared with each request's event.
+    names: Vec<Arc<str>>,
+    /// Health and load, shared with every configuration of this fleet.
+    fleet: Arc<Mutex<Fleet>>,
+    /// Envoy's id per counter ([`Counters`] order); `None` if Envoy refused
+    /// to define it.
+    counters: Vec<Option<usize>>,
+}
+
+/// Per-worker buffers, reused so that a warm worker allocates little per
+/// request.
+#[derive(Debug, Default)]
+struct Scratch {
+    headers: Vec<EnvoyHeader>,
+    chunks: Vec<EnvoyBuffer>,
+    lookup: Lookup,
+    event_line: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> Option<T> {
+    SCRATCH
+        .try_with(|s| s.try_borrow_mut().ok().map(|mut s| f(&mut s)))
+        .ok()
+        .flatten()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Forwards the `log` records of `ace-filter`'s steps to Envoy's log.
+#[derive(Debug)]
+struct EnvoyLogger;
+
+impl log::Log for EnvoyLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        let level = match record.level() {
+            log::Level::Error => LogLevel::Error,
+            log::Level::Warn => LogLevel::Warn,
+            log::Level::Info => LogLevel::Info,
+            log::Level::Debug | log::Level::Trace => LogLevel::Debug,
+        };
+        abi::log(level, &format!("ace: {}", record.args()));
+    }
+
+    fn flush(&self) {}
+}
+
+static LOGGER: EnvoyLogger = EnvoyLogger;
+
+/// Envoy's first call: the ABI version this module speaks.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+    c"v0.2.0".as_ptr()
+}
+
+/// A filter configuration: parse and validate it once. Null refuses it.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    handle: ConfigHandle,
+    _name: EnvoyBuffer,
+    value: EnvoyBuffer,
+) -> ModulePtr {
+    // SAFETY: Envoy's buffer, valid during this hook.
+    let bytes = unsafe { value.bytes() };
+    let config = match Config::parse(bytes) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("refusing the configuration: {e}");
+            return std::ptr::null();
+        }
+    };
+    log::info!("{}", config.summary());
+    // Envoy freezes counter creation after this hook: define them all now.
+    let counters = Counters::names(&config)
+        .iter()
+        .map(|name| match handle.define_counter(name) {
+            Ok(id) => Some(id),
+            Err(code) => {
+                log::warn!("cannot define counter {name} (Envoy's code {code})");
+                None
+            }
+        })
+        .collect();
+    let shared = Shared {
+        fleet: Fleet::shared(config.fingerprint, &config.models, &config.health, now_ms()),
+        tables: config.tables(),
+        names: config.names(),
+        counters,
+        config,
+    };
+    Arc::into_raw(Arc::new(shared)).cast()
+}
+
+/// The configuration is gone from Envoy; streams still running keep it.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: ModulePtr) {
+    if !config.is_null() {
+        // SAFETY: made by `Arc::into_raw` in `config_new`, released once.
+        drop(unsafe { Arc::from_raw(config.cast::<Shared>()) });
+    }
+}
+
+/// A new stream.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: ModulePtr,
+    envoy: Filter,
+) -> ModulePtr {
+    if config.is_null() {
+        return std::ptr::null();
+    }
+    let shared = {
+        // SAFETY: a live `Arc<Shared>` from `config_new` (Envoy destroys a
+        // configuration only after its last `filter_new`); cloned, not taken.
+        let borrowed =
+            unsafe { std::mem::ManuallyDrop::new(Arc::from_raw(config.cast::<Shared>())) };
+        Arc::clone(&borrowed)
+    };
+    Box::into_raw(Box::new(Stream::new(shared, envoy))).cast()
+}
+
+/// The stream is done; Envoy will not call it again.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(stream: ModulePtr) {
+    if !stream.is_null() {
+        // SAFETY: made by `Box::into_raw` in `filter_new`, freed once.
+        drop(unsafe { Box::from_raw(stream.cast_mut().cast::<Stream>()) });
+    }
+}
+
+/// The stream behind Envoy's pointer.
+fn stream<'a>(s: ModulePtr) -> Option<&'a mut Stream> {
+    // SAFETY: a live `Box<Stream>` from `filter_new`; Envoy calls one
+    // stream's hooks one at a time, on its worker.
+    unsafe { s.cast_mut().cast::<Stream>().as_mut() }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    _envoy: Filter,
+    s: ModulePtr,
+    end_of_stream: bool,
+) -> u32 {
+    stream(s).map_or(abi::status::CONTINUE, |s| {
+        s.on_request_headers(end_of_stream)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    _envoy: Filter,
+    s: ModulePtr,
+    end_of_stream: bool,
+) -> u32 {
+    stream(s).map_or(abi::status::CONTINUE, |s| s.on_request_body(end_of_stream))
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    _envoy: Filter,
+    s: ModulePtr,
+) -> u32 {
+    stream(s).map_or(abi::status::CONTINUE, Stream::on_request_trailers)
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    _envoy: Filter,
+    s: ModulePtr,
+    _end_of_stream: bool,
+) -> u32 {
+    if let Some(s) = stream(s) {
+        s.on_response_headers();
+    }
+    abi::status::CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    _envoy: Filter,
+    s: ModulePtr,
+    end_of_stream: bool,
+) -> u32 {
+    if let Some(s) = stream(s) {
+        s.on_response_body(end_of_stream);
+    }
+    abi::status::CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _envoy: Filter,
+    s: ModulePtr,
+) {
+    if let Some(s) = stream(s) {
+        s.on_complete();
+    }
+}
+
+/// Per-request state.
+#[derive(Debug)]
+struct Stream {
+    shared: Arc<Shared>,
+    envoy: Filter,
+    /// `content-length`, if sent.
+    content_length: Option<usize>,
+    /// The request body read so far (at most `max_body_bytes`), while the
+    /// headers are held for it.
+    body: Option<Vec<u8>>,
+    /// The request body's size so far.
+    body_size: usize,
+    /// The decision and when it was made (ms).
+    chosen: Option<(Decision, u64)>,
+    /// Whether the outcome was folded into the fleet state.
+    settled: bool,
+    /// The request's event, written to filter state once, at the end.
+    event: Option<Event>,
+    /// Token usage in the response, when it is being looked for.
+    usage: Option<UsageScanner>,
+}
+
+impl Stream {
+    fn new(shared: Arc<Shared>, envoy: Filter) -> Stream {
+        Stream {
+            shared,
+            envoy,
+            content_length: None,
+            body: None,
+            body_size: 0,
+            chosen: None,
+            settled: false,
+            event: None,
+            usage: None,
+        }
+    }
+
+    fn count(&self, counter: usize, n: u64) {
+        if let Some(Some(id)) = self.shared.counters.get(counter) {
+            if n > 0 {
+                self.envoy.increment_counter(*id, n);
+            }
+        }
+    }
+
+    fn on_request_headers(&mut self, end_of_stream: bool) -> u32 {
+        self.count(Counters::REQUESTS, 1);
+        // Clients never choose: a destination header they sent is replaced
+        // in `route`, or the request is refused and reaches no upstream.
+        let envoy = self.envoy;
+        let pairs = with_scratch(|s| {
+            envoy.with_headers(HeaderMap::Request, &mut s.headers, |pairs| {
+                Pairs::encode(pairs)
+            })
+        })
+        // No scratch (never expected): every attribute is then unknown,
+        // and policy fails closed.
+        .unwrap_or_default();
+        let now = now_ms();
+        let head = request::capture(pairs, now);
+        let wants_body = head.wants_body(&self.shared.config, end_of_stream);
+        self.content_length = head.content_length;
+        self.event = Some(head.event);
+        if wants_body {
+            // Hold the headers until the body is read.
+            self.body = Some(Vec::new());
+            return abi::status::STOP_ITERATION;
+        }
+        self.route(None, now)
+    }
+
+    fn on_request_body(&mut self, end_of_stream: bool) -> u32 {
+        let Some(mut buf) = self.body.take() else {
+            return abi::status::CONTINUE;
+        };
+        let max = self.shared.config.max_body_bytes;
+        let envoy = self.envoy;
+        let mut size = self.body_size;
+        with_scratch(|s| {
+            envoy.for_each_chunk(Body::ReceivedRequest, &mut s.chunks, |chunk| {
+                size = size.saturating_add(chunk.len());
+                let room = max.saturating_sub(buf.len());
+                buf.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
+            })
+        });
+        self.body_size = size;
+        if !end_of_stream && size < max {
+            self.body = Some(buf);
+            return abi::status::STOP_AND_BUFFER; // buffer more
+        }
+        // The whole body, or as much as the bound allows (then the
+        // scanner knows it was cut).
+        let total = if end_of_stream {
+            size
+        } else {
+            size.max(max + 1)
+        };
+        match self.route_on_body(&buf, total) {
+            abi::status::CONTINUE => abi::status::CONTINUE,
+            _ => abi::status::STOP_NO_BUFFER,
+        }
+    }
+
+    fn on_request_trailers(&mut self) -> u32 {
+        // Trailers end the body: route on what was read.
+        let Some(buf) = self.body.take() else {
+            return abi::status::CONTINUE;
+        };
+        let total = self.body_size;
+        match self.route_on_body(&buf, total) {
+            abi::status::CONTINUE => abi::status::CONTINUE,
+            _ => abi::status::STOP_ITERATION,
+        }
+    }
+
+    fn route_on_body(&mut self, buf: &[u8], total: usize) -> u32 {
+        let now = now_ms();
+        match body::scan_request(buf, total) {
+            Ok(b) => self.route(Some(&b), now),
+            Err(e) => {
+                let refused = self
+                    .event
+                    .as_ref()
+                    .and_then(|ev| request::body_refusal(&self.shared.config, ev, &e));
+                if let Some(refused) = refused {
+                    return self.refuse(&refused);
+                }
+                // The body only refines the estimate: fall back to its size.
+                self.content_length = Some(total);
+                self.route(None, now)
+            }
+        }
+    }
+
+    /// Answer locally with `refused`'s JSON error.
+    fn refuse(&mut self, refused: &Refused) -> u32 {
+        if let Some(e) = self.event.as_mut() {
+            e.finish(refused.status, refused.reason);
+        }
+        self.envoy
+            .send_json(refused.status, &refused.body(), refused.reason);
+        abi::status::STOP_ITERATION
+    }
+
+    fn internal(&mut self, reason: &'static str, message: &str) -> u32 {
+        self.refuse(&Refused {
+            status: 500,
+            kind: "internal",
+            reason,
+            message: message.to_string(),
+        })
+    }
+
+    /// Feasibility, then merit order, then the routing header.
+    fn route(&mut self, body: Option<&RequestBody>, now: u64) -> u32 {
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
+        let Some(event) = self.event.as_mut() else {
+            return self.internal("internal", "request not captured");
+        };
+        let req = request::plan(cfg, event, body, self.content_length, now);
+        let warm = cfg.warmth.mask(event.text(&event.model_requested));
+        let body_model = body.and_then(|b| b.model.as_deref());
+        // Feasibility first (the compiled Cedar tables), then the decision
+        // on the shared fleet, with this worker's lookup buffers.
+        let decided = with_scratch(|s| {
+            request::feasible(
+                cfg,
+                shared.tables.as_ref(),
+                event,
+                body_model,
+                &mut s.lookup,
+            )?;
+            Ok(Fleet::dispatch(
+                &shared.fleet,
+                &cfg.models,
+                &cfg.health,
+                now,
+                &s.lookup.mask,
+                warm,
+                &req,
+            ))
+        });
+        let decision = match decided {
+            Some(Ok(Ok(d))) => d,
+            Some(Ok(Err(refusal))) => {
+                self.count(Counters::NO_DESTINATION, 1);
+                return self.refuse(&Refused {
+                    status: 503,
+                    kind: "no_feasible_destination",
+                    reason: refusal.as_str(),
+                    message:
+                        "no destination that may serve this request is healthy and under its cap"
+                            .to_string(),
+                });
+            }
+            Some(Err(refused)) => return self.refuse(&refused),
+            None => return self.internal("internal", "no per-worker buffers"),
+        };
+        self.chosen = Some((decision, now));
+        self.count(
+            Counters::BOOKED_NANO_USD,
+            request::nano_usd(decision.marginal_usd),
+        );
+        self.count(
+            Counters::COUNTERFACTUAL_NANO_USD,
+            request::nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
+        );
+        self.count(Counters::destination_requests(decision.index), 1);
+        let Some(dest) = cfg.destinations.get(decision.index) else {
+            self.settle(None, now);
+            return self.internal("internal", "decision index out of range");
+        };
+        if let Some(e) = self.event.as_mut() {
+            request::record(e, cfg, &shared.names, &decision);
+        }
+        if !self
+            .envoy
+            .set_header(HeaderMap::Request, &cfg.destination_header, &dest.cluster)
+        {
+            self.settle(None, now);
+            return self.internal("internal", "cannot set the destination header");
+        }
+        self.envoy.clear_route_cache();
+        abi::status::CONTINUE
+    }
+
+    /// Fold the request's outcome into the fleet state (once).
+    fn settle(&mut self, outcome: Option<Outcome>, now: u64) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        let Some((decision, _)) = self.chosen else {
+            return;
+        };
+        let d = decision.index;
+        let cfg = &self.shared.config;
+        let change = Fleet::settle(
+            &self.shared.fleet,
+            &cfg.models,
+            &cfg.health,
+            d,
+            outcome,
+            now,
+        );
+        if let Some(c) = Counters::destination_outcome(d, outcome) {
+            self.count(c, 1);
+        }
+        if let Some(c) = Counters::change(change) {
+            self.count(c, 1);
+        }
+        if change != ace_core::health::Change::None {
+            let name = cfg.destinations.get(d).map_or("?", |x| x.name.as_str());
+            log::info!("destination {name}: {change:?}");
+        }
+    }
+
+    fn on_response_headers(&mut self) {
+        let Some((decision, started)) = self.chosen else {
+            return;
+        };
+        let envoy = self.envoy;
+        let status = envoy.with_header(HeaderMap::Response, ":status", |v| {
+            headers::number::<u32>(v).unwrap_or(0)
+        });
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
+        let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
+        let now = now_ms();
+        let latency_ms = now.saturating_sub(started);
+        let outcome = if status == 429 {
+            envoy.with_header(HeaderMap::Response, "retry-after", |v| {
+                request::outcome(status, v, latency_ms, slo_ms)
+            })
+        } else {
+            request::outcome(status, None, latency_ms, slo_ms)
+        };
+        self.settle(Some(outcome), now);
+        if let Some(e) = self.event.as_mut() {
+            e.latency_ms = latency_ms;
+            e.finish(status, decision.reason.as_str());
+        }
+        if (200..300).contains(&status) {
+            let sse = envoy.with_header(HeaderMap::Response, "content-type", |v| {
+                headers::has(v, "text/event-stream")
+            });
+            self.usage = Some(UsageScanner::new(sse));
+        }
+        if cfg.response_headers {
+            let mut cost = event::UsdBuffer::default();
+            for (k, v) in request::response_headers(cfg, &decision, &mut cost)
+                .into_iter()
+                .flatten()
+            {
+                envoy.set_header(HeaderMap::Response, k, v);
+            }
+        }
+    }
+
+    fn on_response_body(&mut self, end_of_stream: bool) {
+        // Never hold the response: streams must flow. Each call sees the
+        // new chunk.
+        let Some(scanner) = self.usage.as_mut() else {
+            return;
+        };
+        let envoy = self.envoy;
+        with_scratch(|s| {
+            envoy.for_each_chunk(Body::ReceivedResponse, &mut s.chunks, |c| scanner.feed(c))
+        });
+        if end_of_stream {
+            let found = scanner.finish();
+            self.usage = None;
+            if let (Some(u), Some((decision, _)), Some(e)) =
+                (found, self.chosen, self.event.as_mut())
+            {
+                request::book_usage(e, &self.shared.config, &decision, u);
+            }
+        }
+    }
+
+    fn on_complete(&mut self) {
+        // The client went away before any response: free the slot and
+        // blame no one.
+        self.settle(None, now_ms());
+        let Some(e) = self.event.as_mut() else {
+            return;
+        };
+        if e.status == 0 {
+            e.finish(0, "client_gone");
+        }
+        // Envoy runs this before its access loggers: the one write of the
+        // request's event.
+        let envoy = self.envoy;
+        let e = &*e;
+        with_scratch(|s| {
+            e.write_json(&mut s.event_line);
+            if !envoy.set_filter_state(EVENT_KEY, &s.event_line) {
+                log::warn!("cannot write the request event");
+            }
+        });
+    }
+}
+
+// The hooks Envoy 1.40 requires of every HTTP filter module, unused here.
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _envoy: Filter,
+    _s: ModulePtr,
+) -> u32 {
+    abi::status::CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _callout_id: u64,
+    _result: u32,
+    _headers: *mut EnvoyHeader,
+    _headers_size: usize,
+    _body_chunks: *mut EnvoyBuffer,
+    _body_chunks_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _stream_id: u64,
+    _headers: *mut EnvoyHeader,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _stream_id: u64,
+    _data: *const EnvoyBuffer,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _stream_id: u64,
+    _trailers: *mut EnvoyHeader,
+    _trailers_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _stream_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _stream_id: u64,
+    _reason: u32,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    _envoy: Filter,
+    _s: ModulePtr,
+    _event_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _envoy: Filter,
+    _s: ModulePtr,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _envoy: Filter,
+    _s: ModulePtr,
+) {
+}

@@ -1,5 +1,6 @@
-//! Reading the OpenAI-style body before routing, in a real Envoy: with
-//! `allow_on_headers_stop_iteration`, the filter holds the headers, reads
+//! Reading the OpenAI-style body before routing, in a real Envoy (the Wasm
+//! filter with `allow_on_headers_stop_iteration`, and the dynamic module):
+//! the filter holds the headers, reads
 //! `model` and `max_tokens` from the body, and still routes by header (so
 //! Envoy re-selects the route after the body callback). Token usage in the
 //! response, JSON or server-sent events, replaces the estimates in the event.
@@ -8,7 +9,7 @@ use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, Facto
 use ace_harness::client::Request;
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
 use base64::Engine;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -41,9 +42,8 @@ fn model_tables() -> String {
         .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")))
 }
 
-fn fleet() -> (Envoy, Upstream, Upstream) {
+fn fleet(filter: Filter) -> (Envoy, Upstream, Upstream) {
     require_envoy();
-    let wasm = ace_filter_wasm();
     let (small, big) = (upstream("small-gpu"), upstream("big-gpu"));
     let config = json!({
         "response_headers": true,
@@ -57,11 +57,11 @@ fn fleet() -> (Envoy, Upstream, Upstream) {
         "body": {"read": true, "max_bytes": 65536}
     });
     let envoy = start(
-        &EnvoyBuilder::new()
-            .wasm_filter_reading_body(&wasm, &config.to_string())
+        &filter
+            .add_reading_body(EnvoyBuilder::new(), &config.to_string())
             .cluster("small_gpu", small.port())
             .cluster("big_gpu", big.port())
-            .access_log_line("%FILTER_STATE(wasm.ace_event:PLAIN)%"),
+            .access_log_line(filter.event_log_line()),
     );
     (envoy, small, big)
 }
@@ -72,9 +72,8 @@ fn chat(envoy: &Envoy, body: Value) -> ace_harness::client::Response {
         .unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
-#[test]
-fn the_model_in_the_body_decides_feasibility_and_the_body_arrives_intact() {
-    let (envoy, small, big) = fleet();
+fn the_model_in_the_body_decides_feasibility_and_the_body_arrives_intact(filter: Filter) {
+    let (envoy, small, big) = fleet(filter);
     let large = json!({"model": "large", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]});
     let r = chat(&envoy, large.clone());
     assert_eq!(
@@ -108,9 +107,8 @@ fn the_model_in_the_body_decides_feasibility_and_the_body_arrives_intact() {
     assert_eq!(small.count() + big.count(), 2);
 }
 
-#[test]
-fn usage_in_json_and_sse_responses_replaces_the_estimates() {
-    let (envoy, small, _big) = fleet();
+fn usage_in_json_and_sse_responses_replaces_the_estimates(filter: Filter) {
+    let (envoy, small, _big) = fleet(filter);
     small.set_behavior(Behavior::Respond {
         status: 200,
         headers: vec![],
@@ -162,3 +160,8 @@ fn usage_in_json_and_sse_responses_replaces_the_estimates() {
         (json!(11), json!(13))
     );
 }
+
+ace_tests::for_each_filter!(
+    the_model_in_the_body_decides_feasibility_and_the_body_arrives_intact,
+    usage_in_json_and_sse_responses_replaces_the_estimates,
+);

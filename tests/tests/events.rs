@@ -1,11 +1,12 @@
 //! The event spine in a real Envoy: exactly one parseable NDJSON event per
 //! request in the access log, served or refused, with every field the ledger
-//! needs; and the proxy-wasm counters visible in Envoy's stats.
+//! needs; and ACE's counters visible in Envoy's stats. Runs against the Wasm
+//! filter and the dynamic module.
 
 use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Behavior;
-use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -32,10 +33,8 @@ const FIELDS: [&str; 20] = [
     "tokens_estimated",
 ];
 
-#[test]
-fn one_parseable_event_per_request_with_every_field() {
+fn one_parseable_event_per_request_with_every_field(filter: Filter) {
     require_envoy();
-    let wasm = ace_filter_wasm();
     let (owned, payg) = (upstream("owned"), upstream("payg"));
     let config = json!({"response_headers": true, "destinations": [
         {"name": "payg", "cluster": "payg", "tier": "payg",
@@ -44,11 +43,11 @@ fn one_parseable_event_per_request_with_every_field() {
          "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8, "slo_ms": 5000}
     ], "health": {"trip_after": 2, "base_cooldown_ms": 60000}});
     let envoy = start(
-        &EnvoyBuilder::new()
-            .wasm_filter(&wasm, &config.to_string())
+        &filter
+            .add(EnvoyBuilder::new(), &config.to_string())
             .cluster("owned", owned.port())
             .cluster("payg", payg.port())
-            .access_log_line("%FILTER_STATE(wasm.ace_event:PLAIN)%"),
+            .access_log_line(filter.event_log_line()),
     );
     let send = || {
         Request::post_json(
@@ -116,15 +115,18 @@ fn one_parseable_event_per_request_with_every_field() {
     // The counters reach Envoy's stats (handed over on the filter's
     // 0.5 s tick).
     for (name, want) in [
-        ("wasmcustom.ace.requests", 8),
-        ("wasmcustom.ace.no_destination", 1),
-        ("wasmcustom.ace.trips", 2),
-        ("wasmcustom.ace.destination.owned.tier.inhouse.requests", 5),
+        ("ace.requests", 8),
+        ("ace.no_destination", 1),
+        ("ace.trips", 2),
+        ("ace.destination.owned.tier.inhouse.requests", 5),
     ] {
+        let name = filter.stat(name);
         assert_eq!(
-            envoy.wait_stat(name, want, Duration::from_secs(5)),
+            envoy.wait_stat(&name, want, Duration::from_secs(5)),
             Some(want),
             "{name}"
         );
     }
 }
+
+ace_tests::for_each_filter!(one_parseable_event_per_request_with_every_field,);

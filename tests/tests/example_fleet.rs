@@ -3,12 +3,13 @@
 //! filter's configuration, loaded into a real Envoy in front of one local
 //! upstream per destination (12, every tier, four jurisdictions). Residency
 //! and BAA rules hold for every request, at any price, also when the
-//! compliant destinations fail.
+//! compliant destinations fail. Runs against the Wasm filter and the
+//! dynamic module.
 
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -19,9 +20,8 @@ struct Fleet {
     facts: HashMap<String, (String, Vec<String>)>,
 }
 
-fn fleet() -> Fleet {
+fn fleet(filter: Filter) -> Fleet {
     require_envoy();
-    let wasm = ace_filter_wasm();
     let dir = ace_harness::workspace_root().join("policies");
     let mut config = ace_cli::plugin::build(&dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
     config["response_headers"] = serde_json::json!(true);
@@ -34,7 +34,7 @@ fn fleet() -> Fleet {
             (d.jurisdiction.clone(), d.certifications.clone()),
         );
     }
-    let mut b = EnvoyBuilder::new().wasm_filter(&wasm, &config.to_string());
+    let mut b = filter.add(EnvoyBuilder::new(), &config.to_string());
     let mut ups = Vec::new();
     for d in config["destinations"].as_array().into_iter().flatten() {
         let (name, cluster) = (
@@ -70,9 +70,8 @@ impl Fleet {
     }
 }
 
-#[test]
-fn the_example_policies_hold_in_envoy() {
-    let f = fleet();
+fn the_example_policies_hold_in_envoy(filter: Filter) {
+    let f = fleet(filter);
     // Public data for a cheap model: served, by some destination.
     let r = send(&f, "globex", "public", "llama-3.1-8b");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -136,3 +135,5 @@ fn the_example_policies_hold_in_envoy() {
         "EU personal data reached a non-EU upstream"
     );
 }
+
+ace_tests::for_each_filter!(the_example_policies_hold_in_envoy,);

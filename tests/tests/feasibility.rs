@@ -5,12 +5,13 @@
 //! the core's property test proves the choice never leaves the mask. This
 //! test shows the gate holding in Envoy even when every EU destination is
 //! failing: the answer is a 503 with a JSON error, never a US destination.
+//! Every test runs against the Wasm filter and the dynamic module.
 
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
 use base64::Engine;
 use serde_json::{json, Value};
 
@@ -84,11 +85,10 @@ fn config(on_missing: &str) -> Value {
     })
 }
 
-fn fleet(on_missing: &str) -> (Envoy, Vec<Upstream>) {
+fn fleet(filter: Filter, on_missing: &str) -> (Envoy, Vec<Upstream>) {
     require_envoy();
-    let wasm = ace_filter_wasm();
     let ups: Vec<Upstream> = FLEET.iter().map(|d| upstream(d.0)).collect();
-    let mut b = EnvoyBuilder::new().wasm_filter(&wasm, &config(on_missing).to_string());
+    let mut b = filter.add(EnvoyBuilder::new(), &config(on_missing).to_string());
     for (d, u) in FLEET.iter().zip(&ups) {
         b = b.cluster(&d.0.replace('-', "_"), u.port());
     }
@@ -113,9 +113,8 @@ fn us_requests(ups: &[Upstream]) -> usize {
         .sum()
 }
 
-#[test]
-fn eu_personal_data_never_leaves_the_eu_even_when_every_eu_destination_fails() {
-    let (envoy, ups) = fleet("reject");
+fn eu_personal_data_never_leaves_the_eu_even_when_every_eu_destination_fails(filter: Filter) {
+    let (envoy, ups) = fleet(filter, "reject");
     // Public data goes to the cheapest destination, which is in the US.
     assert_eq!(
         send(&envoy, Some("public")).header("x-ace-destination"),
@@ -162,9 +161,8 @@ fn eu_personal_data_never_leaves_the_eu_even_when_every_eu_destination_fails() {
     assert_eq!(send(&envoy, Some("public")).status, 200);
 }
 
-#[test]
-fn unknown_values_fail_closed_and_missing_attributes_are_refused_by_name() {
-    let (envoy, ups) = fleet("reject");
+fn unknown_values_fail_closed_and_missing_attributes_are_refused_by_name(filter: Filter) {
+    let (envoy, ups) = fleet(filter, "reject");
     let unknown = send(&envoy, Some("top-secret"));
     assert_eq!(unknown.status, 503);
     let body = unknown.json().unwrap_or_else(|e| panic!("{e}"));
@@ -181,10 +179,15 @@ fn unknown_values_fail_closed_and_missing_attributes_are_refused_by_name() {
     assert_eq!(ups.iter().map(Upstream::count).sum::<usize>(), 0);
 }
 
-#[test]
-fn in_restrict_mode_a_missing_attribute_is_treated_as_unknown() {
-    let (envoy, ups) = fleet("restrict");
+fn in_restrict_mode_a_missing_attribute_is_treated_as_unknown(filter: Filter) {
+    let (envoy, ups) = fleet(filter, "restrict");
     let r = send(&envoy, None);
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(ups.iter().map(Upstream::count).sum::<usize>(), 0);
 }
+
+ace_tests::for_each_filter!(
+    eu_personal_data_never_leaves_the_eu_even_when_every_eu_destination_fails,
+    unknown_values_fail_closed_and_missing_attributes_are_refused_by_name,
+    in_restrict_mode_a_missing_attribute_is_treated_as_unknown,
+);

@@ -1,11 +1,12 @@
 //! The walking skeleton, end to end in a real Envoy: the filter (built from
 //! source in this run) picks the cheapest destination, writes its cluster
 //! into `x-ace-destination`, and Envoy's `cluster_header` route sends the
-//! request there. Client-supplied destination headers are ignored.
+//! request there. Client-supplied destination headers are ignored. Runs
+//! against the Wasm filter and the dynamic module.
 
 use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
-use ace_tests::{ace_filter_wasm, require_envoy, start, upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::json;
 use std::time::Duration;
 
@@ -21,14 +22,12 @@ fn three_destination_config() -> String {
     .to_string()
 }
 
-#[test]
-fn request_arrives_at_the_upstream_the_filter_chose() {
+fn request_arrives_at_the_upstream_the_filter_chose(filter: Filter) {
     require_envoy();
-    let wasm = ace_filter_wasm();
     let (payg, owned, reserved) = (upstream("payg"), upstream("owned"), upstream("reserved"));
     let envoy = start(
-        &EnvoyBuilder::new()
-            .wasm_filter(&wasm, &three_destination_config())
+        &filter
+            .add(EnvoyBuilder::new(), &three_destination_config())
             .cluster("payg_api", payg.port())
             .cluster("owned_gpu", owned.port())
             .cluster("reserved_ptu", reserved.port()),
@@ -71,20 +70,18 @@ fn request_arrives_at_the_upstream_the_filter_chose() {
     }
 }
 
-#[test]
-fn malformed_plugin_configuration_names_the_field_without_a_trap() {
+fn malformed_plugin_configuration_names_the_field_without_a_trap(filter: Filter) {
     require_envoy();
-    let wasm = ace_filter_wasm();
     let up = upstream("only");
     let bad = json!({"destinations": [
         {"name": "only", "cluster": "only", "usd_per_input_token": 1e-6},
         {"name": "second", "cluster": "only", "usd_per_input_token": "cheap"}
     ]})
     .to_string();
-    let builder = EnvoyBuilder::new()
-        .wasm_filter(&wasm, &bad)
+    let builder = filter
+        .add(EnvoyBuilder::new(), &bad)
         .cluster("only", up.port());
-    // A static listener whose Wasm plugin rejects its configuration makes
+    // A static listener whose filter rejects its configuration makes
     // Envoy refuse the configuration: it must exit (or never become ready)
     // with our error naming the field in its log.
     let log = match builder.start() {
@@ -131,7 +128,7 @@ fn without_envoy_on_path_the_test_fails_naming_envoy_and_setup() {
     let out = std::process::Command::new(exe)
         .args([
             "--exact",
-            "request_arrives_at_the_upstream_the_filter_chose",
+            "wasm::request_arrives_at_the_upstream_the_filter_chose",
             "--nocapture",
         ])
         .env("PATH", new_path)
@@ -148,3 +145,8 @@ fn without_envoy_on_path_the_test_fails_naming_envoy_and_setup() {
     assert!(text.contains("make setup"), "{text}");
     assert!(text.contains("1 failed"), "{text}");
 }
+
+ace_tests::for_each_filter!(
+    request_arrives_at_the_upstream_the_filter_chose,
+    malformed_plugin_configuration_names_the_field_without_a_trap,
+);

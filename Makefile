@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup wasm demo test lint fmt bench clean
+.PHONY: setup wasm dynamic demo test lint fmt bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -11,6 +11,12 @@ setup:
 # Build the filter for wasm32-wasip1 and report its size.
 wasm: setup
 	@bash scripts/build-wasm.sh ace-filter >/dev/null
+
+# Build ACE as an Envoy dynamic module (a native shared library for Envoy
+# 1.40's ABI; see envoy/envoy-dynamic.yaml) and print its path and sha256.
+dynamic: setup
+	$(CARGO) build --release -q -p ace-dynamic --target-dir target/dylib
+	@sha256sum target/dylib/release/libace_dynamic.so
 
 # The main job: a real Envoy with the filter in front of local upstreams.
 # Built without the planner's MILP solver, which the demo does not use, so a

@@ -1,7 +1,8 @@
-//! The shipped Envoy configuration is valid for Envoy 1.40 and configures
-//! the filter (built from source in this run) without error.
+//! The shipped Envoy configurations are valid for Envoy 1.40 and configure
+//! the filter (built from source in this run) without error: the Wasm
+//! module (`envoy.yaml`) and the dynamic module (`envoy-dynamic.yaml`).
 
-use ace_tests::{ace_filter_wasm, envoy_validate, require_envoy};
+use ace_tests::{ace_dynamic_lib, ace_filter_wasm, envoy_validate, require_envoy};
 
 #[test]
 fn shipped_envoy_yaml_validates_and_the_plugin_accepts_its_configuration() {
@@ -19,5 +20,27 @@ fn shipped_envoy_yaml_validates_and_the_plugin_accepts_its_configuration() {
     assert!(
         text.contains("configured 3 destinations"),
         "the plugin configured itself:\n{text}"
+    );
+}
+
+#[test]
+fn shipped_dynamic_module_yaml_validates_and_the_module_accepts_its_configuration() {
+    require_envoy();
+    let lib = ace_dynamic_lib();
+    let root = ace_harness::workspace_root();
+    let path = root.join("envoy/envoy-dynamic.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        yaml.contains("name: ace_dynamic"),
+        "loads libace_dynamic.so"
+    );
+    // Envoy finds the module on this path (inherited by `envoy --mode validate`).
+    if let Some(dir) = lib.parent() {
+        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
+    }
+    let text = envoy_validate(&path);
+    assert!(
+        text.contains("configured 3 destinations"),
+        "the module configured itself:\n{text}"
     );
 }

@@ -27,7 +27,8 @@
 //!   filter making exactly the host calls ACE makes per request, with no
 //!   code around them, routed like ACE), `dynfloor` (the same calls from
 //!   an Envoy dynamic module, a native shared library, instead of Wasm:
-//!   `benches/dynamic-floor`), `ace`.
+//!   `benches/dynamic-floor`), `ace`, `acedyn` (ACE itself as an Envoy
+//!   dynamic module, `ace-dynamic`, with the same configuration as `ace`).
 //! - `ACE_FILTER_WASM=PATH` measures that build of the filter instead of
 //!   building the workspace's; `ACE_BASELINE_WASM=PATH` adds a variant
 //!   "ACE baseline" (that build, same configuration) to every round, and
@@ -117,7 +118,7 @@ struct Options {
     callgrind: bool,
 }
 
-const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,minimal,floor,dynfloor,ace] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
+const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,minimal,floor,dynfloor,ace,acedyn] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
@@ -157,11 +158,10 @@ fn options() -> Result<Options, String> {
             "--only" => {
                 let v = args.next().ok_or("--only needs a list")?;
                 let names: Vec<String> = v.split(',').map(str::to_string).collect();
-                if let Some(bad) = names.iter().find(|n| {
-                    !["plain", "noop", "minimal", "floor", "dynfloor", "ace"].contains(&n.as_str())
-                }) {
+                if let Some(bad) = names.iter().find(|n| !VARIANTS.contains(&n.as_str())) {
                     return Err(format!(
-                        "--only: unknown variant `{bad}` (plain, noop, minimal, floor, dynfloor, ace)"
+                        "--only: unknown variant `{bad}` ({})",
+                        VARIANTS.join(", ")
                     ));
                 }
                 o.only = Some(names);
@@ -363,6 +363,17 @@ fn run() -> Result<(), String> {
         }
         variants.push((ACE, base().wasm_filter(&ace, &ace_config)));
     }
+    if wanted("acedyn") {
+        let lib = ace_harness::dylib::build("ace-dynamic")?;
+        variants.push((
+            ACE_DYN,
+            base().http_filter(ace_harness::dylib::http_filter_json(
+                &lib,
+                "ace",
+                Some(&ace_config),
+            )),
+        ));
+    }
     // Every variant runs at once (only one is loaded at a time), so the
     // rounds can alternate quickly without restarting Envoy.
     let running = variants
@@ -429,6 +440,17 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
     }
     for (of, over, title) in [
         (ACE, NOOP, "ACE's own share over the no-op filter"),
+        (
+            ACE_DYN,
+            NOOP,
+            "ACE as a dynamic module, over the no-op Wasm filter",
+        ),
+        (
+            ACE_DYN,
+            "plain Envoy",
+            "ACE as a dynamic module, over plain Envoy",
+        ),
+        (ACE_DYN, ACE, "ACE, dynamic module over Wasm"),
         (ACE, "ACE baseline", "ACE over the baseline build"),
         (FLOOR, NOOP, "ACE's host calls alone, over the no-op filter"),
         (ACE, FLOOR, "ACE over its host calls alone (ACE's own code)"),
@@ -448,12 +470,18 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
     }
 }
 
+/// Variant keys for `--only`.
+const VARIANTS: [&str; 7] = [
+    "plain", "noop", "minimal", "floor", "dynfloor", "ace", "acedyn",
+];
+
 /// Variant names, as printed.
 const NOOP: &str = "no-op Wasm filter";
 const MINIMAL: &str = "minimal Wasm filter";
 const FLOOR: &str = "ACE's host calls only";
 const DYN_FLOOR: &str = "host calls, dynamic module";
 const ACE: &str = "ACE filter";
+const ACE_DYN: &str = "ACE, dynamic module";
 
 /// Print the paired difference `of` − `against`, per round and its median.
 fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: bool) {

@@ -27,9 +27,17 @@ pub enum Filter {
 impl Filter {
     /// `builder` with ACE added under plugin configuration `config`.
     pub fn add(self, builder: EnvoyBuilder, config: &str) -> EnvoyBuilder {
+        builder.http_filter(self.filter_json(config))
+    }
+
+    /// ACE's HTTP filter entry (Envoy JSON) under plugin configuration
+    /// `config`.
+    pub fn filter_json(self, config: &str) -> serde_json::Value {
         match self {
-            Filter::Wasm => builder.wasm_filter(&ace_filter_wasm(), config),
-            Filter::Dynamic => self.add_reading_body(builder, config),
+            Filter::Wasm => ace_harness::envoy::wasm_filter_json("ace", &ace_filter_wasm(), config),
+            Filter::Dynamic => {
+                ace_harness::dylib::http_filter_json(&ace_dynamic_lib(), "ace", Some(config))
+            }
         }
     }
 
@@ -40,11 +48,7 @@ impl Filter {
     pub fn add_reading_body(self, builder: EnvoyBuilder, config: &str) -> EnvoyBuilder {
         match self {
             Filter::Wasm => builder.wasm_filter_reading_body(&ace_filter_wasm(), config),
-            Filter::Dynamic => builder.http_filter(ace_harness::dylib::http_filter_json(
-                &ace_dynamic_lib(),
-                "ace",
-                Some(config),
-            )),
+            Filter::Dynamic => self.add(builder, config),
         }
     }
 

@@ -1,7 +1,8 @@
 //! The event spine: exactly one event per request, as one JSON line.
 //!
-//! The filter writes the event into Envoy filter state (`wasm.ace_event`),
-//! and the access log emits it with `%FILTER_STATE(wasm.ace_event:PLAIN)%`,
+//! The filter writes the event into Envoy filter state (`wasm.ace_event`
+//! from the Wasm filter, `ace_event` from the dynamic module), and the
+//! access log emits it with `%FILTER_STATE(wasm.ace_event:PLAIN)%`,
 //! so every request, served or refused, lands on the same line format that
 //! the ledger reads. Costs are the core's numbers: `marginal_usd` is the true
 //! marginal cost (bias and derate never touch it) and `counterfactual_usd`
@@ -19,7 +20,7 @@
 /// Version of the event's fields; bump on any incompatible change.
 pub const SCHEMA: &str = "ace.event/1";
 
-/// Filter-state key (Envoy prefixes it with `wasm.`).
+/// Filter-state key (Envoy prefixes it with `wasm.` for a Wasm filter).
 pub const PROPERTY: &str = "ace_event";
 
 use crate::headers::{Pairs, Span};

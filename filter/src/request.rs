@@ -205,12 +205,11 @@ pub fn feasible(
     lookup.fit(cfg);
     let Lookup { values, mask } = lookup;
     let (Some(tables), Some(policy)) = (tables, &cfg.policy) else {
-        mask.fill(0);
-        for d in 0..cfg.destinations.len() {
-            if let Some(w) = mask.get_mut(d / 64) {
-                *w |= 1 << (d % 64);
-            }
-        }
+        // No policy: every destination (the warm mask for no model
+        // names them all).
+        mask.iter_mut()
+            .zip(cfg.warmth.mask(None))
+            .for_each(|(m, all)| *m = *all);
         return Ok(());
     };
     if let Err(a) = attributes::resolve(tables, policy, &event.headers, body_model, values) {

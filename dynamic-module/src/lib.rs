@@ -415,11 +415,14 @@ impl Stream {
         abi::status::STOP_ITERATION
     }
 
-    fn internal(&mut self, reason: &'static str, message: &str) -> u32 {
+    /// Answer 500: something that should not happen did; it is logged, and
+    /// the request reaches no destination.
+    fn internal(&mut self, message: &str) -> u32 {
+        log::error!("answering 500: {message}");
         self.refuse(&Refused {
             status: 500,
             kind: "internal",
-            reason,
+            reason: "internal",
             message: message.to_string(),
         })
     }
@@ -429,7 +432,7 @@ impl Stream {
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
         let Some(event) = self.event.as_mut() else {
-            return self.internal("internal", "request not captured");
+            return self.internal("request not captured");
         };
         let req = request::plan(cfg, event, body, self.content_length, now);
         let warm = cfg.warmth.mask(event.text(&event.model_requested));
@@ -468,7 +471,7 @@ impl Stream {
                 });
             }
             Some(Err(refused)) => return self.refuse(&refused),
-            None => return self.internal("internal", "no per-worker buffers"),
+            None => return self.internal("no per-worker buffers"),
         };
         self.chosen = Some((decision, now));
         self.count(
@@ -482,7 +485,7 @@ impl Stream {
         self.count(Counters::destination_requests(decision.index), 1);
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None, now);
-            return self.internal("internal", "decision index out of range");
+            return self.internal("decision index out of range");
         };
         if let Some(e) = self.event.as_mut() {
             request::record(e, cfg, &shared.names, &decision);
@@ -492,7 +495,7 @@ impl Stream {
             .set_header(HeaderMap::Request, &cfg.destination_header, &dest.cluster)
         {
             self.settle(None, now);
-            return self.internal("internal", "cannot set the destination header");
+            return self.internal("cannot set the destination header");
         }
         self.envoy.clear_route_cache();
         abi::status::CONTINUE

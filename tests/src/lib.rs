@@ -60,6 +60,15 @@ impl Filter {
         }
     }
 
+    /// The name Envoy's Prometheus output gives ACE's counter `name`
+    /// (`ace_requests`): Wasm filters' counters keep their own name there.
+    pub fn prometheus(self, name: &str) -> String {
+        match self {
+            Filter::Wasm => name.to_string(),
+            Filter::Dynamic => format!("envoy_dynamicmodulescustom_{name}"),
+        }
+    }
+
     /// The name Envoy's stats give ACE's counter `name` (`ace.requests`).
     pub fn stat(self, name: &str) -> String {
         match self {

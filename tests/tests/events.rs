@@ -127,6 +127,16 @@ fn one_parseable_event_per_request_with_every_field(filter: Filter) {
             "{name}"
         );
     }
+    // ... and Envoy's Prometheus endpoint, where they are scraped.
+    let prom = envoy
+        .admin("/stats/prometheus")
+        .unwrap_or_else(|e| panic!("/stats/prometheus: {e}"))
+        .text();
+    let want = format!("{}{{}} 8", filter.prometheus("ace_requests"));
+    assert!(
+        prom.lines().any(|l| l == want),
+        "no `{want}` in /stats/prometheus:\n{prom}"
+    );
 }
 
 ace_tests::for_each_filter!(one_parseable_event_per_request_with_every_field,);

@@ -1,6 +1,7 @@
 //! `ace demo`: the main job, end to end, on this machine.
 //!
-//! Builds the filter for wasm32-wasip1, starts a real Envoy with it in front
+//! Builds the filter for wasm32-wasip1 (or, with `--dynamic-module`, as an
+//! Envoy dynamic module), starts a real Envoy with it in front
 //! of local upstreams that stand in for an owned GPU pool, a reserved block,
 //! on-demand GPUs and a pay-as-you-go API, then plays four scenes and prints
 //! where each request went and why: a burst that fills each tier to its
@@ -23,6 +24,49 @@ pub struct Args {
     /// Requests in the opening burst.
     #[arg(long, default_value_t = 10)]
     burst: usize,
+    /// Run ACE as an Envoy dynamic module (native, `ace-dynamic`) instead
+    /// of the Wasm filter: the same filter, without Wasm's per-call cost.
+    #[arg(long)]
+    dynamic_module: bool,
+}
+
+/// The ACE build the demo runs.
+#[derive(Debug)]
+enum Module {
+    Wasm(std::path::PathBuf),
+    Dynamic(std::path::PathBuf),
+}
+
+impl Module {
+    fn build(dynamic: bool) -> anyhow::Result<Module> {
+        if dynamic {
+            outln!("building the filter as an Envoy dynamic module ...");
+            let lib = ace_harness::dylib::build("ace-dynamic").map_err(|e| anyhow!(e))?;
+            Ok(Module::Dynamic(lib))
+        } else {
+            outln!("building the filter for wasm32-wasip1 ...");
+            let wasm = ace_harness::wasm::build("ace-filter").map_err(|e| anyhow!(e))?;
+            Ok(Module::Wasm(wasm))
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Module::Wasm(p) | Module::Dynamic(p) => p,
+        }
+    }
+
+    /// `builder` with ACE under plugin configuration `config`.
+    fn add(&self, builder: EnvoyBuilder, config: &Value) -> EnvoyBuilder {
+        match self {
+            Module::Wasm(wasm) => builder.wasm_filter(wasm, &config.to_string()),
+            Module::Dynamic(lib) => builder.http_filter(ace_harness::dylib::http_filter_json(
+                lib,
+                "ace",
+                Some(&config.to_string()),
+            )),
+        }
+    }
 }
 
 /// The demo fleet: (name, tier, capacity, USD per input token, per output token).
@@ -78,10 +122,11 @@ fn chat(envoy: &Envoy, i: usize) -> anyhow::Result<Response> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     outln!("ACE demo: merit-order dispatch inside a real Envoy\n");
-    outln!("building the filter for wasm32-wasip1 ...");
-    let wasm = ace_harness::wasm::build("ace-filter").map_err(|e| anyhow!(e))?;
-    let size = std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0);
-    outln!("  {} ({} KiB)\n", wasm.display(), size / 1024);
+    let module = Module::build(args.dynamic_module)?;
+    let size = std::fs::metadata(module.path())
+        .map(|m| m.len())
+        .unwrap_or(0);
+    outln!("  {} ({} KiB)\n", module.path().display(), size / 1024);
 
     outln!("fleet (capacity = concurrent requests; knee at 67 % of it):");
     let mut ups = Vec::new();
@@ -104,15 +149,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(a) => a,
         Err(_) => return Err(anyhow!("expected four upstreams")),
     };
-    let envoy = builder
-        .wasm_filter(&wasm, &fleet_config().to_string())
+    let envoy = module
+        .add(builder, &fleet_config())
         .start()
         .map_err(|e| anyhow!("{e}"))
         .context("starting Envoy with the ACE filter")?;
     outln!(
-        "\nEnvoy 1.40 on 127.0.0.1:{} (admin :{}), 2 workers sharing health through shared data\n",
+        "\nEnvoy 1.40 on 127.0.0.1:{} (admin :{}), 2 workers sharing health through {}\n",
         envoy.port(),
-        envoy.admin_port()
+        envoy.admin_port(),
+        match module {
+            Module::Wasm(_) => "shared data",
+            Module::Dynamic(_) => "process memory",
+        }
     );
     outln!(
         "  #   request                       served by        tier      reason           booked        status"
@@ -180,7 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("  {:<16} {}", u.name(), u.count());
     }
     drop(envoy);
-    policy_scene(&wasm)?;
+    policy_scene(&module)?;
     outln!(
         "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
          feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\
@@ -193,7 +242,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Scene 5: the shipped example policies (`policies/`), compiled into the
 /// filter's configuration, in front of one local upstream per destination.
-fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
+fn policy_scene(module: &Module) -> anyhow::Result<()> {
     let dir = ace_harness::workspace_root().join("policies");
     outln!(
         "\nscene 5: the example fleet and Cedar policies in {} (12 destinations, 4 jurisdictions)",
@@ -212,7 +261,7 @@ fn policy_scene(wasm: &std::path::Path) -> anyhow::Result<()> {
             .find(|d| d.name.as_ref() == name)
             .map_or("?".to_string(), |d| d.jurisdiction.clone())
     };
-    let mut builder = EnvoyBuilder::new().wasm_filter(wasm, &config.to_string());
+    let mut builder = module.add(EnvoyBuilder::new(), &config);
     let mut ups = Vec::new();
     for d in config["destinations"].as_array().into_iter().flatten() {
         let name = d["name"].as_str().unwrap_or("?");

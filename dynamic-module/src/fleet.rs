@@ -68,24 +68,29 @@ impl Fleet {
         fleet
     }
 
-    fn reprice(&mut self, models: &[CostModel], policy: &HealthPolicy, now: u64) {
+    /// The slate (mutable) and the fleet as the pricing step sees it.
+    fn priced<'a>(
+        &'a mut self,
+        models: &'a [CostModel],
+        policy: &'a HealthPolicy,
+    ) -> (&'a mut Slate, dispatch::Fleet<'a>) {
         let view = dispatch::Fleet {
             models,
             health: &self.health,
             in_flight: &self.in_flight,
             policy,
         };
-        self.slate.refresh(&view, now);
+        (&mut self.slate, view)
+    }
+
+    fn reprice(&mut self, models: &[CostModel], policy: &HealthPolicy, now: u64) {
+        let (slate, view) = self.priced(models, policy);
+        slate.refresh(&view, now);
     }
 
     fn reprice_one(&mut self, models: &[CostModel], policy: &HealthPolicy, d: usize, now: u64) {
-        let view = dispatch::Fleet {
-            models,
-            health: &self.health,
-            in_flight: &self.in_flight,
-            policy,
-        };
-        self.slate.refresh_one(&view, d, now);
+        let (slate, view) = self.priced(models, policy);
+        slate.refresh_one(&view, d, now);
     }
 
     /// Decide at `now` among the `feasible` destinations, and claim a slot
@@ -100,15 +105,9 @@ impl Fleet {
         req: &Request,
     ) -> Result<Decision, Refusal> {
         let mut f = lock(fleet);
-        let f = &mut *f;
-        let view = dispatch::Fleet {
-            models,
-            health: &f.health,
-            in_flight: &f.in_flight,
-            policy,
-        };
-        f.slate.refresh_timed(&view, now);
-        let d = dispatch::decide(&f.slate, feasible, warm, req)?;
+        let (slate, view) = f.priced(models, policy);
+        slate.refresh_timed(&view, now);
+        let d = dispatch::decide(slate, feasible, warm, req)?;
         if let Some(n) = f.in_flight.get_mut(d.index) {
             *n = n.saturating_add(1);
         }

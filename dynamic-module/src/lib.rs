@@ -30,13 +30,15 @@
 //! keeps the last good one) with a log line naming the problem. Nothing
 //! here may panic: a panic would unwind into Envoy, which aborts it.
 
-mod abi;
 pub mod fleet;
 
-use abi::{Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel, ModulePtr};
 use ace_core::dispatch::Decision;
 use ace_core::health::Outcome;
 use ace_core::tables::Tables;
+use ace_dynamic_abi::{
+    self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel,
+    ModulePtr,
+};
 use ace_filter::body::{self, RequestBody};
 use ace_filter::config::Config;
 use ace_filter::event::{self, Event};
@@ -461,28 +463,15 @@ impl Stream {
             Some(Ok(Ok(d))) => d,
             Some(Ok(Err(refusal))) => {
                 self.count(Counters::NO_DESTINATION, 1);
-                return self.refuse(&Refused {
-                    status: 503,
-                    kind: "no_feasible_destination",
-                    reason: refusal.as_str(),
-                    message:
-                        "no destination that may serve this request is healthy and under its cap"
-                            .to_string(),
-                });
+                return self.refuse(&Refused::no_destination(refusal));
             }
             Some(Err(refused)) => return self.refuse(&refused),
             None => return self.internal("no per-worker buffers"),
         };
         self.chosen = Some((decision, now));
-        self.count(
-            Counters::BOOKED_NANO_USD,
-            request::nano_usd(decision.marginal_usd),
-        );
-        self.count(
-            Counters::COUNTERFACTUAL_NANO_USD,
-            request::nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
-        );
-        self.count(Counters::destination_requests(decision.index), 1);
+        for (counter, n) in Counters::decided(&decision) {
+            self.count(counter, n);
+        }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None, now);
             return self.internal("decision index out of range");
@@ -618,95 +607,4 @@ impl Stream {
 }
 
 // The hooks Envoy 1.40 requires of every HTTP filter module, unused here.
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _envoy: Filter,
-    _s: ModulePtr,
-) -> u32 {
-    abi::status::CONTINUE
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _callout_id: u64,
-    _result: u32,
-    _headers: *mut EnvoyHeader,
-    _headers_size: usize,
-    _body_chunks: *mut EnvoyBuffer,
-    _body_chunks_size: usize,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _stream_id: u64,
-    _headers: *mut EnvoyHeader,
-    _headers_size: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _stream_id: u64,
-    _data: *const EnvoyBuffer,
-    _data_count: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _stream_id: u64,
-    _trailers: *mut EnvoyHeader,
-    _trailers_size: usize,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _stream_id: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _stream_id: u64,
-    _reason: u32,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    _envoy: Filter,
-    _s: ModulePtr,
-    _event_id: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-    _envoy: Filter,
-    _s: ModulePtr,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-    _envoy: Filter,
-    _s: ModulePtr,
-) {
-}
+ace_dynamic_abi::unused_http_hooks!();

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::usage::Usage;
-use ace_core::dispatch::{Decision, Request};
+use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
 use ace_core::tables::Tables;
 use std::sync::Arc;
@@ -144,6 +144,18 @@ pub struct Refused {
 }
 
 impl Refused {
+    /// Nothing that may serve the request is healthy and under its cap
+    /// (or nothing may serve it at all): 503, never a fallback.
+    pub fn no_destination(refusal: Refusal) -> Refused {
+        Refused {
+            status: 503,
+            kind: "no_feasible_destination",
+            reason: refusal.as_str(),
+            message: "no destination that may serve this request is healthy and under its cap"
+                .to_string(),
+        }
+    }
+
     /// The reply's JSON body, `{"error": {"type", "reason", "message"}}`.
     pub fn body(&self) -> Vec<u8> {
         error_body(self.kind, self.reason, &self.message)
@@ -389,6 +401,19 @@ impl Counters {
             }
         }
         names
+    }
+
+    /// What a decision counts: the booked and counterfactual dollars, and
+    /// one request on its destination.
+    pub fn decided(decision: &Decision) -> [(usize, u64); 3] {
+        [
+            (Self::BOOKED_NANO_USD, nano_usd(decision.marginal_usd)),
+            (
+                Self::COUNTERFACTUAL_NANO_USD,
+                nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
+            ),
+            (Self::destination_requests(decision.index), 1),
+        ]
     }
 
     /// Requests sent to destination `d`.

@@ -399,12 +399,7 @@ impl AceStream {
             Ok(Ok(d)) => d,
             Ok(Err(refusal)) => {
                 plugin.metrics.add(Counters::NO_DESTINATION, 1);
-                return self.reply_json(
-                    503,
-                    "no_feasible_destination",
-                    refusal.as_str(),
-                    "no destination that may serve this request is healthy and under its cap",
-                );
+                return self.send_refusal(&Refused::no_destination(refusal));
             }
             Err(s) => {
                 log::warn!("cannot read the shared fleet state: {s:?}");
@@ -413,15 +408,9 @@ impl AceStream {
         };
         self.chosen = Some((decision, now));
         let m = &plugin.metrics;
-        m.add(
-            Counters::BOOKED_NANO_USD,
-            request::nano_usd(decision.marginal_usd),
-        );
-        m.add(
-            Counters::COUNTERFACTUAL_NANO_USD,
-            request::nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
-        );
-        m.add(Counters::destination_requests(decision.index), 1);
+        for (counter, n) in Counters::decided(&decision) {
+            m.add(counter, n);
+        }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None, None);
             return self.reply_json(500, "internal", "internal", "decision index out of range");

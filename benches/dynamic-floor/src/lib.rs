@@ -20,94 +20,20 @@
 //! the ABI changes between Envoy releases, so this module is built for
 //! 1.40 only.
 
+use ace_dynamic_abi::raw::*;
+use ace_dynamic_abi::{EnvoyBuffer, EnvoyHeader, Filter as FilterEnvoy, ModuleBuffer, ModulePtr};
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A buffer Envoy owns: valid until the hook returns.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct EnvoyBuffer {
-    ptr: *const c_char,
-    length: usize,
-}
-
-/// A buffer the module owns.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ModuleBuffer {
-    ptr: *const c_char,
-    length: usize,
-}
-
-impl ModuleBuffer {
-    fn of(bytes: &'static [u8]) -> ModuleBuffer {
-        ModuleBuffer {
-            ptr: bytes.as_ptr().cast(),
-            length: bytes.len(),
-        }
-    }
-}
-
-/// One header, pointing into Envoy's header map.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct EnvoyHeader {
-    key_ptr: *const c_char,
-    key_length: usize,
-    value_ptr: *const c_char,
-    value_length: usize,
-}
-
-/// Envoy's handle for one stream's filter, valid until its destroy hook.
-/// (A transparent wrapper: passed exactly as the pointer it holds.)
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy)]
-pub struct FilterEnvoy(*mut c_void);
-type FilterModule = *const c_void;
+type FilterModule = ModulePtr;
 type ConfigEnvoy = *mut c_void;
-type ConfigModule = *const c_void;
+type ConfigModule = ModulePtr;
 
 // `envoy_dynamic_module_type_http_header_type` and `..._http_body_type`.
 const REQUEST_HEADER: u32 = 0;
 const RESPONSE_HEADER: u32 = 2;
 const RECEIVED_RESPONSE_BODY: u32 = 2;
-// Every `..._status_Continue` is 0.
-const CONTINUE: u32 = 0;
-
-extern "C" {
-    fn envoy_dynamic_module_callback_http_get_headers_size(f: FilterEnvoy, kind: u32) -> usize;
-    fn envoy_dynamic_module_callback_http_get_headers(
-        f: FilterEnvoy,
-        kind: u32,
-        out: *mut EnvoyHeader,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_get_header(
-        f: FilterEnvoy,
-        kind: u32,
-        key: ModuleBuffer,
-        out: *mut EnvoyBuffer,
-        index: usize,
-        optional_size: *mut usize,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_set_header(
-        f: FilterEnvoy,
-        kind: u32,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_clear_route_cache(f: FilterEnvoy);
-    fn envoy_dynamic_module_callback_http_get_body_chunks_size(f: FilterEnvoy, kind: u32) -> usize;
-    fn envoy_dynamic_module_callback_http_get_body_chunks(
-        f: FilterEnvoy,
-        kind: u32,
-        out: *mut EnvoyBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
-        f: FilterEnvoy,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    ) -> bool;
-}
+const CONTINUE: u32 = ace_dynamic_abi::status::CONTINUE;
 
 /// In-flight requests: what ACE keeps in shared data, here process memory.
 static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
@@ -156,19 +82,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     _m: FilterModule,
     _end_of_stream: bool,
 ) -> u32 {
-    let mut headers = [EnvoyHeader {
-        key_ptr: std::ptr::null(),
-        key_length: 0,
-        value_ptr: std::ptr::null(),
-        value_length: 0,
-    }; 64];
+    let mut headers = [EnvoyHeader::EMPTY; 64];
     // SAFETY: `f` is Envoy's live filter handle for this hook; the array
     // has room for the count Envoy reports (capped at 64).
     let read = unsafe {
         let n = envoy_dynamic_module_callback_http_get_headers_size(f, REQUEST_HEADER);
         if n <= headers.len() {
             envoy_dynamic_module_callback_http_get_headers(f, REQUEST_HEADER, headers.as_mut_ptr());
-            headers.iter().take(n).map(|h| h.value_length as u64).sum()
+            headers.iter().take(n).map(|h| h.value.length as u64).sum()
         } else {
             0
         }
@@ -194,10 +115,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     _m: FilterModule,
     _end_of_stream: bool,
 ) -> u32 {
-    let mut status = EnvoyBuffer {
-        ptr: std::ptr::null(),
-        length: 0,
-    };
+    let mut status = EnvoyBuffer::EMPTY;
     // SAFETY: Envoy's live handle; `status` outlives the call.
     unsafe {
         envoy_dynamic_module_callback_http_get_header(
@@ -219,10 +137,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     _m: FilterModule,
     end_of_stream: bool,
 ) -> u32 {
-    let mut chunks = [EnvoyBuffer {
-        ptr: std::ptr::null(),
-        length: 0,
-    }; 16];
+    let mut chunks = [EnvoyBuffer::EMPTY; 16];
     // SAFETY: Envoy's live handle; room for the count Envoy reports.
     let bytes: u64 = unsafe {
         let n = envoy_dynamic_module_callback_http_get_body_chunks_size(f, RECEIVED_RESPONSE_BODY);
@@ -281,94 +196,4 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     CONTINUE
 }
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-) -> u32 {
-    CONTINUE
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _callout_id: u64,
-    _result: u32,
-    _headers: *mut EnvoyHeader,
-    _headers_size: usize,
-    _body_chunks: *mut EnvoyBuffer,
-    _body_chunks_size: usize,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _stream_id: u64,
-    _headers: *mut EnvoyHeader,
-    _headers_size: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _stream_id: u64,
-    _data: *const EnvoyBuffer,
-    _data_count: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _stream_id: u64,
-    _trailers: *mut EnvoyHeader,
-    _trailers_size: usize,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _stream_id: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _stream_id: u64,
-    _reason: u32,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-    _event_id: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-    _f: FilterEnvoy,
-    _m: FilterModule,
-) {
-}
+ace_dynamic_abi::unused_http_hooks!();

@@ -1,5 +1,5 @@
-//! Envoy 1.40's dynamic-module ABI ("v0.2.0"), the part ACE uses, and safe
-//! wrappers over it.
+//! ace-dynamic-abi: Envoy 1.40's HTTP dynamic-module ABI ("v0.2.0"), the
+//! part ACE uses, and safe wrappers over it.
 //!
 //! The prototypes follow `source/extensions/dynamic_modules/abi/abi.h` of
 //! Envoy 1.40 and were checked against the 1.40 release binary's exported
@@ -7,13 +7,18 @@
 //! releases, so this module is built for 1.40 (the Envoy `make setup`
 //! installs); another Envoy may warn about the version or refuse to load it.
 //!
-//! Every unsafe call is here. The rest of the crate sees [`Filter`] (one
-//! stream's handle, valid from Envoy's `filter_new` to `destroy`) and
-//! [`ConfigHandle`] (valid during `config_new`), whose methods take and
-//! return Rust slices. Buffers Envoy hands out point into its own memory
-//! and are valid until the hook that read them returns; the wrappers keep
-//! them inside a closure or copy them.
+//! Two users: `ace-dynamic` (ACE itself) and `benches/dynamic-floor` (a
+//! measuring module that makes only ACE's calls). The declarations are
+//! public ([`raw`]) for the bench, which calls them exactly as it measures;
+//! ACE uses the wrappers: [`Filter`] (one stream's handle, valid from
+//! Envoy's `filter_new` to `destroy`) and [`ConfigHandle`] (valid during
+//! `config_new`), whose methods take and return Rust slices. Buffers Envoy
+//! hands out point into its own memory and are valid until the hook that
+//! read them returns; the wrappers keep them inside a closure or copy them.
+//! [`unused_http_hooks!`] defines the hooks Envoy requires of every HTTP
+//! filter module that neither user needs.
 
+use raw::*;
 use std::ffi::{c_char, c_void};
 
 /// A buffer Envoy owns.
@@ -25,7 +30,8 @@ pub struct EnvoyBuffer {
 }
 
 impl EnvoyBuffer {
-    const EMPTY: EnvoyBuffer = EnvoyBuffer {
+    /// A null buffer, for Envoy to fill.
+    pub const EMPTY: EnvoyBuffer = EnvoyBuffer {
         ptr: std::ptr::null(),
         length: 0,
     };
@@ -53,7 +59,8 @@ pub struct ModuleBuffer {
 }
 
 impl ModuleBuffer {
-    fn of(bytes: &[u8]) -> ModuleBuffer {
+    /// Lend `bytes` (they must outlive the call they are passed to).
+    pub fn of(bytes: &[u8]) -> ModuleBuffer {
         ModuleBuffer {
             ptr: bytes.as_ptr().cast(),
             length: bytes.len(),
@@ -65,14 +72,22 @@ impl ModuleBuffer {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct EnvoyHeader {
-    key: EnvoyBuffer,
-    value: EnvoyBuffer,
+    pub key: EnvoyBuffer,
+    pub value: EnvoyBuffer,
+}
+
+impl EnvoyHeader {
+    /// An empty entry, for arrays Envoy fills.
+    pub const EMPTY: EnvoyHeader = EnvoyHeader {
+        key: EnvoyBuffer::EMPTY,
+        value: EnvoyBuffer::EMPTY,
+    };
 }
 
 /// One header the module owns (for local replies).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct ModuleHeader {
+pub struct ModuleHeader {
     key: ModuleBuffer,
     value: ModuleBuffer,
 }
@@ -80,12 +95,12 @@ struct ModuleHeader {
 /// Envoy's handle for one stream's filter.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-pub struct Filter(*mut c_void);
+pub struct Filter(pub *mut c_void);
 
 /// Envoy's handle for a filter configuration being created.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-pub struct ConfigHandle(*mut c_void);
+pub struct ConfigHandle(pub *mut c_void);
 
 /// The module's object for a configuration or a stream, as Envoy holds it.
 pub type ModulePtr = *const c_void;
@@ -129,62 +144,83 @@ pub enum LogLevel {
     Error = 4,
 }
 
-extern "C" {
-    fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
-    fn envoy_dynamic_module_callback_http_get_headers_size(f: Filter, kind: u32) -> usize;
-    fn envoy_dynamic_module_callback_http_get_headers(
-        f: Filter,
-        kind: u32,
-        out: *mut EnvoyHeader,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_get_header(
-        f: Filter,
-        kind: u32,
-        key: ModuleBuffer,
-        out: *mut EnvoyBuffer,
-        index: usize,
-        optional_size: *mut usize,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_set_header(
-        f: Filter,
-        kind: u32,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_clear_route_cache(f: Filter);
-    fn envoy_dynamic_module_callback_http_get_body_chunks_size(f: Filter, kind: u32) -> usize;
-    fn envoy_dynamic_module_callback_http_get_body_chunks(
-        f: Filter,
-        kind: u32,
-        out: *mut EnvoyBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_send_response(
-        f: Filter,
-        status: u32,
-        headers: *const ModuleHeader,
-        headers_len: usize,
-        body: ModuleBuffer,
-        details: ModuleBuffer,
-    );
-    fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
-        f: Filter,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    ) -> bool;
-    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
-        c: ConfigHandle,
-        name: ModuleBuffer,
-        label_names: *const ModuleBuffer,
-        label_names_len: usize,
-        id: *mut usize,
-    ) -> u32;
-    fn envoy_dynamic_module_callback_http_filter_increment_counter(
-        f: Filter,
-        id: usize,
-        label_values: *const ModuleBuffer,
-        label_values_len: usize,
-        value: u64,
-    ) -> u32;
+/// The C declarations, as Envoy 1.40 exports them.
+pub mod raw {
+    use super::{ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, ModuleBuffer, ModuleHeader};
+
+    extern "C" {
+        pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+        pub fn envoy_dynamic_module_callback_http_get_headers_size(f: Filter, kind: u32) -> usize;
+        pub fn envoy_dynamic_module_callback_http_get_headers(
+            f: Filter,
+            kind: u32,
+            out: *mut EnvoyHeader,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_get_header(
+            f: Filter,
+            kind: u32,
+            key: ModuleBuffer,
+            out: *mut EnvoyBuffer,
+            index: usize,
+            optional_size: *mut usize,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_set_header(
+            f: Filter,
+            kind: u32,
+            key: ModuleBuffer,
+            value: ModuleBuffer,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_clear_route_cache(f: Filter);
+        pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
+            f: Filter,
+            kind: u32,
+        ) -> usize;
+        pub fn envoy_dynamic_module_callback_http_get_body_chunks(
+            f: Filter,
+            kind: u32,
+            out: *mut EnvoyBuffer,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_send_response(
+            f: Filter,
+            status: u32,
+            headers: *const ModuleHeader,
+            headers_len: usize,
+            body: ModuleBuffer,
+            details: ModuleBuffer,
+        );
+        pub fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+            f: Filter,
+            key: ModuleBuffer,
+            value: ModuleBuffer,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+            c: ConfigHandle,
+            name: ModuleBuffer,
+            label_names: *const ModuleBuffer,
+            label_names_len: usize,
+            id: *mut usize,
+        ) -> u32;
+        pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
+            f: Filter,
+            id: usize,
+            label_values: *const ModuleBuffer,
+            label_values_len: usize,
+            value: u64,
+        ) -> u32;
+    }
+}
+
+/// Let Envoy write `n` entries into `scratch` through `get` (which gets a
+/// pointer with room for `n` and says whether it wrote them); the vector
+/// then holds them, or nothing if Envoy did not write.
+fn fill<T>(scratch: &mut Vec<T>, n: usize, get: impl FnOnce(*mut T) -> bool) {
+    scratch.clear();
+    scratch.reserve(n);
+    if n > 0 && get(scratch.as_mut_ptr()) {
+        // SAFETY: room for `n` was reserved, and Envoy initialised all `n`
+        // (it returned true).
+        unsafe { scratch.set_len(n) }
+    }
 }
 
 /// Write `message` to Envoy's log (component `dynamic_modules`).
@@ -232,23 +268,13 @@ impl Filter {
         scratch: &mut Vec<EnvoyHeader>,
         f: impl for<'h> FnOnce(&mut dyn Iterator<Item = (&'h [u8], &'h [u8])>) -> T,
     ) -> T {
-        scratch.clear();
-        // SAFETY: `self` is live for this hook; the vector has room for
-        // the count Envoy reports, and its length is set to that count only
-        // after Envoy filled it.
-        unsafe {
-            let n = envoy_dynamic_module_callback_http_get_headers_size(self, map as u32);
-            scratch.reserve(n);
-            if n > 0
-                && envoy_dynamic_module_callback_http_get_headers(
-                    self,
-                    map as u32,
-                    scratch.as_mut_ptr(),
-                )
-            {
-                scratch.set_len(n);
-            }
-        }
+        let map = map as u32;
+        // SAFETY: `self` is live for this hook.
+        let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self, map) };
+        // SAFETY: as above; `fill` hands a pointer with room for `n`.
+        fill(scratch, n, |out| unsafe {
+            envoy_dynamic_module_callback_http_get_headers(self, map, out)
+        });
         // SAFETY: Envoy's buffers, read before this hook returns.
         let mut pairs = scratch
             .iter()
@@ -305,21 +331,13 @@ impl Filter {
         scratch: &mut Vec<EnvoyBuffer>,
         mut f: impl FnMut(&[u8]),
     ) {
-        scratch.clear();
-        // SAFETY: as in `with_headers`.
-        unsafe {
-            let n = envoy_dynamic_module_callback_http_get_body_chunks_size(self, body as u32);
-            scratch.reserve(n);
-            if n > 0
-                && envoy_dynamic_module_callback_http_get_body_chunks(
-                    self,
-                    body as u32,
-                    scratch.as_mut_ptr(),
-                )
-            {
-                scratch.set_len(n);
-            }
-        }
+        let body = body as u32;
+        // SAFETY: `self` is live for this hook.
+        let n = unsafe { envoy_dynamic_module_callback_http_get_body_chunks_size(self, body) };
+        // SAFETY: as above; `fill` hands a pointer with room for `n`.
+        fill(scratch, n, |out| unsafe {
+            envoy_dynamic_module_callback_http_get_body_chunks(self, body, out)
+        });
         for chunk in scratch.iter() {
             // SAFETY: Envoy's buffer, read before this hook returns.
             f(unsafe { chunk.bytes() });
@@ -380,4 +398,105 @@ impl Filter {
     pub fn from_raw(p: *mut c_void) -> Filter {
         Filter(p)
     }
+}
+
+/// Define, as no-ops, the HTTP filter hooks Envoy 1.40 requires of every
+/// module that ACE's modules do not use: response trailers, HTTP callouts
+/// and streams, scheduled events and downstream watermarks. Use once, at a
+/// cdylib's root.
+#[macro_export]
+macro_rules! unused_http_hooks {
+    () => {
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+        ) -> u32 {
+            $crate::status::CONTINUE
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _callout_id: u64,
+            _result: u32,
+            _headers: *mut $crate::EnvoyHeader,
+            _headers_size: usize,
+            _body_chunks: *mut $crate::EnvoyBuffer,
+            _body_chunks_size: usize,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _stream_id: u64,
+            _headers: *mut $crate::EnvoyHeader,
+            _headers_size: usize,
+            _end_stream: bool,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _stream_id: u64,
+            _data: *const $crate::EnvoyBuffer,
+            _data_count: usize,
+            _end_stream: bool,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _stream_id: u64,
+            _trailers: *mut $crate::EnvoyHeader,
+            _trailers_size: usize,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _stream_id: u64,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _stream_id: u64,
+            _reason: u32,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+            _event_id: u64,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+        ) {
+        }
+
+        #[no_mangle]
+        pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+            _envoy: $crate::Filter,
+            _m: $crate::ModulePtr,
+        ) {
+        }
+    };
 }

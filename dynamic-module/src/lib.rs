@@ -53,6 +53,42 @@ use std::sync::{Arc, Mutex};
 /// Filter-state key of the request's event.
 pub const EVENT_KEY: &str = "ace_event";
 
+/// The request header that marks ACE's own retry (`retry_next`): this
+/// process's token and the index of the destination that failed. A value
+/// without the token (a client's) is removed and ignored.
+pub const RETRY_HEADER: &str = "x-ace-retry";
+
+/// Dynamic metadata (namespace, key) set on a run that ACE replaced by a
+/// retry: its access-log line carries no event, and an access-log
+/// `metadata_filter` on it drops the line (`envoy/envoy-dynamic.yaml`).
+pub const SUPERSEDED: (&str, &str) = ("ace", "superseded");
+
+/// The event's and `x-ace-reason`'s reason for a retried request.
+const RETRY_REASON: &str = "retry";
+
+/// A random token for this process, so that clients cannot forge a retry
+/// mark (and steer requests away from a destination).
+fn retry_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // `RandomState` is seeded from the operating system's randomness.
+    *TOKEN.get_or_init(|| {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    })
+}
+
+/// The failed destination a retry mark names, if the mark is ours.
+fn retry_of(value: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (token, index) = text.trim().split_once('.')?;
+    if u64::from_str_radix(token, 16).ok()? != retry_token() {
+        return None;
+    }
+    index.parse().ok()
+}
+
 /// Everything a request needs, built once per configuration and shared by
 /// every worker.
 #[derive(Debug)]
@@ -241,14 +277,37 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
-    _envoy: Filter,
+    envoy: Filter,
     s: ModulePtr,
     _end_of_stream: bool,
 ) -> u32 {
-    if let Some(s) = stream(s) {
-        s.on_response_headers();
+    let after = match stream(s) {
+        Some(s) => s.on_response_headers(),
+        None => return abi::status::CONTINUE,
+    };
+    match after {
+        After::Status(status) => status,
+        After::Recreate => {
+            // No reference to the stream is held across this call: when
+            // Envoy re-runs the request it tears this stream down inside
+            // the call (its `stream_complete` and `destroy` hooks run), so
+            // the stream must not be touched after a success.
+            if envoy.recreate_stream() {
+                abi::status::STOP_ITERATION
+            } else {
+                stream(s).map_or(abi::status::CONTINUE, Stream::not_recreated)
+            }
+        }
     }
-    abi::status::CONTINUE
+}
+
+/// What the response-headers hook does after the stream has looked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Return this status to Envoy.
+    Status(u32),
+    /// Ask Envoy to run the request again (`retry_next`).
+    Recreate,
 }
 
 #[no_mangle]
@@ -293,6 +352,19 @@ struct Stream {
     event: Option<Event>,
     /// Token usage in the response, when it is being looked for.
     usage: Option<UsageScanner>,
+    /// This request is ACE's retry of one whose destination failed: that
+    /// destination (index) is not a candidate.
+    retry_of: Option<usize>,
+    /// The event, set aside while Envoy re-runs the request (see
+    /// [`Stream::prepare_retry`]).
+    parked: Option<Event>,
+    /// The response's status and latency, while a re-run is asked for.
+    answered: Option<(u32, u64)>,
+    /// Request body bytes seen so far (counted only under `retry_next`).
+    request_bytes: usize,
+    /// Whether the whole request (headers, body, no trailers) has been
+    /// seen: only then can it be run again.
+    request_complete: bool,
 }
 
 impl Stream {
@@ -307,6 +379,11 @@ impl Stream {
             settled: false,
             event: None,
             usage: None,
+            retry_of: None,
+            parked: None,
+            answered: None,
+            request_bytes: 0,
+            request_complete: false,
         }
     }
 
@@ -319,7 +396,7 @@ impl Stream {
     }
 
     fn on_request_headers(&mut self, end_of_stream: bool) -> u32 {
-        self.count(Counters::REQUESTS, 1);
+        self.request_complete = end_of_stream;
         // Clients never choose: a destination header they sent is replaced
         // in `route`, or the request is refused and reaches no upstream.
         let envoy = self.envoy;
@@ -333,6 +410,20 @@ impl Stream {
         .unwrap_or_default();
         let now = now_ms();
         let head = request::capture(pairs, now);
+        if let Some(value) = head.event.headers.get(RETRY_HEADER) {
+            // Ours (it carries this process's token) or a client's: either
+            // way it goes no further than here.
+            self.retry_of = retry_of(value);
+            envoy.remove_header(HeaderMap::Request, RETRY_HEADER);
+        }
+        self.count(
+            if self.retry_of.is_some() {
+                Counters::RETRIES
+            } else {
+                Counters::REQUESTS
+            },
+            1,
+        );
         let wants_body = head.wants_body(&self.shared.config, end_of_stream);
         self.content_length = head.content_length;
         self.event = Some(head.event);
@@ -345,7 +436,18 @@ impl Stream {
     }
 
     fn on_request_body(&mut self, end_of_stream: bool) -> u32 {
+        self.request_complete = end_of_stream;
         let Some(mut buf) = self.body.take() else {
+            if self.shared.config.retry_next {
+                // A retry must know the body is whole where Envoy keeps it.
+                let (envoy, mut n) = (self.envoy, 0usize);
+                with_scratch(|s| {
+                    envoy.for_each_chunk(Body::ReceivedRequest, &mut s.chunks, |c| {
+                        n = n.saturating_add(c.len())
+                    })
+                });
+                self.request_bytes = self.request_bytes.saturating_add(n);
+            }
             return abi::status::CONTINUE;
         };
         let max = self.shared.config.max_body_bytes;
@@ -359,6 +461,7 @@ impl Stream {
             })
         });
         self.body_size = size;
+        self.request_bytes = size;
         if !end_of_stream && size < max {
             self.body = Some(buf);
             return abi::status::STOP_AND_BUFFER; // buffer more
@@ -377,6 +480,8 @@ impl Stream {
     }
 
     fn on_request_trailers(&mut self) -> u32 {
+        // A retry would drop the trailers: none for this request.
+        self.request_complete = false;
         // Trailers end the body: route on what was read.
         let Some(buf) = self.body.take() else {
             return abi::status::CONTINUE;
@@ -439,6 +544,7 @@ impl Stream {
         let req = request::plan(cfg, event, body, self.content_length, now);
         let warm = cfg.warmth.mask(event.text(&event.model_requested));
         let body_model = body.and_then(|b| b.model.as_deref());
+        let retry_of = self.retry_of;
         // Feasibility first (the compiled Cedar tables), then the decision
         // on the shared fleet, with this worker's lookup buffers.
         let decided = with_scratch(|s| {
@@ -449,6 +555,12 @@ impl Stream {
                 body_model,
                 &mut s.lookup,
             )?;
+            if let Some(d) = retry_of {
+                // The destination that just failed this request.
+                if let Some(w) = s.lookup.mask.get_mut(d / 64) {
+                    *w &= !(1u64 << (d % 64));
+                }
+            }
             Ok(Fleet::dispatch(
                 &shared.fleet,
                 &cfg.models,
@@ -478,6 +590,9 @@ impl Stream {
         };
         if let Some(e) = self.event.as_mut() {
             request::record(e, cfg, &shared.names, &decision);
+            if retry_of.is_some() {
+                e.reason = RETRY_REASON;
+            }
         }
         if !self
             .envoy
@@ -520,16 +635,18 @@ impl Stream {
         }
     }
 
-    fn on_response_headers(&mut self) {
+    /// The response's headers: what they mean for the destination's
+    /// health, then either the rest of the response's handling or, under
+    /// `retry_next`, a request to run the request again.
+    fn on_response_headers(&mut self) -> After {
         let Some((decision, started)) = self.chosen else {
-            return;
+            return After::Status(abi::status::CONTINUE);
         };
         let envoy = self.envoy;
         let status = envoy.with_header(HeaderMap::Response, ":status", |v| {
             headers::number::<u32>(v).unwrap_or(0)
         });
-        let shared = Arc::clone(&self.shared);
-        let cfg = &shared.config;
+        let cfg = &self.shared.config;
         let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
         let now = now_ms();
         let latency_ms = now.saturating_sub(started);
@@ -540,26 +657,115 @@ impl Stream {
         } else {
             request::outcome(status, None, latency_ms, slo_ms)
         };
+        // Only when the decision had a runner-up: with none, a re-run could
+        // only refuse.
+        let retry = outcome == Outcome::Failure && cfg.retry_next && decision.runner_up.is_some();
         self.settle(Some(outcome), now);
+        if retry && self.prepare_retry(decision.index) {
+            self.answered = Some((status, latency_ms));
+            return After::Recreate;
+        }
+        self.respond(status, latency_ms);
+        After::Status(abi::status::CONTINUE)
+    }
+
+    /// The rest of a response's handling: the event's status, the usage
+    /// scan, the operator headers.
+    fn respond(&mut self, status: u32, latency_ms: u64) {
+        let Some((decision, _)) = self.chosen else {
+            return;
+        };
+        let reason = if self.retry_of.is_some() {
+            RETRY_REASON
+        } else {
+            decision.reason.as_str()
+        };
         if let Some(e) = self.event.as_mut() {
             e.latency_ms = latency_ms;
-            e.finish(status, decision.reason.as_str());
+            e.finish(status, reason);
         }
+        let envoy = self.envoy;
         if (200..300).contains(&status) {
             let sse = envoy.with_header(HeaderMap::Response, "content-type", |v| {
                 headers::has(v, "text/event-stream")
             });
             self.usage = Some(UsageScanner::new(sse));
         }
+        let cfg = &self.shared.config;
         if cfg.response_headers {
             let mut cost = event::UsdBuffer::default();
             for (k, v) in request::response_headers(cfg, &decision, &mut cost)
                 .into_iter()
                 .flatten()
             {
+                let v = if k == request::RESPONSE_REASON_HEADER {
+                    reason
+                } else {
+                    v
+                };
                 envoy.set_header(HeaderMap::Response, k, v);
             }
         }
+    }
+
+    /// Whether Envoy can run this request again whole: it is complete, and
+    /// any body it had is all in Envoy's buffer (the router buffers the
+    /// body when the route has a retry policy; without one the body
+    /// streamed through and is gone, and a re-run would wait for it).
+    fn replayable(&self) -> bool {
+        if !self.request_complete {
+            return false;
+        }
+        if self.request_bytes == 0 {
+            return true;
+        }
+        let (envoy, mut held) = (self.envoy, 0usize);
+        with_scratch(|s| {
+            envoy.for_each_chunk(Body::BufferedRequest, &mut s.chunks, |c| {
+                held = held.saturating_add(c.len())
+            })
+        });
+        held == self.request_bytes
+    }
+
+    /// Get ready to run the request again, once, without destination
+    /// `failed`: mark it with this process's retry token and the failed
+    /// destination, mark this run superseded (its access-log line can be
+    /// filtered out, see [`SUPERSEDED`]) and park its event (the new run
+    /// writes the request's one event). False, with nothing changed, when
+    /// this was a retry already or Envoy cannot replay the request whole.
+    fn prepare_retry(&mut self, failed: usize) -> bool {
+        if self.retry_of.is_some() {
+            return false;
+        }
+        if !self.replayable() {
+            log::debug!("not retrying: Envoy does not hold the whole request to run it again");
+            return false;
+        }
+        let mark = format!("{:016x}.{failed}", retry_token());
+        if !self
+            .envoy
+            .set_header(HeaderMap::Request, RETRY_HEADER, &mark)
+        {
+            return false;
+        }
+        self.envoy
+            .set_metadata_bool(SUPERSEDED.0, SUPERSEDED.1, true);
+        self.parked = self.event.take();
+        true
+    }
+
+    /// Envoy refused to run the request again: undo
+    /// [`Stream::prepare_retry`] and let this answer through.
+    fn not_recreated(&mut self) -> u32 {
+        self.envoy.remove_header(HeaderMap::Request, RETRY_HEADER);
+        self.envoy
+            .set_metadata_bool(SUPERSEDED.0, SUPERSEDED.1, false);
+        self.event = self.parked.take();
+        if let Some((status, latency_ms)) = self.answered.take() {
+            self.respond(status, latency_ms);
+        }
+        abi::status::CONTINUE
     }
 
     fn on_response_body(&mut self, end_of_stream: bool) {

@@ -53,6 +53,13 @@ pub struct Config {
     /// clients the fleet's internals and prices; the access-log event has
     /// them all).
     pub response_headers: bool,
+    /// Whether a request whose destination fails (a 5xx or Envoy's local
+    /// reply for a refused connection or timeout, before any byte reached
+    /// the client) is tried once more, within the same request, on the
+    /// next feasible destination in merit order. Only the dynamic module
+    /// can (it re-runs the request through Envoy's filter chain); the Wasm
+    /// filter logs that it ignores it.
+    pub retry_next: bool,
     /// Output tokens assumed when the request does not say.
     pub default_output_tokens: u32,
     /// Health tunables.
@@ -314,6 +321,8 @@ struct RawConfig {
     #[serde(default)]
     response_headers: bool,
     #[serde(default)]
+    retry_next: bool,
+    #[serde(default)]
     default_output_tokens: Option<u32>,
     #[serde(default)]
     health: RawHealth,
@@ -530,6 +539,7 @@ impl Config {
             latency_classes,
             warmth,
             response_headers: raw.response_headers,
+            retry_next: raw.retry_next,
             default_output_tokens: raw.default_output_tokens.unwrap_or(256),
             health,
             fingerprint,

@@ -381,7 +381,10 @@ impl Counters {
     pub const BOOKED_NANO_USD: usize = 5;
     /// The all-pay-as-you-go counterfactual, nano-USD.
     pub const COUNTERFACTUAL_NANO_USD: usize = 6;
-    const FLEET: [&'static str; 7] = [
+    /// Requests run again on the next destination (`retry_next`, the
+    /// dynamic module); not counted again in [`Counters::REQUESTS`].
+    pub const RETRIES: usize = 7;
+    const FLEET: [&'static str; 8] = [
         "ace.requests",
         "ace.no_destination",
         "ace.trips",
@@ -389,6 +392,7 @@ impl Counters {
         "ace.derates",
         "ace.booked_nano_usd",
         "ace.counterfactual_nano_usd",
+        "ace.retries",
     ];
 
     /// Every counter's name for `cfg`, in position order.
@@ -464,7 +468,8 @@ mod tests {
         assert!(fail
             .and_then(at)
             .is_some_and(|n| n.ends_with("b.tier.payg.failures")));
-        assert_eq!(names.len(), 7 + 6);
+        assert_eq!(names.len(), 8 + 6);
+        assert_eq!(at(Counters::RETRIES), Some("ace.retries"));
     }
 
     #[test]

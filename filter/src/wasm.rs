@@ -164,6 +164,11 @@ impl RootContext for AceRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!("{}", config.summary());
+                if config.retry_next {
+                    log::warn!(
+                        "retry_next is ignored: only the dynamic module can run a request again; failures spill from the next request"
+                    );
+                }
                 let n = config.destinations.len();
                 let state_key = format!("ace.fleet.{:016x}", config.fingerprint);
                 let metrics = Metrics::define(&config);

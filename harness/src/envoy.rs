@@ -86,6 +86,7 @@ pub struct EnvoyBuilder {
     route: Value,
     concurrency: u32,
     log_format: Value,
+    access_log_filter: Option<Value>,
     log_level: String,
     ready_timeout: Duration,
     node: Option<Value>,
@@ -105,6 +106,7 @@ impl EnvoyBuilder {
             http_filters: Vec::new(),
             route: json!({"cluster_header": DESTINATION_HEADER, "timeout": "30s"}),
             concurrency: 2,
+            access_log_filter: None,
             log_format: json!({"json_format": {
                 "start_time": "%START_TIME%",
                 "method": "%REQ(:METHOD)%",
@@ -196,6 +198,12 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Log only the requests `filter` (an Envoy `AccessLogFilter`) passes.
+    pub fn access_log_filter(mut self, filter: Value) -> EnvoyBuilder {
+        self.access_log_filter = Some(filter);
+        self
+    }
+
     /// Make each access-log line exactly `line` (a text format; a newline is
     /// appended), e.g. `%FILTER_STATE(wasm.ace_event:PLAIN)%` for ACE's events.
     pub fn access_log_line(mut self, line: &str) -> EnvoyBuilder {
@@ -253,6 +261,10 @@ impl EnvoyBuilder {
         });
         if let Some(node) = &self.node {
             bootstrap["node"] = node.clone();
+        }
+        if let Some(filter) = &self.access_log_filter {
+            bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+                ["typed_config"]["access_log"][0]["filter"] = filter.clone();
         }
         bootstrap
     }

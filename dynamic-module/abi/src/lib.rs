@@ -119,6 +119,7 @@ pub enum HeaderMap {
 #[derive(Debug, Clone, Copy)]
 pub enum Body {
     ReceivedRequest = 0,
+    BufferedRequest = 1,
     ReceivedResponse = 2,
 }
 
@@ -171,6 +172,17 @@ pub mod raw {
             value: ModuleBuffer,
         ) -> bool;
         pub fn envoy_dynamic_module_callback_http_clear_route_cache(f: Filter);
+        pub fn envoy_dynamic_module_callback_http_set_dynamic_metadata_bool(
+            f: Filter,
+            namespace: ModuleBuffer,
+            key: ModuleBuffer,
+            value: bool,
+        );
+        pub fn envoy_dynamic_module_callback_http_filter_recreate_stream(
+            f: Filter,
+            headers: *const ModuleHeader,
+            headers_len: usize,
+        ) -> bool;
         pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
             f: Filter,
             kind: u32,
@@ -318,10 +330,52 @@ impl Filter {
         }
     }
 
+    /// Remove every value of header `name` from `map` (Envoy removes the
+    /// header when the value pointer is null).
+    pub fn remove_header(self, map: HeaderMap, name: &str) -> bool {
+        // SAFETY: `self` is live; Envoy copies the key.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self,
+                map as u32,
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer {
+                    ptr: std::ptr::null(),
+                    length: 0,
+                },
+            )
+        }
+    }
+
+    /// Set dynamic metadata `namespace`.`key` to `value` (what access-log
+    /// `metadata_filter`s and `%DYNAMIC_METADATA%` read).
+    pub fn set_metadata_bool(self, namespace: &str, key: &str, value: bool) {
+        // SAFETY: `self` is live; Envoy copies namespace and key.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_dynamic_metadata_bool(
+                self,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                value,
+            )
+        }
+    }
+
     /// Make Envoy select the route again (after the routing header changed).
     pub fn clear_route_cache(self) {
         // SAFETY: `self` is live.
         unsafe { envoy_dynamic_module_callback_http_clear_route_cache(self) }
+    }
+
+    /// Tear this stream's filter chain down and run the request through it
+    /// again, as Envoy does for an internal redirect (headers as they are
+    /// now, the body if Envoy buffered it). False when Envoy cannot (the
+    /// request is not complete, or a response has started).
+    pub fn recreate_stream(self) -> bool {
+        // SAFETY: `self` is live; no headers are passed.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_recreate_stream(self, std::ptr::null(), 0)
+        }
     }
 
     /// Hand each chunk of `body` to `f`.

@@ -814,3 +814,27 @@ impl Stream {
 
 // The hooks Envoy 1.40 requires of every HTTP filter module, unused here.
 ace_dynamic_abi::unused_http_hooks!();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_this_processs_retry_mark_names_a_destination() {
+        let ours = format!("{:016x}.2", retry_token());
+        assert_eq!(retry_of(ours.as_bytes()), Some(2));
+        assert_eq!(retry_of(format!(" {ours} ").as_bytes()), Some(2));
+        let forged = format!("{:016x}.2", retry_token() ^ 1);
+        assert_eq!(retry_of(forged.as_bytes()), None);
+        for junk in [
+            &b""[..],
+            b".",
+            b"2",
+            b"zz.2",
+            b"\xff\xfe.1",
+            ours.trim_end_matches('2').as_bytes(),
+        ] {
+            assert_eq!(retry_of(junk), None, "{junk:?}");
+        }
+    }
+}

@@ -26,6 +26,12 @@
 //! - counters are Envoy's, defined with the configuration and counted as
 //!   they happen.
 //!
+//! One thing only this build can do: `"retry_next": true` runs a request
+//! whose destination failed again, once, on the next feasible destination,
+//! within the same request (Envoy's `recreate_stream`; see
+//! `dynamic-module/README.md`). Envoy tears the failed run down inside that
+//! call, so the hook makes it with no reference to the stream held.
+//!
 //! A configuration that does not parse is refused (Envoy rejects it and
 //! keeps the last good one) with a log line naming the problem. Nothing
 //! here may panic: a panic would unwind into Envoy, which aborts it.

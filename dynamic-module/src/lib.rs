@@ -348,8 +348,6 @@ struct Stream {
     /// The request body read so far (at most `max_body_bytes`), while the
     /// headers are held for it.
     body: Option<Vec<u8>>,
-    /// The request body's size so far.
-    body_size: usize,
     /// The decision and when it was made (ms).
     chosen: Option<(Decision, u64)>,
     /// Whether the outcome was folded into the fleet state.
@@ -366,7 +364,8 @@ struct Stream {
     parked: Option<Event>,
     /// The response's status and latency, while a re-run is asked for.
     answered: Option<(u32, u64)>,
-    /// Request body bytes seen so far (counted only under `retry_next`).
+    /// Request body bytes seen so far (while the body is read for routing,
+    /// and, under `retry_next`, after it).
     request_bytes: usize,
     /// Whether the whole request (headers, body, no trailers) has been
     /// seen: only then can it be run again.
@@ -380,7 +379,6 @@ impl Stream {
             envoy,
             content_length: None,
             body: None,
-            body_size: 0,
             chosen: None,
             settled: false,
             event: None,
@@ -458,7 +456,7 @@ impl Stream {
         };
         let max = self.shared.config.max_body_bytes;
         let envoy = self.envoy;
-        let mut size = self.body_size;
+        let mut size = self.request_bytes;
         with_scratch(|s| {
             envoy.for_each_chunk(Body::ReceivedRequest, &mut s.chunks, |chunk| {
                 size = size.saturating_add(chunk.len());
@@ -466,7 +464,6 @@ impl Stream {
                 buf.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
             })
         });
-        self.body_size = size;
         self.request_bytes = size;
         if !end_of_stream && size < max {
             self.body = Some(buf);
@@ -492,7 +489,7 @@ impl Stream {
         let Some(buf) = self.body.take() else {
             return abi::status::CONTINUE;
         };
-        let total = self.body_size;
+        let total = self.request_bytes;
         match self.route_on_body(&buf, total) {
             abi::status::CONTINUE => abi::status::CONTINUE,
             _ => abi::status::STOP_ITERATION,
@@ -550,7 +547,7 @@ impl Stream {
         let req = request::plan(cfg, event, body, self.content_length, now);
         let warm = cfg.warmth.mask(event.text(&event.model_requested));
         let body_model = body.and_then(|b| b.model.as_deref());
-        let retry_of = self.retry_of;
+        let excluded = self.retry_of;
         // Feasibility first (the compiled Cedar tables), then the decision
         // on the shared fleet, with this worker's lookup buffers.
         let decided = with_scratch(|s| {
@@ -561,7 +558,7 @@ impl Stream {
                 body_model,
                 &mut s.lookup,
             )?;
-            if let Some(d) = retry_of {
+            if let Some(d) = excluded {
                 // The destination that just failed this request.
                 if let Some(w) = s.lookup.mask.get_mut(d / 64) {
                     *w &= !(1u64 << (d % 64));
@@ -596,7 +593,7 @@ impl Stream {
         };
         if let Some(e) = self.event.as_mut() {
             request::record(e, cfg, &shared.names, &decision);
-            if retry_of.is_some() {
+            if excluded.is_some() {
                 e.reason = RETRY_REASON;
             }
         }

@@ -31,18 +31,26 @@ impl Pairs {
     }
 
     /// The ABI encoding of `pairs`: for hosts that hand a header map over
-    /// as a list (Envoy's dynamic modules), for tests and for fuzzing.
-    pub fn encode<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Pairs {
-        let list: Vec<(&[u8], &[u8])> = pairs.into_iter().collect();
-        let size: usize = list.iter().map(|(k, v)| 10 + k.len() + v.len()).sum();
+    /// as a list (Envoy's dynamic modules), for tests and for fuzzing. Two
+    /// passes over the pairs (sizes, then bytes), so the one allocation is
+    /// the buffer itself.
+    pub fn encode<'a, I>(pairs: I) -> Pairs
+    where
+        I: IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        I::IntoIter: Clone,
+    {
+        let pairs = pairs.into_iter();
+        let (count, size) = pairs.clone().fold((0usize, 0usize), |(n, s), (k, v)| {
+            (n + 1, s + 10 + k.len() + v.len())
+        });
         let mut buf = Vec::with_capacity(4 + size);
         let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
-        buf.extend_from_slice(&len(list.len()));
-        for (k, v) in &list {
+        buf.extend_from_slice(&len(count));
+        for (k, v) in pairs.clone() {
             buf.extend_from_slice(&len(k.len()));
             buf.extend_from_slice(&len(v.len()));
         }
-        for (k, v) in &list {
+        for (k, v) in pairs {
             buf.extend_from_slice(k);
             buf.push(0);
             buf.extend_from_slice(v);

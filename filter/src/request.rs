@@ -299,16 +299,6 @@ pub fn outcome(
     }
 }
 
-/// Whether a request ending with `outcome` (`None`: the client went away)
-/// changes its destination's health, or only releases its slot.
-pub fn is_quiet(outcome: Option<Outcome>) -> bool {
-    match outcome {
-        None => true,
-        Some(Outcome::Success { latency_ms, slo_ms }) => slo_ms.is_none_or(|s| latency_ms <= s),
-        Some(_) => false,
-    }
-}
-
 /// Once actual usage is known, book the request on it: tokens and both
 /// costs are recomputed from the destination's and the counterfactual's
 /// cost models at list (unloaded) prices.

@@ -458,7 +458,7 @@ impl AceStream {
         // A quiet ending on a destination with nothing to recover only
         // releases a slot: owe it to the next write instead of writing now
         // (see `state`).
-        if request::is_quiet(outcome) {
+        if is_quiet(outcome) {
             let mut scratch = plugin.scratch.borrow_mut();
             let calm = scratch
                 .mirror
@@ -501,6 +501,16 @@ impl AceStream {
             Ok(None) => {}
             Err(s) => log::warn!("cannot update the shared fleet state: {s:?}"),
         }
+    }
+}
+
+/// Whether a request ending with `outcome` (`None`: the client went away)
+/// changes its destination's health, or only releases its slot.
+fn is_quiet(outcome: Option<Outcome>) -> bool {
+    match outcome {
+        None => true,
+        Some(Outcome::Success { latency_ms, slo_ms }) => slo_ms.is_none_or(|s| latency_ms <= s),
+        Some(_) => false,
     }
 }
 

@@ -270,6 +270,23 @@ impl ConfigHandle {
     }
 }
 
+/// The (name, value) pairs of a header map Envoy filled in
+/// [`Filter::with_headers`]; they exist only inside its closure, while the
+/// hook that read them runs.
+#[derive(Debug, Clone)]
+pub struct HeaderPairs<'h>(std::slice::Iter<'h, EnvoyHeader>);
+
+impl<'h> Iterator for HeaderPairs<'h> {
+    type Item = (&'h [u8], &'h [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let h = self.0.next()?;
+        // SAFETY: Envoy's buffers; a `HeaderPairs` lives only inside
+        // `with_headers`'s closure, before the hook returns.
+        Some(unsafe { (h.key.bytes(), h.value.bytes()) })
+    }
+}
+
 impl Filter {
     /// Every header of `map`, as (name, value) pairs borrowed from Envoy,
     /// handed to `f` (they are valid only inside the hook). `scratch` holds
@@ -278,7 +295,7 @@ impl Filter {
         self,
         map: HeaderMap,
         scratch: &mut Vec<EnvoyHeader>,
-        f: impl for<'h> FnOnce(&mut dyn Iterator<Item = (&'h [u8], &'h [u8])>) -> T,
+        f: impl FnOnce(HeaderPairs<'_>) -> T,
     ) -> T {
         let map = map as u32;
         // SAFETY: `self` is live for this hook.
@@ -287,11 +304,7 @@ impl Filter {
         fill(scratch, n, |out| unsafe {
             envoy_dynamic_module_callback_http_get_headers(self, map, out)
         });
-        // SAFETY: Envoy's buffers, read before this hook returns.
-        let mut pairs = scratch
-            .iter()
-            .map(|h| unsafe { (h.key.bytes(), h.value.bytes()) });
-        f(&mut pairs)
+        f(HeaderPairs(scratch.iter()))
     }
 
     /// The first value of header `name` in `map`, handed to `f`.

@@ -57,22 +57,27 @@ fn build_uncached(package: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// Point `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`, in this process (and so in
+/// every Envoy started from it afterwards), at `lib`'s directory, where
+/// Envoy then finds it by name.
+pub fn use_search_path(lib: &std::path::Path) {
+    if let Some(dir) = lib.parent() {
+        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
+    }
+}
+
 /// The HTTP filter entry that loads the module at `lib` (as [`build`]
 /// returned it) as Envoy filter `filter_name`, handing it `config` (a
 /// string, as `filter_config`'s `StringValue`) when given.
 ///
 /// Envoy finds a module by name, as `lib<name>.so` on
-/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`; this sets that variable in this
-/// process to `lib`'s directory, so every Envoy started from here
-/// afterwards inherits it.
+/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`; this sets it ([`use_search_path`]).
 pub fn http_filter_json(
     lib: &std::path::Path,
     filter_name: &str,
     config: Option<&str>,
 ) -> serde_json::Value {
-    if let Some(dir) = lib.parent() {
-        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
-    }
+    use_search_path(lib);
     let name = lib
         .file_stem()
         .and_then(|s| s.to_str())

@@ -348,6 +348,38 @@ pub fn wasm_filter_json(name: &str, wasm: &Path, configuration: &str) -> Value {
     })
 }
 
+/// Publish `typed_config` as ECDS extension config `name`, version
+/// `version`, in the file at `path` that an Envoy watches
+/// ([`ecds_config_source`]): written aside, then renamed over it, as
+/// Envoy's file watcher expects.
+pub fn publish_ecds(
+    path: &Path,
+    name: &Value,
+    typed_config: &Value,
+    version: u32,
+) -> std::io::Result<()> {
+    let resource = json!({
+        "version_info": version.to_string(),
+        "resources": [{
+            "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+            "name": name,
+            "typed_config": typed_config
+        }]
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, resource.to_string())?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The `config_source` that reads ECDS from the file at `path` (see
+/// [`publish_ecds`]).
+pub fn ecds_config_source(path: &Path) -> Value {
+    json!({
+        "resource_api_version": "V3",
+        "path_config_source": {"path": path.to_string_lossy()}
+    })
+}
+
 /// A running Envoy. Killed on drop.
 #[derive(Debug)]
 pub struct Envoy {

@@ -34,10 +34,8 @@ fn shipped_dynamic_module_yaml_validates_and_the_module_accepts_its_configuratio
         yaml.contains("name: ace_dynamic"),
         "loads libace_dynamic.so"
     );
-    // Envoy finds the module on this path (inherited by `envoy --mode validate`).
-    if let Some(dir) = lib.parent() {
-        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
-    }
+    // Inherited by `envoy --mode validate`.
+    ace_harness::dylib::use_search_path(&lib);
     let text = envoy_validate(&path);
     assert!(
         text.contains("configured 3 destinations"),

@@ -278,19 +278,9 @@ fn envoyfilter_gateway_serves_through_ecds_by_the_route_patch() {
     let mut http = config_patch(&filter, "HTTP_FILTER")["patch"]["value"].clone();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let ecds = dir.path().join("ace-ecds.json");
-    let resource = json!({
-        "version_info": "1",
-        "resources": [{
-            "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
-            "name": ext["name"],
-            "typed_config": ext["typed_config"]
-        }]
-    });
-    std::fs::write(&ecds, resource.to_string()).unwrap_or_else(|e| panic!("{e}"));
-    http["config_discovery"]["config_source"] = json!({
-        "resource_api_version": "V3",
-        "path_config_source": {"path": ecds.to_string_lossy()}
-    });
+    ace_harness::envoy::publish_ecds(&ecds, &ext["name"], &ext["typed_config"], 1)
+        .unwrap_or_else(|e| panic!("{e}"));
+    http["config_discovery"]["config_source"] = ace_harness::envoy::ecds_config_source(&ecds);
 
     let config = plugin_config(&ext);
     let cluster = |name: &str| -> String {

@@ -25,21 +25,11 @@ fn prices(usd_a: Value, usd_b: f64) -> String {
     .to_string()
 }
 
-/// Publish `config` as ECDS version `version` (written aside, then renamed
-/// over the watched file, as Envoy's file watcher expects).
+/// Publish `config` as ECDS version `version`.
 fn publish(path: &Path, filter: Filter, version: u32, config: &str) {
     let entry = filter.filter_json(config);
-    let resource = json!({
-        "version_info": version.to_string(),
-        "resources": [{
-            "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
-            "name": "ace",
-            "typed_config": entry["typed_config"]
-        }]
-    });
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, resource.to_string()).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{e}"));
+    ace_harness::envoy::publish_ecds(path, &json!("ace"), &entry["typed_config"], version)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 fn served_by(envoy: &Envoy) -> String {
@@ -63,10 +53,7 @@ fn a_bad_configuration_is_refused_and_the_last_good_one_keeps_routing(filter: Fi
             .http_filter(json!({
                 "name": "ace",
                 "config_discovery": {
-                    "config_source": {
-                        "resource_api_version": "V3",
-                        "path_config_source": {"path": ecds.to_string_lossy()}
-                    },
+                    "config_source": ace_harness::envoy::ecds_config_source(&ecds),
                     "type_urls": [type_url]
                 }
             }))

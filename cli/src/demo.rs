@@ -93,7 +93,7 @@ fn fleet_config() -> Value {
             d
         })
         .collect();
-    json!({"response_headers": true, "destinations": dests, "health": {"trip_after": 3, "base_cooldown_ms": 3000}})
+    json!({"allow_no_policy": true, "response_headers": true, "destinations": dests, "health": {"trip_after": 3, "base_cooldown_ms": 3000}})
 }
 
 fn line(i: usize, what: &str, r: &Response) {

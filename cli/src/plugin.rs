@@ -90,7 +90,11 @@ pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Valu
         "tables_base64": base64::engine::general_purpose::STANDARD.encode(&compiled.bytes),
         "on_missing_attribute": if restrict { "restrict" } else { "reject" },
     });
-    if read_body {
+    // Tables that decide on the model need the body's `model` (what the
+    // upstream serves): the filter refuses a configuration without it.
+    let model_policy = ace_core::tables::Tables::load(&compiled.bytes)
+        .is_ok_and(|t| t.attribute_index("model").is_some());
+    if read_body || model_policy {
         config["body"] = json!({"read": true});
     }
     // What a second of queueing is worth per latency class in the

@@ -61,7 +61,7 @@ fn world(n: usize) -> World {
         let mut h = Health::default();
         if i % 11 == 3 {
             for _ in 0..3 {
-                h.observe(Outcome::Failure, 0, &policy);
+                h.observe(Outcome::Failure { tenant: 0 }, 0, &policy);
             }
         }
         if i % 13 == 5 {

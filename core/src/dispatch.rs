@@ -121,6 +121,27 @@ pub struct Decision {
     pub counterfactual_index: Option<usize>,
     /// Why.
     pub reason: Reason,
+    /// The booked prices per input and output token (the winner's true
+    /// marginal prices at the load it was chosen at), to book the request
+    /// again once its real usage is known.
+    pub per_in: f64,
+    /// See [`Decision::per_in`].
+    pub per_out: f64,
+    /// The cold-load cost booked (0 when the model was resident).
+    pub cold_usd: f64,
+    /// Whether the model was resident on the winner.
+    pub warm: bool,
+    /// Whether the winner was a reserved block past its commitment, priced
+    /// at its overage.
+    pub overage: bool,
+}
+
+impl Decision {
+    /// The true marginal cost of `tokens_in` + `tokens_out` at the prices
+    /// this decision booked.
+    pub fn cost_of(&self, tokens_in: u32, tokens_out: u32) -> f64 {
+        f64::from(tokens_in) * self.per_in + f64::from(tokens_out) * self.per_out + self.cold_usd
+    }
 }
 
 /// Is bit `i` set in `mask`? Missing words read as zero (fail closed).
@@ -464,10 +485,18 @@ pub fn decide(
         });
     }
     // The booked cost: the winner's true marginal, without rank.
-    let marginal_usd = slate.lane(best).map_or(f64::INFINITY, |l| {
-        let cold = if bit(warm, best) { 0.0 } else { l.cold };
-        tin * l.per_in + tout * l.per_out + cold
+    let warm_best = bit(warm, best);
+    let lane = slate.lane(best).unwrap_or(Lane {
+        per_in: f64::INFINITY,
+        per_out: f64::INFINITY,
+        cold: 0.0,
+        delay_s: 0.0,
+        rank: 1.0,
+        rest_in: f64::INFINITY,
+        rest_out: f64::INFINITY,
     });
+    let cold_usd = if warm_best { 0.0 } else { lane.cold };
+    let marginal_usd = tin * lane.per_in + tout * lane.per_out + cold_usd;
     let reason = if bit(&slate.probe, best) {
         Reason::Probe
     } else if skipped_usd < marginal_usd {
@@ -486,6 +515,11 @@ pub fn decide(
         counterfactual_usd: payg.map(|_| payg_usd),
         counterfactual_index: payg,
         reason,
+        per_in: lane.per_in,
+        per_out: lane.per_out,
+        cold_usd,
+        warm: warm_best,
+        overage: lane.per_in != lane.rest_in || lane.per_out != lane.rest_out,
     })
 }
 
@@ -591,7 +625,7 @@ mod tests {
         let mut w = World::new(vec![payg(), owned(10)]);
         let p = w.policy;
         for _ in 0..3 {
-            w.health[1].observe(Outcome::Failure, 0, &p);
+            w.health[1].observe(Outcome::Failure { tenant: 0 }, 0, &p);
         }
         let d = w.decide(0b11);
         assert_eq!(d.map(|d| (d.index, d.reason)), Ok((0, Reason::Spill)));

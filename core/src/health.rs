@@ -6,7 +6,12 @@
 //!   `trip_after` consecutive failures the destination is out for a
 //!   cool-down that doubles on each repeat trip (up to a ceiling); then it is
 //!   half-open and exactly one probe request goes through. A successful probe
-//!   closes it; a failed one opens it again for longer.
+//!   closes it; a failed one opens it again for longer. With
+//!   `trip_tenants: 2`, the run of failures must also span two tenants (or
+//!   hold one failure that no tenant's input can cause, such as a refused
+//!   connection or a timeout): one tenant whose inputs make a server fail
+//!   then sees its own errors, and every other tenant keeps the
+//!   destination.
 //! - **Cap cut** (429): the destination is alive but full. Its capacity cap
 //!   moves left multiplicatively (AIMD) and stays cut for at least
 //!   `retry-after`; every success after that adds a step back.
@@ -39,6 +44,9 @@ pub struct HealthPolicy {
     pub derate_max: f64,
     /// Half-life of the derate's decay back to 1, ms.
     pub derate_half_life_ms: u64,
+    /// Tenants whose failures a trip needs: 1 (any failures trip) or 2
+    /// (failures from two tenants, or one failure blamed on no tenant).
+    pub trip_tenants: u8,
 }
 
 impl Default for HealthPolicy {
@@ -53,6 +61,7 @@ impl Default for HealthPolicy {
             derate_step: 1.5,
             derate_max: 8.0,
             derate_half_life_ms: 10_000,
+            trip_tenants: 1,
         }
     }
 }
@@ -68,13 +77,24 @@ pub enum Outcome {
         slo_ms: Option<u64>,
     },
     /// 5xx, connection refused or reset, timeout.
-    Failure,
+    Failure {
+        /// The tenant whose request failed (a small non-zero key), or
+        /// [`ANY_TENANT`] when no tenant's input can have caused it (Envoy's
+        /// own reply for a refused connection or a timeout).
+        tenant: u32,
+    },
     /// 429, with `retry-after` converted to milliseconds if present.
     Throttled {
         /// How long the destination asked us to back off.
         retry_after_ms: Option<u64>,
     },
 }
+
+/// The tenant key of a failure no tenant's input can cause (see
+/// [`Outcome::Failure`]); tenant keys are at most [`MAX_TENANT`].
+pub const ANY_TENANT: u32 = 0;
+/// The largest tenant key (24 bits: it shares a word with a flag).
+pub const MAX_TENANT: u32 = 0x00ff_ffff;
 
 /// Whether a destination takes traffic now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +113,10 @@ pub struct Health {
     consecutive_failures: u16,
     trips: u16,
     probe_in_flight: bool,
+    /// The tenant of the current failure run's first failure.
+    run_tenant: u32,
+    /// Whether the run spans two tenants or holds an [`ANY_TENANT`] failure.
+    run_mixed: bool,
     open_until_ms: u64,
     throttled_until_ms: u64,
     cap_fraction: f64,
@@ -106,6 +130,8 @@ impl Default for Health {
             consecutive_failures: 0,
             trips: 0,
             probe_in_flight: false,
+            run_tenant: ANY_TENANT,
+            run_mixed: false,
             open_until_ms: 0,
             throttled_until_ms: 0,
             cap_fraction: 1.0,
@@ -219,13 +245,22 @@ impl Health {
     /// Fold one outcome in. Returns what changed, for metrics.
     pub fn observe(&mut self, outcome: Outcome, now_ms: u64, p: &HealthPolicy) -> Change {
         match outcome {
-            Outcome::Failure => {
+            Outcome::Failure { tenant } => {
+                let tenant = tenant.min(MAX_TENANT);
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+                if self.consecutive_failures == 1 {
+                    self.run_tenant = tenant;
+                    self.run_mixed = tenant == ANY_TENANT;
+                } else if tenant == ANY_TENANT || tenant != self.run_tenant {
+                    self.run_mixed = true;
+                }
                 let probe_failed = self.breaker(now_ms) == Breaker::HalfOpen && self.trips > 0;
                 self.probe_in_flight = false;
+                let enough_tenants = self.run_mixed || p.trip_tenants <= 1;
                 if probe_failed
                     || (self.breaker(now_ms) == Breaker::Closed
-                        && self.consecutive_failures >= p.trip_after)
+                        && self.consecutive_failures >= p.trip_after
+                        && enough_tenants)
                 {
                     self.trips = self.trips.saturating_add(1);
                     let shift = u32::from(self.trips.saturating_sub(1)).min(20);
@@ -239,7 +274,7 @@ impl Health {
                 Change::None
             }
             Outcome::Throttled { retry_after_ms } => {
-                self.consecutive_failures = 0;
+                self.end_run();
                 self.probe_in_flight = false;
                 let wait = retry_after_ms.unwrap_or(p.default_retry_after_ms);
                 self.throttled_until_ms = self.throttled_until_ms.max(now_ms.saturating_add(wait));
@@ -249,7 +284,7 @@ impl Health {
                 }
             }
             Outcome::Success { latency_ms, slo_ms } => {
-                self.consecutive_failures = 0;
+                self.end_run();
                 let mut change = Change::None;
                 if self.trips > 0 && self.breaker(now_ms) == Breaker::HalfOpen {
                     // The probe came back: close the breaker.
@@ -277,13 +312,25 @@ impl Health {
         }
     }
 
+    /// A success or a throttle ends a run of failures.
+    fn end_run(&mut self) {
+        self.consecutive_failures = 0;
+        self.run_tenant = ANY_TENANT;
+        self.run_mixed = false;
+    }
+
     /// Fixed little-endian encoding for shared memory.
     pub fn encode(&self) -> [u8; ENCODED_LEN] {
         let mut b = [0u8; ENCODED_LEN];
         let fields: [&[u8]; 8] = [
             &self.consecutive_failures.to_le_bytes(),
             &self.trips.to_le_bytes(),
-            &u32::from(self.probe_in_flight).to_le_bytes(),
+            // One word: bit 0 the probe, bit 1 a mixed run, bits 8.. the
+            // run's tenant.
+            &(u32::from(self.probe_in_flight)
+                | u32::from(self.run_mixed) << 1
+                | self.run_tenant.min(MAX_TENANT) << 8)
+                .to_le_bytes(),
             &self.open_until_ms.to_le_bytes(),
             &self.throttled_until_ms.to_le_bytes(),
             &(self.cap_fraction as f32).to_le_bytes(),
@@ -314,10 +361,16 @@ impl Health {
         if !((0.0..=1.0).contains(&cap_fraction) && derate.is_finite() && derate >= 1.0) {
             return None;
         }
+        let flags = u32_at(4)?;
+        if flags & 0xfc != 0 {
+            return None;
+        }
         Some(Health {
             consecutive_failures: u16_at(0)?,
             trips: u16_at(2)?,
-            probe_in_flight: u32_at(4)? != 0,
+            probe_in_flight: flags & 1 != 0,
+            run_mixed: flags & 2 != 0,
+            run_tenant: flags >> 8,
             open_until_ms: u64_at(8)?,
             throttled_until_ms: u64_at(16)?,
             cap_fraction,
@@ -383,17 +436,65 @@ mod tests {
         derate_step: 2.0,
         derate_max: 8.0,
         derate_half_life_ms: 1_000,
+        trip_tenants: 1,
     };
+
+    #[test]
+    fn one_tenants_failures_trip_nothing_when_two_are_required() {
+        let p = HealthPolicy {
+            trip_tenants: 2,
+            ..P
+        };
+        let fail = |tenant| Outcome::Failure { tenant };
+        let mut h = Health::default();
+        for _ in 0..50 {
+            assert_eq!(h.observe(fail(7), 0, &p), Change::None);
+        }
+        assert!(h.admits(0), "one tenant's poisoned inputs trip nothing");
+        assert_eq!(
+            h.observe(fail(9), 0, &p),
+            Change::Tripped { cooldown_ms: 1_000 },
+            "a second tenant failing too trips it"
+        );
+        // A failure no tenant can cause (a refused connection) counts as
+        // evidence on its own.
+        let mut h = Health::default();
+        h.observe(fail(7), 0, &p);
+        h.observe(fail(ANY_TENANT), 0, &p);
+        assert!(matches!(h.observe(fail(7), 0, &p), Change::Tripped { .. }));
+        // A success ends the run, and its tenants with it.
+        let mut h = Health::default();
+        h.observe(fail(7), 0, &p);
+        h.observe(fail(9), 0, &p);
+        let ok = Outcome::Success {
+            latency_ms: 1,
+            slo_ms: None,
+        };
+        h.observe(ok, 0, &p);
+        for _ in 0..5 {
+            assert_eq!(h.observe(fail(9), 0, &p), Change::None);
+        }
+        // The run's tenants survive the shared-memory encoding.
+        let mut h = Health::default();
+        h.observe(fail(MAX_TENANT), 0, &p);
+        let back = Health::decode(&h.encode());
+        assert_eq!(back, Some(h));
+        h.observe(fail(3), 0, &p);
+        assert_eq!(Health::decode(&h.encode()), Some(h));
+    }
 
     #[test]
     fn trips_after_consecutive_failures_then_probes_once() {
         let mut h = Health::default();
         for _ in 0..2 {
-            assert_eq!(h.observe(Outcome::Failure, 0, &P), Change::None);
+            assert_eq!(
+                h.observe(Outcome::Failure { tenant: 0 }, 0, &P),
+                Change::None
+            );
         }
         assert!(h.admits(0));
         assert_eq!(
-            h.observe(Outcome::Failure, 0, &P),
+            h.observe(Outcome::Failure { tenant: 0 }, 0, &P),
             Change::Tripped { cooldown_ms: 1_000 }
         );
         assert!(!h.admits(999));
@@ -403,7 +504,7 @@ mod tests {
         assert!(!h.admits(1_001), "only one probe at a time");
         // The probe fails: open again, twice as long.
         assert_eq!(
-            h.observe(Outcome::Failure, 1_100, &P),
+            h.observe(Outcome::Failure { tenant: 0 }, 1_100, &P),
             Change::Tripped { cooldown_ms: 2_000 }
         );
         assert!(!h.admits(3_000));
@@ -424,7 +525,7 @@ mod tests {
         let mut now = 0;
         for _ in 0..10 {
             for _ in 0..3 {
-                h.observe(Outcome::Failure, now, &P);
+                h.observe(Outcome::Failure { tenant: 0 }, now, &P);
             }
             now += 100_000;
         }
@@ -500,7 +601,7 @@ mod tests {
             &P,
         );
         for _ in 0..3 {
-            h.observe(Outcome::Failure, 9, &P);
+            h.observe(Outcome::Failure { tenant: 0 }, 9, &P);
         }
         let b = h.encode();
         assert_eq!(Health::decode(&b), Some(h));

@@ -65,7 +65,7 @@ fn health() -> impl Strategy<Value = Health> {
         let mut h = Health::default();
         for (kind, at, extra) in events {
             let o = match kind {
-                0 => Outcome::Failure,
+                0 => Outcome::Failure { tenant: 0 },
                 1 => Outcome::Throttled {
                     retry_after_ms: Some(extra),
                 },
@@ -198,7 +198,7 @@ proptest! {
         match change {
             0 => in_flight[d] += 1,
             1 => in_flight[d] = in_flight[d].saturating_sub(1),
-            2 => { health[d].observe(Outcome::Failure, now_ms, &policy); }
+            2 => { health[d].observe(Outcome::Failure { tenant: 0 }, now_ms, &policy); }
             _ => { health[d].observe(Outcome::Throttled { retry_after_ms: Some(later) }, now_ms, &policy); }
         }
         let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, policy: &policy };

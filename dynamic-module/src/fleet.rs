@@ -174,7 +174,7 @@ mod tests {
         for _ in 0..p.trip_after {
             let d = Fleet::dispatch(&a, &m, &p, 1, &all, &all, &req).unwrap();
             assert_eq!(d.index, 0, "the cheaper one until it trips");
-            Fleet::settle(&a, &m, &p, 0, Some(Outcome::Failure), 1);
+            Fleet::settle(&a, &m, &p, 0, Some(Outcome::Failure { tenant: 0 }), 1);
         }
         let d = Fleet::dispatch(&b, &m, &p, 2, &all, &all, &req).unwrap();
         assert_eq!(d.index, 1, "tripped for the other configuration too");

@@ -47,6 +47,7 @@ use ace_dynamic_abi::{
 };
 use ace_filter::body::{self, RequestBody};
 use ace_filter::config::Config;
+use ace_filter::config::Trusted;
 use ace_filter::event::{self, Event};
 use ace_filter::headers::{self, Pairs};
 use ace_filter::request::{self, Counters, Lookup, Refused};
@@ -82,6 +83,32 @@ fn retry_token() -> u64 {
         std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish()
+    })
+}
+
+/// This process's next event id (see [`request::EventIds`]): the random
+/// token as the prefix, one counter shared by every worker.
+fn next_event_id() -> [u8; 32] {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    request::event_id(retry_token(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// What this build cannot read of `cfg`'s verified attribute sources: the
+/// dynamic-module ABI reads a metadata namespace's top-level string keys
+/// and not (yet, here) the peer certificate.
+fn unreadable_source(cfg: &Config) -> Option<String> {
+    let p = cfg.policy.as_ref()?;
+    p.attributes.iter().find_map(|a| match a.trusted.as_ref()? {
+        Trusted::Metadata { path, .. } if path.len() == 1 => None,
+        Trusted::Metadata { .. } => Some(format!(
+            "attribute_sources.{}.metadata.path: the dynamic module reads one top-level key of a metadata namespace (a path of one key), such as ext_authz publishes; the Wasm filter reads nested paths (jwt_authn's payload)",
+            a.name
+        )),
+        Trusted::Peer(_) => Some(format!(
+            "attribute_sources.{}.peer: the dynamic module does not read the peer certificate; use the Wasm filter, or publish the identity as metadata",
+            a.name
+        )),
     })
 }
 
@@ -187,7 +214,16 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             return std::ptr::null();
         }
     };
+    if let Some(problem) = unreadable_source(&config) {
+        log::error!("refusing the configuration: invalid ACE plugin configuration at {problem}");
+        return std::ptr::null();
+    }
     log::info!("{}", config.summary());
+    if config.no_policy {
+        log::warn!(
+            "allow_no_policy: routing without policy tables, every destination is feasible for every request (counted in ace.requests_without_policy)"
+        );
+    }
     // Envoy freezes counter creation after this hook: define them all now.
     let counters = Counters::names(&config)
         .iter()
@@ -370,6 +406,8 @@ struct Stream {
     /// Whether the whole request (headers, body, no trailers) has been
     /// seen: only then can it be run again.
     request_complete: bool,
+    /// The request's own output budget (`max_tokens`), if its body gave one.
+    max_output: Option<u32>,
 }
 
 impl Stream {
@@ -388,6 +426,7 @@ impl Stream {
             answered: None,
             request_bytes: 0,
             request_complete: false,
+            max_output: None,
         }
     }
 
@@ -412,8 +451,13 @@ impl Stream {
         // No scratch (never expected): every attribute is then unknown,
         // and policy fails closed.
         .unwrap_or_default();
+        // Before anything can pause the request: a client's destination
+        // header, and its headers for attributes with verified sources, go.
+        for name in request::forbidden_headers(&self.shared.config, &pairs) {
+            envoy.remove_header(HeaderMap::Request, name);
+        }
         let now = now_ms();
-        let head = request::capture(pairs, now);
+        let head = request::capture(&self.shared.config, pairs, now, next_event_id());
         if let Some(value) = head.event.headers.get(RETRY_HEADER) {
             // Ours (it carries this process's token) or a client's: either
             // way it goes no further than here.
@@ -441,6 +485,13 @@ impl Stream {
 
     fn on_request_body(&mut self, end_of_stream: bool) -> u32 {
         self.request_complete = end_of_stream;
+        if end_of_stream && self.chosen.is_some() {
+            // The upstream now has the whole request: health latency starts
+            // here (a slow upload is the client's, not the destination's).
+            if let Some(e) = self.event.as_mut() {
+                e.sent_ms = now_ms();
+            }
+        }
         let Some(mut buf) = self.body.take() else {
             if self.shared.config.retry_next {
                 // A retry must know the body is whole where Envoy keeps it.
@@ -487,6 +538,9 @@ impl Stream {
         self.request_complete = false;
         // Trailers end the body: route on what was read.
         let Some(buf) = self.body.take() else {
+            if let Some(e) = self.event.as_mut().filter(|_| self.chosen.is_some()) {
+                e.sent_ms = now_ms();
+            }
             return abi::status::CONTINUE;
         };
         let total = self.request_bytes;
@@ -501,11 +555,7 @@ impl Stream {
         match body::scan_request(buf, total) {
             Ok(b) => self.route(Some(&b), now),
             Err(e) => {
-                let refused = self
-                    .event
-                    .as_ref()
-                    .and_then(|ev| request::body_refusal(&self.shared.config, ev, &e));
-                if let Some(refused) = refused {
+                if let Some(refused) = request::body_refusal(&self.shared.config, &e) {
                     return self.refuse(&refused);
                 }
                 // The body only refines the estimate: fall back to its size.
@@ -541,13 +591,31 @@ impl Stream {
     fn route(&mut self, body: Option<&RequestBody>, now: u64) -> u32 {
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
+        let conflict = self
+            .event
+            .as_ref()
+            .and_then(|e| request::model_conflict(e, body));
+        if let Some(refused) = conflict {
+            return self.refuse(&refused);
+        }
+        self.max_output = body.and_then(|b| b.max_output_tokens);
+        let envoy = self.envoy;
         let Some(event) = self.event.as_mut() else {
             return self.internal("request not captured");
         };
         let req = request::plan(cfg, event, body, self.content_length, now);
-        let warm = cfg.warmth.mask(event.text(&event.model_requested));
         let body_model = body.and_then(|b| b.model.as_deref());
         let excluded = self.retry_of;
+        let trusted = |source: &Trusted| match source {
+            Trusted::Metadata { namespace, path } => {
+                let key = path.first()?;
+                envoy
+                    .with_metadata_string(namespace, key, <[u8]>::to_vec)
+                    .filter(|v| !v.is_empty())
+            }
+            // Refused at configuration (see `unreadable_source`).
+            Trusted::Peer(_) => None,
+        };
         // Feasibility first (the compiled Cedar tables), then the decision
         // on the shared fleet, with this worker's lookup buffers.
         let decided = with_scratch(|s| {
@@ -556,6 +624,7 @@ impl Stream {
                 shared.tables.as_ref(),
                 event,
                 body_model,
+                trusted,
                 &mut s.lookup,
             )?;
             if let Some(d) = excluded {
@@ -564,6 +633,7 @@ impl Stream {
                     *w &= !(1u64 << (d % 64));
                 }
             }
+            let warm = cfg.warmth.mask(event.text(&event.model_requested));
             Ok(Fleet::dispatch(
                 &shared.fleet,
                 &cfg.models,
@@ -587,14 +657,21 @@ impl Stream {
         for (counter, n) in Counters::decided(&decision) {
             self.count(counter, n);
         }
+        if cfg.no_policy {
+            self.count(Counters::WITHOUT_POLICY, 1);
+        }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None, now);
             return self.internal("decision index out of range");
         };
+        let request_complete = self.request_complete;
         if let Some(e) = self.event.as_mut() {
             request::record(e, cfg, &shared.names, &decision);
             if excluded.is_some() {
                 e.reason = RETRY_REASON;
+            }
+            if request_complete {
+                e.sent_ms = now;
             }
         }
         if !self
@@ -652,17 +729,29 @@ impl Stream {
         let cfg = &self.shared.config;
         let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
         let now = now_ms();
-        let latency_ms = now.saturating_sub(started);
+        let (sent, tenant) = self
+            .event
+            .as_ref()
+            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
+        // From when the upstream had the whole request; from the decision
+        // if it answered before the request ended.
+        let latency_ms = now.saturating_sub(if sent > 0 { sent } else { started });
+        let upstream = matches!(status, 500..=599)
+            && envoy.with_header(HeaderMap::Response, request::UPSTREAM_TIME_HEADER, |v| {
+                v.is_some()
+            });
         let outcome = if status == 429 {
             envoy.with_header(HeaderMap::Response, "retry-after", |v| {
-                request::outcome(status, v, latency_ms, slo_ms)
+                request::outcome(status, v, upstream, tenant, latency_ms, slo_ms)
             })
         } else {
-            request::outcome(status, None, latency_ms, slo_ms)
+            request::outcome(status, None, upstream, tenant, latency_ms, slo_ms)
         };
         // Only when the decision had a runner-up: with none, a re-run could
         // only refuse.
-        let retry = outcome == Outcome::Failure && cfg.retry_next && decision.runner_up.is_some();
+        let retry = matches!(outcome, Outcome::Failure { .. })
+            && cfg.retry_next
+            && decision.runner_up.is_some();
         self.settle(Some(outcome), now);
         if retry && self.prepare_retry(decision.index) {
             self.answered = Some((status, latency_ms));
@@ -787,7 +876,7 @@ impl Stream {
             if let (Some(u), Some((decision, _)), Some(e)) =
                 (found, self.chosen, self.event.as_mut())
             {
-                request::book_usage(e, &self.shared.config, &decision, u);
+                request::book_usage(e, &self.shared.config, &decision, u, self.max_output);
             }
         }
     }
@@ -796,16 +885,29 @@ impl Stream {
         // The client went away before any response: free the slot and
         // blame no one.
         self.settle(None, now_ms());
+        let envoy = self.envoy;
         let Some(e) = self.event.as_mut() else {
             return;
         };
         if e.status == 0 {
-            e.finish(0, "client_gone");
+            // Envoy may have answered itself without the filter seeing the
+            // answer (a 413 for a body over its buffer limit while the
+            // filter held the request): log what the client got.
+            match envoy.response_code().and_then(|c| u32::try_from(c).ok()) {
+                Some(code) => e.finish(code, "envoy_reply"),
+                None => e.finish(0, "client_gone"),
+            }
         }
+        let booked = Counters::booked(e);
+        for (counter, n) in booked {
+            self.count(counter, n);
+        }
+        let Some(e) = self.event.as_ref() else {
+            return;
+        };
         // Envoy runs this before its access loggers: the one write of the
         // request's event.
         let envoy = self.envoy;
-        let e = &*e;
         with_scratch(|s| {
             e.write_json(&mut s.event_line);
             if !envoy.set_filter_state(EVENT_KEY, &s.event_line) {

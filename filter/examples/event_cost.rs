@@ -26,6 +26,7 @@ fn main() {
         marginal_usd: 4.2e-9,
         counterfactual_usd: Some(1.95e-4),
         reason: "cheapest",
+        ..Event::default()
     };
     let mut out = Vec::with_capacity(1024);
     let mut total = 0;

@@ -7,7 +7,7 @@
 //! valgrind --tool=callgrind target/release/examples/policy_cost /tmp/fleet.json 1000
 //! ```
 use ace_core::tables::Tables;
-use ace_filter::attributes::resolve;
+use ace_filter::attributes::{no_trusted, resolve};
 use ace_filter::config::Config;
 use ace_filter::headers::Pairs;
 
@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut mask = vec![0u64; tables.words()];
     let mut feasible = 0;
     for _ in 0..n {
-        if resolve(&tables, policy, &headers, None, &mut values).is_err() {
+        if resolve(&tables, policy, &headers, None, no_trusted, &mut values).is_err() {
             return Err("an attribute is missing".into());
         }
         tables.feasible(&values, &mut mask)?;

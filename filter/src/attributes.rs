@@ -4,51 +4,83 @@
 //! A pure function, so it can be fuzzed and tested without a host. Values
 //! are trimmed; a value the tables do not know maps to the unknown index,
 //! which no permit row matches (fail closed). A missing value is refused or
-//! replaced by the configured default, per `on_missing_attribute`.
+//! replaced by the configured default, per `on_missing_attribute`. A header
+//! sent twice with different values is refused: which one counts would be
+//! a guess, and Envoy and the upstream may each pick another. An attribute
+//! with a verified source (`attribute_sources`) takes its value from there
+//! and never from a header.
 
-use crate::config::{AttributeSource, OnMissing, Policy};
+use crate::config::{AttributeSource, OnMissing, Policy, Trusted};
 use crate::headers::Pairs;
 use ace_core::tables::Tables;
+
+/// Why a request's attributes cannot be resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AttributeError<'p> {
+    /// The attribute is missing and the policy refuses to do without.
+    Missing(&'p AttributeSource),
+    /// The attribute's header was sent more than once, with different
+    /// values.
+    Conflicting(&'p AttributeSource),
+}
 
 /// Fill `values` (one slot per table attribute) for one request.
 ///
 /// `headers` is the request's header map; each attribute's value is the
-/// first value of its header (`AttributeSource::header`), found in one pass
-/// over the pairs however many attributes there are. `body_model` is the
-/// body's `model` field, used for an attribute named `model` when its
-/// header is absent. ASCII whitespace around a value is ignored; a value
-/// that is not UTF-8 is sent but matches nothing: the unknown index.
-/// Returns the first attribute that is missing when the policy refuses
-/// missing attributes.
-pub fn resolve<'p>(
+/// value of its header (`AttributeSource::header`), found in one pass over
+/// the pairs however many attributes there are; the same header again with
+/// another value is [`AttributeError::Conflicting`]. An attribute with a
+/// verified source takes `trusted(source)` instead, and its header is not
+/// read. `body_model` is the body's `model` field, used for an attribute
+/// named `model` when its header is absent. ASCII whitespace around a value
+/// is ignored; a value that is not UTF-8 is sent but matches nothing: the
+/// unknown index. Returns the first attribute that is missing when the
+/// policy refuses missing attributes.
+pub fn resolve<'p, V: AsRef<[u8]>>(
     tables: &Tables<'_>,
     policy: &'p Policy,
     headers: &Pairs,
     body_model: Option<&str>,
+    mut trusted: impl FnMut(&Trusted) -> Option<V>,
     values: &mut [u32],
-) -> Result<(), &'p AttributeSource> {
+) -> Result<(), AttributeError<'p>> {
     // Not yet seen: no value index is u32::MAX (tables refuse to load with
     // that many values).
     const UNSET: u32 = u32::MAX;
     let attributes = &policy.attributes;
     values.fill(UNSET);
-    let mut unset = attributes.len().min(values.len());
+    // Each header attribute's first value, to compare a repeat against.
+    let mut firsts: [Option<&[u8]>; 8] = [None; 8];
     for (name, value) in headers.iter() {
-        if unset == 0 {
-            break;
-        }
         for (i, (slot, a)) in values.iter_mut().zip(attributes).enumerate() {
             let header = a.header.as_bytes();
             // Envoy hands names over in lower case, as the configuration
             // holds them: an exact comparison (vectorised) settles the
             // match, the byte-by-byte one only a name sent otherwise.
-            if *slot == UNSET
-                && name.len() == header.len()
-                && (name == header || name.eq_ignore_ascii_case(header))
+            if a.trusted.is_some()
+                || name.len() != header.len()
+                || !(name == header || name.eq_ignore_ascii_case(header))
             {
+                continue;
+            }
+            let value = value.trim_ascii();
+            if *slot == UNSET {
                 // Bytes that are not UTF-8 match no value: unknown.
-                *slot = tables.value_index_bytes(i as u32, value.trim_ascii());
-                unset -= 1;
+                *slot = tables.value_index_bytes(i as u32, value);
+                if let Some(f) = firsts.get_mut(i) {
+                    *f = Some(value);
+                }
+            } else {
+                let first = firsts.get(i).copied().flatten();
+                // Past the eighth attribute the first value is not kept:
+                // compare value indices (equal values, equal indices).
+                let same = match first {
+                    Some(f) => f == value,
+                    None => *slot == tables.value_index_bytes(i as u32, value),
+                };
+                if !same {
+                    return Err(AttributeError::Conflicting(a));
+                }
             }
         }
     }
@@ -56,13 +88,28 @@ pub fn resolve<'p>(
         if *slot != UNSET {
             continue;
         }
-        *slot = match body_model.filter(|_| a.name == "model") {
-            Some(m) => tables.value_index_bytes(i as u32, m.as_bytes().trim_ascii()),
-            None if policy.on_missing == OnMissing::Reject => return Err(a),
-            None => a.default_index,
+        let value = match &a.trusted {
+            Some(source) => trusted(source),
+            None => None,
+        };
+        *slot = match (
+            value,
+            body_model.filter(|_| a.name == "model" && a.trusted.is_none()),
+        ) {
+            (Some(v), _) => tables.value_index_bytes(i as u32, v.as_ref().trim_ascii()),
+            (None, Some(m)) => tables.value_index_bytes(i as u32, m.as_bytes().trim_ascii()),
+            (None, None) if policy.on_missing == OnMissing::Reject => {
+                return Err(AttributeError::Missing(a))
+            }
+            (None, None) => a.default_index,
         };
     }
     Ok(())
+}
+
+/// No verified sources: for callers whose policy has none.
+pub fn no_trusted(_: &Trusted) -> Option<&'static [u8]> {
+    None
 }
 
 #[cfg(test)]
@@ -103,7 +150,8 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD.encode(encode(&spec).unwrap());
         let json = format!(
             r#"{{"destinations":[{{"name":"a","cluster":"a"}}],"tables_base64":"{b64}",
-                "on_missing_attribute":"{on_missing}","attribute_defaults":{defaults}}}"#
+                "on_missing_attribute":"{on_missing}","attribute_defaults":{defaults},
+                "body":{{"read":true}}}}"#
         );
         Config::parse(json.as_bytes())
     }
@@ -132,6 +180,7 @@ mod tests {
             p,
             &sent(p, &[Some(b" public "), None]),
             Some("m1"),
+            no_trusted,
             &mut v,
         );
         assert!(r.is_ok());
@@ -141,27 +190,75 @@ mod tests {
             p,
             &sent(p, &[Some(b"secret"), Some(b"m1")]),
             None,
+            no_trusted,
             &mut v,
         );
         assert!(r.is_ok());
         assert_eq!(v, [UNKNOWN, 1], "unknown values fail closed");
-        let r = resolve(&t, p, &sent(p, &[None, Some(b"m1")]), None, &mut v);
-        assert_eq!(r.map_err(|a| a.header.as_str()), Err("x-ace-data-class"));
+        let r = resolve(
+            &t,
+            p,
+            &sent(p, &[None, Some(b"m1")]),
+            None,
+            no_trusted,
+            &mut v,
+        );
+        assert!(matches!(r, Err(AttributeError::Missing(a)) if a.header == "x-ace-data-class"));
     }
 
     #[test]
-    fn the_first_value_counts_and_names_ignore_case() {
+    fn a_header_repeated_with_another_value_is_refused_and_names_ignore_case() {
         let c = config("reject", "{}");
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
+        for (first, second) in [("public", "personal_eu"), ("personal_eu", "public")] {
+            let headers = Pairs::encode([
+                (&b"X-ACE-Data-Class"[..], first.as_bytes()),
+                (b"x-ace-model", b"m1"),
+                (b"x-ace-data-class", second.as_bytes()),
+            ]);
+            let r = resolve(&t, p, &headers, None, no_trusted, &mut v);
+            assert!(
+                matches!(r, Err(AttributeError::Conflicting(a)) if a.name == "data_class"),
+                "{first} then {second}: {r:?}"
+            );
+        }
+        // The same value twice (whitespace aside) is one value.
         let headers = Pairs::encode([
-            (&b"X-ACE-Data-Class"[..], &b"personal_eu"[..]),
-            (b"x-ace-data-class", b"public"),
+            (&b"x-ace-data-class"[..], &b"public"[..]),
+            (b"x-ace-data-class", b" public"),
             (b"x-ace-model", b"m1"),
         ]);
-        assert!(resolve(&t, p, &headers, None, &mut v).is_ok());
-        assert_eq!(v, [1, 1], "personal_eu, the first value, not public");
+        assert!(resolve(&t, p, &headers, None, no_trusted, &mut v).is_ok());
+        assert_eq!(v, [2, 1]);
+    }
+
+    #[test]
+    fn a_verified_source_replaces_the_header() {
+        let mut c = config("reject", "{}");
+        let source = Trusted::Metadata {
+            namespace: "jwt".into(),
+            path: vec!["data_class".into()],
+        };
+        if let Some(p) = c.policy.as_mut() {
+            p.attributes[0].trusted = Some(source.clone());
+        }
+        let p = c.policy.as_ref().unwrap();
+        let t = Tables::load(p.tables).unwrap();
+        let mut v = [9u32; 2];
+        // The client claims public, twice even; the token says personal_eu.
+        let headers = Pairs::encode([
+            (&b"x-ace-data-class"[..], &b"public"[..]),
+            (b"x-ace-data-class", b"other"),
+            (b"x-ace-model", b"m1"),
+        ]);
+        let from_token = |s: &Trusted| (s == &source).then_some(&b"personal_eu"[..]);
+        assert!(resolve(&t, p, &headers, None, from_token, &mut v).is_ok());
+        assert_eq!(v, [1, 1]);
+        // No verified value: missing, whatever the header says.
+        let r = resolve(&t, p, &headers, None, no_trusted, &mut v);
+        assert!(matches!(r, Err(AttributeError::Missing(a)) if a.name == "data_class"));
     }
 
     #[test]
@@ -171,7 +268,7 @@ mod tests {
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
         let headers = sent(p, &[Some(b"publ\xffic"), Some(b"m1")]);
-        let r = resolve(&t, p, &headers, None, &mut v);
+        let r = resolve(&t, p, &headers, None, no_trusted, &mut v);
         assert!(r.is_ok(), "sent, so not missing");
         assert_eq!(v, [UNKNOWN, 1]);
     }
@@ -182,7 +279,7 @@ mod tests {
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];
-        assert!(resolve(&t, p, &sent(p, &[None, None]), None, &mut v).is_ok());
+        assert!(resolve(&t, p, &sent(p, &[None, None]), None, no_trusted, &mut v).is_ok());
         assert_eq!(v, [1, UNKNOWN]);
     }
 

@@ -38,11 +38,26 @@ struct Wire<'a> {
 
 /// Why a body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BodyError(pub String);
+pub struct BodyError {
+    /// What is wrong, for the client.
+    pub message: String,
+    /// The body was larger than the filter reads: what it says past that
+    /// bound is unknown.
+    pub too_large: bool,
+}
+
+impl BodyError {
+    fn new(message: String) -> BodyError {
+        BodyError {
+            message,
+            too_large: false,
+        }
+    }
+}
 
 impl std::fmt::Display for BodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
+        write!(f, "{}", self.message)
     }
 }
 
@@ -52,8 +67,8 @@ fn token_count(v: &Option<serde_json::Value>, field: &str) -> Result<Option<u32>
         Some(serde_json::Value::Number(n)) => n
             .as_u64()
             .map(|n| Some(n.min(u64::from(u32::MAX)) as u32))
-            .ok_or_else(|| BodyError(format!("`{field}` must be a non-negative integer"))),
-        Some(_) => Err(BodyError(format!(
+            .ok_or_else(|| BodyError::new(format!("`{field}` must be a non-negative integer"))),
+        Some(_) => Err(BodyError::new(format!(
             "`{field}` must be a non-negative integer"
         ))),
     }
@@ -69,18 +84,21 @@ pub fn estimate_tokens(bytes: usize) -> u32 {
 /// the estimate is used and the error says so).
 pub fn scan_request(bytes: &[u8], total_len: usize) -> Result<RequestBody, BodyError> {
     if bytes.len() < total_len {
-        return Err(BodyError(format!(
-            "the body is {total_len} bytes, more than the {} the filter reads; send the model in the x-ace-model header or raise body.max_bytes",
-            bytes.len()
-        )));
+        return Err(BodyError {
+            message: format!(
+                "the body is {total_len} bytes, more than the {} the filter reads; raise body.max_bytes (and Envoy's buffer limit) to send bodies this large",
+                bytes.len()
+            ),
+            too_large: true,
+        });
     }
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(BodyError(
+        return Err(BodyError::new(
             "the request body is not a JSON object; expected an OpenAI-style request".into(),
         ));
     }
     let wire: Wire<'_> = serde_json::from_slice(bytes).map_err(|e| {
-        BodyError(format!(
+        BodyError::new(format!(
             "the request body is not the JSON object expected: {e}"
         ))
     })?;
@@ -101,7 +119,7 @@ mod tests {
     #[test]
     fn reads_the_fields_it_needs() {
         let b = br#"{"model":"llama-3.1-70b","messages":[{"role":"user","content":"hi"}],"max_tokens":300,"stream":true}"#;
-        let r = scan_request(b, b.len()).map_err(|e| e.0);
+        let r = scan_request(b, b.len()).map_err(|e| e.message);
         assert_eq!(
             r,
             Ok(RequestBody {

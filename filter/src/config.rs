@@ -76,6 +76,18 @@ pub struct Config {
     /// Most bytes read from a request body (responses are scanned for
     /// token usage as they stream, whatever their size).
     pub max_body_bytes: usize,
+    /// The most tokens one request can take in or give out (a model's
+    /// context window): bounds every estimate and every usage an upstream
+    /// reports, so that neither a client's `max_tokens` nor an upstream's
+    /// claim can book more.
+    pub max_context_tokens: u32,
+    /// The configuration's identity in events: the first 16 hex digits of
+    /// the SHA-256 of the exact bytes parsed, so the ledger can find the
+    /// prices and tables each event was decided with.
+    pub id: std::sync::Arc<str>,
+    /// The operator ran without policy tables on purpose
+    /// (`"allow_no_policy": true`): every destination is feasible.
+    pub no_policy: bool,
 }
 
 impl Config {
@@ -203,6 +215,11 @@ pub struct Policy {
     pub attributes: Vec<AttributeSource>,
     /// Refuse (400) a request missing an attribute, or restrict it.
     pub on_missing: OnMissing,
+    /// The position of the `tenant` attribute, if the tables read one (its
+    /// value keys the health rule on tenants).
+    pub tenant: Option<usize>,
+    /// The position of the `model` attribute, if the tables read one.
+    pub model: Option<usize>,
 }
 
 /// Where one table attribute comes from.
@@ -215,6 +232,59 @@ pub struct AttributeSource {
     /// Value index used when the header is missing and `on_missing` is
     /// `restrict`: the configured default, or UNKNOWN (fails closed).
     pub default_index: u32,
+    /// Where the value comes from instead of the header, when the operator
+    /// configured a verified source (`attribute_sources`); the client's
+    /// header is then removed and never read.
+    pub trusted: Option<Trusted>,
+}
+
+/// A verified source for an attribute, set by something the client cannot
+/// forge.
+///
+/// ```json
+/// "attribute_sources": {
+///   "data_class": {"metadata": {"namespace": "envoy.filters.http.jwt_authn",
+///                               "path": ["jwt_payload", "data_class"]}},
+///   "tenant": {"peer": "uri_san"}
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Trusted {
+    /// Dynamic metadata written by an earlier filter that verified it, e.g.
+    /// a claim of the JWT that `jwt_authn` verified (`payload_in_metadata`):
+    /// the namespace, then the keys down to a string value.
+    Metadata {
+        /// The metadata namespace (`envoy.filters.http.jwt_authn`).
+        namespace: String,
+        /// Keys from the namespace down to the value.
+        path: Vec<String>,
+    },
+    /// The downstream mTLS peer certificate's identity.
+    Peer(PeerField),
+}
+
+/// Which identity of the mTLS peer certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerField {
+    /// The first URI SAN (a SPIFFE id in a mesh).
+    UriSan,
+    /// The first DNS SAN.
+    DnsSan,
+    /// The subject.
+    Subject,
+}
+
+impl PeerField {
+    /// Envoy's attribute name under `connection.`.
+    pub fn property(self) -> &'static str {
+        match self {
+            PeerField::UriSan => "uri_san_peer_certificate",
+            PeerField::DnsSan => "dns_san_peer_certificate",
+            PeerField::Subject => "subject_peer_certificate",
+        }
+    }
 }
 
 /// What to do with a request that lacks an attribute the tables read.
@@ -306,6 +376,7 @@ struct RawHealth {
     derate_step: Option<f64>,
     derate_max: Option<f64>,
     derate_half_life_ms: Option<u64>,
+    trip_tenants: Option<u8>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -334,6 +405,12 @@ struct RawConfig {
     attribute_defaults: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     body: RawBody,
+    #[serde(default)]
+    allow_no_policy: bool,
+    #[serde(default)]
+    max_context_tokens: Option<u32>,
+    #[serde(default)]
+    attribute_sources: std::collections::BTreeMap<String, Trusted>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -392,10 +469,10 @@ impl Config {
             };
             err(field, e.into_inner().to_string())
         })?;
-        Self::validate(raw)
+        Self::validate(raw, config_id(bytes).into())
     }
 
-    fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    fn validate(raw: RawConfig, id: std::sync::Arc<str>) -> Result<Config, ConfigError> {
         if raw.destinations.is_empty() {
             return Err(err("destinations", "at least one destination is required"));
         }
@@ -502,7 +579,6 @@ impl Config {
             }
         }
         let warmth = Warmth::build(&raw.destinations);
-        let health = health_policy(&raw.health)?;
         let fingerprint = fingerprint(&raw.destinations);
         let policy = match &raw.tables_base64 {
             None => {
@@ -512,15 +588,52 @@ impl Config {
                         "set without tables_base64; defaults need compiled policy tables",
                     ));
                 }
+                if !raw.attribute_sources.is_empty() {
+                    return Err(err(
+                        "attribute_sources",
+                        "set without tables_base64; sources need compiled policy tables",
+                    ));
+                }
+                if !raw.allow_no_policy {
+                    return Err(err(
+                        "tables_base64",
+                        "is missing: without compiled policy tables every destination would be \
+                         feasible for every request; paste the output of `ace plugin-config`, or \
+                         set \"allow_no_policy\": true to route without any policy on purpose",
+                    ));
+                }
                 None
+            }
+            Some(_) if raw.allow_no_policy => {
+                return Err(err(
+                    "allow_no_policy",
+                    "is true but tables_base64 is set; drop one of them",
+                ))
             }
             Some(b64) => Some(load_policy(
                 b64,
                 &raw.destinations,
                 raw.on_missing_attribute.unwrap_or(OnMissing::Reject),
                 &raw.attribute_defaults,
+                &raw.attribute_sources,
             )?),
         };
+        if let Some(p) = &policy {
+            if p.model.is_some() && !raw.body.read {
+                return Err(err(
+                    "body.read",
+                    "is false but the policy tables decide on `model`: the upstream serves the \
+                     model its body names, so ACE must read it; set body.read to true",
+                ));
+            }
+        }
+        // A trip needs two tenants by default when the tables know tenants.
+        let tenants = policy.as_ref().is_some_and(|p| p.tenant.is_some());
+        let health = health_policy(&raw.health, if tenants { 2 } else { 1 })?;
+        let max_context_tokens = raw.max_context_tokens.unwrap_or(1 << 20);
+        if max_context_tokens == 0 {
+            return Err(err("max_context_tokens", "must be at least 1"));
+        }
         let max_body_bytes = raw.body.max_bytes.unwrap_or(256 * 1024);
         if !(64..=16 * 1024 * 1024).contains(&max_body_bytes) {
             return Err(err(
@@ -540,14 +653,20 @@ impl Config {
             warmth,
             response_headers: raw.response_headers,
             retry_next: raw.retry_next,
-            default_output_tokens: raw.default_output_tokens.unwrap_or(256),
+            default_output_tokens: raw
+                .default_output_tokens
+                .unwrap_or(256)
+                .min(max_context_tokens),
             health,
             fingerprint,
+            max_context_tokens,
+            id,
+            no_policy: raw.allow_no_policy,
         })
     }
 }
 
-fn health_policy(h: &RawHealth) -> Result<HealthPolicy, ConfigError> {
+fn health_policy(h: &RawHealth, trip_tenants: u8) -> Result<HealthPolicy, ConfigError> {
     let d = HealthPolicy::default();
     let p = HealthPolicy {
         trip_after: h.trip_after.unwrap_or(d.trip_after),
@@ -559,7 +678,15 @@ fn health_policy(h: &RawHealth) -> Result<HealthPolicy, ConfigError> {
         derate_step: h.derate_step.unwrap_or(d.derate_step),
         derate_max: h.derate_max.unwrap_or(d.derate_max),
         derate_half_life_ms: h.derate_half_life_ms.unwrap_or(d.derate_half_life_ms),
+        trip_tenants: h.trip_tenants.unwrap_or(trip_tenants),
     };
+    if !(1..=2).contains(&p.trip_tenants) {
+        return Err(err(
+            "health.trip_tenants",
+            "must be 1 (any failures trip a destination) or 2 (failures from two tenants, or one \
+             no tenant can cause)",
+        ));
+    }
     if p.trip_after == 0 {
         return Err(err("health.trip_after", "must be at least 1"));
     }
@@ -595,6 +722,7 @@ fn load_policy(
     destinations: &[Destination],
     on_missing: OnMissing,
     defaults: &std::collections::BTreeMap<String, String>,
+    sources: &std::collections::BTreeMap<String, Trusted>,
 ) -> Result<Policy, ConfigError> {
     use ace_core::tables::{Tables, UNKNOWN};
     use base64::Engine;
@@ -620,6 +748,19 @@ fn load_policy(
                 format!("is {:?} but the tables' destination {i} is {name:?}; destinations must be in table order", d.name),
             ));
         }
+        // The tables were proven for this cluster: routing the destination's
+        // traffic anywhere else would undo them.
+        let cluster = tables.destination_cluster(i).unwrap_or("");
+        if cluster != d.cluster {
+            return Err(err(
+                format!("destinations[{i}].cluster"),
+                format!(
+                    "is {:?} but the compiled tables bind destination {:?} to cluster {cluster:?}; \
+                     change the cluster in the fleet manifest and recompile (`ace plugin-config`)",
+                    d.cluster, d.name
+                ),
+            ));
+        }
     }
     let mut attributes = Vec::with_capacity(tables.attribute_count());
     for a in 0..tables.attribute_count() as u32 {
@@ -637,12 +778,30 @@ fn load_policy(
                 idx
             }
         };
+        let trusted = sources.get(&name).cloned();
+        if let Some(Trusted::Metadata { namespace, path }) = &trusted {
+            if namespace.is_empty() || path.is_empty() || path.iter().any(String::is_empty) {
+                return Err(err(
+                    format!("attribute_sources.{name}.metadata"),
+                    "needs a non-empty namespace and a non-empty path of non-empty keys",
+                ));
+            }
+        }
         attributes.push(AttributeSource {
             // Lower case, as Envoy hands header names over.
             header: format!("x-ace-{}", name.replace('_', "-").to_ascii_lowercase()),
             name,
             default_index,
+            trusted,
         });
+    }
+    for k in sources.keys() {
+        if !attributes.iter().any(|a| &a.name == k) {
+            return Err(err(
+                format!("attribute_sources.{k}"),
+                "names no attribute of the compiled tables",
+            ));
+        }
     }
     for k in defaults.keys() {
         if !attributes.iter().any(|a| &a.name == k) {
@@ -652,12 +811,28 @@ fn load_policy(
             ));
         }
     }
+    let position = |n: &str| attributes.iter().position(|a| a.name == n);
+    let (tenant, model) = (position("tenant"), position("model"));
     let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     Ok(Policy {
         tables: leaked,
         attributes,
         on_missing,
+        tenant,
+        model,
     })
+}
+
+/// The first 16 hex digits of the SHA-256 of `bytes` (see [`Config::id`]).
+pub fn config_id(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    let mut id = String::with_capacity(16);
+    for b in digest.iter().take(8) {
+        id.push(char::from(crate::event::hex_digit(b >> 4)));
+        id.push(char::from(crate::event::hex_digit(b & 15)));
+    }
+    id
 }
 
 /// FNV-1a over the names and clusters, in order.
@@ -696,7 +871,7 @@ mod tests {
     #[test]
     fn accepts_a_good_configuration_with_defaults() {
         let c = Config::parse(
-            br#"{"destinations":[{"name":"a","cluster":"ca","tier":"inhouse","capacity":4},
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"ca","tier":"inhouse","capacity":4},
                                  {"name":"b","cluster":"cb","usd_per_input_token":1e-6}]}"#,
         )
         .map_err(|e| e.to_string());
@@ -715,7 +890,7 @@ mod tests {
     #[test]
     fn latency_value_by_class_with_a_default() {
         let c = Config::parse(
-            br#"{"destinations":[{"name":"a","cluster":"ca"}],"latency_usd_per_s":0.002,
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"ca"}],"latency_usd_per_s":0.002,
                  "latency_classes":{"interactive":0.01,"batch":0}}"#,
         )
         .unwrap();
@@ -725,7 +900,7 @@ mod tests {
         assert_eq!(c.latency_value(None), 0.002);
         assert_eq!(
             field_of(
-                r#"{"destinations":[{"name":"a","cluster":"c"}],"latency_classes":{"fast":-1}}"#
+                r#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"c"}],"latency_classes":{"fast":-1}}"#
             ),
             "latency_classes.fast"
         );
@@ -735,7 +910,7 @@ mod tests {
     #[test]
     fn warm_masks_by_model() {
         let c = Config::parse(
-            br#"{"destinations":[
+            br#"{"allow_no_policy":true,"destinations":[
                 {"name":"a","cluster":"ca","warm_models":["m1"]},
                 {"name":"b","cluster":"cb"},
                 {"name":"c","cluster":"cc","warm_models":["m1","m2"]},
@@ -793,14 +968,82 @@ mod tests {
             "destination_header"
         );
         assert_eq!(
-            field_of(r#"{"destinations":[{"name":"a","cluster":"c"}],"health":{"cap_cut":2}}"#),
+            field_of(
+                r#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"c"}],"health":{"cap_cut":2}}"#
+            ),
             "health.cap_cut"
         );
     }
 
     #[test]
+    fn no_tables_is_refused_unless_opted_out_and_ids_follow_the_bytes() {
+        let bare = r#"{"destinations":[{"name":"a","cluster":"c"}]}"#;
+        assert_eq!(field_of(bare), "tables_base64");
+        let c = Config::parse(
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"c"}]}"#,
+        );
+        let c = c.unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.no_policy);
+        assert_eq!(c.id.len(), 16);
+        let again = Config::parse(
+            br#"{"allow_no_policy":true, "destinations":[{"name":"a","cluster":"c"}]}"#,
+        );
+        assert_ne!(again.map(|c| c.id), Ok(c.id), "another byte, another id");
+        assert_eq!(
+            field_of(
+                r#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"c"}],"health":{"trip_tenants":3}}"#
+            ),
+            "health.trip_tenants"
+        );
+    }
+
+    #[test]
+    fn tables_bind_each_destination_to_its_cluster() {
+        use ace_core::tables::{encode, DestinationSpec, FactorKind, FactorSpec, TableSpec};
+        use base64::Engine;
+        let spec = TableSpec {
+            destinations: vec![
+                DestinationSpec {
+                    name: "eu".into(),
+                    cluster: "eu_c".into(),
+                },
+                DestinationSpec {
+                    name: "sg".into(),
+                    cluster: "sg_c".into(),
+                },
+            ],
+            attributes: vec![],
+            factors: vec![FactorSpec {
+                kind: FactorKind::Permit,
+                attributes: vec![],
+                rows: vec![0b11],
+            }],
+        };
+        let b64 = base64::engine::general_purpose::STANDARD
+            .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")));
+        let with = |eu: &str| {
+            format!(
+                r#"{{"destinations":[{{"name":"eu","cluster":"{eu}"}},{{"name":"sg","cluster":"sg_c"}}],"tables_base64":"{b64}"}}"#
+            )
+        };
+        assert!(Config::parse(with("eu_c").as_bytes()).is_ok());
+        let e = Config::parse(with("sg_c").as_bytes()).err();
+        assert_eq!(
+            e.as_ref().map(|e| e.field.as_str()),
+            Some("destinations[0].cluster")
+        );
+        assert!(e.is_some_and(|e| e.message.contains("eu_c")));
+        assert_eq!(
+            field_of(&format!(
+                r#"{{"allow_no_policy":true,"destinations":[{{"name":"eu","cluster":"eu_c"}},{{"name":"sg","cluster":"sg_c"}}],"tables_base64":"{b64}"}}"#
+            )),
+            "allow_no_policy"
+        );
+    }
+
+    #[test]
     fn missing_field_message_names_it() {
-        let e = Config::parse(br#"{"destinations":[{"name":"a"}]}"#)
+        let e = Config::parse(br#"{"allow_no_policy":true,"destinations":[{"name":"a"}]}"#)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();

@@ -18,7 +18,7 @@
 //! picodollar (1e-12 USD).
 
 /// Version of the event's fields; bump on any incompatible change.
-pub const SCHEMA: &str = "ace.event/1";
+pub const SCHEMA: &str = "ace.event/2";
 
 /// Filter-state key (Envoy prefixes it with `wasm.` for a Wasm filter).
 pub const PROPERTY: &str = "ace_event";
@@ -35,6 +35,12 @@ use std::sync::Arc;
 pub struct Event {
     /// [`SCHEMA`].
     pub schema: &'static str,
+    /// ACE's own id for the request, unique (32 hex digits; a client's
+    /// `x-request-id` may repeat).
+    pub event_id: [u8; 32],
+    /// The configuration the request was decided under
+    /// ([`crate::config::Config::id`]).
+    pub config: Arc<str>,
     /// The request's headers, which [`Text::Header`] fields point into.
     pub headers: Pairs,
     /// Envoy's `x-request-id`.
@@ -76,6 +82,24 @@ pub struct Event {
     pub counterfactual_usd: Option<f64>,
     /// Decision reason or refusal code.
     pub reason: &'static str,
+    /// Whether the model was resident on the destination (`None` when
+    /// none was chosen).
+    pub warm: Option<bool>,
+    /// Whether a reserved destination served past its commitment, at its
+    /// overage price.
+    pub overage: bool,
+    /// Whether the upstream reported more tokens than the request allowed
+    /// (the counts are capped; the excess is not booked).
+    pub usage_capped: bool,
+    /// Whether the answer came from ACE's cache (never yet).
+    pub cached: bool,
+    /// The request's tenant as a health key (not logged): the tenant
+    /// attribute's value index plus one, 1 without tenants.
+    pub tenant_key: u32,
+    /// When the upstream had the whole request, ms (not logged): latency
+    /// for health is measured from here, so a client's slow upload is not
+    /// the destination's slowness.
+    pub sent_ms: u64,
 }
 
 /// A text field of an [`Event`].
@@ -140,6 +164,10 @@ impl Event {
         out.clear();
         out.extend_from_slice(b"{\"schema\":");
         string(out, self.schema.as_bytes());
+        out.extend_from_slice(b",\"event_id\":");
+        string(out, &self.event_id);
+        out.extend_from_slice(b",\"config\":");
+        string(out, self.config.as_bytes());
         out.extend_from_slice(b",\"request_id\":");
         self.opt_text(out, &self.request_id);
         out.extend_from_slice(b",\"time_ms\":");
@@ -188,7 +216,26 @@ impl Event {
         }
         out.extend_from_slice(b",\"reason\":");
         string(out, self.reason.as_bytes());
-        out.push(b'}');
+        out.extend_from_slice(match self.warm {
+            Some(true) => b",\"warm\":true",
+            Some(false) => b",\"warm\":false",
+            None => b",\"warm\":null",
+        });
+        out.extend_from_slice(if self.overage {
+            b",\"overage\":true"
+        } else {
+            b",\"overage\":false"
+        });
+        out.extend_from_slice(if self.usage_capped {
+            b",\"usage_capped\":true"
+        } else {
+            b",\"usage_capped\":false"
+        });
+        out.extend_from_slice(if self.cached {
+            b",\"cached\":true}"
+        } else {
+            b",\"cached\":false}"
+        });
     }
 
     fn opt_text(&self, out: &mut Vec<u8>, t: &Option<Text>) {
@@ -314,6 +361,14 @@ fn opt_string(out: &mut Vec<u8>, s: Option<&str>) {
     }
 }
 
+/// The lowercase hex digit of `n` (its low four bits).
+pub fn hex_digit(n: u8) -> u8 {
+    match n & 15 {
+        d @ 0..=9 => b'0' + d,
+        d => b'a' + (d - 10),
+    }
+}
+
 /// A JSON string: quotes, backslashes and control characters escaped;
 /// other characters copied as they are, except that each invalid UTF-8
 /// sequence (header values are bytes) becomes U+FFFD. The output is UTF-8.
@@ -389,6 +444,10 @@ mod tests {
             marginal_usd: 0.25,
             counterfactual_usd: Some(1.0),
             reason: "cheapest",
+            event_id: *b"0123456789abcdef0000000000000001",
+            config: "00112233aabbccdd".into(),
+            warm: Some(true),
+            ..Event::default()
         };
         let line = e.to_json();
         assert!(!line.contains('\n'));
@@ -401,11 +460,13 @@ mod tests {
         );
         assert_eq!(
             line,
-            "{\"schema\":\"ace.event/1\",\"request_id\":\"r-1\",\"time_ms\":5,\"tenant\":\"acme\",\
+            "{\"schema\":\"ace.event/2\",\"event_id\":\"0123456789abcdef0000000000000001\",\
+             \"config\":\"00112233aabbccdd\",\"request_id\":\"r-1\",\"time_ms\":5,\"tenant\":\"acme\",\
              \"data_class\":\"eu-personal\",\"latency_class\":null,\"model_requested\":\"m\",\
              \"model_served\":\"m\",\"destination\":\"owned\",\"tier\":\"inhouse\",\"tokens_in\":10,\
              \"tokens_out\":20,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
-             \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\"}"
+             \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\",\
+             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false}"
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         for k in [
@@ -472,6 +533,7 @@ mod tests {
                 marginal_usd: *v,
                 counterfactual_usd: Some(f64::NAN),
                 reason: "r",
+                ..Event::default()
             };
             let line = e.to_json();
             let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();

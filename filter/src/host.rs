@@ -41,6 +41,15 @@ extern "C" {
         value: *const u8,
         value_size: usize,
     ) -> u32;
+    #[link_name = "proxy_remove_header_map_value"]
+    fn remove_header_raw(map: u32, key: *const u8, key_size: usize) -> u32;
+    #[link_name = "proxy_get_property"]
+    fn property_raw(
+        path: *const u8,
+        path_size: usize,
+        value: *mut *mut u8,
+        value_size: *mut usize,
+    ) -> u32;
     #[link_name = "proxy_set_property"]
     fn set_property_raw(
         path: *const u8,
@@ -166,6 +175,34 @@ pub fn replace_header(map: MapType, key: &str, value: &str) -> Result<(), Status
             value.len(),
         )
     })
+}
+
+/// Remove every value of header `key` from `map`.
+pub fn remove_header(map: MapType, key: &str) -> Result<(), Status> {
+    // SAFETY: the slice outlives the call; the host only reads it.
+    check(unsafe { remove_header_raw(map as u32, key.as_ptr(), key.len()) })
+}
+
+/// The property at `path` (segments such as `["response", "code"]`), or
+/// `None` when Envoy has none there.
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
+    // The ABI's path: the segments, each followed by a NUL.
+    let mut encoded = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
+    for p in path {
+        encoded.extend_from_slice(p.as_bytes());
+        encoded.push(0);
+    }
+    encoded.pop();
+    let (mut data, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: the slice outlives the call; the host writes a pointer and a
+    // size to valid locations.
+    let code = unsafe { property_raw(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
+    match check(code) {
+        // SAFETY: see `take`.
+        Ok(()) => Ok(Some(unsafe { take(data, size) })),
+        Err(Status::NotFound | Status::Empty) => Ok(None),
+        Err(s) => Err(s),
+    }
 }
 
 /// Set filter state `wasm.<path>` (one path segment) to `value`.

@@ -11,14 +11,15 @@
 //! the request turned out to cost ([`book_usage`]), and the counters both
 //! report ([`Counters`]).
 
-use crate::attributes;
+use crate::attributes::{self, AttributeError};
 use crate::body::{self, BodyError, RequestBody};
 use crate::config::Config;
+use crate::config::Trusted;
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::usage::Usage;
 use ace_core::dispatch::{Decision, Refusal, Request};
-use ace_core::health::{Change, Outcome};
+use ace_core::health::{Change, Outcome, ANY_TENANT, MAX_TENANT};
 use ace_core::tables::Tables;
 use std::sync::Arc;
 
@@ -42,8 +43,10 @@ pub struct Head {
     pub json: bool,
 }
 
-/// Capture a request's headers (the whole map, read in one go) at `now` (ms).
-pub fn capture(headers: Pairs, now: u64) -> Head {
+/// Capture a request's headers (the whole map, read in one go) at `now`
+/// (ms), under configuration `cfg`; `event_id` is ACE's unique id for the
+/// request (see [`EventIds`]).
+pub fn capture(cfg: &Config, headers: Pairs, now: u64, event_id: [u8; 32]) -> Head {
     let [model, tenant, data_class, latency_class, request_id, length, content_type] = headers
         .find([
             "x-ace-model",
@@ -65,8 +68,10 @@ pub fn capture(headers: Pairs, now: u64) -> Head {
         span(latency_class),
         span(request_id),
     );
-    let event = Event {
+    let mut event = Event {
         schema: event::SCHEMA,
+        event_id,
+        config: std::sync::Arc::clone(&cfg.id),
         headers,
         request_id,
         time_ms: now,
@@ -86,7 +91,22 @@ pub fn capture(headers: Pairs, now: u64) -> Head {
         marginal_usd: 0.0,
         counterfactual_usd: None,
         reason: "",
+        ..Event::default()
     };
+    // A verified source's value stands in the event for what the client's
+    // header claimed.
+    if let Some(p) = &cfg.policy {
+        for a in p.attributes.iter().filter(|a| a.trusted.is_some()) {
+            let field = match a.name.as_str() {
+                "tenant" => &mut event.tenant,
+                "data_class" => &mut event.data_class,
+                "latency_class" => &mut event.latency_class,
+                "model" => &mut event.model_requested,
+                _ => continue,
+            };
+            *field = None;
+        }
+    }
     Head {
         event,
         content_length,
@@ -96,10 +116,75 @@ pub fn capture(headers: Pairs, now: u64) -> Head {
 
 impl Head {
     /// Whether to hold the headers and read the body before routing: the
-    /// configuration asks for it, and a JSON body is coming.
+    /// configuration asks for it, and a body is coming that is JSON, or
+    /// whatever it claims to be when the policy decides on the model (the
+    /// upstream may parse a body sent as `text/plain`).
     pub fn wants_body(&self, cfg: &Config, end_of_stream: bool) -> bool {
-        cfg.read_body && !end_of_stream && self.content_length != Some(0) && self.json
+        let model_policy = cfg.policy.as_ref().is_some_and(|p| p.model.is_some());
+        cfg.read_body
+            && !end_of_stream
+            && self.content_length != Some(0)
+            && (self.json || model_policy)
     }
+}
+
+/// Headers a client may not send through: the destination header (clients
+/// never choose) and the header of every attribute that has a verified
+/// source. An adapter removes each one the request carries as soon as it
+/// sees the headers, before anything can pause the request.
+pub fn forbidden_headers<'c>(
+    cfg: &'c Config,
+    headers: &'c Pairs,
+) -> impl Iterator<Item = &'c str> + 'c {
+    let trusted = cfg
+        .policy
+        .iter()
+        .flat_map(|p| p.attributes.iter())
+        .filter(|a| a.trusted.is_some())
+        .map(|a| a.header.as_str());
+    std::iter::once(cfg.destination_header.as_str())
+        .chain(trusted)
+        .filter(move |h| headers.get(h).is_some())
+}
+
+/// Unique event ids for one VM or process: a random 64-bit prefix drawn
+/// once, then a counter, as 32 lowercase hex digits.
+#[derive(Debug, Clone)]
+pub struct EventIds {
+    prefix: u64,
+    next: u64,
+}
+
+impl EventIds {
+    /// Ids under `prefix` (draw it from the system's randomness).
+    pub fn new(prefix: u64) -> EventIds {
+        EventIds { prefix, next: 0 }
+    }
+
+    /// The next id.
+    pub fn next_id(&mut self) -> [u8; 32] {
+        self.next = self.next.wrapping_add(1);
+        event_id(self.prefix, self.next)
+    }
+}
+
+/// Event id `n` under `prefix`: both as 16 lowercase hex digits.
+pub fn event_id(prefix: u64, n: u64) -> [u8; 32] {
+    let mut out = [b'0'; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        let word = if i < 16 { prefix } else { n };
+        let shift = 60 - 4 * (i % 16);
+        *byte = event::hex_digit(((word >> shift) & 15) as u8);
+    }
+    out
+}
+
+/// A random 64-bit number from the system (seeded hashing's keys).
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5eed);
+    h.finish()
 }
 
 /// The request's side of the decision, from its body (if read) or its
@@ -111,12 +196,16 @@ pub fn plan(
     content_length: Option<usize>,
     now: u64,
 ) -> Request {
+    // Estimates, bounded by the context window: a client's `max_tokens` of
+    // four billion books no more than a full context.
     let tokens_in = body
         .map(|b| b.tokens_in)
-        .unwrap_or_else(|| content_length.map_or(1, body::estimate_tokens));
+        .unwrap_or_else(|| content_length.map_or(1, body::estimate_tokens))
+        .min(cfg.max_context_tokens);
     let tokens_out = body
         .and_then(|b| b.max_output_tokens)
-        .unwrap_or(cfg.default_output_tokens);
+        .unwrap_or(cfg.default_output_tokens)
+        .min(cfg.max_context_tokens);
     event.time_ms = now;
     event.tokens_in = tokens_in;
     event.tokens_out = tokens_out;
@@ -207,11 +296,12 @@ impl Lookup {
 /// when the configuration has no policy). A request missing an attribute
 /// the policy refuses to do without is refused, naming it. A lookup that
 /// fails leaves the mask empty: fail closed.
-pub fn feasible(
+pub fn feasible<V: AsRef<[u8]>>(
     cfg: &Config,
     tables: Option<&Tables<'_>>,
-    event: &Event,
+    event: &mut Event,
     body_model: Option<&str>,
+    mut trusted: impl FnMut(&Trusted) -> Option<V>,
     lookup: &mut Lookup,
 ) -> Result<(), Refused> {
     lookup.fit(cfg);
@@ -224,17 +314,70 @@ pub fn feasible(
             .for_each(|(m, all)| *m = *all);
         return Ok(());
     };
-    if let Err(a) = attributes::resolve(tables, policy, &event.headers, body_model, values) {
-        return Err(Refused {
-            status: 400,
-            kind: "missing_attribute",
-            reason: attribute_reason(&a.name),
-            message: format!(
-                "this request needs the `{}` attribute; send it in the `{}` header",
-                a.name, a.header
-            ),
-        });
+    // A verified value also stands in the event.
+    let mut seen = |source: &Trusted| {
+        let v = trusted(source)?;
+        if let Some(a) = policy
+            .attributes
+            .iter()
+            .find(|a| a.trusted.as_ref() == Some(source))
+        {
+            let text = Some(Text::Owned(
+                String::from_utf8_lossy(v.as_ref().trim_ascii()).into_owned(),
+            ));
+            match a.name.as_str() {
+                "tenant" => event.tenant = text,
+                "data_class" => event.data_class = text,
+                "latency_class" => event.latency_class = text,
+                "model" => event.model_requested = text,
+                _ => {}
+            }
+        }
+        Some(v)
+    };
+    let resolved = attributes::resolve(
+        tables,
+        policy,
+        &event.headers,
+        body_model,
+        &mut seen,
+        values,
+    );
+    match resolved {
+        Ok(()) => {}
+        Err(AttributeError::Missing(a)) => {
+            let source = match &a.trusted {
+                Some(Trusted::Metadata { namespace, path }) => {
+                    format!("it comes from metadata {namespace}/{}", path.join("/"))
+                }
+                Some(Trusted::Peer(p)) => {
+                    format!("it comes from the mTLS peer certificate ({})", p.property())
+                }
+                None => format!("send it in the `{}` header", a.header),
+            };
+            return Err(Refused {
+                status: 400,
+                kind: "missing_attribute",
+                reason: attribute_reason(&a.name),
+                message: format!("this request needs the `{}` attribute; {source}", a.name),
+            });
+        }
+        Err(AttributeError::Conflicting(a)) => {
+            return Err(Refused {
+                status: 400,
+                kind: "conflicting_attribute",
+                reason: "conflicting_attribute",
+                message: format!(
+                    "the `{}` header was sent more than once with different values; send it once",
+                    a.header
+                ),
+            });
+        }
     }
+    event.tenant_key = policy
+        .tenant
+        .and_then(|t| values.get(t))
+        .map_or(1, |v| v.saturating_add(1).min(MAX_TENANT));
     if let Err(e) = tables.feasible(values, mask) {
         log::error!("feasibility lookup failed: {e}");
         mask.fill(0);
@@ -242,19 +385,39 @@ pub fn feasible(
     Ok(())
 }
 
-/// What to do with a request body that did not parse: refuse it when the
-/// policy needs the model and no header named one, else `None` (route on
-/// the body's size instead; the body only refines the estimate).
-pub fn body_refusal(cfg: &Config, event: &Event, err: &BodyError) -> Option<Refused> {
-    let needs_model = cfg
-        .policy
-        .as_ref()
-        .is_some_and(|p| p.attributes.iter().any(|a| a.name == "model"));
-    (needs_model && event.model_requested.is_none()).then(|| Refused {
-        status: 400,
+/// What to do with a request body that could not be read: refuse it when
+/// the policy decides on the model, whatever a header says (a body too
+/// large to read whole, or one that is not one JSON object, say with the
+/// `model` key twice, may name another model to the upstream than the one
+/// ACE checked); else `None` (route on the body's size instead; the body
+/// only refines the estimate).
+pub fn body_refusal(cfg: &Config, err: &BodyError) -> Option<Refused> {
+    let needs_model = cfg.policy.as_ref().is_some_and(|p| p.model.is_some());
+    needs_model.then(|| Refused {
+        status: if err.too_large { 413 } else { 400 },
         kind: "bad_request_body",
         reason: "bad_request_body",
         message: err.to_string(),
+    })
+}
+
+/// One model per request: a request whose `x-ace-model` header and body
+/// `model` name different models is refused (policy and cost would follow
+/// the header while the upstream serves the body's).
+pub fn model_conflict(event: &Event, body: Option<&RequestBody>) -> Option<Refused> {
+    let in_body = body?.model.as_deref()?.trim();
+    let Some(Text::Header(_)) = &event.model_requested else {
+        return None;
+    };
+    let in_header = event.text(&event.model_requested)?.trim();
+    (in_header != in_body).then(|| Refused {
+        status: 400,
+        kind: "model_conflict",
+        reason: "model_conflict",
+        message: format!(
+            "the x-ace-model header names {in_header:?} but the body's model is {in_body:?}; \
+             name one model"
+        ),
     })
 }
 
@@ -279,14 +442,22 @@ pub fn record(event: &mut Event, cfg: &Config, names: &[Arc<str>], decision: &De
     event.marginal_usd = decision.marginal_usd;
     event.counterfactual_usd = decision.counterfactual_usd;
     event.reason = decision.reason.as_str();
+    event.warm = Some(decision.warm);
+    event.overage = decision.overage;
 }
 
-/// What an upstream's answer (its `:status` and `retry-after` values)
-/// `latency_ms` after the decision means for the destination's health.
-/// Envoy's own replies for refused connections and timeouts are 5xx.
+/// What an answer (its `:status` and `retry-after` values) `latency_ms`
+/// after the upstream had the whole request means for the destination's
+/// health. `upstream_answered` says whether the upstream itself answered
+/// (Envoy's router marks those with `x-envoy-upstream-service-time`): a
+/// 5xx that Envoy made itself (a refused connection, a timeout) is blamed
+/// on no tenant, while an upstream's 5xx is blamed on the request's tenant
+/// `tenant_key` (see the `trip_tenants` health rule).
 pub fn outcome(
     status: u32,
     retry_after: Option<&[u8]>,
+    upstream_answered: bool,
+    tenant_key: u32,
     latency_ms: u64,
     slo_ms: Option<u64>,
 ) -> Outcome {
@@ -294,27 +465,48 @@ pub fn outcome(
         429 => Outcome::Throttled {
             retry_after_ms: headers::number::<u64>(retry_after).map(|s| s.saturating_mul(1000)),
         },
-        500..=599 | 0 => Outcome::Failure,
+        500..=599 | 0 => Outcome::Failure {
+            tenant: if upstream_answered {
+                tenant_key.min(MAX_TENANT)
+            } else {
+                ANY_TENANT
+            },
+        },
         _ => Outcome::Success { latency_ms, slo_ms },
     }
 }
 
-/// Once actual usage is known, book the request on it: tokens and both
-/// costs are recomputed from the destination's and the counterfactual's
-/// cost models at list (unloaded) prices.
-pub fn book_usage(event: &mut Event, cfg: &Config, decision: &Decision, usage: Usage) {
-    event.tokens_in = usage.input;
-    event.tokens_out = usage.output;
+/// The response header Envoy's router adds to answers from an upstream.
+pub const UPSTREAM_TIME_HEADER: &str = "x-envoy-upstream-service-time";
+
+/// Once actual usage is known, book the request on it: tokens and the
+/// true marginal cost at the prices the decision booked (load, overage and
+/// cold load included), the counterfactual at its list price.
+///
+/// An upstream's claim is bounded by what the request allowed: input by
+/// the context window, output by the request's `max_tokens` (else the
+/// context window). The excess is not booked, and `usage_capped` says so.
+/// `max_output` is the request's own output budget, if it gave one.
+pub fn book_usage(
+    event: &mut Event,
+    cfg: &Config,
+    decision: &Decision,
+    usage: Usage,
+    max_output: Option<u32>,
+) {
+    let out_bound = max_output.unwrap_or(u32::MAX).min(cfg.max_context_tokens);
+    let input = usage.input.min(cfg.max_context_tokens);
+    let output = usage.output.min(out_bound);
+    event.usage_capped = input != usage.input || output != usage.output;
+    event.tokens_in = input;
+    event.tokens_out = output;
     event.tokens_estimated = false;
-    let price = |i: usize| {
-        cfg.models
-            .get(i)
-            .and_then(|m| m.marginal_usd(usage.input, usage.output, true, 0, None))
-    };
-    if let Some(c) = price(decision.index) {
-        event.marginal_usd = c;
-    }
-    if let Some(c) = decision.counterfactual_index.and_then(price) {
+    event.marginal_usd = decision.cost_of(input, output);
+    let list = decision
+        .counterfactual_index
+        .and_then(|i| cfg.models.get(i))
+        .map(|m| m.rest_usd(input, output));
+    if let Some(c) = list {
         event.counterfactual_usd = Some(c);
     }
 }
@@ -374,7 +566,9 @@ impl Counters {
     /// Requests run again on the next destination (`retry_next`, the
     /// dynamic module); not counted again in [`Counters::REQUESTS`].
     pub const RETRIES: usize = 7;
-    const FLEET: [&'static str; 8] = [
+    /// Requests routed with no policy tables (`allow_no_policy`).
+    pub const WITHOUT_POLICY: usize = 8;
+    const FLEET: [&'static str; 9] = [
         "ace.requests",
         "ace.no_destination",
         "ace.trips",
@@ -383,6 +577,7 @@ impl Counters {
         "ace.booked_nano_usd",
         "ace.counterfactual_nano_usd",
         "ace.retries",
+        "ace.requests_without_policy",
     ];
 
     /// Every counter's name for `cfg`, in position order.
@@ -397,16 +592,33 @@ impl Counters {
         names
     }
 
-    /// What a decision counts: the booked and counterfactual dollars, and
-    /// one request on its destination.
-    pub fn decided(decision: &Decision) -> [(usize, u64); 3] {
+    /// What a decision counts: one request on its destination.
+    pub fn decided(decision: &Decision) -> [(usize, u64); 1] {
+        [(Self::destination_requests(decision.index), 1)]
+    }
+
+    /// What a finished request books: the dollars of its final event (its
+    /// reported usage when the upstream gave one, else the bounded
+    /// estimate), so that the counters and the event log agree.
+    pub fn booked(event: &Event) -> [(usize, u64); 2] {
+        let served = event.destination.is_some();
         [
-            (Self::BOOKED_NANO_USD, nano_usd(decision.marginal_usd)),
+            (
+                Self::BOOKED_NANO_USD,
+                if served {
+                    nano_usd(event.marginal_usd)
+                } else {
+                    0
+                },
+            ),
             (
                 Self::COUNTERFACTUAL_NANO_USD,
-                nano_usd(decision.counterfactual_usd.unwrap_or(0.0)),
+                if served {
+                    nano_usd(event.counterfactual_usd.unwrap_or(0.0))
+                } else {
+                    0
+                },
             ),
-            (Self::destination_requests(decision.index), 1),
         ]
     }
 
@@ -418,7 +630,7 @@ impl Counters {
     /// The per-destination counter an outcome on `d` counts in, if any.
     pub fn destination_outcome(d: usize, outcome: Option<Outcome>) -> Option<usize> {
         match outcome? {
-            Outcome::Failure => Some(Self::FLEET.len() + 3 * d + 1),
+            Outcome::Failure { .. } => Some(Self::FLEET.len() + 3 * d + 1),
             Outcome::Throttled { .. } => Some(Self::FLEET.len() + 3 * d + 2),
             Outcome::Success { .. } => None,
         }
@@ -442,7 +654,7 @@ mod tests {
     #[test]
     fn counter_positions_match_names() {
         let cfg = Config::parse(
-            br#"{"destinations":[{"name":"a","cluster":"a"},{"name":"b","cluster":"b","tier":"payg","usd_per_input_token":1e-6,"usd_per_output_token":1e-6}]}"#,
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"a"},{"name":"b","cluster":"b","tier":"payg","usd_per_input_token":1e-6,"usd_per_output_token":1e-6}]}"#,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let names = Counters::names(&cfg);
@@ -454,11 +666,11 @@ mod tests {
         );
         assert!(at(Counters::destination_requests(1))
             .is_some_and(|n| n.starts_with("ace.destination.b.tier.payg.requests")));
-        let fail = Counters::destination_outcome(1, Some(Outcome::Failure));
+        let fail = Counters::destination_outcome(1, Some(Outcome::Failure { tenant: 0 }));
         assert!(fail
             .and_then(at)
             .is_some_and(|n| n.ends_with("b.tier.payg.failures")));
-        assert_eq!(names.len(), 8 + 6);
+        assert_eq!(names.len(), 9 + 6);
         assert_eq!(at(Counters::RETRIES), Some("ace.retries"));
     }
 

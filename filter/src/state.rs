@@ -443,9 +443,9 @@ mod tests {
         let steps: [(bool, usize, Option<Outcome>); 6] = [
             (true, 2, None),
             (false, 2, None),
-            (true, 1, Some(Outcome::Failure)),
-            (false, 1, Some(Outcome::Failure)),
-            (true, 1, Some(Outcome::Failure)),
+            (true, 1, Some(Outcome::Failure { tenant: 0 })),
+            (false, 1, Some(Outcome::Failure { tenant: 0 })),
+            (true, 1, Some(Outcome::Failure { tenant: 0 })),
             (
                 false,
                 0,

@@ -22,8 +22,12 @@
 //! - the document must end (its top-level object closes, and only
 //!   whitespace follows), so a truncated response keeps the estimate;
 //! - keys are compared as written: one spelled with escapes
-//!   (`"\u0075sage"`) is not recognised, and when a key repeats the last
-//!   one wins. The rest of the document is not validated.
+//!   (`"\u0075sage"`) is not recognised. A `usage` key that repeats, or a
+//!   token field that repeats inside it (`prompt_tokens` and
+//!   `input_tokens` count as the same field), makes the usage unreadable:
+//!   which copy a reader takes differs between parsers, and an upstream
+//!   could bill by one while ACE books the other. The rest of the document
+//!   is not validated.
 //!
 //! Counts above `u32::MAX` are clamped to it.
 
@@ -196,6 +200,12 @@ struct Doc {
     key: Key,
     /// Depth 2 is the top-level object's `usage`.
     in_usage: bool,
+    /// A `usage` key was read in this document.
+    usage_seen: bool,
+    /// The `usage` key was read twice.
+    duplicate: bool,
+    /// Token fields read so far in this `usage` (bit 0 input, bit 1 output).
+    fields_seen: u8,
     /// A token field's value being read.
     value: Option<Value>,
     input: u64,
@@ -328,6 +338,7 @@ impl Doc {
                     self.input = 0;
                     self.output = 0;
                     self.bad = false;
+                    self.fields_seen = 0;
                 }
                 self.depth = self.depth.saturating_add(1);
                 self.key = Key::Other;
@@ -367,17 +378,35 @@ impl Doc {
         }
     }
 
-    /// The key just read, as one of those looked for.
-    fn captured(&self) -> Key {
+    /// The key just read, as one of those looked for (a token field seen
+    /// twice in one `usage` marks it unreadable).
+    fn captured(&mut self) -> Key {
         let Some(k) = self.key_buf.get(..self.key_len) else {
             return Key::Other;
         };
-        match (self.depth, k) {
+        let key = match (self.depth, k) {
             (1, b"usage") => Key::Usage,
             (2, b"prompt_tokens" | b"input_tokens") => Key::Input,
             (2, b"completion_tokens" | b"output_tokens") => Key::Output,
             _ => Key::Other,
+        };
+        let bit = match key {
+            Key::Input => 1,
+            Key::Output => 2,
+            _ => 0,
+        };
+        if bit != 0 && self.in_usage {
+            if self.fields_seen & bit != 0 {
+                self.bad = true;
+            }
+            self.fields_seen |= bit;
         }
+        if key == Key::Usage {
+            // A second `usage` key, whatever its value: unreadable.
+            self.duplicate |= self.usage_seen;
+            self.usage_seen = true;
+        }
+        key
     }
 
     /// Whether the next value is a token count of `usage`.
@@ -408,7 +437,7 @@ impl Doc {
 
     fn finish(&mut self) -> Option<Usage> {
         self.end_value();
-        if self.done && !self.dead {
+        if self.done && !self.dead && !self.duplicate {
             self.usage
         } else {
             None
@@ -532,6 +561,30 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
             scan(b"event: x\ndata:{\"usage\":{\"output_tokens\":3}}", true, 4),
             usage(0, 3)
         );
+    }
+
+    #[test]
+    fn a_repeated_usage_or_token_field_is_unreadable() {
+        for body in [
+            &br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":4294967295}}"#[..],
+            br#"{"usage":{"prompt_tokens":1},"usage":null}"#,
+            br#"{"usage":{"prompt_tokens":1,"prompt_tokens":9}}"#,
+            br#"{"usage":{"prompt_tokens":1,"input_tokens":9}}"#,
+            br#"{"usage":{"completion_tokens":1,"output_tokens":9}}"#,
+        ] {
+            for chunk in 1..body.len() {
+                assert_eq!(
+                    scan(body, false, chunk),
+                    None,
+                    "{} in chunks of {chunk}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
+        // Each SSE line is its own document: a later line's usage (engines
+        // that report cumulative usage on every chunk) replaces the earlier.
+        let stream = b"data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":2}}\n\n";
+        assert_eq!(scan(stream, true, 5), usage(2, 0));
     }
 
     #[test]

@@ -34,7 +34,7 @@
 use crate::config::Config;
 use crate::event::{self, Event};
 use crate::headers::Pairs;
-use crate::request::{self, Counters, Lookup, Refused};
+use crate::request::{self, Counters, EventIds, Lookup, Refused};
 use crate::state::{Mirror, Synced};
 use crate::usage::UsageScanner;
 use crate::{body, host};
@@ -78,6 +78,8 @@ struct Plugin {
     metrics: Metrics,
     /// Destination names, shared with each request's event.
     names: Vec<Arc<str>>,
+    /// This VM's event ids.
+    ids: RefCell<EventIds>,
 }
 
 /// Proxy-wasm counters ([`Counters`]), shown by Envoy as `wasmcustom.ace.*`
@@ -164,6 +166,11 @@ impl RootContext for AceRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!("{}", config.summary());
+                if config.no_policy {
+                    log::warn!(
+                        "allow_no_policy: routing without policy tables, every destination is feasible for every request (counted in ace.requests_without_policy)"
+                    );
+                }
                 if config.retry_next {
                     log::warn!(
                         "retry_next is ignored: only the dynamic module can run a request again; failures spill from the next request"
@@ -182,6 +189,7 @@ impl RootContext for AceRoot {
                     event_line: RefCell::new(Vec::with_capacity(1024)),
                     tables: config.tables(),
                     lookup: RefCell::new(Lookup::new(&config)),
+                    ids: RefCell::new(EventIds::new(request::random_u64())),
                     config,
                 }));
                 // Hands counts to Envoy, and pays owed in-flight releases
@@ -240,6 +248,10 @@ struct AceStream {
     event: Option<Event>,
     /// Token usage in the response, when it is being looked for.
     usage: Option<UsageScanner>,
+    /// The request's own output budget (`max_tokens`), if its body gave one.
+    max_output: Option<u32>,
+    /// The whole request (headers, body, trailers) has passed the filter.
+    request_done: bool,
 }
 
 impl Context for AceStream {}
@@ -323,6 +335,39 @@ impl Plugin {
 }
 
 impl AceStream {
+    /// Route on the buffered body: `body_size` bytes are buffered, all of
+    /// it if `whole`, else at least that many (a body past the bound, or
+    /// one whose trailers came before its end was seen).
+    fn route_on_body(&mut self, plugin: &Rc<Plugin>, body_size: usize, whole: bool) -> Action {
+        self.waiting_for_body = false;
+        let max = plugin.config.max_body_bytes;
+        let bytes = match host::buffer(BufferType::HttpRequestBody, 0, body_size.min(max + 1)) {
+            Ok(b) => b,
+            Err(s) => {
+                log::warn!("cannot read the request body: {s:?}");
+                Vec::new()
+            }
+        };
+        let total = if whole {
+            body_size
+        } else if bytes.len() <= max {
+            bytes.len()
+        } else {
+            bytes.len().max(max + 1)
+        };
+        let bytes = bytes.get(..max.min(bytes.len())).unwrap_or(&[]);
+        match body::scan_request(bytes, total) {
+            Ok(b) => self.route(plugin, Some(&b), now_ms()),
+            Err(e) => {
+                if let Some(refused) = request::body_refusal(&plugin.config, &e) {
+                    return self.send_refusal(&refused);
+                }
+                self.content_length = Some(total);
+                self.route(plugin, None, now_ms())
+            }
+        }
+    }
+
     fn reply_json(
         &mut self,
         status: u32,
@@ -369,21 +414,33 @@ impl AceStream {
     /// the headers callback, or from the body callback once the body is read.
     fn route(&mut self, plugin: &Rc<Plugin>, body: Option<&body::RequestBody>, now: u64) -> Action {
         let cfg = &plugin.config;
+        let conflict = self
+            .event
+            .as_ref()
+            .and_then(|e| request::model_conflict(e, body));
+        if let Some(refused) = conflict {
+            return self.send_refusal(&refused);
+        }
+        self.max_output = body.and_then(|b| b.max_output_tokens);
         let Some(event) = self.event.as_mut() else {
             return self.reply_json(500, "internal", "internal", "request not captured");
         };
         let req = request::plan(cfg, event, body, self.content_length, now);
-        // Which destinations have the requested model resident.
-        let warm = cfg.warmth.mask(event.text(&event.model_requested));
         // Feasibility first: the compiled Cedar tables, per request.
         let mut lookup = plugin.lookup.borrow_mut();
         let body_model = body.and_then(|b| b.model.as_deref());
-        if let Err(refused) =
-            request::feasible(cfg, plugin.tables.as_ref(), event, body_model, &mut lookup)
-        {
+        if let Err(refused) = request::feasible(
+            cfg,
+            plugin.tables.as_ref(),
+            event,
+            body_model,
+            trusted_value,
+            &mut lookup,
+        ) {
             drop(lookup);
             return self.send_refusal(&refused);
         }
+        let warm = cfg.warmth.mask(event.text(&event.model_requested));
         let feasible = &lookup.mask;
         let decided = plugin.update(now, |m| {
             match dispatch::decide(&m.slate, feasible, warm, &req) {
@@ -416,12 +473,18 @@ impl AceStream {
         for (counter, n) in Counters::decided(&decision) {
             m.add(counter, n);
         }
+        if cfg.no_policy {
+            m.add(Counters::WITHOUT_POLICY, 1);
+        }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(None, None);
             return self.reply_json(500, "internal", "internal", "decision index out of range");
         };
         if let Some(e) = self.event.as_mut() {
             request::record(e, cfg, &plugin.names, &decision);
+            if self.request_done {
+                e.sent_ms = now;
+            }
         }
         if let Err(s) = host::replace_header(
             MapType::HttpRequestHeaders,
@@ -504,6 +567,28 @@ impl AceStream {
     }
 }
 
+/// A verified attribute's value, read from Envoy: dynamic metadata (a
+/// claim `jwt_authn` verified) or the mTLS peer certificate.
+fn trusted_value(source: &crate::config::Trusted) -> Option<Vec<u8>> {
+    use crate::config::Trusted;
+    let read = match source {
+        Trusted::Metadata { namespace, path } => {
+            let mut full: Vec<&str> = vec!["metadata", "filter_metadata", namespace];
+            full.extend(path.iter().map(String::as_str));
+            host::property(&full)
+        }
+        Trusted::Peer(field) => host::property(&["connection", field.property()]),
+    };
+    match read {
+        Ok(v) => v.filter(|v| !v.is_empty()),
+        Err(s) => {
+            // Unreadable is missing: the policy then refuses or restricts.
+            log::warn!("cannot read a verified attribute source: {s:?}");
+            None
+        }
+    }
+}
+
 /// Whether a request ending with `outcome` (`None`: the client went away)
 /// changes its destination's health, or only releases its slot.
 fn is_quiet(outcome: Option<Outcome>) -> bool {
@@ -536,11 +621,26 @@ impl HttpContext for AceStream {
             log::warn!("cannot read the request headers: {s:?}");
             Pairs::default()
         });
+        // Before anything can pause the request: a client's destination
+        // header, and its headers for attributes with verified sources, go.
+        for name in request::forbidden_headers(&plugin.config, &headers) {
+            if let Err(s) = host::remove_header(MapType::HttpRequestHeaders, name) {
+                log::warn!("cannot remove the client's {name}: {s:?}");
+                return self.reply_json(
+                    500,
+                    "internal",
+                    "internal",
+                    "cannot remove a header the client may not send",
+                );
+            }
+        }
         let now = now_ms();
-        let head = request::capture(headers, now);
+        let id = plugin.ids.borrow_mut().next_id();
+        let head = request::capture(&plugin.config, headers, now, id);
         let wants_body = head.wants_body(&plugin.config, eos);
         self.content_length = head.content_length;
         self.event = Some(head.event);
+        self.request_done = eos;
         if wants_body {
             // Hold the headers (StopIteration under
             // allow_on_headers_stop_iteration) until the body is read.
@@ -552,6 +652,15 @@ impl HttpContext for AceStream {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if !self.waiting_for_body {
+            if end_of_stream {
+                // The upstream now has the whole request: health latency
+                // starts here, not at the decision (a slow upload is the
+                // client's, not the destination's).
+                self.request_done = true;
+                if let Some(e) = self.event.as_mut().filter(|_| self.chosen.is_some()) {
+                    e.sent_ms = now_ms();
+                }
+            }
             return Action::Continue;
         }
         let Some(plugin) = self.plugin.clone() else {
@@ -561,33 +670,26 @@ impl HttpContext for AceStream {
         if !end_of_stream && body_size < max {
             return Action::Pause; // buffer more
         }
-        self.waiting_for_body = false;
-        let bytes = match host::buffer(BufferType::HttpRequestBody, 0, body_size.min(max)) {
-            Ok(b) => b,
-            Err(s) => {
-                log::warn!("cannot read the request body: {s:?}");
-                Vec::new()
-            }
-        };
-        let total = if end_of_stream {
-            body_size
-        } else {
-            body_size.max(max + 1)
-        };
-        match body::scan_request(&bytes, total) {
-            Ok(b) => self.route(&plugin, Some(&b), now_ms()),
-            Err(e) => {
-                let refused = self
-                    .event
-                    .as_ref()
-                    .and_then(|ev| request::body_refusal(&plugin.config, ev, &e));
-                if let Some(refused) = refused {
-                    return self.send_refusal(&refused);
-                }
-                self.content_length = Some(body_size);
-                self.route(&plugin, None, now_ms())
-            }
+        self.request_done = end_of_stream;
+        self.route_on_body(&plugin, body_size, end_of_stream)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        // Trailers end the request. Held for its body, it is routed now on
+        // what was buffered: returning Continue here would otherwise
+        // release it to Envoy's router undecided.
+        self.request_done = true;
+        if self.waiting_for_body {
+            let Some(plugin) = self.plugin.clone() else {
+                return Action::Pause;
+            };
+            let size = plugin.config.max_body_bytes.saturating_add(1);
+            return self.route_on_body(&plugin, size, false);
         }
+        if let Some(e) = self.event.as_mut().filter(|_| self.chosen.is_some()) {
+            e.sent_ms = now_ms();
+        }
+        Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
@@ -598,14 +700,31 @@ impl HttpContext for AceStream {
             log::warn!("cannot read the response headers: {s:?}");
             Pairs::default()
         });
-        let [status, retry_after, content_type] =
-            headers.find([":status", "retry-after", "content-type"]);
+        let [status, retry_after, content_type, upstream_time] = headers.find([
+            ":status",
+            "retry-after",
+            "content-type",
+            request::UPSTREAM_TIME_HEADER,
+        ]);
         let status = crate::headers::number::<u32>(status).unwrap_or(0);
         let cfg = &plugin.config;
         let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
         let now = now_ms();
-        let latency_ms = now.saturating_sub(started);
-        let outcome = request::outcome(status, retry_after, latency_ms, slo_ms);
+        let (sent, tenant) = self
+            .event
+            .as_ref()
+            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
+        // From when the upstream had the whole request; from the decision
+        // if it answered before the request ended.
+        let latency_ms = now.saturating_sub(if sent > 0 { sent } else { started });
+        let outcome = request::outcome(
+            status,
+            retry_after,
+            upstream_time.is_some(),
+            tenant,
+            latency_ms,
+            slo_ms,
+        );
         self.settle(Some(outcome), Some(now));
         if let Some(e) = self.event.as_mut() {
             e.latency_ms = latency_ms;
@@ -644,7 +763,7 @@ impl HttpContext for AceStream {
                     self.chosen,
                     self.event.as_mut(),
                 ) {
-                    request::book_usage(e, &plugin.config, &decision, u);
+                    request::book_usage(e, &plugin.config, &decision, u, self.max_output);
                 }
             }
         }
@@ -656,7 +775,23 @@ impl HttpContext for AceStream {
         // blame no one. The event keeps status 0 unless a response was seen.
         self.settle(None, None);
         if let Some(e) = self.event.as_mut().filter(|e| e.status == 0) {
-            e.finish(0, "client_gone");
+            // Envoy may have answered itself without the filter seeing the
+            // answer (a 413 for a body over its buffer limit while the
+            // filter held the request): log what the client got.
+            let code = host::property(&["response", "code"])
+                .ok()
+                .flatten()
+                .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+                .map_or(0, u64::from_le_bytes);
+            match u32::try_from(code) {
+                Ok(code) if code > 0 => e.finish(code, "envoy_reply"),
+                _ => e.finish(0, "client_gone"),
+            }
+        }
+        if let (Some(plugin), Some(e)) = (&self.plugin, &self.event) {
+            for (counter, n) in Counters::booked(e) {
+                plugin.metrics.add(counter, n);
+            }
         }
         // Envoy runs this before its access loggers: the one write of the
         // request's event, with everything the request turned out to be.

@@ -87,6 +87,7 @@ pub struct EnvoyBuilder {
     concurrency: u32,
     log_format: Value,
     access_log_filter: Option<Value>,
+    buffer_limit: Option<u32>,
     log_level: String,
     ready_timeout: Duration,
     node: Option<Value>,
@@ -107,6 +108,7 @@ impl EnvoyBuilder {
             route: json!({"cluster_header": DESTINATION_HEADER, "timeout": "30s"}),
             concurrency: 2,
             access_log_filter: None,
+            buffer_limit: None,
             log_format: json!({"json_format": {
                 "start_time": "%START_TIME%",
                 "method": "%REQ(:METHOD)%",
@@ -211,6 +213,26 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Log only requests for which `expression` (CEL, Envoy's access-log
+    /// `extension_filter`) holds, e.g. `'ace_event' in filter_state`.
+    pub fn access_log_only_if(mut self, expression: &str) -> EnvoyBuilder {
+        self.access_log_filter = Some(json!({"extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                "expression": expression
+            }
+        }}));
+        self
+    }
+
+    /// The listener's `per_connection_buffer_limit_bytes` (Envoy's default
+    /// is 1 MiB): a request body a filter holds past it gets Envoy's 413.
+    pub fn per_connection_buffer_limit(mut self, bytes: u32) -> EnvoyBuilder {
+        self.buffer_limit = Some(bytes);
+        self
+    }
+
     /// Envoy's log level (default `info`).
     pub fn log_level(mut self, level: &str) -> EnvoyBuilder {
         self.log_level = level.into();
@@ -261,6 +283,10 @@ impl EnvoyBuilder {
         });
         if let Some(node) = &self.node {
             bootstrap["node"] = node.clone();
+        }
+        if let Some(limit) = self.buffer_limit {
+            bootstrap["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] =
+                json!(limit);
         }
         if let Some(filter) = &self.access_log_filter {
             bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]

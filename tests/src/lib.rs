@@ -60,6 +60,19 @@ impl Filter {
         }
     }
 
+    /// `builder` logging ACE's event, one JSON line per request the filter
+    /// saw and nothing for requests Envoy refused before it (a codec
+    /// reject): as `envoy/envoy.yaml` ships it.
+    pub fn event_log(self, builder: EnvoyBuilder) -> EnvoyBuilder {
+        let key = match self {
+            Filter::Wasm => "wasm.ace_event",
+            Filter::Dynamic => "ace_event",
+        };
+        builder
+            .access_log_line(self.event_log_line())
+            .access_log_only_if(&format!("'{key}' in filter_state"))
+    }
+
     /// The name Envoy's Prometheus output gives ACE's counter `name`
     /// (`ace_requests`): Wasm filters' counters keep their own name there.
     pub fn prometheus(self, name: &str) -> String {
@@ -151,4 +164,47 @@ pub fn envoy_validate(path: &std::path::Path) -> String {
         path.display()
     );
     text
+}
+
+/// Tables for the residency rule the hostile-input tests share: one
+/// `data_class` attribute (values 1 `personal_eu`, 2 `public`; 0 unknown),
+/// every destination permitted, personal EU data forbidden on the
+/// destinations in `outside_eu` (a bit per destination), unknown values
+/// forbidden everywhere. Each destination's cluster is its name with `-`
+/// as `_`.
+pub fn residency_spec(names: &[&str], outside_eu: u64) -> ace_core::tables::TableSpec {
+    use ace_core::tables::{AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
+    let all = (1u64 << names.len()) - 1;
+    TableSpec {
+        destinations: names
+            .iter()
+            .map(|n| DestinationSpec {
+                name: n.to_string(),
+                cluster: n.replace('-', "_"),
+            })
+            .collect(),
+        attributes: vec![AttributeSpec {
+            name: "data_class".into(),
+            values: vec!["personal_eu".into(), "public".into()],
+        }],
+        factors: vec![
+            FactorSpec {
+                kind: FactorKind::Permit,
+                attributes: vec![],
+                rows: vec![all],
+            },
+            FactorSpec {
+                kind: FactorKind::Forbid,
+                attributes: vec![0],
+                rows: vec![all, outside_eu, 0],
+            },
+        ],
+    }
+}
+
+/// `spec` encoded and in base64, as `tables_base64` takes it.
+pub fn tables_base64(spec: &ace_core::tables::TableSpec) -> String {
+    use base64::Engine;
+    let bytes = ace_core::tables::encode(spec).unwrap_or_else(|e| panic!("{e}"));
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -64,7 +64,7 @@ fn health() -> impl Strategy<Value = Health> {
         let mut h = Health::default();
         for e in events {
             let o = match e {
-                0 => Outcome::Failure,
+                0 => Outcome::Failure { tenant: 0 },
                 1 => Outcome::Throttled {
                     retry_after_ms: Some(500),
                 },
@@ -209,4 +209,225 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
         refused > 0,
         "the examples deny some requests everywhere (e.g. PHI to no BAA)"
     );
+}
+
+/// The plugin configuration `ace plugin-config policies/` writes, parsed by
+/// the filter's own configuration type.
+fn filter_config() -> &'static ace_filter::config::Config {
+    static C: OnceLock<ace_filter::config::Config> = OnceLock::new();
+    C.get_or_init(|| {
+        let dir = ace_harness::workspace_root().join("policies");
+        let json = ace_cli::plugin::build(&dir, false, true).unwrap_or_else(|e| panic!("{e}"));
+        ace_filter::config::Config::parse(json.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// Hostile requests the property saw served (so that it is not vacuous).
+static SERVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One hostile request: per table attribute, the values its header is
+/// sent with (none, one, or several, unknown ones included), the models its
+/// body names (none, one, or the `model` key twice), and whether it forges
+/// the destination header.
+#[derive(Debug, Clone)]
+struct Hostile {
+    headers: Vec<Vec<u32>>,
+    body: BodyModel,
+    forged: bool,
+}
+
+/// The `model` the body names.
+#[derive(Debug, Clone)]
+enum BodyModel {
+    None,
+    /// The one the `x-ace-model` header names (if sent).
+    AsHeader,
+    One(u32),
+    /// The key twice.
+    Twice(u32, u32),
+}
+
+/// How one attribute's header is sent: mostly once, sometimes not at all,
+/// twice with one value, or twice with two (unknown values included).
+fn sent_values() -> impl Strategy<Value = Vec<u32>> {
+    prop_oneof![
+        6 => (0u32..64).prop_map(|v| vec![v]),
+        1 => Just(vec![]),
+        1 => (0u32..64).prop_map(|v| vec![v, v]),
+        2 => (0u32..64, 0u32..64).prop_map(|(a, b)| vec![a, b]),
+    ]
+}
+
+fn hostile(attributes: usize) -> impl Strategy<Value = Hostile> {
+    (
+        proptest::collection::vec(sent_values(), attributes),
+        prop_oneof![
+            2 => Just(BodyModel::None),
+            5 => Just(BodyModel::AsHeader),
+            2 => (0u32..64).prop_map(BodyModel::One),
+            1 => (0u32..64, 0u32..64).prop_map(|(a, b)| BodyModel::Twice(a, b)),
+        ],
+        any::<bool>(),
+    )
+        .prop_map(|(headers, body, forged)| Hostile {
+            headers,
+            body,
+            forged,
+        })
+}
+
+/// Through the filter's own request steps (the ones both builds run):
+/// repeated policy headers, a header and a body naming different
+/// models, a body naming the model twice, a forged destination header.
+/// Whatever is served is a destination Cedar permits for the values the
+/// filter decided on, and those are what the upstream receives: the
+/// body's model when there is one, the one value of each header.
+#[test]
+fn hostile_requests_through_the_filter_steps_stay_where_cedar_allows() {
+    let strategy = (
+        hostile(8),
+        proptest::collection::vec(health(), 64),
+        proptest::collection::vec(0u32..20, 64),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(1024));
+    let result = runner.run(&strategy, |(h, healths, loads)| {
+        hostile_case(&h, &healths, &loads)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let served = SERVED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        served >= 100,
+        "only {served} of 1,024 hostile requests were served: vacuous"
+    );
+}
+
+fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), TestCaseError> {
+    use ace_filter::{body, headers::Pairs, request};
+    let c = compiled();
+    let cfg = filter_config();
+    let tables = cfg
+        .tables()
+        .ok_or_else(|| TestCaseError::fail("no tables"))?;
+    let n = tables.destination_count();
+    prop_assume!(n <= 64);
+    let policy = cfg
+        .policy
+        .as_ref()
+        .ok_or_else(|| TestCaseError::fail("no policy"))?;
+    // A value of attribute `a` by number: known values and one unknown.
+    let text = |a: usize, v: u32| {
+        let count = tables.value_count(a as u32);
+        // Mostly known values; one in sixteen unknown.
+        let i = if v >= 60 || count == 0 {
+            0
+        } else {
+            v % count + 1
+        };
+        tables
+            .value_name(a as u32, i)
+            .filter(|_| i > 0)
+            .unwrap_or("no-such-value")
+            .to_string()
+    };
+    let mut sent: Vec<(String, String)> = Vec::new();
+    if h.forged {
+        sent.push(("x-ace-destination".into(), "anything".into()));
+    }
+    for ((a, source), values) in policy.attributes.iter().enumerate().zip(&h.headers) {
+        for v in values {
+            sent.push((source.header.clone(), text(a, *v)));
+        }
+    }
+    let pairs = Pairs::encode(sent.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
+    let model_attr = policy.model;
+    let models: Vec<u32> = match (&h.body, model_attr) {
+        (_, None) | (BodyModel::None, _) => vec![],
+        (BodyModel::AsHeader, Some(m)) => h.headers.get(m).cloned().unwrap_or_default(),
+        (BodyModel::One(v), _) => vec![*v],
+        (BodyModel::Twice(a, b), _) => vec![*a, *b],
+    };
+    let keys: Vec<String> = models
+        .iter()
+        .take(2)
+        .map(|v| {
+            let name = text(model_attr.unwrap_or(0), *v);
+            format!("\"model\":{}", serde_json::Value::from(name))
+        })
+        .collect();
+    let body_text = format!("{{{}}}", keys.join(","));
+    let mut head = request::capture(cfg, pairs, 0, [b'0'; 32]);
+    let parsed = body::scan_request(body_text.as_bytes(), body_text.len());
+    let body = match parsed {
+        Ok(b) => b,
+        Err(e) => {
+            // Refused whenever the policy decides on the model.
+            prop_assert!(model_attr.is_none() || request::body_refusal(cfg, &e).is_some());
+            return Ok(());
+        }
+    };
+    if request::model_conflict(&head.event, Some(&body)).is_some() {
+        return Ok(());
+    }
+    let mut lookup = request::Lookup::new(cfg);
+    let body_model = body.model.clone();
+    if request::feasible(
+        cfg,
+        Some(&tables),
+        &mut head.event,
+        body_model.as_deref(),
+        ace_filter::attributes::no_trusted,
+        &mut lookup,
+    )
+    .is_err()
+    {
+        return Ok(());
+    }
+    // The filter refused nothing: every header attribute was sent with
+    // one value (repeats of the same value aside).
+    for (values, a) in h.headers.iter().take(policy.attributes.len()).zip(0..) {
+        let distinct: std::collections::BTreeSet<String> =
+            values.iter().map(|v| text(a, *v)).collect();
+        prop_assert!(
+            distinct.len() <= 1,
+            "served with two values of attribute {a}"
+        );
+    }
+    // The model decided on is the body's, when the body names one.
+    if let (Some(m), Some(name)) = (model_attr, body.model.as_deref()) {
+        let decided = lookup.values.get(m).copied().unwrap_or(u32::MAX);
+        prop_assert_eq!(decided, tables.value_index(m as u32, name));
+    }
+    let policy_h = HealthPolicy::default();
+    let fleet = Fleet {
+        models: &cfg.models[..n],
+        health: &healths[..n],
+        in_flight: &loads[..n],
+        policy: &policy_h,
+    };
+    let mut slate = Slate::new(n);
+    slate.refresh(&fleet, 0);
+    let req = Request {
+        tokens_in: 10,
+        tokens_out: 10,
+        latency_usd_per_s: 0.0,
+    };
+    if let Ok(decision) = decide(&slate, &lookup.mask, &[u64::MAX], &req) {
+        SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let idx = &lookup.values;
+        let context = c.project.context(idx).map_err(TestCaseError::fail)?;
+        let r = c
+            .project
+            .request_with(idx, decision.index, context)
+            .map_err(TestCaseError::fail)?;
+        prop_assert!(
+            c.project.allows(&r),
+            "Cedar denies {} for {}",
+            tables.destination_name(decision.index).unwrap_or("?"),
+            c.project.describe(idx)
+        );
+    }
+    Ok(())
 }

@@ -36,7 +36,7 @@ const FIELDS: [&str; 20] = [
 fn one_parseable_event_per_request_with_every_field(filter: Filter) {
     require_envoy();
     let (owned, payg) = (upstream("owned"), upstream("payg"));
-    let config = json!({"response_headers": true, "destinations": [
+    let config = json!({"allow_no_policy": true, "response_headers": true, "destinations": [
         {"name": "payg", "cluster": "payg", "tier": "payg",
          "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5},
         {"name": "owned", "cluster": "owned", "tier": "inhouse", "capacity": 8,

@@ -7,12 +7,10 @@
 //! failing: the answer is a 503 with a JSON error, never a US destination.
 //! Every test runs against the Wasm filter and the dynamic module.
 
-use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{require_envoy, start, upstream, Filter};
-use base64::Engine;
+use ace_tests::{require_envoy, residency_spec, start, tables_base64, upstream, Filter};
 use serde_json::{json, Value};
 
 /// (name, tier, jurisdiction, capacity, USD per input token, per output token)
@@ -25,42 +23,15 @@ const FLEET: [(&str, &str, &str, u32, f64, f64); 5] = [
 ];
 
 /// Tables for: permit everything; forbid `data_class == personal_eu` unless
-/// the destination is in the EU. Value indices (bytewise order):
-/// 0 unknown, 1 `personal_eu`, 2 `public`.
-fn eu_residency_tables() -> Vec<u8> {
-    let all: u64 = (1 << FLEET.len()) - 1;
+/// the destination is in the EU; an unknown data class goes nowhere.
+fn eu_residency_tables() -> String {
+    let names: Vec<&str> = FLEET.iter().map(|d| d.0).collect();
     let non_eu: u64 = FLEET
         .iter()
         .enumerate()
         .filter(|(_, d)| d.2 != "EU")
         .fold(0, |m, (i, _)| m | (1 << i));
-    let spec = TableSpec {
-        destinations: FLEET
-            .iter()
-            .map(|d| DestinationSpec {
-                name: d.0.into(),
-                cluster: d.0.replace('-', "_"),
-            })
-            .collect(),
-        attributes: vec![AttributeSpec {
-            name: "data_class".into(),
-            values: vec!["personal_eu".into(), "public".into()],
-        }],
-        factors: vec![
-            FactorSpec {
-                kind: FactorKind::Permit,
-                attributes: vec![],
-                rows: vec![all],
-            },
-            // Unknown data class: forbid everything (fail closed).
-            FactorSpec {
-                kind: FactorKind::Forbid,
-                attributes: vec![0],
-                rows: vec![all, non_eu, 0],
-            },
-        ],
-    };
-    encode(&spec).unwrap_or_else(|e| panic!("{e}"))
+    tables_base64(&residency_spec(&names, non_eu))
 }
 
 fn config(on_missing: &str) -> Value {
@@ -79,7 +50,7 @@ fn config(on_missing: &str) -> Value {
     json!({
         "response_headers": true,
         "destinations": dests,
-        "tables_base64": base64::engine::general_purpose::STANDARD.encode(eu_residency_tables()),
+        "tables_base64": eu_residency_tables(),
         "on_missing_attribute": on_missing,
         "health": {"trip_after": 2, "base_cooldown_ms": 60000}
     })

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// Two pay-as-you-go destinations, `a` at `usd_a` per token and `b` at
 /// `usd_b`.
 fn prices(usd_a: Value, usd_b: f64) -> String {
-    json!({"response_headers": true, "destinations": [
+    json!({"allow_no_policy": true, "response_headers": true, "destinations": [
         {"name": "a", "cluster": "a", "tier": "payg",
          "usd_per_input_token": usd_a, "usd_per_output_token": 1e-6},
         {"name": "b", "cluster": "b", "tier": "payg",

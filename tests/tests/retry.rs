@@ -55,6 +55,7 @@ fn fleet_with_owned_at(buffering: bool, owned_port: Option<u16>) -> Fleet {
                "usd_per_input_token": usd, "usd_per_output_token": usd})
     };
     let config = json!({
+        "allow_no_policy": true,
         "response_headers": true,
         "retry_next": true,
         "destinations": [dest("payg", "payg", 0, 2.5e-6), dest("reserved", "reserved", 16, 5e-9),

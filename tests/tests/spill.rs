@@ -22,6 +22,7 @@ fn dest(name: &str, tier: &str, capacity: u32, usd_in: f64, usd_out: f64) -> Val
 /// trip threshold and first cool-down.
 fn three_tiers(trip_after: u32, base_cooldown_ms: u64) -> Value {
     json!({
+        "allow_no_policy": true,
         "response_headers": true,
         "destinations": [
             dest("payg", "payg", 0, 2.5e-6, 1e-5),
@@ -68,7 +69,7 @@ fn owned_fills_to_its_knee_then_reserved_then_payg(filter: Filter) {
     o["knee"] = json!(0.75);
     let mut r = dest("reserved", "reserved", 4, 5e-9, 5e-9);
     r["knee"] = json!(0.75);
-    let config = json!({"response_headers": true, "destinations": [dest("payg", "payg", 0, 2.5e-6, 1e-5), r, o]});
+    let config = json!({"allow_no_policy": true, "response_headers": true, "destinations": [dest("payg", "payg", 0, 2.5e-6, 1e-5), r, o]});
     let envoy = start_fleet(filter, config, &[&owned, &reserved, &payg]);
 
     let port = envoy.port();
@@ -157,7 +158,7 @@ fn refused_connections_trip_the_destination(filter: Filter) {
 
 fn a_429_with_retry_after_takes_the_destination_out_for_that_long(filter: Filter) {
     let (cheap, dear) = (upstream("payg-cheap"), upstream("payg-dear"));
-    let config = json!({"response_headers": true, "destinations": [
+    let config = json!({"allow_no_policy": true, "response_headers": true, "destinations": [
         dest("payg-dear", "payg", 0, 5e-6, 2e-5),
         dest("payg-cheap", "payg", 0, 1e-6, 4e-6)
     ]});

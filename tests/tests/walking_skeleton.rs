@@ -11,7 +11,7 @@ use serde_json::json;
 use std::time::Duration;
 
 fn three_destination_config() -> String {
-    json!({"response_headers": true, "destinations": [
+    json!({"allow_no_policy": true, "response_headers": true, "destinations": [
         {"name": "payg-api", "cluster": "payg_api", "tier": "payg",
          "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5},
         {"name": "owned-gpu", "cluster": "owned_gpu", "tier": "inhouse", "capacity": 64,

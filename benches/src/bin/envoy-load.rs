@@ -254,7 +254,7 @@ fn run() -> Result<(), String> {
     let minimal = ace_harness::wasm::build("ace-bench-minimal-filter")?;
     let up = Upstream::start("upstream").map_err(|e| e.to_string())?;
     let fixed_route = json!({"cluster": "owned", "timeout": "30s"});
-    let ace_config = json!({"destinations": [
+    let ace_config = json!({"allow_no_policy": true, "destinations": [
         {"name": "payg", "cluster": "payg", "tier": "payg",
          "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5},
         {"name": "reserved", "cluster": "reserved", "tier": "reserved", "capacity": 100000,

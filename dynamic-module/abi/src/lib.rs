@@ -178,6 +178,18 @@ pub mod raw {
             key: ModuleBuffer,
             value: bool,
         );
+        pub fn envoy_dynamic_module_callback_http_filter_get_attribute_int(
+            f: Filter,
+            attribute: u32,
+            out: *mut u64,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_get_metadata_string(
+            f: Filter,
+            source: u32,
+            namespace: ModuleBuffer,
+            key: ModuleBuffer,
+            out: *mut EnvoyBuffer,
+        ) -> bool;
         pub fn envoy_dynamic_module_callback_http_filter_recreate_stream(
             f: Filter,
             headers: *const ModuleHeader,
@@ -358,6 +370,52 @@ impl Filter {
                 },
             )
         }
+    }
+
+    /// The status Envoy sent the client (attribute `response.code`), if it
+    /// sent one: also Envoy's own replies that no filter saw, such as its
+    /// 413 for a body over the buffer limit.
+    pub fn response_code(self) -> Option<u64> {
+        /// `envoy_dynamic_module_type_attribute_id_ResponseCode`.
+        const RESPONSE_CODE: u32 = 15;
+        let mut out = 0u64;
+        // SAFETY: `self` is live; Envoy writes one integer to `out`.
+        let found = unsafe {
+            raw::envoy_dynamic_module_callback_http_filter_get_attribute_int(
+                self,
+                RESPONSE_CODE,
+                &mut out,
+            )
+        };
+        found.then_some(out).filter(|c| *c > 0)
+    }
+
+    /// The string value of the request's dynamic metadata
+    /// `namespace`.`key` (a top-level key: what another filter, such as
+    /// `ext_authz` or `set_metadata`, published), passed to `f`; `None`
+    /// when there is none or it is not a string.
+    pub fn with_metadata_string<T>(
+        self,
+        namespace: &str,
+        key: &str,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Option<T> {
+        /// `envoy_dynamic_module_type_metadata_source_Dynamic`.
+        const DYNAMIC: u32 = 0;
+        let mut out = EnvoyBuffer::EMPTY;
+        // SAFETY: the buffers outlive the call; Envoy writes one buffer
+        // descriptor to `out`, valid until the hook returns.
+        let found = unsafe {
+            raw::envoy_dynamic_module_callback_http_get_metadata_string(
+                self,
+                DYNAMIC,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                &mut out,
+            )
+        };
+        // SAFETY: Envoy's buffer, valid for this hook.
+        found.then(|| f(unsafe { out.bytes() }))
     }
 
     /// Set dynamic metadata `namespace`.`key` to `value` (what access-log

@@ -5,7 +5,7 @@
 use ace_core::tables::{
     encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, Tables,
 };
-use ace_filter::attributes::resolve;
+use ace_filter::attributes::{no_trusted, resolve, AttributeError};
 use ace_filter::config::Config;
 use ace_filter::headers::Pairs;
 use libfuzzer_sys::fuzz_target;
@@ -57,7 +57,7 @@ fn config(reject: bool) -> &'static Config {
         let make = |mode: &str| {
             let json = format!(
                 r#"{{"destinations":[{{"name":"eu","cluster":"eu"}},{{"name":"us","cluster":"us"}}],
-                    "tables_base64":"{b64}","on_missing_attribute":"{mode}"}}"#
+                    "tables_base64":"{b64}","on_missing_attribute":"{mode}","body":{{"read":true}}}}"#
             );
             Config::parse(json.as_bytes()).expect("fixture config parses")
         };
@@ -127,6 +127,11 @@ fuzz_target!(|data: &[u8]| {
         list.push((name, v));
     }
     let headers = Pairs::encode(list);
+    // The first attribute's header sent again with another value: refused.
+    let conflict = match (sent.first().copied().flatten(), repeat) {
+        (Some(first), Some(again)) => first.trim_ascii() != again.trim_ascii(),
+        _ => false,
+    };
     // The oracle: one lookup per attribute.
     let expected: Option<Vec<u32>> = policy
         .attributes
@@ -147,9 +152,11 @@ fuzz_target!(|data: &[u8]| {
         policy,
         &headers,
         body_model.as_deref(),
+        no_trusted,
         &mut values,
     ) {
         Ok(()) => {
+            assert!(!conflict, "a header repeated with another value was accepted");
             assert_eq!(
                 Some(values.to_vec()),
                 expected,
@@ -165,7 +172,12 @@ fuzz_target!(|data: &[u8]| {
             tables.feasible(&values, &mut mask).expect("lookup works");
             assert_eq!(mask[0] & !0b11, 0, "no bits past the destinations");
         }
-        Err(a) => {
+        Err(AttributeError::Conflicting(a)) => {
+            assert!(conflict, "refused a repeat of one value");
+            assert_eq!(Some(a), policy.attributes.first());
+        }
+        Err(AttributeError::Missing(a)) => {
+            assert!(!conflict, "a conflict is found before anything is missing");
             assert!(reject && policy.attributes.iter().any(|x| x.name == a.name));
             assert_eq!(expected, None, "refused only when an attribute is missing");
         }

@@ -59,10 +59,10 @@ pub fn module(package: &str) -> FilterModule {
 /// configuration schema is evolving, and the tests only need two
 /// destinations where `gpu-b` (cluster `cluster_b`) is clearly cheaper.
 const ACE_CONFIGS: &[&str] = &[
-    r#"{"response_headers":true,"destinations":[
+    r#"{"allow_no_policy":true,"response_headers":true,"destinations":[
         {"name":"gpu-a","cluster":"cluster_a","tier":"payg","usd_per_input_token":9e-6,"usd_per_output_token":9e-6},
         {"name":"gpu-b","cluster":"cluster_b","tier":"payg","usd_per_input_token":2e-6,"usd_per_output_token":2e-6}]}"#,
-    r#"{"response_headers":true,"destinations":[
+    r#"{"allow_no_policy":true,"response_headers":true,"destinations":[
         {"name":"gpu-a","cluster":"cluster_a","price_usd":0.9},
         {"name":"gpu-b","cluster":"cluster_b","price_usd":0.2}]}"#,
 ];

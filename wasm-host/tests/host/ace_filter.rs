@@ -99,7 +99,7 @@ fn many_requests_do_not_grow_memory_without_bound() -> Result<(), Error> {
 
 /// Two in-house destinations; `cheap` is cheaper per token but has only
 /// `m1` resident and a cold load that costs more than the difference.
-const WARMTH: &str = r#"{"response_headers":true,"destinations":[
+const WARMTH: &str = r#"{"allow_no_policy":true,"response_headers":true,"destinations":[
     {"name":"cheap","cluster":"c_cheap","tier":"inhouse","capacity":10,
      "usd_per_input_token":1e-9,"cold_load_usd":0.5,"warm_models":["m1"]},
     {"name":"dear","cluster":"c_dear","tier":"inhouse","capacity":10,
@@ -151,7 +151,7 @@ fn a_header_that_is_not_utf8_is_an_unknown_value_not_a_trap() -> Result<(), Erro
 }
 
 /// `owned` takes two requests at a time; `payg` is dear and unlimited.
-const TWO_WORKERS: &str = r#"{"response_headers":true,"destinations":[
+const TWO_WORKERS: &str = r#"{"allow_no_policy":true,"response_headers":true,"destinations":[
     {"name":"owned","cluster":"c_owned","tier":"inhouse","capacity":2,"knee":1.0,
      "usd_per_input_token":1e-9},
     {"name":"payg","cluster":"c_payg","tier":"payg","usd_per_input_token":1e-5}],

@@ -56,7 +56,8 @@ impl Request {
     }
     /// Sets `:authority`.
     pub fn authority(mut self, authority: &str) -> Request {
-        self.headers.set(":authority", authority);
+        // In place: the codec's order, as if the client had sent it.
+        self.headers.replace_in_place(":authority", authority);
         self
     }
     /// Adds a header.

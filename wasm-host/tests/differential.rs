@@ -29,6 +29,7 @@ use ace_wasm_host::{
 };
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One client request.
@@ -44,6 +45,8 @@ struct Case {
     h2: bool,
     /// Request trailers (HTTP/2 only).
     trailers: Vec<(&'static str, &'static str)>,
+    /// Compare the order of the headers each upstream received, too.
+    ordered: bool,
 }
 
 fn case(name: &'static str, method: &'static str, path: &'static str) -> Case {
@@ -55,6 +58,7 @@ fn case(name: &'static str, method: &'static str, path: &'static str) -> Case {
         body: "",
         h2: false,
         trailers: Vec::new(),
+        ordered: false,
     }
 }
 
@@ -69,6 +73,10 @@ impl Case {
     }
     fn h2(mut self) -> Case {
         self.h2 = true;
+        self
+    }
+    fn ordered(mut self) -> Case {
+        self.ordered = true;
         self
     }
     /// Adds a request trailer: the request goes over HTTP/2.
@@ -155,6 +163,8 @@ struct Seen {
     headers: Vec<(String, String)>,
     body: String,
     trailers: Vec<(String, String)>,
+    /// Header names in arrival order (only for [`Case::ordered`]).
+    order: Vec<String>,
 }
 
 /// The body recorded when the client got no response (a timeout: the
@@ -163,6 +173,16 @@ const NO_RESPONSE: &str = "<no response>";
 
 /// Hop-by-hop headers of the client's own HTTP/1.1 connection.
 const TRANSPORT: &[&str] = &["connection", "keep-alive", "transfer-encoding"];
+
+/// The header names in order, hop-by-hop ones left out; empty unless the
+/// case compares order.
+fn order(c: &Case, headers: &[(String, String)]) -> Vec<String> {
+    headers
+        .iter()
+        .map(|(k, _)| k.clone())
+        .filter(|k| c.ordered && !TRANSPORT.contains(&k.as_str()))
+        .collect()
+}
 
 const VOLATILE: &[&str] = &[
     "date",
@@ -305,6 +325,7 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
                         cluster: name.clone(),
                         method: rec.method,
                         path: rec.path,
+                        order: order(c, &rec.headers),
                         headers: normalize(rec.headers),
                         body: String::from_utf8_lossy(&rec.body).into_owned(),
                         trailers: normalize(rec.trailers),
@@ -472,6 +493,7 @@ fn h1_seen(
     headers: &ace_wasm_host::Headers,
     body: &[u8],
     trailers: &ace_wasm_host::Headers,
+    ordered: bool,
 ) -> Seen {
     let mut rest = Vec::new();
     for (k, v) in headers.to_vec() {
@@ -485,6 +507,10 @@ fn h1_seen(
         cluster: cluster.to_string(),
         method: headers.get(":method").unwrap_or_default().to_string(),
         path: headers.get(":path").unwrap_or_default().to_string(),
+        order: match ordered {
+            true => rest.iter().map(|(k, _)| k.clone()).collect(),
+            false => Vec::new(),
+        },
         headers: normalize(rest),
         body: String::from_utf8_lossy(body).into_owned(),
         // Envoy's HTTP/1 codec sends trailers only with a chunked body.
@@ -515,14 +541,18 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
         .iter()
         .map(|(n, b)| (n.to_string(), b.clone()))
         .collect();
+    // Whether the current case compares header order.
+    let ordered = Arc::new(AtomicBool::new(false));
     for (name, behavior) in &group.clusters {
         let (name, behavior, seen) = (name.to_string(), behavior.clone(), seen.clone());
+        let ordered = ordered.clone();
         builder = builder.cluster_with(&name.clone(), move |req: &CallRequest| {
             seen.lock().unwrap_or_else(|e| e.into_inner()).push(h1_seen(
                 &name,
                 &req.headers,
                 &req.body,
                 &ace_wasm_host::Headers::new(),
+                ordered.load(Ordering::SeqCst),
             ));
             let u = upstream_response(&name, &behavior);
             let mut r = CallResponse::new(u.status()).body(u.body);
@@ -544,6 +574,7 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
         .iter()
         .map(|c| {
             seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            ordered.store(c.ordered, Ordering::SeqCst);
             let mut req = Request::new(c.method, c.path).authority("ace.test");
             if c.h2 {
                 // What nghttp sends, as Envoy's HTTP/2 codec hands it on.
@@ -574,6 +605,7 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
                         &up.headers,
                         &up.body,
                         &up.trailers,
+                        c.ordered,
                     ));
                     Some(upstream_response(&up.cluster, behavior))
                 })
@@ -700,6 +732,11 @@ fn header_rewrite_matches_envoy() {
         cases: vec![
             case("an /old/ path is rewritten", "GET", "/old/a/b?x=1").header("x-debug", "yes"),
             case("other paths are left alone", "GET", "/keep/me").header("x-other", "1"),
+            // Envoy's setCopy removes the header and appends it again.
+            case("a replaced header moves to the end", "GET", "/old/c")
+                .header("x-rewritten-by", "client")
+                .header("x-after", "1")
+                .ordered(),
             case("a POST body passes untouched", "POST", "/old/form")
                 .header("content-type", "text/plain")
                 .body("a=1&b=2"),

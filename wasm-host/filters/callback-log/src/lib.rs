@@ -15,7 +15,10 @@
 //!
 //! The configuration picks what the headers and body callbacks return:
 //! `pause` (default: Pause until the end of the stream), `headers` (Pause
-//! in the headers callbacks only) or `continue`. `rsh(eos,req)` also
+//! in the headers callbacks only), `resume` (like `pause`, but the end of
+//! the stream, a last body chunk or the trailers, is let through with
+//! `resume_http_request`/`resume_http_response` and a Pause instead of a
+//! Continue) or `continue`. `rsh(eos,req)` also
 //! records the status of replacing the request header `x-late` in
 //! `on_http_response_headers`: whether the request headers are still
 //! writable after the request went on.
@@ -35,6 +38,7 @@ proxy_wasm::main! {{
 enum Mode {
     Pause,
     Headers,
+    Resume,
     Continue,
 }
 
@@ -50,6 +54,7 @@ impl RootContext for Root {
             self.mode = match String::from_utf8_lossy(&b).trim() {
                 "continue" => Mode::Continue,
                 "headers" => Mode::Headers,
+                "resume" => Mode::Resume,
                 _ => Mode::Pause,
             };
         }
@@ -76,17 +81,33 @@ struct Log {
 }
 
 impl Log {
-    fn hold(&self, headers: bool, end_of_stream: bool) -> Action {
+    fn hold(&self, request: bool, headers: bool, end_of_stream: bool) -> Action {
         let pause = match self.mode {
-            Mode::Pause => true,
+            Mode::Pause | Mode::Resume => true,
             Mode::Headers => headers,
             Mode::Continue => false,
         };
         if pause && !end_of_stream {
             Action::Pause
+        } else if self.mode == Mode::Resume && !headers {
+            self.release(request)
         } else {
             Action::Continue
         }
+    }
+
+    /// The end of a stream direction: Continue, or in `resume` mode a
+    /// resume and a Pause.
+    fn release(&self, request: bool) -> Action {
+        if self.mode != Mode::Resume {
+            return Action::Continue;
+        }
+        let _ = if request {
+            hostcalls::resume_http_request()
+        } else {
+            hostcalls::resume_http_response()
+        };
+        Action::Pause
     }
 }
 
@@ -117,13 +138,13 @@ impl HttpContext for Log {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         self.request.push(format!("rqh({end_of_stream})"));
         log::info!("callback-log: {}", self.request.join(" "));
-        self.hold(true, end_of_stream)
+        self.hold(true, true, end_of_stream)
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         self.request.push(format!("rqb({size},{end_of_stream})"));
         log::info!("callback-log: {}", self.request.join(" "));
-        self.hold(false, end_of_stream)
+        self.hold(true, false, end_of_stream)
     }
 
     fn on_http_request_trailers(&mut self, n: usize) -> Action {
@@ -131,7 +152,7 @@ impl HttpContext for Log {
         let _ = hostcalls::add_map_value(MapType::HttpRequestTrailers, "x-filter-trailer", "1");
         self.request.push(format!("rqt({n},{hdr})"));
         log::info!("callback-log: {}", self.request.join(" "));
-        Action::Continue
+        self.release(true)
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
@@ -144,7 +165,7 @@ impl HttpContext for Log {
         );
         // The body's length changes when the log is appended to it.
         let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, "content-length", None);
-        self.hold(true, end_of_stream)
+        self.hold(false, true, end_of_stream)
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
@@ -153,7 +174,7 @@ impl HttpContext for Log {
             let line = format!("\n{}", self.response.join(" "));
             let _ = hostcalls::set_buffer(BufferType::HttpResponseBody, size, 0, line.as_bytes());
         }
-        self.hold(false, end_of_stream)
+        self.hold(false, false, end_of_stream)
     }
 
     fn on_http_response_trailers(&mut self, n: usize) -> Action {
@@ -164,6 +185,6 @@ impl HttpContext for Log {
             "x-response-callbacks",
             &self.response.join(" "),
         );
-        Action::Continue
+        self.release(false)
     }
 }

@@ -38,6 +38,19 @@ pub enum Behavior {
         /// Response body.
         body: Vec<u8>,
     },
+    /// Answer with this status, these headers, this body in one chunk of
+    /// `transfer-encoding: chunked`, and these trailers (Envoy forwards
+    /// them only from clusters with `enable_trailers`).
+    RespondWithTrailers {
+        /// HTTP status.
+        status: u16,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+        /// Response body.
+        body: Vec<u8>,
+        /// Trailers.
+        trailers: Vec<(String, String)>,
+    },
 }
 
 /// One request as the upstream received it.
@@ -51,6 +64,8 @@ pub struct Recorded {
     pub headers: Vec<(String, String)>,
     /// Request body.
     pub body: Vec<u8>,
+    /// Trailers of a chunked body, names lower-cased, in arrival order.
+    pub trailers: Vec<(String, String)>,
     /// When it arrived.
     pub at: Instant,
 }
@@ -227,6 +242,12 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
             headers,
             body,
         } => (*status, headers.clone(), body.clone()),
+        Behavior::RespondWithTrailers {
+            status,
+            headers,
+            body,
+            trailers,
+        } => return respond_chunked(out, name, *status, headers, body, trailers),
     };
     let mut head = format!(
         "HTTP/1.1 {status} {}\r\ncontent-length: {}\r\nx-upstream: {name}\r\n",
@@ -245,6 +266,36 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
     head.push_str("\r\n");
     let mut bytes = head.into_bytes();
     bytes.extend_from_slice(&body);
+    out.write_all(&bytes).is_ok() && out.flush().is_ok()
+}
+
+fn respond_chunked(
+    out: &mut TcpStream,
+    name: &str,
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+    trailers: &[(String, String)],
+) -> bool {
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\ntransfer-encoding: chunked\r\nx-upstream: {name}\r\n",
+        reason(status)
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    if !body.is_empty() {
+        bytes.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+        bytes.extend_from_slice(body);
+        bytes.extend_from_slice(b"\r\n");
+    }
+    bytes.extend_from_slice(b"0\r\n");
+    for (k, v) in trailers {
+        bytes.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
+    bytes.extend_from_slice(b"\r\n");
     out.write_all(&bytes).is_ok() && out.flush().is_ok()
 }
 
@@ -290,19 +341,9 @@ fn read_request(
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or("").to_string();
     let path = parts.next().unwrap_or("").to_string();
-    let mut headers = Vec::new();
-    loop {
-        let mut h = String::new();
-        read_line_patiently(r, &mut h, stop)?;
-        let h = h.trim_end_matches(['\r', '\n']);
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-        }
-    }
+    let headers = read_fields(r, stop)?;
     let mut body = Vec::new();
+    let mut trailers = Vec::new();
     let chunked = headers
         .iter()
         .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
@@ -312,13 +353,15 @@ fn read_request(
             read_line_patiently(r, &mut size_line, stop)?;
             let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or("0"), 16)
                 .unwrap_or(0);
+            if size == 0 {
+                // The last chunk, then trailer fields.
+                trailers = read_fields(r, stop)?;
+                break;
+            }
             let mut chunk = vec![0u8; size + 2];
             read_exact_patiently(r, &mut chunk, stop)?;
             chunk.truncate(size);
             body.extend_from_slice(&chunk);
-            if size == 0 {
-                break;
-            }
         }
     } else if let Some(len) = headers
         .iter()
@@ -333,8 +376,28 @@ fn read_request(
         path,
         headers,
         body,
+        trailers,
         at,
     }))
+}
+
+/// Header (or trailer) fields up to an empty line, names lower-cased.
+fn read_fields(
+    r: &mut BufReader<TcpStream>,
+    stop: &AtomicBool,
+) -> std::io::Result<Vec<(String, String)>> {
+    let mut fields = Vec::new();
+    loop {
+        let mut h = String::new();
+        read_line_patiently(r, &mut h, stop)?;
+        let h = h.trim_end_matches(['\r', '\n']);
+        if h.is_empty() {
+            return Ok(fields);
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            fields.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {

@@ -25,6 +25,11 @@ pub struct Request {
     pub body: Vec<Vec<u8>>,
     /// Trailers (empty: none).
     pub trailers: Headers,
+    /// Arrives over HTTP/2 (each chunk a DATA frame, the end of stream on
+    /// the last frame) instead of HTTP/1.1 (the end of stream as a frame of
+    /// its own). Request trailers need HTTP/2: HTTP/1 clients do not send
+    /// them.
+    pub http2: bool,
 }
 
 impl Request {
@@ -51,7 +56,8 @@ impl Request {
     }
     /// Sets `:authority`.
     pub fn authority(mut self, authority: &str) -> Request {
-        self.headers.set(":authority", authority);
+        // In place: the codec's order, as if the client had sent it.
+        self.headers.replace_in_place(":authority", authority);
         self
     }
     /// Adds a header.
@@ -70,6 +76,11 @@ impl Request {
     /// Adds a trailer.
     pub fn trailer(mut self, name: &str, value: &str) -> Request {
         self.trailers.add(name, value);
+        self
+    }
+    /// Sends it over HTTP/2 (see [`Request::http2`]).
+    pub fn http2(mut self) -> Request {
+        self.http2 = true;
         self
     }
 }
@@ -267,12 +278,18 @@ impl Vm {
             // once, end of stream included. Otherwise its HTTP/1 codec hands
             // over the data first and the end of stream as a separate empty
             // frame (observed: `on_request_body(21, false)`, then
-            // `on_request_body(21, true)` after a Pause).
+            // `on_request_body(21, true)` after a Pause), and its HTTP/2
+            // codec one call per DATA frame, the end of stream on the last
+            // (`on_request_body(5, true)`), or, with trailers, every chunk
+            // with `end_of_stream` false and then `on_request_trailers`:
+            // even after a headers Pause (with
+            // `allow_on_headers_stop_iteration`), whose hold a Continue from
+            // the trailers callback releases.
             let resumed = s.request_resumes() > 0;
             let (chunks, split_end) = if resumed {
                 (vec![request.body.concat()], false)
             } else {
-                (request.body, !has_trailers)
+                (request.body, !has_trailers && !request.http2)
             };
             let last = chunks.len().saturating_sub(1);
             for (i, chunk) in chunks.into_iter().enumerate() {
@@ -358,18 +375,31 @@ fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(),
     let local_before = s.local_response().cloned();
     let has_body = !r.body.is_empty();
     let has_trailers = !r.trailers.is_empty();
+    // The headers leave for the client as soon as the filter lets them go
+    // (a headers Continue, or a later body or trailers Continue or resume
+    // that releases a headers Pause); what the filter writes into the map
+    // after that is accepted but never reaches the client.
+    let mut sent: Option<Headers> = None;
+    let mut release = |s: &HttpStream<'_>| {
+        if sent.is_none() && !s.response_paused() {
+            sent = Some(s.response_headers().clone());
+        }
+    };
     s.send_response_headers(r.headers, !has_body && !has_trailers)?;
     let mut stopped = check_encode(s, out, &local_before, !has_body && !has_trailers);
+    release(s);
     if !stopped && has_body {
         s.send_response_body(r.body, !has_trailers)?;
         stopped = check_encode(s, out, &local_before, !has_trailers);
+        release(s);
     }
     if !stopped && has_trailers {
         s.send_response_trailers(r.trailers)?;
         stopped = check_encode(s, out, &local_before, true);
+        release(s);
     }
     if !stopped {
-        let mut headers = s.response_headers().clone();
+        let mut headers = sent.unwrap_or_else(|| s.response_headers().clone());
         finish_headers(s, &mut headers);
         out.response = Some(Response {
             headers,

@@ -45,15 +45,39 @@ impl Headers {
         h
     }
 
-    /// Appends a value (keeps existing values of the same name).
+    /// Appends a value (keeps existing values of the same name). As in
+    /// Envoy's header map, pseudo-headers stay first: one is appended after
+    /// the last pseudo-header.
     pub fn add(&mut self, name: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
-        self.pairs
-            .push((lower(name.as_ref()), value.as_ref().to_vec()));
+        let name = lower(name.as_ref());
+        let value = value.as_ref().to_vec();
+        if name.starts_with(b":") {
+            let at = self
+                .pairs
+                .iter()
+                .position(|(k, _)| !k.starts_with(b":"))
+                .unwrap_or(self.pairs.len());
+            self.pairs.insert(at, (name, value));
+        } else {
+            self.pairs.push((name, value));
+        }
     }
 
-    /// Sets a header: replaces the first value in place and drops the others,
-    /// or appends when absent (Envoy's `setCopy`).
+    /// Sets a header as Envoy 1.40's `setCopy` does (what
+    /// `proxy_replace_header_map_value` calls): removes every value, then
+    /// appends the new one at the end (a pseudo-header at the end of the
+    /// pseudo-headers). A replaced header moves to the end; a filter that
+    /// lists the pairs afterwards, and the upstream, see it there.
     pub fn set(&mut self, name: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        let name = lower(name.as_ref());
+        self.pairs.retain(|(k, _)| *k != name);
+        self.add(name, value);
+    }
+
+    /// Replaces the first value in place and drops the others, or appends
+    /// when absent: not what a filter's replace does (see
+    /// [`Headers::set`]), but how a codec fills in a header it parsed.
+    pub fn replace_in_place(&mut self, name: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
         let name = lower(name.as_ref());
         let value = value.as_ref().to_vec();
         match self.pairs.iter().position(|(k, _)| *k == name) {
@@ -169,15 +193,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn set_replaces_first_and_drops_the_rest() {
+    fn set_removes_every_value_and_appends_like_envoy() {
         let mut h = Headers::from_pairs(&[("A", "1"), ("b", "2"), ("a", "3")]);
         h.set("a", "9");
         assert_eq!(
             h.to_vec(),
-            vec![("a".into(), "9".into()), ("b".into(), "2".into())]
+            vec![("b".into(), "2".into()), ("a".into(), "9".into())]
         );
         assert_eq!(h.get("A"), Some("9"));
         h.remove("A");
         assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn pseudo_headers_stay_first() {
+        let mut h = Headers::from_pairs(&[(":path", "/"), (":method", "GET"), ("x", "1")]);
+        h.set(":path", "/new");
+        h.add(":scheme", "http");
+        let names: Vec<String> = h.to_vec().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, [":method", ":path", ":scheme", "x"]);
+    }
+
+    #[test]
+    fn replace_in_place_keeps_the_position() {
+        let mut h = Headers::from_pairs(&[("a", "1"), ("b", "2"), ("a", "3")]);
+        h.replace_in_place("a", "9");
+        assert_eq!(
+            h.to_vec(),
+            vec![("a".into(), "9".into()), ("b".into(), "2".into())]
+        );
     }
 }

@@ -103,7 +103,9 @@ pub(crate) struct Half {
     /// Body bytes that went past the filter.
     pub forwarded_body: Vec<u8>,
     /// Envoy's `request_headers_ != nullptr` (resp. response): readable and
-    /// writable.
+    /// writable. Set by the headers callback and cleared only when it
+    /// returns Continue: after a headers Pause the map stays the filter's
+    /// even once a body or trailers Continue let the request go on.
     pub headers_open: bool,
     pub trailers_open: bool,
     pub body_open: bool,

@@ -922,9 +922,11 @@ impl<'vm> HttpStream<'vm> {
         let action = self
             .vm
             .stream_callback(name, self.id, f, size, end as i32)?;
+        // A Continue here releases headers held by a headers Pause, but the
+        // header map stays the filter's (Envoy clears `request_headers_`
+        // only when `on_request_headers` itself returns Continue).
         self.after(side, action, |h| {
             h.paused = false;
-            h.headers_open = false;
             h.forward_body();
         })
     }
@@ -946,6 +948,10 @@ impl<'vm> HttpStream<'vm> {
             ),
         };
         let action = self.vm.stream_callback2(name, self.id, f, n)?;
+        // A Continue releases whatever the filter held (headers after a
+        // headers Pause, a buffered body): Envoy's filter manager resumes
+        // iteration, so the upstream gets headers, body and trailers. The
+        // header map stays writable, as after a body Continue.
         self.after(side, action, |h| {
             h.trailers_open = false;
             h.paused = false;

@@ -29,6 +29,7 @@ use ace_wasm_host::{
 };
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One client request.
@@ -39,6 +40,13 @@ struct Case {
     path: &'static str,
     headers: Vec<(&'static str, &'static str)>,
     body: &'static str,
+    /// Sent over HTTP/2 (prior knowledge) by `nghttp`, the body without
+    /// `content-length`; otherwise HTTP/1.1 by the harness client.
+    h2: bool,
+    /// Request trailers (HTTP/2 only).
+    trailers: Vec<(&'static str, &'static str)>,
+    /// Compare the order of the headers each upstream received, too.
+    ordered: bool,
 }
 
 fn case(name: &'static str, method: &'static str, path: &'static str) -> Case {
@@ -48,6 +56,9 @@ fn case(name: &'static str, method: &'static str, path: &'static str) -> Case {
         path,
         headers: Vec::new(),
         body: "",
+        h2: false,
+        trailers: Vec::new(),
+        ordered: false,
     }
 }
 
@@ -59,6 +70,19 @@ impl Case {
     fn body(mut self, b: &'static str) -> Case {
         self.body = b;
         self
+    }
+    fn h2(mut self) -> Case {
+        self.h2 = true;
+        self
+    }
+    fn ordered(mut self) -> Case {
+        self.ordered = true;
+        self
+    }
+    /// Adds a request trailer: the request goes over HTTP/2.
+    fn trailer(mut self, k: &'static str, v: &'static str) -> Case {
+        self.trailers.push((k, v));
+        self.h2()
     }
 }
 
@@ -127,6 +151,7 @@ struct Observed {
     status: u16,
     headers: Vec<(String, String)>,
     body: String,
+    trailers: Vec<(String, String)>,
     upstreams: Vec<Seen>,
 }
 
@@ -137,6 +162,9 @@ struct Seen {
     path: String,
     headers: Vec<(String, String)>,
     body: String,
+    trailers: Vec<(String, String)>,
+    /// Header names in arrival order (only for [`Case::ordered`]).
+    order: Vec<String>,
 }
 
 /// The body recorded when the client got no response (a timeout: the
@@ -145,6 +173,16 @@ const NO_RESPONSE: &str = "<no response>";
 
 /// Hop-by-hop headers of the client's own HTTP/1.1 connection.
 const TRANSPORT: &[&str] = &["connection", "keep-alive", "transfer-encoding"];
+
+/// The header names in order, hop-by-hop ones left out; empty unless the
+/// case compares order.
+fn order(c: &Case, headers: &[(String, String)]) -> Vec<String> {
+    headers
+        .iter()
+        .map(|(k, _)| k.clone())
+        .filter(|k| c.ordered && !TRANSPORT.contains(&k.as_str()))
+        .collect()
+}
 
 const VOLATILE: &[&str] = &[
     "date",
@@ -171,7 +209,25 @@ fn normalize(headers: impl IntoIterator<Item = (String, String)>) -> Vec<(String
 }
 
 /// What the harness's upstream sends for `b` (mirrors `ace_harness::upstream`).
-fn upstream_response(name: &str, b: &Behavior) -> (u16, Vec<(String, String)>, Vec<u8>) {
+fn upstream_response(name: &str, b: &Behavior) -> Response {
+    if let Behavior::RespondWithTrailers {
+        status,
+        headers,
+        body,
+        trailers,
+    } = b
+    {
+        let mut r = Response::new(*status)
+            .header("x-upstream", name)
+            .body(body.clone());
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        for (k, v) in trailers {
+            r = r.trailer(k, v);
+        }
+        return r;
+    }
     let json_body = |status: u16| {
         json!({"upstream": name, "status": status})
             .to_string()
@@ -197,7 +253,11 @@ fn upstream_response(name: &str, b: &Behavior) -> (u16, Vec<(String, String)>, V
         headers.push(("content-type".into(), "application/json".into()));
     }
     headers.extend(extra);
-    (status, headers, body)
+    let mut r = Response::new(status).body(body);
+    for (k, v) in headers {
+        r = r.header(&k, &v);
+    }
+    r
 }
 
 fn run_in_envoy(group: &Group) -> Vec<Observed> {
@@ -217,7 +277,24 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
     }
     let mut b = EnvoyBuilder::new().http_filter(filter);
     for (name, u) in &upstreams {
-        b = b.cluster(name, u.port());
+        // HTTP/1 upstreams with trailers on (chunked bodies carry them).
+        b = b.cluster_json(json!({
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http_protocol_options": {"enable_trailers": true}}
+                }
+            },
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                    "socket_address": {"address": "127.0.0.1", "port_value": u.port()}
+                }}}]}]
+            }
+        }));
     }
     b = match group.cluster_header {
         Some(h) => b.route(json!({"cluster_header": h, "timeout": "30s"})),
@@ -236,23 +313,11 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
             for (_, u) in &upstreams {
                 u.clear();
             }
-            let mut req = client::Request::get(c.path);
-            req.method = c.method.to_string();
-            req.timeout = std::time::Duration::from_secs(10);
-            req.body = c.body.as_bytes().to_vec();
-            for (k, v) in &c.headers {
-                req = req.header(k, v);
-            }
-            // A client-side failure (e.g. a timeout: Envoy held the request)
-            // is an observation too, status 0.
-            let r = req.send(envoy.port()).unwrap_or_else(|e| {
-                eprintln!("differential: {}: no response from Envoy: {e}", c.name);
-                client::Response {
-                    status: 0,
-                    headers: Vec::new(),
-                    body: NO_RESPONSE.as_bytes().to_vec(),
-                }
-            });
+            let (r, trailers) = if c.h2 {
+                send_h2(envoy.port(), c)
+            } else {
+                (send_h1(envoy.port(), c), Vec::new())
+            };
             let mut seen = Vec::new();
             for (name, u) in &upstreams {
                 for rec in u.requests() {
@@ -260,8 +325,10 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
                         cluster: name.clone(),
                         method: rec.method,
                         path: rec.path,
+                        order: order(c, &rec.headers),
                         headers: normalize(rec.headers),
                         body: String::from_utf8_lossy(&rec.body).into_owned(),
+                        trailers: normalize(rec.trailers),
                     });
                 }
             }
@@ -270,6 +337,7 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
                 status: r.status,
                 headers: normalize(r.headers),
                 body: String::from_utf8_lossy(&r.body).into_owned(),
+                trailers: normalize(trailers),
                 upstreams: seen,
             }
         })
@@ -283,8 +351,150 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
     observed
 }
 
-/// Request headers in HTTP/1 form, as an upstream records them.
-fn h1_seen(cluster: &str, headers: &ace_wasm_host::Headers, body: &[u8]) -> Seen {
+/// Sends `c` over HTTP/1.1 with the harness client.
+fn send_h1(port: u16, c: &Case) -> client::Response {
+    let mut req = client::Request::get(c.path);
+    req.method = c.method.to_string();
+    req.timeout = std::time::Duration::from_secs(10);
+    req.body = c.body.as_bytes().to_vec();
+    for (k, v) in &c.headers {
+        req = req.header(k, v);
+    }
+    // A client-side failure (e.g. a timeout: Envoy held the request) is an
+    // observation too, status 0.
+    req.send(port).unwrap_or_else(|e| {
+        eprintln!("differential: {}: no response from Envoy: {e}", c.name);
+        no_response()
+    })
+}
+
+fn no_response() -> client::Response {
+    client::Response {
+        status: 0,
+        headers: Vec::new(),
+        body: NO_RESPONSE.as_bytes().to_vec(),
+    }
+}
+
+/// What `nghttp` sends besides the case's headers (`user-agent` replaced,
+/// as its default names its version).
+const NGHTTP_HEADERS: &[(&str, &str)] = &[
+    ("accept", "*/*"),
+    ("accept-encoding", "gzip, deflate"),
+    ("user-agent", "ace-differential"),
+];
+
+/// Sends `c` over HTTP/2 with prior knowledge through Debian's `nghttp`
+/// (nghttp2-client): the harness client speaks HTTP/1.1, which has no
+/// request trailers. Returns the response and its trailers, parsed from
+/// `nghttp -v` (headers and trailers are the `recv (stream_id=N)` lines
+/// before the first and the second HEADERS frame; the body is printed
+/// right before each DATA frame's line, `length` bytes of it).
+fn send_h2(port: u16, c: &Case) -> (client::Response, Vec<(String, String)>) {
+    let body_file = std::env::temp_dir().join(format!(
+        "ace-differential-{}-h2-body-{}",
+        std::process::id(),
+        c.name.replace(' ', "-")
+    ));
+    let mut cmd = std::process::Command::new("nghttp");
+    cmd.arg("-v")
+        .arg("--timeout=10s")
+        .arg("--no-content-length")
+        .arg("-H")
+        .arg(":authority: ace.test")
+        .arg("-H")
+        .arg(format!(":method: {}", c.method));
+    for (k, v) in NGHTTP_HEADERS.iter().filter(|(k, _)| *k == "user-agent") {
+        cmd.arg("-H").arg(format!("{k}: {v}"));
+    }
+    for (k, v) in &c.headers {
+        cmd.arg("-H").arg(format!("{k}: {v}"));
+    }
+    if !c.body.is_empty() || !c.trailers.is_empty() {
+        std::fs::write(&body_file, c.body)
+            .unwrap_or_else(|e| panic!("{}: {e}", body_file.display()));
+        cmd.arg("-d").arg(&body_file);
+    }
+    for (k, v) in &c.trailers {
+        cmd.arg(format!("--trailer={k}: {v}"));
+    }
+    cmd.arg(format!("http://127.0.0.1:{port}{}", c.path));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run nghttp (Debian's nghttp2-client): {e}"));
+    let _ = std::fs::remove_file(&body_file);
+    let text = &out.stdout;
+    let mut blocks: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    let mut body = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let end = text[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(text.len(), |i| at + i + 1);
+        let line = String::from_utf8_lossy(&text[at..end]).into_owned();
+        if let Some(i) = line.find("] recv DATA frame <length=") {
+            // The body chunk sits right before this line's `[`.
+            let start = line.rfind("[").filter(|&b| b < i).unwrap_or(0);
+            let len: usize = line[i + 26..]
+                .split(',')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let data_end = at + start;
+            body.extend_from_slice(&text[data_end.saturating_sub(len)..data_end]);
+        } else if let Some(i) = line.find(" recv (stream_id=") {
+            let rest = &line[i..];
+            if let Some(j) = rest.find(") ") {
+                let field = rest[j + 2..].trim_end();
+                if let Some(colon) = field[1..].find(": ") {
+                    let (k, v) = (&field[..colon + 1], &field[colon + 3..]);
+                    if let Some(b) = blocks.last_mut() {
+                        b.push((k.to_string(), v.to_string()));
+                    }
+                }
+            }
+        } else if line.contains("] recv HEADERS frame") {
+            blocks.push(Vec::new());
+        }
+        at = end;
+    }
+    let mut blocks = blocks.into_iter().filter(|b| !b.is_empty());
+    let headers = blocks.next().unwrap_or_default();
+    let trailers = blocks.next().unwrap_or_default();
+    let status = headers
+        .iter()
+        .find(|(k, _)| k == ":status")
+        .and_then(|(_, v)| v.parse().ok());
+    match status {
+        Some(status) => (
+            client::Response {
+                status,
+                headers,
+                body,
+            },
+            trailers,
+        ),
+        None => {
+            eprintln!(
+                "differential: {}: no HTTP/2 response from Envoy (nghttp: {}, {})",
+                c.name,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            (no_response(), Vec::new())
+        }
+    }
+}
+
+/// A request in HTTP/1 form, as an upstream records it.
+fn h1_seen(
+    cluster: &str,
+    headers: &ace_wasm_host::Headers,
+    body: &[u8],
+    trailers: &ace_wasm_host::Headers,
+    ordered: bool,
+) -> Seen {
     let mut rest = Vec::new();
     for (k, v) in headers.to_vec() {
         match k.as_str() {
@@ -297,8 +507,18 @@ fn h1_seen(cluster: &str, headers: &ace_wasm_host::Headers, body: &[u8]) -> Seen
         cluster: cluster.to_string(),
         method: headers.get(":method").unwrap_or_default().to_string(),
         path: headers.get(":path").unwrap_or_default().to_string(),
+        order: match ordered {
+            true => rest.iter().map(|(k, _)| k.clone()).collect(),
+            false => Vec::new(),
+        },
         headers: normalize(rest),
         body: String::from_utf8_lossy(body).into_owned(),
+        // Envoy's HTTP/1 codec sends trailers only with a chunked body.
+        trailers: if headers.contains("content-length") {
+            Vec::new()
+        } else {
+            normalize(trailers.to_vec())
+        },
     }
 }
 
@@ -321,18 +541,25 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
         .iter()
         .map(|(n, b)| (n.to_string(), b.clone()))
         .collect();
+    // Whether the current case compares header order.
+    let ordered = Arc::new(AtomicBool::new(false));
     for (name, behavior) in &group.clusters {
         let (name, behavior, seen) = (name.to_string(), behavior.clone(), seen.clone());
+        let ordered = ordered.clone();
         builder = builder.cluster_with(&name.clone(), move |req: &CallRequest| {
             seen.lock().unwrap_or_else(|e| e.into_inner()).push(h1_seen(
                 &name,
                 &req.headers,
                 &req.body,
+                &ace_wasm_host::Headers::new(),
+                ordered.load(Ordering::SeqCst),
             ));
-            let (status, hs, body) = upstream_response(&name, &behavior);
-            let mut r = CallResponse::new(status).body(body);
-            for (k, v) in hs {
-                r = r.header(&k, &v);
+            let u = upstream_response(&name, &behavior);
+            let mut r = CallResponse::new(u.status()).body(u.body);
+            for (k, v) in u.headers.to_vec() {
+                if !k.starts_with(':') {
+                    r = r.header(&k, &v);
+                }
             }
             r.into()
         });
@@ -347,14 +574,29 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
         .iter()
         .map(|c| {
             seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            // What the harness client sends, as Envoy's HTTP/1 codec hands it on.
-            let mut req = Request::new(c.method, c.path)
-                .authority("ace.test")
-                .header("content-length", &c.body.len().to_string());
+            ordered.store(c.ordered, Ordering::SeqCst);
+            let mut req = Request::new(c.method, c.path).authority("ace.test");
+            if c.h2 {
+                // What nghttp sends, as Envoy's HTTP/2 codec hands it on.
+                req = req.http2();
+                for (k, v) in NGHTTP_HEADERS {
+                    req = req.header(k, v);
+                }
+                let names: Vec<&str> = c.trailers.iter().map(|(k, _)| *k).collect();
+                if !names.is_empty() {
+                    req = req.header("trailer", &names.join(", "));
+                }
+            } else {
+                // What the harness client sends, as Envoy's HTTP/1 codec hands it on.
+                req = req.header("content-length", &c.body.len().to_string());
+            }
             for (k, v) in &c.headers {
                 req = req.header(k, v);
             }
-            let req = req.body(c.body.as_bytes().to_vec());
+            let mut req = req.body(c.body.as_bytes().to_vec());
+            for (k, v) in &c.trailers {
+                req = req.trailer(k, v);
+            }
             let ex = vm
                 .exchange(&route, req, |up: &UpstreamRequest| {
                     let behavior = behaviors.get(&up.cluster)?;
@@ -362,13 +604,10 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
                         &up.cluster,
                         &up.headers,
                         &up.body,
+                        &up.trailers,
+                        c.ordered,
                     ));
-                    let (status, hs, body) = upstream_response(&up.cluster, behavior);
-                    let mut r = Response::new(status).body(body);
-                    for (k, v) in hs {
-                        r = r.header(&k, &v);
-                    }
-                    Some(r)
+                    Some(upstream_response(&up.cluster, behavior))
                 })
                 .unwrap_or_else(|e| panic!("{}: host exchange failed: {e}", c.name));
             let r = ex.response.unwrap_or_else(|| {
@@ -384,6 +623,7 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
                 status: r.status(),
                 headers: normalize(r.headers.to_vec()),
                 body: r.text(),
+                trailers: normalize(r.trailers.to_vec()),
                 upstreams: ups,
             }
         })
@@ -405,6 +645,11 @@ fn describe(e: &Observed, h: &Observed) -> String {
         format!("{:?}", h.headers),
     );
     field("body", format!("{:?}", e.body), format!("{:?}", h.body));
+    field(
+        "trailers",
+        format!("{:?}", e.trailers),
+        format!("{:?}", h.trailers),
+    );
     field(
         "upstreams",
         format!("{:?}", e.upstreams),
@@ -487,6 +732,11 @@ fn header_rewrite_matches_envoy() {
         cases: vec![
             case("an /old/ path is rewritten", "GET", "/old/a/b?x=1").header("x-debug", "yes"),
             case("other paths are left alone", "GET", "/keep/me").header("x-other", "1"),
+            // Envoy's setCopy removes the header and appends it again.
+            case("a replaced header moves to the end", "GET", "/old/c")
+                .header("x-rewritten-by", "client")
+                .header("x-after", "1")
+                .ordered(),
             case("a POST body passes untouched", "POST", "/old/form")
                 .header("content-type", "text/plain")
                 .body("a=1&b=2"),
@@ -931,4 +1181,91 @@ fn host_call_statuses_match_envoy() {
             "/s",
         )],
     });
+}
+
+/// An upstream answering with a chunked body and a trailer.
+fn trailing_upstream() -> Behavior {
+    Behavior::RespondWithTrailers {
+        status: 200,
+        headers: vec![("content-type".into(), "text/plain".into())],
+        body: b"hello".to_vec(),
+        trailers: vec![("x-up-trailer".into(), "t1".into())],
+    }
+}
+
+/// A group of the callback-log filter in `mode` against an upstream whose
+/// response has trailers.
+fn callback_log(mode: &'static str, allow_stop_iteration: bool, cases: Vec<Case>) -> Group {
+    Group {
+        package: Guest::Package("ace-example-callback-log"),
+        configuration: mode,
+        cluster_header: None,
+        allow_stop_iteration,
+        clusters: vec![("backend", trailing_upstream())],
+        cases,
+    }
+}
+
+/// An HTTP/2 POST with a body and a trailer.
+fn body_and_trailers() -> Case {
+    case("a body and trailers", "POST", "/t")
+        .body("hello")
+        .trailer("x-client-trailer", "c1")
+}
+
+#[test]
+fn trailers_after_a_headers_pause_match_envoy() {
+    // A filter that reads the body (a headers Pause, then a body Pause until
+    // the end of the stream) still gets the trailers of an HTTP/2 request,
+    // and their Continue releases the held request: headers (with what the
+    // filter wrote meanwhile), body and trailers reach the upstream. The same
+    // on the response path.
+    differential(callback_log(
+        "pause",
+        true,
+        vec![
+            body_and_trailers(),
+            case("trailers without a body", "POST", "/t").trailer("x-client-trailer", "c1"),
+            case("a body without trailers", "POST", "/t")
+                .body("hello")
+                .h2(),
+            case("no body", "GET", "/t").h2(),
+        ],
+    ));
+}
+
+#[test]
+fn trailers_after_a_body_continue_match_envoy() {
+    // A body Continue releases a headers Pause (the response headers leave
+    // then: a later write does not reach the client); the trailers still
+    // come, and the header maps stay writable (Envoy keeps them for the
+    // filter unless a headers callback itself returns Continue). The request
+    // headers reach the upstream as they stand when the router encodes them:
+    // on a fresh upstream connection (opened asynchronously, as here) that
+    // is after the trailers callback, which is what the host sends.
+    differential(callback_log("headers", true, vec![body_and_trailers()]));
+}
+
+#[test]
+fn trailers_then_a_resume_match_envoy() {
+    // The trailers let through with resume_http_request (and _response) and
+    // a Pause: headers, buffered body and trailers go on. (A resume from the
+    // last body callback instead loses that chunk in Envoy: the upstream
+    // gets `content-length: 0` and no body. The host does not emulate
+    // that; see the README.)
+    differential(callback_log("resume", true, vec![body_and_trailers()]));
+}
+
+#[test]
+fn trailers_without_a_pause_match_envoy() {
+    // Nothing held: the header maps are gone by the trailers callbacks.
+    differential(callback_log("continue", false, vec![body_and_trailers()]));
+}
+
+#[test]
+fn trailers_after_a_stop_all_pause_hang_like_envoy() {
+    // Without allow_on_headers_stop_iteration a headers Pause stops
+    // everything: neither the body nor the trailers reach the filter, and
+    // the client waits.
+    differential(callback_log("pause", false, vec![body_and_trailers()]));
 }

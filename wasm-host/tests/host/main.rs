@@ -11,3 +11,4 @@ mod examples;
 mod loading;
 mod rules;
 mod shared;
+mod trailers;

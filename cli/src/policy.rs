@@ -105,6 +105,9 @@ fn run_compile(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let project = ace_policy::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?;
     let compiled = compile(&project).map_err(|e| anyhow::anyhow!("{e}"))?;
     let elapsed = start.elapsed();
+    for w in &compiled.warnings {
+        outln!("warning: {w}");
+    }
     let tables = out.unwrap_or_else(|| ace_policy::tables_path(dir));
     let out_dir = tables.parent().unwrap_or(Path::new(".")).to_path_buf();
     std::fs::create_dir_all(&out_dir)

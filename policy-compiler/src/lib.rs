@@ -10,8 +10,11 @@
 //!
 //! Pipeline, one module each:
 //! - [`project`]: read a policy directory (schema, `*.cedar`, `fleet.toml`),
-//!   parse and validate with Cedar's own validator, build the entities from
-//!   the [`manifest`], and find which request attributes each policy reads.
+//!   parse and validate with Cedar's own validator, and find which request
+//!   attributes each policy reads; [`schema`] finds the documented types
+//!   by name, [`entities`] builds the manifest's Cedar entities, [`domain`]
+//!   the request attributes' finite domains, [`warnings`] decides which
+//!   validator warnings stop the compile.
 //! - [`mod@compile`]: group policies into permit and forbid factors by the
 //!   attributes they read, evaluate each factor's rows with Cedar, encode.
 //! - [`verify`]: tables == Cedar (exhaustive up to 10^6 requests), and
@@ -25,11 +28,15 @@
 //! [`OUT_DIR`] and `policies/README.md`.
 
 pub mod compile;
+pub mod domain;
 pub mod dump;
+pub mod entities;
 pub mod error;
 pub mod manifest;
 pub mod project;
+pub mod schema;
 pub mod verify;
+pub mod warnings;
 
 pub use compile::{compile, Compiled, FactorInfo};
 pub use error::{Diagnostic, Error};

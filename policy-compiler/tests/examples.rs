@@ -264,3 +264,88 @@ fn json_schema_lists_exactly_the_cost_fields() {
         "policies/fleet.schema.json and manifest::Cost disagree"
     );
 }
+
+#[test]
+fn refusals_name_the_input_and_the_reason() {
+    // Groups the schema has no type for are refused, not dropped.
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace("entity Tenant in [TenantGroup] {", "entity Tenant {")
+    }));
+    assert!(
+        msg.contains("fleet.toml:") && msg.contains("is in groups") && msg.contains("TenantGroup"),
+        "{msg}"
+    );
+    // A custom destination attribute the manifest cannot give.
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace(
+            "    owner_team?: String,",
+            "    owner_team?: String,\n    rack: String,",
+        )
+    }));
+    assert!(
+        msg.contains("ace.cedarschema:") && msg.contains("`rack`"),
+        "{msg}"
+    );
+    // A context attribute of a set type, read by a policy.
+    let mut s = with("ace.cedarschema", |t| {
+        t.replace(
+            "      tp_degree: Long,",
+            "      tp_degree: Long,\n      regions: Set<String>,",
+        )
+    });
+    s.policies.push((
+        PathBuf::from("policies/regions.cedar"),
+        "forbid (principal, action, resource)\n  when { context.regions.contains(resource.region) };\n".into(),
+    ));
+    let msg = error_of(s);
+    assert!(
+        msg.contains("regions.cedar:2:10")
+            && msg.contains("`Set<String>`")
+            && !msg.contains("list its values"),
+        "{msg}"
+    );
+    // An impossible policy is an error unless allowed.
+    let mut s = Sources::read_dir(&examples()).unwrap();
+    s.policies.push((
+        PathBuf::from("policies/never.cedar"),
+        "forbid (principal, action, resource)\n  when { context.tp_degree > 1 && false };\n".into(),
+    ));
+    let msg = error_of(s.clone());
+    assert!(
+        msg.contains("never.cedar:") && msg.contains("can never apply"),
+        "{msg}"
+    );
+    s.policies.last_mut().unwrap().1 = format!(
+        "@allow_impossible(\"parked\")\n{}",
+        s.policies.last().unwrap().1
+    );
+    assert!(Project::load(s).is_ok());
+    // Values listed for an attribute whose values come from elsewhere.
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replace(
+            "[request.tp_degree]",
+            "[request.model]\nvalues = [\"x\"]\n\n[request.tp_degree]",
+        )
+    }));
+    assert!(msg.contains("`[request.model]` lists values"), "{msg}");
+}
+
+#[test]
+fn a_policy_set_that_allows_nothing_is_warned_about() {
+    let s = with("model_capability.cedar", |t| {
+        t.replace(
+            "resource.models.contains(context.model)",
+            "resource.models.contains(context.model) && resource.vram_gb < 0",
+        )
+    });
+    let project = Project::load(s).unwrap();
+    let compiled = compile(&project).unwrap();
+    assert!(
+        compiled
+            .warnings
+            .iter()
+            .any(|w| w.to_string().contains("allow no request")),
+        "{:?}",
+        compiled.warnings
+    );
+}

@@ -17,8 +17,10 @@
 //!   validator warnings stop the compile.
 //! - [`mod@compile`]: group policies into permit and forbid factors by the
 //!   attributes they read, evaluate each factor's rows with Cedar, encode.
-//! - [`verify`]: tables == Cedar (exhaustive up to 10^6 requests), and
-//!   per-request explanations.
+//! - [`oracle`]: Cedar's answer built from the sources by a second path that
+//!   shares nothing with the compiler's entity and schema code.
+//! - [`verify`]: tables == oracle, exhaustively or with stated coverage;
+//!   [`explain`]: one request, destination by destination.
 //! - [`dump`]: the tables as text.
 //!
 //! Every error names its file, line and column and says what to change
@@ -32,7 +34,9 @@ pub mod domain;
 pub mod dump;
 pub mod entities;
 pub mod error;
+pub mod explain;
 pub mod manifest;
+pub mod oracle;
 pub mod project;
 pub mod schema;
 pub mod verify;

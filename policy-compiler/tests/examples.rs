@@ -2,7 +2,8 @@
 //! Cedar over its whole request space; bad inputs are reported at their
 //! file, line and column with a hint.
 
-use ace_policy::{compile, load_dir, verify, Project, Sources};
+use ace_policy::oracle::Oracle;
+use ace_policy::{compile, explain, load_dir, verify, Project, Sources};
 use std::path::{Path, PathBuf};
 
 fn examples() -> PathBuf {
@@ -13,7 +14,9 @@ fn examples() -> PathBuf {
 fn example_directory_compiles_and_verifies_exhaustively() {
     let project = load_dir(&examples()).unwrap();
     let compiled = compile(&project).unwrap();
-    let report = verify::verify(&project, &compiled.bytes).unwrap();
+    assert!(compiled.warnings.is_empty(), "{:?}", compiled.warnings);
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
     assert!(report.exhaustive);
     assert_eq!(report.requests, report.space);
     assert!(report.known > 0 && report.known < report.requests);
@@ -52,7 +55,8 @@ fn explain_names_the_determining_policies() {
         "tenant": "northbank", "data_class": "personal_eu", "model": "llama-3.1-8b",
         "latency_class": "interactive", "tp_degree": 1
     });
-    let (lines, notes) = verify::explain(&project, &compiled.bytes, &request).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let (lines, notes) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
     assert!(notes.is_empty(), "{notes:?}");
     for l in &lines {
         assert_eq!(l.cedar, l.table, "{l:?}");
@@ -77,8 +81,21 @@ fn explain_names_the_determining_policies() {
     // An unseen model fails closed everywhere.
     let request = serde_json::json!({"tenant": "globex", "data_class": "public", "model": "gpt-9",
         "latency_class": "batch", "tp_degree": 1});
-    let (lines, notes) = verify::explain(&project, &compiled.bytes, &request).unwrap();
+    let (lines, notes) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
     assert!(lines.iter().all(|l| !l.table));
+    // Cedar asked about an unseen model allows nowhere either (no
+    // destination serves it), so every line agrees; an unseen tenant is
+    // denied by design where Cedar would allow.
+    assert!(lines.iter().all(|l| l.verdict != explain::Verdict::Differ));
+    let request = serde_json::json!({"tenant": "nobody", "data_class": "public", "model": "llama-3.1-8b",
+        "latency_class": "batch", "tp_degree": 1});
+    let (lines, _) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    assert!(lines
+        .iter()
+        .any(|l| l.verdict == explain::Verdict::FailClosed));
+    assert!(lines.iter().all(|l| l.verdict != explain::Verdict::Differ));
+    let text = explain::render_explanation(&lines, &[]);
+    assert!(text.contains("denied by design"), "{text}");
     assert!(notes.iter().any(|n| n.contains("gpt-9")));
 }
 
@@ -86,11 +103,12 @@ fn explain_names_the_determining_policies() {
 fn corrupted_tables_are_rejected_by_verify() {
     let project = load_dir(&examples()).unwrap();
     let mut bytes = compile(&project).unwrap().bytes;
+    let oracle = Oracle::load(&project.sources).unwrap();
     let n = bytes.len();
     bytes[n - 40] ^= 0x10;
-    let e = verify::verify(&project, &bytes).unwrap_err();
+    let e = verify::verify(&oracle, &bytes).unwrap_err();
     assert!(e.to_string().contains("checksum"), "{e}");
-    assert!(verify::verify(&project, &bytes[..n / 2]).is_err());
+    assert!(verify::verify(&oracle, &bytes[..n / 2]).is_err());
 }
 
 /// The example sources with one file's text replaced.
@@ -263,6 +281,32 @@ fn json_schema_lists_exactly_the_cost_fields() {
         in_schema, in_rust,
         "policies/fleet.schema.json and manifest::Cost disagree"
     );
+}
+
+#[test]
+fn verify_and_explain_handle_any_destination_name() {
+    // A name with a quote, a backslash and non-ASCII text, which Cedar
+    // escapes when it prints an entity id.
+    let odd = r#"eu "quoted" \ zürich"#;
+    let s = with("fleet.toml", |t| {
+        t.replacen(
+            "name = \"eu-inhouse-h100\"",
+            &format!("name = {}", toml::Value::String(odd.into())),
+            1,
+        )
+    });
+    let project = Project::load(s).unwrap();
+    let compiled = compile(&project).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    let request = serde_json::json!({
+        "tenant": "northbank", "data_class": "personal_eu", "model": "llama-3.1-8b",
+        "latency_class": "interactive", "tp_degree": 1
+    });
+    let (lines, _) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    let line = lines.iter().find(|l| l.destination == odd).unwrap();
+    assert!(line.cedar && line.table, "{line:?}");
 }
 
 #[test]

@@ -64,6 +64,8 @@ pub struct Report {
     /// Size of the request space, unknown values included (attributes
     /// without a domain count once).
     pub space: u64,
+    /// Destinations per request.
+    pub destinations: usize,
     /// Whether every request was checked.
     pub exhaustive: bool,
     /// What a sampled verify checked (zero when exhaustive).
@@ -94,10 +96,11 @@ impl Report {
             )
         } else {
             format!(
-                "sampled (space {} > {} decisions): every row of every factor ({} rows) x {FILLS} \
+                "sampled ({} requests x {} destinations > {} decisions): every row of every factor ({} rows) x {FILLS} \
                  with the other attributes random and known, {} random requests with every value \
                  known, {} requests with one attribute unknown",
                 self.space,
+                self.destinations,
                 EXHAUSTIVE_DECISIONS,
                 self.coverage.factor_rows,
                 self.coverage.joint,
@@ -169,6 +172,7 @@ pub fn verify(oracle: &Oracle, tables: &[u8]) -> Result<Report, VerifyError> {
     };
     let mut report = check(oracle, &t, requests)?;
     report.space = space;
+    report.destinations = oracle.destinations.len();
     report.exhaustive = exhaustive;
     report.coverage = coverage;
     Ok(report)

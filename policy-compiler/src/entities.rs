@@ -46,13 +46,12 @@ pub fn check_declared(shape: &SchemaShape, schema: (&Path, &str)) -> Vec<Diagnos
     for (ty, what, given) in kinds {
         let Some(ty) = ty else { continue };
         let short = ty.rsplit("::").next().unwrap_or(ty);
-        for name in shape
-            .entity_attrs
-            .get(ty)
-            .into_iter()
-            .flat_map(|a| a.keys())
-        {
+        for (name, declared) in shape.entity_attrs.get(ty).into_iter().flatten() {
             if given.contains(&name.as_str()) {
+                continue;
+            }
+            let custom = *ty == shape.resource;
+            if custom && crate::custom::supported(&declared.ty) {
                 continue;
             }
             let (file, text) = schema;
@@ -61,13 +60,18 @@ pub fn check_declared(shape: &SchemaShape, schema: (&Path, &str)) -> Vec<Diagnos
                 .get(start..)
                 .and_then(|t| t.find(name.as_str()))
                 .map_or(start, |i| start + i);
-            out.push(Diagnostic::at(
-                file,
-                text,
-                offset,
-                format!("the schema declares attribute `{name}` of `{ty}`, which the fleet manifest has no field for"),
-                format!("a {what} in the manifest has only {}; remove `{name}` from the schema, or express it with those (e.g. a pool or a certification)", given.join(", ")),
-            ));
+            let (message, hint) = if custom {
+                (
+                    format!("custom destination attribute `{name}` has type `{}`", declared.ty.spelled()),
+                    format!("custom destination attributes (`attributes = {{ {name} = ... }}` in the manifest) may be {}", crate::custom::SUPPORTED),
+                )
+            } else {
+                (
+                    format!("the schema declares attribute `{name}` of `{ty}`, which the fleet manifest has no field for"),
+                    format!("a {what} in the manifest has only {}; remove `{name}` from the schema", given.join(", ")),
+                )
+            };
+            out.push(Diagnostic::at(file, text, offset, message, hint));
         }
     }
     out
@@ -154,6 +158,7 @@ pub fn build(
     let mut all = Vec::new();
     let mut groups = BTreeSet::new();
     let mut pools = BTreeSet::new();
+    let mut custom_errors = Vec::new();
     let keep = |ty: &str,
                 attrs: HashMap<String, RestrictedExpression>|
      -> HashMap<String, RestrictedExpression> {
@@ -239,6 +244,15 @@ pub fn build(
         if let Some(o) = &d.owner_team {
             attrs.insert("owner_team".to_string(), s(o));
         }
+        for (name, v) in &d.attributes {
+            let dest = d.name.get_ref();
+            match crate::custom::value(m, shape, &DESTINATION_ATTRS, dest, name, v) {
+                Ok(e) => {
+                    attrs.insert(name.clone(), e);
+                }
+                Err(e) => custom_errors.push(e),
+            }
+        }
         let parents = parents_of(pool_type.as_deref(), &d.pools, &mut pools).map_err(err)?;
         let u = uid(&shape.resource, d.name.get_ref()).map_err(err)?;
         destinations.push(u.clone());
@@ -246,6 +260,11 @@ pub fn build(
             Entity::new(u, keep(&shape.resource, attrs), parents)
                 .map_err(|e| err(e.to_string()))?,
         );
+    }
+    if !custom_errors.is_empty() {
+        return Err(Error {
+            diagnostics: custom_errors,
+        });
     }
     for g in groups.into_iter().chain(pools) {
         all.push(Entity::with_uid(g));

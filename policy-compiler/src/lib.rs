@@ -30,6 +30,7 @@
 //! [`OUT_DIR`] and `policies/README.md`.
 
 pub mod compile;
+pub mod custom;
 pub mod domain;
 pub mod dump;
 pub mod entities;

@@ -250,8 +250,13 @@ impl Oracle {
                 ("models", Json::Array(served)),
                 ("certifications", json!([])),
             ];
+            // Custom attributes are attributes like any other.
+            let mut flat = d.clone();
+            if let Some(toml::Value::Table(custom)) = flat.remove("attributes") {
+                flat.extend(custom);
+            }
             let skip = ["name", "pools", "cost", "models"];
-            json_entities.push(entity(&destination, name, d, &skip, &defaults, parents));
+            json_entities.push(entity(&destination, name, &flat, &skip, &defaults, parents));
             let uid = EntityUid::from_type_name_and_id(destination.clone(), EntityId::new(name));
             destinations.push((name.to_string(), uid));
         }

@@ -319,15 +319,26 @@ fn refusals_name_the_input_and_the_reason() {
         msg.contains("fleet.toml:") && msg.contains("is in groups") && msg.contains("TenantGroup"),
         "{msg}"
     );
-    // A custom destination attribute the manifest cannot give.
+    // A tenant attribute the manifest cannot give; a custom destination
+    // attribute of a type the manifest cannot write.
     let msg = error_of(with("ace.cedarschema", |t| {
         t.replace(
-            "    owner_team?: String,",
-            "    owner_team?: String,\n    rack: String,",
+            "    home_jurisdiction?: String,",
+            "    home_jurisdiction?: String,\n    tier_level: Long,",
         )
     }));
     assert!(
-        msg.contains("ace.cedarschema:") && msg.contains("`rack`"),
+        msg.contains("ace.cedarschema:") && msg.contains("`tier_level`"),
+        "{msg}"
+    );
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace(
+            "    owner_team?: String,",
+            "    owner_team?: String,\n    subnet?: ipaddr,",
+        )
+    }));
+    assert!(
+        msg.contains("ace.cedarschema:") && msg.contains("`subnet`") && msg.contains("Set<Long>"),
         "{msg}"
     );
     // A context attribute of a set type, read by a policy.
@@ -392,4 +403,79 @@ fn a_policy_set_that_allows_nothing_is_warned_about() {
         "{:?}",
         compiled.warnings
     );
+}
+
+/// The example sources with custom destination attributes: `rack`
+/// (String, required) on every destination, `tags` (Set<String>) on some.
+fn with_custom_attributes() -> Sources {
+    let mut s = with("ace.cedarschema", |t| {
+        t.replace(
+            "    owner_team?: String,",
+            "    owner_team?: String,\n    rack: String,\n    tags?: Set<String>,",
+        )
+    });
+    let mut n = 0;
+    s.manifest.1 = s
+        .manifest
+        .1
+        .lines()
+        .map(|l| {
+            if l.starts_with("interconnect = ") {
+                n += 1;
+                let tags = if n % 3 == 0 {
+                    ", tags = [\"quiet\"]"
+                } else {
+                    ""
+                };
+                format!("{l}\nattributes = {{ rack = \"r{}\"{tags} }}", n % 2)
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    s.policies.push((
+        PathBuf::from("policies/racks.cedar"),
+        "@id(\"phi_not_on_rack_1\")\nforbid (principal, action, resource)\n  when { context.data_class == \"phi\" && resource.rack == \"r1\" };\n\
+         @id(\"batch_only_quiet\")\nforbid (principal, action, resource)\n  when { context.latency_class == \"batch\" }\n  unless { resource has tags && resource.tags.contains(\"quiet\") };\n"
+            .into(),
+    ));
+    s
+}
+
+#[test]
+fn custom_destination_attributes_compile_exactly() {
+    let project = Project::load(with_custom_attributes()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
+    assert!(report.exhaustive);
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    // The forbids bite: batch requests reach only the `quiet` destinations.
+    let request = serde_json::json!({"tenant": "globex", "data_class": "public",
+        "model": "llama-3.1-8b", "latency_class": "batch", "tp_degree": 1});
+    let (lines, _) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    assert!(lines
+        .iter()
+        .any(|l| l.policies.contains(&"batch_only_quiet".to_string())));
+    // An undeclared one, a built-in one and a mistyped one are refused.
+    for (edit, want) in [
+        (
+            "attributes = { rack = \"r1\", colour = \"red\" }",
+            "does not declare",
+        ),
+        (
+            "attributes = { rack = \"r1\", tier = \"spot\" }",
+            "built-in field `tier`",
+        ),
+        ("attributes = { rack = 7 }", "the schema says `String`"),
+    ] {
+        let mut s = with_custom_attributes();
+        s.manifest.1 = s
+            .manifest
+            .1
+            .replacen("attributes = { rack = \"r1\" }", edit, 1);
+        let msg = error_of(s);
+        assert!(msg.contains("fleet.toml:") && msg.contains(want), "{msg}");
+    }
 }

@@ -139,10 +139,18 @@ fn entity(
     json!({"uid": {"type": ty.to_string(), "id": id}, "attrs": attrs, "parents": parents})
 }
 
+/// The kind of a schema type in Cedar's resolved JSON form: `String`,
+/// `Long`, `Boolean`, `Set`, `Record`, `Entity`, or an extension type by
+/// name (`ipaddr`, with or without `__cedar::`).
+fn kind_of(ty: &Json) -> Option<&str> {
+    let t = ty.get("type").and_then(Json::as_str)?;
+    Some(t.strip_prefix("__cedar::").unwrap_or(t))
+}
+
 /// A value of schema type `ty` (JSON schema form), for context attributes
 /// that no policy may read: only its type matters.
 fn placeholder(ty: &Json) -> Json {
-    match ty.get("type").and_then(Json::as_str) {
+    match kind_of(ty) {
         Some("Long") => json!(0),
         Some("Boolean" | "Bool") => json!(false),
         Some("Set") => json!([]),
@@ -158,11 +166,11 @@ fn placeholder(ty: &Json) -> Json {
         Some("Entity") => {
             json!({"__entity": {"type": ty.get("name").cloned().unwrap_or_default(), "id": ""}})
         }
-        Some("Extension") => {
-            let (f, arg) = match ty.get("name").and_then(Json::as_str) {
-                Some("decimal") => ("decimal", "0.0"),
-                Some("ipaddr") => ("ip", "0.0.0.0"),
-                Some("datetime") => ("datetime", "1970-01-01"),
+        Some(ext @ ("ipaddr" | "decimal" | "datetime" | "duration")) => {
+            let (f, arg) = match ext {
+                "decimal" => ("decimal", "0.0"),
+                "ipaddr" => ("ip", "0.0.0.0"),
+                "datetime" => ("datetime", "1970-01-01"),
                 _ => ("duration", "0ms"),
             };
             json!({"__extn": {"fn": f, "arg": arg}})
@@ -310,7 +318,7 @@ impl Oracle {
                 .and_then(toml::Value::as_table)
                 .map(|d| list(d, "values").collect())
                 .unwrap_or_default();
-            let kind = ty.get("type").and_then(Json::as_str);
+            let kind = kind_of(ty);
             let is_model = kind == Some("Entity")
                 && ty.get("name").and_then(Json::as_str) == Some(&model.to_string());
             let attribute = match kind {
@@ -331,6 +339,21 @@ impl Oracle {
                     name,
                     model_ids.iter().map(|m| (m.clone(), entity_ref(&model, m))),
                 ),
+                Some("Entity") if !listed.is_empty() => {
+                    let ty = type_name(
+                        "",
+                        ty.get("name").and_then(Json::as_str).unwrap_or_default(),
+                    )?;
+                    known(
+                        name,
+                        strings(&listed).map(|s| (s.clone(), entity_ref(&ty, &s))),
+                    )
+                }
+                Some(ext @ ("ipaddr" | "decimal" | "datetime" | "duration"))
+                    if !listed.is_empty() =>
+                {
+                    extension(name, ext, strings(&listed))
+                }
                 _ => OracleAttribute {
                     name: name.clone(),
                     values: Vec::new(),
@@ -496,6 +519,30 @@ impl Oracle {
             .collect::<Vec<_>>()
             .join(" ")
     }
+}
+
+/// The strings among `values`.
+fn strings<'a>(values: &'a [&toml::Value]) -> impl Iterator<Item = String> + 'a {
+    values.iter().filter_map(|v| v.as_str()).map(str::to_string)
+}
+
+/// An attribute of extension type `ext` (`ipaddr`, `decimal`, `datetime`,
+/// `duration`) with the given values, and one outside them for "unknown".
+fn extension(name: &str, ext: &str, values: impl Iterator<Item = String>) -> OracleAttribute {
+    let (f, outside) = match ext {
+        "ipaddr" => ("ip", ["10.255.255.254", "192.0.2.1", "::2"]),
+        "decimal" => ("decimal", ["-9999.9999", "9999.9999", "0.1234"]),
+        "datetime" => ("datetime", ["2000-01-01", "2100-01-01", "1999-12-31"]),
+        _ => ("duration", ["1d", "7h", "3ms"]),
+    };
+    let call = |s: &str| json!({"__extn": {"fn": f, "arg": s}});
+    let mut attribute = known(name, values.map(|s| (s.clone(), call(&s))));
+    let free = outside
+        .iter()
+        .find(|o| attribute.values.iter().all(|(k, _)| k != *o))
+        .unwrap_or(&outside[0]);
+    attribute.unknown = vec![call(free)];
+    attribute
 }
 
 /// An attribute with the given (key, value) domain, sorted and deduplicated,

@@ -69,7 +69,7 @@ fn spell(j: &Json) -> String {
             .unwrap_or("?")
             .to_string()
     };
-    match j.get("type").and_then(Json::as_str) {
+    match type_of(j) {
         Some("Set") => format!("Set<{}>", j.get("element").map_or("?".into(), spell)),
         Some("Record") => "a record".into(),
         Some("Entity" | "Extension" | "EntityOrCommon") => name(),
@@ -78,8 +78,17 @@ fn spell(j: &Json) -> String {
     }
 }
 
+/// The `type` of a schema type in JSON form, without the `__cedar::`
+/// prefix that names a built-in type explicitly (extension types appear as
+/// `{"type": "ipaddr"}`).
+fn type_of(j: &Json) -> Option<&str> {
+    j.get("type")
+        .and_then(Json::as_str)
+        .map(|t| t.strip_prefix("__cedar::").unwrap_or(t))
+}
+
 fn attr_type(j: &Json) -> AttrType {
-    match j.get("type").and_then(Json::as_str) {
+    match type_of(j) {
         Some("String") => AttrType::String,
         Some("Long") => AttrType::Long,
         Some("Boolean" | "Bool") => AttrType::Bool,

@@ -479,3 +479,54 @@ fn custom_destination_attributes_compile_exactly() {
         assert!(msg.contains("fleet.toml:") && msg.contains(want), "{msg}");
     }
 }
+
+/// The examples with context attributes of extension and entity types.
+fn with_typed_context() -> Sources {
+    let mut s = with("ace.cedarschema", |t| {
+        t.replace(
+            "      tp_degree: Long,",
+            "      tp_degree: Long,\n      client_net: ipaddr,\n      budget: decimal,\n      home: Pool,",
+        )
+    });
+    s.manifest.1 = s.manifest.1.replace(
+        "[request.tp_degree]",
+        "[request.client_net]\nvalues = [\"10.0.0.1\", \"192.168.1.7\"]\n\n[request.budget]\nvalues = [\"0.5\", \"2.0\"]\n\n[request.home]\nvalues = [\"eu\", \"us\"]\n\n[request.tp_degree]",
+    );
+    s.policies.push((
+        PathBuf::from("policies/typed.cedar"),
+        "@id(\"lan_not_on_spot\")\nforbid (principal, action, resource)\n  when { context.client_net.isInRange(ip(\"192.168.0.0/16\")) && resource.tier == \"spot\" };\n\
+         @id(\"cheap_not_ondemand\")\nforbid (principal, action, resource)\n  when { context.budget.lessThan(decimal(\"1.0\")) && resource.tier == \"ondemand\" };\n\
+         @id(\"stay_home\")\nforbid (principal, action, resource)\n  unless { resource in context.home };\n"
+            .into(),
+    ));
+    s
+}
+
+#[test]
+fn extension_and_entity_context_attributes_compile_exactly() {
+    let project = Project::load(with_typed_context()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
+    assert!(report.known > 1000, "{}", report.coverage_line());
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    let request = serde_json::json!({"tenant": "globex", "data_class": "public",
+        "model": "llama-3.1-8b", "latency_class": "batch", "tp_degree": 1,
+        "client_net": "192.168.1.7", "budget": "0.5", "home": "eu"});
+    let (lines, notes) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    assert!(lines.iter().all(|l| l.verdict == explain::Verdict::Agree));
+    let stay = lines
+        .iter()
+        .find(|l| l.destination == "us-inhouse-h100")
+        .unwrap();
+    assert_eq!(stay.policies, vec!["stay_home".to_string()]);
+    // A value Cedar cannot parse is refused at its place.
+    let mut s = with_typed_context();
+    s.manifest.1 = s.manifest.1.replace("\"192.168.1.7\"", "\"192.168.1.700\"");
+    let msg = error_of(s);
+    assert!(
+        msg.contains("fleet.toml:") && msg.contains("`192.168.1.700`") && msg.contains("`ipaddr`"),
+        "{msg}"
+    );
+}

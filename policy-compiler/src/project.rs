@@ -279,7 +279,17 @@ impl Project {
         let (schema_path, schema_text) = &sources.schema;
         let schema_hint = "see `policies/ace.cedarschema` for the expected shape";
         let schema = match Schema::from_cedarschema_str(schema_text) {
-            Ok((s, _warnings)) => s,
+            Ok((s, schema_warnings)) => {
+                for w in schema_warnings {
+                    warnings.push(from_cedar(
+                        schema_path,
+                        schema_text,
+                        &w,
+                        "Cedar's schema parser warns about this declaration",
+                    ));
+                }
+                s
+            }
             Err(e) => {
                 return Err(from_cedar(schema_path, schema_text, &e, schema_hint).into());
             }

@@ -530,3 +530,20 @@ fn extension_and_entity_context_attributes_compile_exactly() {
         "{msg}"
     );
 }
+
+#[test]
+fn schema_warnings_are_shown() {
+    // An entity type named like a built-in extension type: Cedar warns.
+    let s = with("ace.cedarschema", |t| {
+        t.replace("  entity Pool;", "  entity Pool;\n  entity decimal;")
+    });
+    let project = Project::load(s).unwrap();
+    let compiled = compile(&project).unwrap();
+    assert!(
+        compiled.warnings.iter().any(
+            |w| w.to_string().contains("ace.cedarschema:") && w.to_string().contains("decimal")
+        ),
+        "{:?}",
+        compiled.warnings
+    );
+}

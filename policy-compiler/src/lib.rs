@@ -12,7 +12,8 @@
 //! - [`project`]: read a policy directory (schema, `*.cedar`, `fleet.toml`),
 //!   parse and validate with Cedar's own validator, and find which request
 //!   attributes each policy reads; [`schema`] finds the documented types
-//!   by name, [`entities`] builds the manifest's Cedar entities, [`domain`]
+//!   by name, [`entities`] builds the manifest's Cedar entities (with
+//!   [`custom`] destination attributes), [`domain`]
 //!   the request attributes' finite domains, [`warnings`] decides which
 //!   validator warnings stop the compile.
 //! - [`mod@compile`]: group policies into permit and forbid factors by the

@@ -547,3 +547,23 @@ fn schema_warnings_are_shown() {
         compiled.warnings
     );
 }
+
+#[test]
+fn too_many_request_attributes_is_a_limit_with_its_place() {
+    let extra: String = (0..256)
+        .map(|i| format!("      extra_{i}: String,\n"))
+        .collect();
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace(
+            "      tp_degree: Long,\n",
+            &format!("      tp_degree: Long,\n{extra}"),
+        )
+    }));
+    assert!(
+        msg.contains("ace.cedarschema:")
+            && msg.contains("at most 256")
+            && msg.contains("MAX_ATTRIBUTES")
+            && !msg.contains("bug"),
+        "{msg}"
+    );
+}

@@ -6,6 +6,9 @@
 //! - `compile/256`: loading and compiling the example policies for 256
 //!   destinations whose request space is 10^6 known combinations. Goal: at
 //!   most 10 s. The table size is printed (goal: at most 1 MiB).
+//! - `verify/256`: the independent verify (`ace_policy::oracle` plus
+//!   `verify::verify`) of those tables, sampled with its stated coverage.
+//!   Goal: under a minute.
 //! - `cedar/256`: Cedar's own authorizer deciding one request for all 256
 //!   destinations, and one (request, destination) pair, for scale.
 //!
@@ -64,6 +67,23 @@ fn compile_256(c: &mut Criterion) {
     g.finish();
 }
 
+fn verify_256(c: &mut Criterion) {
+    let src = sources(256);
+    let project = Project::load(src.clone()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let mut g = c.benchmark_group("verify");
+    g.sample_size(10);
+    g.bench_function("256", |b| {
+        b.iter(|| {
+            let oracle = ace_policy::oracle::Oracle::load(&src).unwrap();
+            let report = ace_policy::verify::verify(&oracle, &compiled.bytes).unwrap();
+            assert_eq!(report.mismatch_count, 0);
+            black_box(report.decisions)
+        })
+    });
+    g.finish();
+}
+
 fn cedar_256(c: &mut Criterion) {
     let project = Project::load(sources(256)).unwrap();
     let reqs = requests(&project, 64);
@@ -94,5 +114,5 @@ fn cedar_256(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, lookup, compile_256, cedar_256);
+criterion_group!(benches, lookup, compile_256, verify_256, cedar_256);
 criterion_main!(benches);

@@ -45,6 +45,9 @@ pub struct Compiled {
     pub factors: Vec<FactorInfo>,
     /// Cedar evaluations performed.
     pub evaluations: u64,
+    /// Problems that do not stop the compile (Cedar validator warnings, a
+    /// policy set that allows nothing).
+    pub warnings: Vec<Diagnostic>,
 }
 
 /// Mixed-radix decode of `row` over `radices` (most significant first).
@@ -201,11 +204,20 @@ pub fn compile(project: &Project) -> Result<Compiled, Error> {
         factors,
     };
     let bytes = encode(&spec).map_err(|e| internal(e.to_string()))?;
+    let mut warnings = project.warnings.clone();
+    let grants = spec
+        .factors
+        .iter()
+        .any(|f| f.kind == FactorKind::Permit && f.rows.iter().any(|&w| w != 0));
+    if !grants {
+        warnings.push(allows_nothing(project));
+    }
     Ok(Compiled {
         bytes,
         spec,
         factors: infos,
         evaluations,
+        warnings,
     })
 }
 
@@ -215,6 +227,25 @@ fn internal(msg: String) -> Error {
         format!("internal error: {msg}"),
         "this is a bug in ace-policy; please report it with the policy directory".into(),
     ))
+}
+
+fn allows_nothing(project: &Project) -> Diagnostic {
+    let permits = project
+        .info
+        .iter()
+        .filter(|p| p.effect == Effect::Permit)
+        .count();
+    let dir = project
+        .sources
+        .manifest
+        .0
+        .parent()
+        .map_or_else(std::path::PathBuf::new, std::path::Path::to_path_buf);
+    Diagnostic::file(
+        &dir,
+        format!("the policies allow no request to any destination ({permits} permit policies, none satisfied by any known request)"),
+        "every request will be answered 503; add a permit (e.g. `permit (principal, action, resource) when { resource.models.contains(context.model) };`) or check the permits' conditions".into(),
+    )
 }
 
 fn too_many_rows(project: &Project, ids: &[String], rows: usize) -> Error {

@@ -10,12 +10,18 @@
 //!
 //! Pipeline, one module each:
 //! - [`project`]: read a policy directory (schema, `*.cedar`, `fleet.toml`),
-//!   parse and validate with Cedar's own validator, build the entities from
-//!   the [`manifest`], and find which request attributes each policy reads.
+//!   parse and validate with Cedar's own validator, and find which request
+//!   attributes each policy reads; [`schema`] finds the documented types
+//!   by name, [`entities`] builds the manifest's Cedar entities (with
+//!   [`custom`] destination attributes), [`domain`]
+//!   the request attributes' finite domains, [`warnings`] decides which
+//!   validator warnings stop the compile.
 //! - [`mod@compile`]: group policies into permit and forbid factors by the
 //!   attributes they read, evaluate each factor's rows with Cedar, encode.
-//! - [`verify`]: tables == Cedar (exhaustive up to 10^6 requests), and
-//!   per-request explanations.
+//! - [`oracle`]: Cedar's answer built from the sources by a second path that
+//!   shares nothing with the compiler's entity and schema code.
+//! - [`verify`]: tables == oracle, exhaustively or with stated coverage;
+//!   [`explain`]: one request, destination by destination.
 //! - [`dump`]: the tables as text.
 //!
 //! Every error names its file, line and column and says what to change
@@ -25,11 +31,18 @@
 //! [`OUT_DIR`] and `policies/README.md`.
 
 pub mod compile;
+pub mod custom;
+pub mod domain;
 pub mod dump;
+pub mod entities;
 pub mod error;
+pub mod explain;
 pub mod manifest;
+pub mod oracle;
 pub mod project;
+pub mod schema;
 pub mod verify;
+pub mod warnings;
 
 pub use compile::{compile, Compiled, FactorInfo};
 pub use error::{Diagnostic, Error};

@@ -117,6 +117,9 @@ pub struct Destination {
     pub certifications: Vec<String>,
     /// The team owning an in-house destination.
     pub owner_team: Option<String>,
+    /// Custom attributes, each declared on `Destination` in the schema.
+    #[serde(default)]
+    pub attributes: std::collections::BTreeMap<String, Spanned<toml::Value>>,
     /// Cost-curve parameters for dispatch.
     pub cost: Option<Spanned<Cost>>,
 }

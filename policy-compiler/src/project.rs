@@ -11,11 +11,11 @@
 use crate::error::{from_cedar, Diagnostic, Error};
 use crate::manifest::{self, LoadedManifest};
 use cedar_policy::{
-    Authorizer, Context, Decision, Effect, Entities, Entity, EntityId, EntityTypeName, EntityUid,
-    Policy, PolicyId, PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
+    Authorizer, Context, Decision, Effect, Entities, EntityId, EntityTypeName, EntityUid, Policy,
+    PolicyId, PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
 };
 use serde_json::Value as Json;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -108,20 +108,7 @@ impl Sources {
     }
 }
 
-/// A Cedar type a request attribute can have.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AttrType {
-    /// `String`.
-    String,
-    /// `Long`.
-    Long,
-    /// `Bool`.
-    Bool,
-    /// An entity of the named type.
-    Entity(String),
-    /// Anything else (sets, records, extensions): no finite domain.
-    Other(Json),
-}
+pub use crate::schema::AttrType;
 
 /// One value in an attribute's domain.
 #[derive(Clone, Debug)]
@@ -198,102 +185,14 @@ pub struct Project {
     pub destinations: Vec<EntityUid>,
     /// The dispatch action.
     pub action: EntityUid,
+    /// Cedar validator warnings that do not stop the compile.
+    pub warnings: Vec<Diagnostic>,
     principal_type: String,
 }
 
-fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
+pub(crate) fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
     let t = EntityTypeName::from_str(ty).map_err(|e| format!("bad entity type `{ty}`: {e}"))?;
     Ok(EntityUid::from_type_name_and_id(t, EntityId::new(id)))
-}
-
-/// The parts of the schema the compiler needs.
-struct SchemaShape {
-    namespace: String,
-    action: String,
-    principal: String,
-    resource: String,
-    context: BTreeMap<String, (AttrType, bool)>,
-    entity_attrs: HashMap<String, BTreeMap<String, bool>>,
-    parents: HashMap<String, String>,
-}
-
-fn attr_type(j: &Json) -> AttrType {
-    match j.get("type").and_then(Json::as_str) {
-        Some("String") => AttrType::String,
-        Some("Long") => AttrType::Long,
-        Some("Boolean" | "Bool") => AttrType::Bool,
-        Some("Entity") => AttrType::Entity(
-            j.get("name")
-                .and_then(Json::as_str)
-                .unwrap_or_default()
-                .to_string(),
-        ),
-        _ => AttrType::Other(j.clone()),
-    }
-}
-
-fn shape_of(j: &Json) -> Option<SchemaShape> {
-    let (namespace, ns) = j.as_object()?.iter().next()?;
-    let (action, a) = ns.get("actions")?.as_object()?.iter().next()?;
-    let applies = a.get("appliesTo")?;
-    let first = |k: &str| {
-        applies
-            .get(k)?
-            .as_array()?
-            .first()?
-            .as_str()
-            .map(str::to_string)
-    };
-    let record = |r: &Json| -> BTreeMap<String, (AttrType, bool)> {
-        r.get("attributes")
-            .and_then(Json::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| {
-                        let required = v.get("required").and_then(Json::as_bool).unwrap_or(true);
-                        (k.clone(), (attr_type(v), required))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut entity_attrs = HashMap::new();
-    let mut parents = HashMap::new();
-    for (name, e) in ns
-        .get("entityTypes")
-        .and_then(Json::as_object)
-        .into_iter()
-        .flatten()
-    {
-        let full = format!("{namespace}::{name}");
-        let attrs = e
-            .get("shape")
-            .map(|s| record(s).into_iter().map(|(k, (_, r))| (k, r)).collect())
-            .unwrap_or_default();
-        entity_attrs.insert(full.clone(), attrs);
-        if let Some(p) = e
-            .get("memberOfTypes")
-            .and_then(Json::as_array)
-            .and_then(|a| a.first())
-            .and_then(Json::as_str)
-        {
-            let p = if p.contains("::") {
-                p.to_string()
-            } else {
-                format!("{namespace}::{p}")
-            };
-            parents.insert(full, p);
-        }
-    }
-    Some(SchemaShape {
-        namespace: namespace.clone(),
-        action: action.clone(),
-        principal: first("principalTypes")?,
-        resource: first("resourceTypes")?,
-        context: applies.get("context").map(record).unwrap_or_default(),
-        entity_attrs,
-        parents,
-    })
 }
 
 /// The context attributes read by a policy's JSON form, or `None` when it
@@ -345,31 +244,64 @@ fn find_read(text: &str, from: usize, attr: &str) -> Option<usize> {
     .map(|i| from + i)
 }
 
+/// The policies of one file in file order, each with its id: its `@id`, else
+/// the file's stem (`stem#n` when the file holds several).
+pub fn policy_names<'a>(set: &'a PolicySet, stem: &str) -> Vec<(&'a Policy, PolicyId)> {
+    let mut ps: Vec<&Policy> = set.policies().collect();
+    // Cedar numbers policies `policy0`, `policy1`, ... in file order.
+    ps.sort_by_key(|p| {
+        p.id()
+            .to_string()
+            .trim_start_matches("policy")
+            .parse::<usize>()
+            .unwrap_or(usize::MAX)
+    });
+    let count = ps.len();
+    ps.into_iter()
+        .enumerate()
+        .map(|(n, p)| {
+            let id = match p.annotation("id") {
+                Some(id) => id.to_string(),
+                None if count == 1 => stem.to_string(),
+                None => format!("{stem}#{}", n + 1),
+            };
+            (p, PolicyId::new(id))
+        })
+        .collect()
+}
+
 impl Project {
     /// Loads and checks everything in `sources`, reporting every problem
     /// found with its file, line and column.
     pub fn load(sources: Sources) -> Result<Project, Error> {
         let mut diags = Vec::new();
+        let mut warnings = Vec::new();
         let (schema_path, schema_text) = &sources.schema;
         let schema_hint = "see `policies/ace.cedarschema` for the expected shape";
         let schema = match Schema::from_cedarschema_str(schema_text) {
-            Ok((s, _warnings)) => s,
+            Ok((s, schema_warnings)) => {
+                for w in schema_warnings {
+                    warnings.push(from_cedar(
+                        schema_path,
+                        schema_text,
+                        &w,
+                        "Cedar's schema parser warns about this declaration",
+                    ));
+                }
+                s
+            }
             Err(e) => {
                 return Err(from_cedar(schema_path, schema_text, &e, schema_hint).into());
             }
         };
-        let shape = cedar_policy::schema_str_to_json_with_resolved_types(schema_text)
-            .ok()
-            .and_then(|(j, _)| shape_of(&j))
-            .ok_or_else(|| {
-                Error::one(Diagnostic::file(
-                    schema_path,
-                    "the schema needs one namespace with one action that names one principal \
-                     type and one resource type"
-                        .into(),
-                    schema_hint.into(),
-                ))
-            })?;
+        let json = cedar_policy::schema_str_to_json_with_resolved_types(schema_text)
+            .map(|(j, _)| j)
+            .map_err(|e| from_cedar(schema_path, schema_text, &e, schema_hint))?;
+        let shape = crate::schema::read(&json, schema_path, schema_text)?;
+        diags.extend(crate::entities::check_declared(
+            &shape,
+            (schema_path, schema_text),
+        ));
         let manifest = match manifest::parse(&sources.manifest.0, sources.manifest.1.clone()) {
             Ok(m) => Some(m),
             Err(e) => {
@@ -406,40 +338,20 @@ impl Project {
                 continue;
             }
             let first_of_file = parsed.len();
-            let mut ps: Vec<&Policy> = set.policies().collect();
-            // Cedar numbers policies `policy0`, `policy1`, ... in file order.
-            ps.sort_by_key(|p| {
-                p.id()
-                    .to_string()
-                    .trim_start_matches("policy")
-                    .parse::<usize>()
-                    .unwrap_or(usize::MAX)
-            });
             let stem = path
                 .file_stem()
                 .and_then(|s| s.to_str())
-                .unwrap_or("policy")
-                .to_string();
-            let count = ps.len();
+                .unwrap_or("policy");
             let mut cursor = 0;
-            for (n, p) in ps.into_iter().enumerate() {
+            for (p, id) in policy_names(&set, stem) {
                 let src = p.to_cedar().unwrap_or_default();
                 let offset = text
                     .get(cursor..)
                     .and_then(|t| t.find(src.as_str()))
                     .map_or(cursor, |i| cursor + i);
                 cursor = offset + src.len().min(1);
-                let id = match p.annotation("id") {
-                    Some(id) => id.to_string(),
-                    None if count == 1 => stem.clone(),
-                    None => format!("{stem}#{}", n + 1),
-                };
-                parsed.push((
-                    p.new_id(PolicyId::new(id.clone())),
-                    path.clone(),
-                    offset,
-                    id,
-                ));
+                let name = id.to_string();
+                parsed.push((p.new_id(id), path.clone(), offset, name));
             }
             // Validate under our ids, so that messages name `eu_residency`
             // rather than Cedar's `policy0`.
@@ -458,6 +370,26 @@ impl Project {
                     "the policy does not match the schema; compare with `ace.cedarschema`",
                 ));
             }
+            for w in result.validation_warnings() {
+                let allowed = renamed
+                    .policy(w.policy_id())
+                    .and_then(|p| p.annotation(crate::warnings::ALLOW_IMPOSSIBLE))
+                    .is_some();
+                match crate::warnings::classify(w, allowed) {
+                    crate::warnings::Severity::Error => {
+                        bad = true;
+                        diags.push(crate::warnings::impossible(path, text, w));
+                    }
+                    crate::warnings::Severity::Warning => {
+                        warnings.push(from_cedar(
+                            path,
+                            text,
+                            w,
+                            "Cedar's validator warns about this policy",
+                        ));
+                    }
+                }
+            }
             if bad {
                 parsed.truncate(first_of_file);
             }
@@ -465,8 +397,6 @@ impl Project {
 
         // Attributes: the principal, then the context's, with domains.
         let mut attributes = Vec::new();
-        let ns = &shape.namespace;
-        let model_type = format!("{ns}::Model");
         if let Some(m) = &manifest {
             let mut tenants: Vec<AttrValue> = Vec::new();
             for t in &m.manifest.tenants {
@@ -490,7 +420,8 @@ impl Project {
                         .map_err(|e| Diagnostic::file(schema_path, e, "".into()))?,
                 ),
             });
-            for (name, (ty, _required)) in &shape.context {
+            for (name, declared) in &shape.context {
+                let ty = &declared.ty;
                 if name == TENANT {
                     diags.push(Diagnostic::file(
                         schema_path,
@@ -501,7 +432,8 @@ impl Project {
                     ));
                     continue;
                 }
-                let (values, unknown) = domain_of(m, name, ty, &model_type, &mut diags);
+                let (values, unknown) =
+                    crate::domain::domain_of(m, name, ty, shape.model.as_deref(), &mut diags);
                 attributes.push(Attribute {
                     name: name.clone(),
                     principal: false,
@@ -560,14 +492,16 @@ impl Project {
                     Some(&i) if attributes.get(i).is_some_and(|a| a.values.is_some()) => {
                         reads.insert(i);
                     }
-                    _ if manifest.is_some() => {
+                    found if manifest.is_some() => {
                         let at = find_read(text, offset, n).unwrap_or(offset);
+                        let ty = found.and_then(|&i| attributes.get(i)).map(|a| &a.ty);
+                        let (why, hint) = crate::domain::no_domain(n, ty, shape.model.as_deref());
                         diags.push(Diagnostic::at(
                             &path,
                             text,
                             at,
-                            format!("policy `{id}` reads request attribute `{n}`, which has no finite domain"),
-                            format!("list its values under `[request.{n}]` in the fleet manifest, or stop reading it"),
+                            format!("policy `{id}` reads request attribute `{n}`, {why}"),
+                            hint,
                         ));
                     }
                     _ => {}
@@ -594,7 +528,26 @@ impl Project {
         let Some(manifest) = manifest else {
             return Err(Error { diagnostics: diags });
         };
-        let (entities, destinations) = match build_entities(&manifest, &shape, &schema) {
+        diags.extend(crate::entities::check_parents(&manifest, &shape));
+        if attributes.len() > ace_core::tables::MAX_ATTRIBUTES as usize {
+            let offset = schema_text.find("context").unwrap_or(0);
+            diags.push(Diagnostic::at(
+                schema_path,
+                schema_text,
+                offset,
+                format!(
+                    "{} request attributes (the tenant and {} context attributes); the tables hold at most {}",
+                    attributes.len(),
+                    attributes.len() - 1,
+                    ace_core::tables::MAX_ATTRIBUTES
+                ),
+                "this is a limit of the table format (`ace_core::tables::MAX_ATTRIBUTES`); drop context attributes no policy needs".into(),
+            ));
+        }
+        if !diags.is_empty() {
+            return Err(Error { diagnostics: diags });
+        }
+        let (entities, destinations) = match crate::entities::build(&manifest, &shape, &schema) {
             Ok(x) => x,
             Err(e) => {
                 diags.extend(e.diagnostics);
@@ -604,7 +557,7 @@ impl Project {
         if !diags.is_empty() {
             return Err(Error { diagnostics: diags });
         }
-        let action = uid(&format!("{ns}::Action"), &shape.action)
+        let action = uid(&shape.qualify("Action"), crate::schema::ACTION)
             .map_err(|e| Diagnostic::file(schema_path, e, "".into()))?;
         Ok(Project {
             sources,
@@ -616,6 +569,7 @@ impl Project {
             attributes,
             destinations,
             action,
+            warnings,
             principal_type: shape.principal,
         })
     }
@@ -707,249 +661,4 @@ impl Project {
             .collect::<Vec<_>>()
             .join(" ")
     }
-}
-
-/// The domain of context attribute `name` of type `ty`, and the value Cedar
-/// is asked about for an unknown one.
-fn domain_of(
-    m: &LoadedManifest,
-    name: &str,
-    ty: &AttrType,
-    model_type: &str,
-    diags: &mut Vec<Diagnostic>,
-) -> (Option<Vec<AttrValue>>, RestrictedExpression) {
-    let declared = m.manifest.request.get(name);
-    let hint = "give the values the attribute's Cedar type: strings for String, integers for Long";
-    let mut values = Vec::new();
-    let unknown;
-    match ty {
-        AttrType::String => {
-            unknown = RestrictedExpression::new_string(UNKNOWN_MARKER.into());
-            for v in declared.iter().flat_map(|d| &d.get_ref().values) {
-                match v.get_ref() {
-                    toml::Value::String(s) if s.starts_with('\u{0}') => {
-                        diags.push(m.diag(v.span(), format!("value of `{name}` starts with NUL"), "remove it"));
-                    }
-                    toml::Value::String(s) => values.push(AttrValue {
-                        key: s.clone(),
-                        expr: RestrictedExpression::new_string(s.clone()),
-                    }),
-                    other => diags.push(m.diag(
-                        v.span(),
-                        format!("value `{other}` of `{name}` is not a string, but the schema says String"),
-                        hint,
-                    )),
-                }
-            }
-        }
-        AttrType::Long => {
-            let mut ints = Vec::new();
-            for v in declared.iter().flat_map(|d| &d.get_ref().values) {
-                match v.get_ref() {
-                    toml::Value::Integer(i) => ints.push(*i),
-                    other => diags.push(m.diag(
-                        v.span(),
-                        format!("value `{other}` of `{name}` is not an integer, but the schema says Long"),
-                        hint,
-                    )),
-                }
-            }
-            // An integer outside the domain stands for "unknown".
-            let outside = ints.iter().max().map_or(0, |x| x.saturating_add(1));
-            unknown = RestrictedExpression::new_long(outside);
-            for i in ints {
-                values.push(AttrValue {
-                    key: i.to_string(),
-                    expr: RestrictedExpression::new_long(i),
-                });
-            }
-        }
-        AttrType::Bool => {
-            unknown = RestrictedExpression::new_bool(false);
-            for b in [false, true] {
-                values.push(AttrValue {
-                    key: b.to_string(),
-                    expr: RestrictedExpression::new_bool(b),
-                });
-            }
-        }
-        AttrType::Entity(t) if t == model_type => {
-            unknown = match uid(t, UNKNOWN_MARKER) {
-                Ok(u) => RestrictedExpression::new_entity_uid(u),
-                Err(_) => RestrictedExpression::new_string(UNKNOWN_MARKER.into()),
-            };
-            for mo in &m.manifest.models {
-                let id = mo.get_ref().id.get_ref();
-                if let Ok(u) = uid(t, id) {
-                    values.push(AttrValue {
-                        key: id.clone(),
-                        expr: RestrictedExpression::new_entity_uid(u),
-                    });
-                }
-            }
-        }
-        other => {
-            let placeholder = match other {
-                AttrType::Entity(t) => uid(t, UNKNOWN_MARKER)
-                    .map(RestrictedExpression::new_entity_uid)
-                    .ok(),
-                _ => Some(RestrictedExpression::new_set([])),
-            };
-            return (
-                None,
-                placeholder
-                    .unwrap_or_else(|| RestrictedExpression::new_string(UNKNOWN_MARKER.into())),
-            );
-        }
-    }
-    if declared.is_none() && !matches!(ty, AttrType::Bool | AttrType::Entity(_)) {
-        return (None, unknown);
-    }
-    values.sort_by(|a, b| a.key.cmp(&b.key));
-    let before = values.len();
-    values.dedup_by(|a, b| a.key == b.key);
-    if values.len() != before {
-        if let Some(d) = declared {
-            diags.push(m.diag(
-                d.span(),
-                format!("request attribute `{name}` lists a value twice"),
-                "list each value once",
-            ));
-        }
-    }
-    (Some(values), unknown)
-}
-
-/// Builds the Cedar entities: tenants and their groups, models,
-/// destinations and their pools. Destination attributes the schema does not
-/// declare are left out, so a trimmed schema still works.
-fn build_entities(
-    m: &LoadedManifest,
-    shape: &SchemaShape,
-    schema: &Schema,
-) -> Result<(Entities, Vec<EntityUid>), Error> {
-    let ns = &shape.namespace;
-    let err = |e: String| Error::one(Diagnostic::file(&m.path, e, "".into()));
-    let model_type = format!("{ns}::Model");
-    let mut all = Vec::new();
-    let mut groups = BTreeSet::new();
-    let mut pools = BTreeSet::new();
-    let keep = |ty: &str,
-                attrs: HashMap<String, RestrictedExpression>|
-     -> HashMap<String, RestrictedExpression> {
-        match shape.entity_attrs.get(ty) {
-            Some(declared) => attrs
-                .into_iter()
-                .filter(|(k, _)| declared.contains_key(k))
-                .collect(),
-            None => HashMap::new(),
-        }
-    };
-    let s = |v: &str| RestrictedExpression::new_string(v.to_string());
-    let group_type = shape.parents.get(&shape.principal).cloned();
-    for t in &m.manifest.tenants {
-        let t = t.get_ref();
-        let mut attrs = HashMap::new();
-        if let Some(j) = &t.home_jurisdiction {
-            attrs.insert("home_jurisdiction".to_string(), s(j));
-        }
-        let mut parents = HashSet::new();
-        if let Some(gt) = &group_type {
-            for g in &t.groups {
-                let u = uid(gt, g).map_err(err)?;
-                groups.insert(u.clone());
-                parents.insert(u);
-            }
-        }
-        let e = Entity::new(
-            uid(&shape.principal, t.id.get_ref()).map_err(err)?,
-            keep(&shape.principal, attrs),
-            parents,
-        )
-        .map_err(|e| err(e.to_string()))?;
-        all.push(e);
-    }
-    if shape.entity_attrs.contains_key(&model_type) {
-        for mo in &m.manifest.models {
-            let mo = mo.get_ref();
-            let mut attrs = HashMap::new();
-            attrs.insert(
-                "vram_gb".to_string(),
-                RestrictedExpression::new_long(*mo.vram_gb.get_ref()),
-            );
-            attrs.insert(
-                "tp_degree".to_string(),
-                RestrictedExpression::new_long(*mo.tp_degree.get_ref()),
-            );
-            attrs.insert(
-                "accelerators".to_string(),
-                RestrictedExpression::new_set(mo.accelerators.iter().map(|a| s(a))),
-            );
-            let e = Entity::new(
-                uid(&model_type, mo.id.get_ref()).map_err(err)?,
-                keep(&model_type, attrs),
-                HashSet::new(),
-            )
-            .map_err(|e| err(e.to_string()))?;
-            all.push(e);
-        }
-    }
-    let pool_type = shape.parents.get(&shape.resource).cloned();
-    let mut destinations = Vec::new();
-    for d in &m.manifest.destinations {
-        let d = d.get_ref();
-        let mut attrs = HashMap::new();
-        attrs.insert("provider".to_string(), s(&d.provider));
-        attrs.insert("tier".to_string(), s(d.tier.get_ref()));
-        attrs.insert("jurisdiction".to_string(), s(&d.jurisdiction));
-        attrs.insert("region".to_string(), s(&d.region));
-        attrs.insert("accelerator".to_string(), s(&d.accelerator));
-        attrs.insert(
-            "vram_gb".to_string(),
-            RestrictedExpression::new_long(*d.vram_gb.get_ref()),
-        );
-        attrs.insert("interconnect".to_string(), s(d.interconnect.get_ref()));
-        let mut model_uids = Vec::new();
-        for mo in &d.models {
-            model_uids.push(RestrictedExpression::new_entity_uid(
-                uid(&model_type, mo.get_ref()).map_err(err)?,
-            ));
-        }
-        attrs.insert(
-            "models".to_string(),
-            RestrictedExpression::new_set(model_uids),
-        );
-        attrs.insert(
-            "certifications".to_string(),
-            RestrictedExpression::new_set(d.certifications.iter().map(|c| s(c))),
-        );
-        if let Some(o) = &d.owner_team {
-            attrs.insert("owner_team".to_string(), s(o));
-        }
-        let mut parents = HashSet::new();
-        if let Some(pt) = &pool_type {
-            for p in &d.pools {
-                let u = uid(pt, p).map_err(err)?;
-                pools.insert(u.clone());
-                parents.insert(u);
-            }
-        }
-        let u = uid(&shape.resource, d.name.get_ref()).map_err(err)?;
-        destinations.push(u.clone());
-        all.push(
-            Entity::new(u, keep(&shape.resource, attrs), parents)
-                .map_err(|e| err(e.to_string()))?,
-        );
-    }
-    for g in groups.into_iter().chain(pools) {
-        all.push(Entity::with_uid(g));
-    }
-    let entities = Entities::from_entities(all, Some(schema)).map_err(|e| {
-        Error::one(Diagnostic::file(
-            &m.path,
-            format!("the manifest does not fit the schema: {e}"),
-            "every attribute the schema requires of a tenant, model or destination must be in the manifest".into(),
-        ))
-    })?;
-    Ok((entities, destinations))
 }

@@ -1,25 +1,38 @@
-//! Proof that the tables say what Cedar says, and per-request explanations.
+//! Proof that the tables say what Cedar says.
 //!
 //! Why verify reads the compiled file rather than the in-memory result: the
 //! claim worth proving is about the bytes the filter will load, through the
-//! same `ace_core::tables` reader the filter uses.
+//! same `ace_core::tables` reader the filter uses. Why it asks
+//! [`crate::oracle`] and not the compiler's project: a verify that shares
+//! the compiler's entities and request building agrees with the compiler's
+//! mistakes.
 //!
 //! Requests whose values are all known must match Cedar exactly. Requests
-//! with an unknown value are asked of Cedar with a value outside the domain
-//! (see [`crate::project::UNKNOWN_MARKER`]); there the tables must be no more
-//! permissive than Cedar (fail closed), and anything they allow that Cedar
-//! denies is a mismatch.
+//! with an unknown value are asked of Cedar with values outside the domain;
+//! there the tables must be no more permissive than Cedar (fail closed),
+//! and anything they allow that Cedar denies is a mismatch.
+//!
+//! Coverage: when the request space times the destinations is at most
+//! [`EXHAUSTIVE_DECISIONS`], every request is checked. Above it, the
+//! checked requests are: every row of every factor (each combination of
+//! the factor's attributes' known values) [`FILLS`] times, with the other
+//! attributes at random known values; [`JOINT`] random requests with every
+//! value known; and [`UNKNOWN_SAMPLES`] requests per attribute with that
+//! attribute unknown. Every bit of every row is then exercised, but a wrong
+//! bit can be hidden when another factor decides the same destination
+//! the same way for the requests drawn; [`Report::coverage`] says what ran.
 
-use crate::project::Project;
+use crate::oracle::Oracle;
 use ace_core::tables::{Tables, UNKNOWN};
-use cedar_policy::Decision;
-use std::fmt::Write as _;
 
-/// Exhaustive checking is used up to this many requests (unknowns
-/// included); above it, random sampling plus boundary values.
-pub const EXHAUSTIVE_LIMIT: u64 = 1_000_000;
-/// Random requests checked when the space is too large to enumerate.
-pub const SAMPLES: u64 = 100_000;
+/// Above this many (request, destination) decisions, verify samples.
+pub const EXHAUSTIVE_DECISIONS: u64 = 2_000_000;
+/// Requests per factor row when sampling.
+pub const FILLS: u64 = 2;
+/// Random requests with every value known when sampling.
+pub const JOINT: u64 = 1_000;
+/// Requests per attribute with that attribute unknown when sampling.
+pub const UNKNOWN_SAMPLES: u64 = 4;
 
 /// One disagreement between the tables and Cedar.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,13 +47,29 @@ pub struct Mismatch {
     pub table: bool,
 }
 
+/// Which requests a sampled verify checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Factor rows with every key known, each checked [`FILLS`] times.
+    pub factor_rows: u64,
+    /// Random requests with every value known.
+    pub joint: u64,
+    /// Requests with one attribute unknown.
+    pub unknown: u64,
+}
+
 /// The outcome of [`verify`].
 #[derive(Clone, Debug, Default)]
 pub struct Report {
-    /// Size of the request space, unknown values included.
+    /// Size of the request space, unknown values included (attributes
+    /// without a domain count once).
     pub space: u64,
+    /// Destinations per request.
+    pub destinations: usize,
     /// Whether every request was checked.
     pub exhaustive: bool,
+    /// What a sampled verify checked (zero when exhaustive).
+    pub coverage: Coverage,
     /// Requests checked.
     pub requests: u64,
     /// Of which all values known (checked for equality).
@@ -57,6 +86,28 @@ pub struct Report {
 impl Report {
     /// Mismatches kept for printing.
     pub const KEEP: usize = 1000;
+
+    /// One line saying what was checked.
+    pub fn coverage_line(&self) -> String {
+        if self.exhaustive {
+            format!(
+                "exhaustive: all {} requests of the space (unknown values included)",
+                self.space
+            )
+        } else {
+            format!(
+                "sampled ({} requests x {} destinations > {} decisions): every row of every factor ({} rows) x {FILLS} \
+                 with the other attributes random and known, {} random requests with every value \
+                 known, {} requests with one attribute unknown",
+                self.space,
+                self.destinations,
+                EXHAUSTIVE_DECISIONS,
+                self.coverage.factor_rows,
+                self.coverage.joint,
+                self.coverage.unknown
+            )
+        }
+    }
 }
 
 /// Why verification could not run.
@@ -70,43 +121,6 @@ impl std::fmt::Display for VerifyError {
 }
 
 impl std::error::Error for VerifyError {}
-
-/// Maps the project's attribute indices to the tables'; errors if the
-/// tables were compiled from different attributes or destinations.
-fn check_shape(project: &Project, t: &Tables<'_>) -> Result<(), VerifyError> {
-    let stale = |what: String| {
-        VerifyError(format!(
-            "the tables do not match the policy directory: {what}; recompile with `ace policy compile`"
-        ))
-    };
-    if t.attribute_count() != project.attributes.len() {
-        return Err(stale(format!(
-            "{} attributes in the tables, {} in the sources",
-            t.attribute_count(),
-            project.attributes.len()
-        )));
-    }
-    for (i, a) in project.attributes.iter().enumerate() {
-        let i = i as u32;
-        if t.attribute_name(i) != Some(a.name.as_str()) || t.value_count(i) as usize != a.len() {
-            return Err(stale(format!("attribute `{}` differs", a.name)));
-        }
-        for (j, v) in a.values.iter().flatten().enumerate() {
-            if t.value_name(i, j as u32 + 1) != Some(v.key.as_str()) {
-                return Err(stale(format!("value `{}` of `{}` differs", v.key, a.name)));
-            }
-        }
-    }
-    if t.destination_count() != project.destinations.len() {
-        return Err(stale("destination count differs".into()));
-    }
-    for (d, u) in project.destinations.iter().enumerate() {
-        if t.destination_name(d) != Some(u.id().escaped().as_ref()) {
-            return Err(stale(format!("destination {d} differs")));
-        }
-    }
-    Ok(())
-}
 
 /// A small deterministic generator (splitmix64), so runs are repeatable.
 #[derive(Debug)]
@@ -128,79 +142,156 @@ impl Rng {
     }
 }
 
-/// Checks `tables` against Cedar on `project`'s request space:
-/// exhaustively up to [`EXHAUSTIVE_LIMIT`] requests, else [`SAMPLES`]
-/// random ones plus every value of every attribute.
-pub fn verify(project: &Project, tables: &[u8]) -> Result<Report, VerifyError> {
-    let radices: Vec<u64> = project
+/// Checks `tables` against `oracle` on the request space, exhaustively or
+/// by the sampling described in the module docs.
+pub fn verify(oracle: &Oracle, tables: &[u8]) -> Result<Report, VerifyError> {
+    let t = Tables::load(tables).map_err(|e| VerifyError(e.to_string()))?;
+    oracle.check_tables(&t)?;
+    // Radix per attribute: known values plus unknown; 1 without a domain.
+    let radices: Vec<u64> = oracle
         .attributes
         .iter()
-        .map(|a| a.len() as u64 + 1)
+        .map(|a| {
+            if a.domain {
+                a.values.len() as u64 + 1
+            } else {
+                1
+            }
+        })
         .collect();
     let space = radices
         .iter()
         .try_fold(1u64, |acc, &r| acc.checked_mul(r))
         .unwrap_or(u64::MAX);
-    let exhaustive = space <= EXHAUSTIVE_LIMIT;
-    let decode = |mut n: u64| {
-        let mut idx = vec![0u32; radices.len()];
-        for (o, &rad) in idx.iter_mut().zip(&radices).rev() {
-            *o = (n % rad) as u32;
-            n /= rad;
-        }
-        idx
-    };
-    let mut report = if exhaustive {
-        verify_requests(project, tables, (0..space).map(decode))?
+    let exhaustive = space.saturating_mul(oracle.destinations.len() as u64) <= EXHAUSTIVE_DECISIONS;
+    let mut coverage = Coverage::default();
+    let requests: Vec<Vec<u32>> = if exhaustive {
+        (0..space).map(|n| decode(n, &radices)).collect()
     } else {
-        // Boundary values: each attribute through all its values (unknown
-        // included) with the others at their first and at their last value.
-        let mut boundary = Vec::new();
-        for (a, &rad) in radices.iter().enumerate() {
-            for base in [1u64, u64::MAX] {
-                for v in 0..rad {
-                    let idx: Vec<u32> = radices
-                        .iter()
-                        .enumerate()
-                        .map(|(b, &r)| if b == a { v } else { base.min(r - 1) } as u32)
-                        .collect();
-                    boundary.push(idx);
-                }
-            }
-        }
-        let mut rng = Rng(0x00ac_e5ee_d000_0001);
-        let random = (0..SAMPLES).map(move |_| {
-            radices
-                .iter()
-                .map(|&r| rng.below(r) as u32)
-                .collect::<Vec<u32>>()
-        });
-        verify_requests(project, tables, boundary.into_iter().chain(random))?
+        sample(oracle, &t, &radices, &mut coverage)
     };
+    let mut report = check(oracle, &t, requests)?;
     report.space = space;
+    report.destinations = oracle.destinations.len();
     report.exhaustive = exhaustive;
+    report.coverage = coverage;
     Ok(report)
 }
 
-/// Checks `tables` against Cedar on the given requests (value-index
+/// Mixed-radix decode of `n` (most significant attribute first).
+fn decode(mut n: u64, radices: &[u64]) -> Vec<u32> {
+    let mut idx = vec![0u32; radices.len()];
+    for (o, &rad) in idx.iter_mut().zip(radices).rev() {
+        *o = (n % rad) as u32;
+        n /= rad;
+    }
+    idx
+}
+
+/// The sampled requests: factor rows, joint, one unknown.
+fn sample(
+    oracle: &Oracle,
+    t: &Tables<'_>,
+    radices: &[u64],
+    coverage: &mut Coverage,
+) -> Vec<Vec<u32>> {
+    let mut rng = Rng(0x00ac_e5ee_d000_0002);
+    let fill = |rng: &mut Rng| -> Vec<u32> {
+        radices
+            .iter()
+            .map(|&r| {
+                if r > 1 {
+                    1 + rng.below(r - 1) as u32
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    for f in 0..t.factor_count() {
+        let Some(factor) = t.factor(f) else { continue };
+        let keys: Vec<usize> = factor.attributes().map(|a| a as usize).collect();
+        let known: Vec<u64> = keys
+            .iter()
+            .map(|&k| radices.get(k).map_or(1, |r| r.saturating_sub(1).max(1)))
+            .collect();
+        let rows: u64 = known.iter().product();
+        coverage.factor_rows += rows;
+        for row in 0..rows {
+            let key_values = decode(row, &known);
+            for _ in 0..FILLS {
+                let mut idx = fill(&mut rng);
+                for (&k, &v) in keys.iter().zip(&key_values) {
+                    if let Some(slot) = idx.get_mut(k) {
+                        // Attributes without a domain stay unknown.
+                        *slot = if radices.get(k).copied().unwrap_or(1) > 1 {
+                            v + 1
+                        } else {
+                            0
+                        };
+                    }
+                }
+                out.push(idx);
+            }
+        }
+    }
+    for _ in 0..JOINT {
+        out.push(fill(&mut rng));
+        coverage.joint += 1;
+    }
+    for (a, attr) in oracle.attributes.iter().enumerate() {
+        if !attr.domain {
+            continue;
+        }
+        for _ in 0..UNKNOWN_SAMPLES {
+            let mut idx = fill(&mut rng);
+            if let Some(slot) = idx.get_mut(a) {
+                *slot = UNKNOWN;
+            }
+            out.push(idx);
+            coverage.unknown += 1;
+        }
+    }
+    out
+}
+
+/// Checks `tables` against `oracle` on the given requests (value-index
 /// vectors, one entry per attribute, `0` = unknown).
 pub fn verify_requests(
-    project: &Project,
+    oracle: &Oracle,
     tables: &[u8],
     requests: impl IntoIterator<Item = Vec<u32>>,
 ) -> Result<Report, VerifyError> {
     let t = Tables::load(tables).map_err(|e| VerifyError(e.to_string()))?;
-    check_shape(project, &t)?;
+    oracle.check_tables(&t)?;
+    check(oracle, &t, requests)
+}
+
+fn check(
+    oracle: &Oracle,
+    t: &Tables<'_>,
+    requests: impl IntoIterator<Item = Vec<u32>>,
+) -> Result<Report, VerifyError> {
     let mut report = Report::default();
     let mut out = vec![0u64; t.words()];
     for idx in requests {
-        check_one(project, &t, &idx, &mut out, &mut report)?;
+        check_one(oracle, t, &idx, &mut out, &mut report)?;
     }
     Ok(report)
 }
 
+/// Whether every attribute with a domain has a known value in `idx`.
+pub fn all_known(oracle: &Oracle, idx: &[u32]) -> bool {
+    oracle
+        .attributes
+        .iter()
+        .zip(idx)
+        .all(|(a, &i)| !a.domain || i != UNKNOWN)
+}
+
 fn check_one(
-    project: &Project,
+    oracle: &Oracle,
     t: &Tables<'_>,
     idx: &[u32],
     out: &mut [u64],
@@ -208,191 +299,33 @@ fn check_one(
 ) -> Result<(), VerifyError> {
     t.feasible(idx, out)
         .map_err(|e| VerifyError(e.to_string()))?;
-    let known = !idx.contains(&UNKNOWN);
+    let known = all_known(oracle, idx);
     report.requests += 1;
     report.known += u64::from(known);
-    let context = project.context(idx).map_err(VerifyError)?;
-    for d in 0..project.destinations.len() {
-        let request = project
-            .request_with(idx, d, context.clone())
-            .map_err(VerifyError)?;
-        let cedar = project.allows(&request);
-        let table = out.get(d / 64).is_some_and(|w| w >> (d % 64) & 1 == 1);
-        report.decisions += 1;
-        let bad = if known {
-            cedar != table
-        } else {
-            table && !cedar
-        };
-        if bad {
-            report.mismatch_count += 1;
-            if report.mismatches.len() < Report::KEEP {
-                report.mismatches.push(Mismatch {
-                    request: project.describe(idx),
-                    destination: t.destination_name(d).unwrap_or("?").to_string(),
-                    cedar,
-                    table,
-                });
+    let picks = if known { 1 } else { oracle.picks(idx) };
+    for pick in 0..picks {
+        let (principal, context) = oracle.principal_and_context(idx, pick)?;
+        for d in 0..oracle.destinations.len() {
+            let cedar = oracle.allows(&principal, &context, d)?;
+            let table = out.get(d / 64).is_some_and(|w| w >> (d % 64) & 1 == 1);
+            report.decisions += 1;
+            let bad = if known {
+                cedar != table
+            } else {
+                table && !cedar
+            };
+            if bad {
+                report.mismatch_count += 1;
+                if report.mismatches.len() < Report::KEEP {
+                    report.mismatches.push(Mismatch {
+                        request: oracle.describe(idx),
+                        destination: t.destination_name(d).unwrap_or("?").to_string(),
+                        cedar,
+                        table,
+                    });
+                }
             }
         }
     }
     Ok(())
-}
-
-/// One destination's line in an explanation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Explained {
-    /// Destination name.
-    pub destination: String,
-    /// Envoy cluster.
-    pub cluster: String,
-    /// Cedar's decision.
-    pub cedar: bool,
-    /// The policy ids that determined it (satisfied permits on allow,
-    /// satisfied forbids on deny; empty when nothing permitted).
-    pub policies: Vec<String>,
-    /// Evaluation errors, if any.
-    pub errors: Vec<String>,
-    /// The tables' answer.
-    pub table: bool,
-}
-
-/// Value indices for a JSON request object (`{"tenant": "acme", ...}`):
-/// strings, integers and booleans are looked up by their text; a missing or
-/// unseen value is unknown. Returns the indices and notes about unknowns.
-pub fn request_indices(
-    project: &Project,
-    t: &Tables<'_>,
-    json: &serde_json::Value,
-) -> Result<(Vec<u32>, Vec<String>), VerifyError> {
-    let obj = json.as_object().ok_or_else(|| {
-        VerifyError("the request must be a JSON object such as {\"tenant\": \"acme\", \"data_class\": \"phi\"}".into())
-    })?;
-    let mut notes = Vec::new();
-    for k in obj.keys() {
-        if t.attribute_index(k).is_none() {
-            notes.push(format!(
-                "`{k}` is not a request attribute of these tables; ignored"
-            ));
-        }
-    }
-    let mut idx = Vec::new();
-    for (i, a) in project.attributes.iter().enumerate() {
-        let text = match obj.get(&a.name) {
-            None => {
-                notes.push(format!(
-                    "`{}` is missing: treated as unknown (fails closed)",
-                    a.name
-                ));
-                idx.push(UNKNOWN);
-                continue;
-            }
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => v.to_string(),
-            Some(other) => {
-                return Err(VerifyError(format!(
-                    "request attribute `{}` is `{other}`; give a string, integer or boolean",
-                    a.name
-                )))
-            }
-        };
-        let v = t.value_index(i as u32, &text);
-        if v == UNKNOWN {
-            notes.push(format!(
-                "`{}` = `{text}` is not in its domain: treated as unknown (fails closed)",
-                a.name
-            ));
-        }
-        idx.push(v);
-    }
-    Ok((idx, notes))
-}
-
-/// For every destination: Cedar's decision with the determining policy ids,
-/// and the tables' answer.
-pub fn explain(
-    project: &Project,
-    tables: &[u8],
-    json: &serde_json::Value,
-) -> Result<(Vec<Explained>, Vec<String>), VerifyError> {
-    let t = Tables::load(tables).map_err(|e| VerifyError(e.to_string()))?;
-    check_shape(project, &t)?;
-    let (idx, notes) = request_indices(project, &t, json)?;
-    let mut out = vec![0u64; t.words()];
-    t.feasible(&idx, &mut out)
-        .map_err(|e| VerifyError(e.to_string()))?;
-    let context = project.context(&idx).map_err(VerifyError)?;
-    let mut lines = Vec::new();
-    for d in 0..project.destinations.len() {
-        let request = project
-            .request_with(&idx, d, context.clone())
-            .map_err(VerifyError)?;
-        let response = project.authorize(&request);
-        let mut policies: Vec<String> = response
-            .diagnostics()
-            .reason()
-            .map(|p| p.to_string())
-            .collect();
-        policies.sort();
-        lines.push(Explained {
-            destination: t.destination_name(d).unwrap_or("?").to_string(),
-            cluster: t.destination_cluster(d).unwrap_or("?").to_string(),
-            cedar: response.decision() == Decision::Allow,
-            policies,
-            errors: response
-                .diagnostics()
-                .errors()
-                .map(|e| e.to_string())
-                .collect(),
-            table: out.get(d / 64).is_some_and(|w| w >> (d % 64) & 1 == 1),
-        });
-    }
-    Ok((lines, notes))
-}
-
-/// A human-readable rendering of an explanation.
-pub fn render_explanation(lines: &[Explained], notes: &[String]) -> String {
-    let mut s = String::new();
-    for n in notes {
-        let _ = writeln!(s, "note: {n}");
-    }
-    let w = lines
-        .iter()
-        .map(|l| l.destination.len())
-        .max()
-        .unwrap_or(11)
-        .max(11);
-    let _ = writeln!(
-        s,
-        "{:<w$}  {:<5}  {:<5}  determining policies",
-        "destination", "cedar", "table"
-    );
-    for l in lines {
-        let yn = |b: bool| if b { "allow" } else { "deny" };
-        let why = if l.policies.is_empty() {
-            if l.cedar {
-                "-".to_string()
-            } else {
-                "(no permit applies)".to_string()
-            }
-        } else {
-            l.policies.join(", ")
-        };
-        let flag = if l.cedar == l.table {
-            ""
-        } else {
-            "   <- tables differ from Cedar"
-        };
-        let _ = writeln!(
-            s,
-            "{:<w$}  {:<5}  {:<5}  {why}{flag}",
-            l.destination,
-            yn(l.cedar),
-            yn(l.table)
-        );
-        for e in &l.errors {
-            let _ = writeln!(s, "{:<w$}  error: {e}", "");
-        }
-    }
-    s
 }

@@ -2,7 +2,8 @@
 //! Cedar over its whole request space; bad inputs are reported at their
 //! file, line and column with a hint.
 
-use ace_policy::{compile, load_dir, verify, Project, Sources};
+use ace_policy::oracle::Oracle;
+use ace_policy::{compile, explain, load_dir, verify, Project, Sources};
 use std::path::{Path, PathBuf};
 
 fn examples() -> PathBuf {
@@ -13,7 +14,9 @@ fn examples() -> PathBuf {
 fn example_directory_compiles_and_verifies_exhaustively() {
     let project = load_dir(&examples()).unwrap();
     let compiled = compile(&project).unwrap();
-    let report = verify::verify(&project, &compiled.bytes).unwrap();
+    assert!(compiled.warnings.is_empty(), "{:?}", compiled.warnings);
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
     assert!(report.exhaustive);
     assert_eq!(report.requests, report.space);
     assert!(report.known > 0 && report.known < report.requests);
@@ -52,7 +55,8 @@ fn explain_names_the_determining_policies() {
         "tenant": "northbank", "data_class": "personal_eu", "model": "llama-3.1-8b",
         "latency_class": "interactive", "tp_degree": 1
     });
-    let (lines, notes) = verify::explain(&project, &compiled.bytes, &request).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let (lines, notes) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
     assert!(notes.is_empty(), "{notes:?}");
     for l in &lines {
         assert_eq!(l.cedar, l.table, "{l:?}");
@@ -77,8 +81,21 @@ fn explain_names_the_determining_policies() {
     // An unseen model fails closed everywhere.
     let request = serde_json::json!({"tenant": "globex", "data_class": "public", "model": "gpt-9",
         "latency_class": "batch", "tp_degree": 1});
-    let (lines, notes) = verify::explain(&project, &compiled.bytes, &request).unwrap();
+    let (lines, notes) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
     assert!(lines.iter().all(|l| !l.table));
+    // Cedar asked about an unseen model allows nowhere either (no
+    // destination serves it), so every line agrees; an unseen tenant is
+    // denied by design where Cedar would allow.
+    assert!(lines.iter().all(|l| l.verdict != explain::Verdict::Differ));
+    let request = serde_json::json!({"tenant": "nobody", "data_class": "public", "model": "llama-3.1-8b",
+        "latency_class": "batch", "tp_degree": 1});
+    let (lines, _) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    assert!(lines
+        .iter()
+        .any(|l| l.verdict == explain::Verdict::FailClosed));
+    assert!(lines.iter().all(|l| l.verdict != explain::Verdict::Differ));
+    let text = explain::render_explanation(&lines, &[]);
+    assert!(text.contains("denied by design"), "{text}");
     assert!(notes.iter().any(|n| n.contains("gpt-9")));
 }
 
@@ -86,11 +103,12 @@ fn explain_names_the_determining_policies() {
 fn corrupted_tables_are_rejected_by_verify() {
     let project = load_dir(&examples()).unwrap();
     let mut bytes = compile(&project).unwrap().bytes;
+    let oracle = Oracle::load(&project.sources).unwrap();
     let n = bytes.len();
     bytes[n - 40] ^= 0x10;
-    let e = verify::verify(&project, &bytes).unwrap_err();
+    let e = verify::verify(&oracle, &bytes).unwrap_err();
     assert!(e.to_string().contains("checksum"), "{e}");
-    assert!(verify::verify(&project, &bytes[..n / 2]).is_err());
+    assert!(verify::verify(&oracle, &bytes[..n / 2]).is_err());
 }
 
 /// The example sources with one file's text replaced.
@@ -262,5 +280,290 @@ fn json_schema_lists_exactly_the_cost_fields() {
     assert_eq!(
         in_schema, in_rust,
         "policies/fleet.schema.json and manifest::Cost disagree"
+    );
+}
+
+#[test]
+fn verify_and_explain_handle_any_destination_name() {
+    // A name with a quote, a backslash and non-ASCII text, which Cedar
+    // escapes when it prints an entity id.
+    let odd = r#"eu "quoted" \ zürich"#;
+    let s = with("fleet.toml", |t| {
+        t.replacen(
+            "name = \"eu-inhouse-h100\"",
+            &format!("name = {}", toml::Value::String(odd.into())),
+            1,
+        )
+    });
+    let project = Project::load(s).unwrap();
+    let compiled = compile(&project).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    let request = serde_json::json!({
+        "tenant": "northbank", "data_class": "personal_eu", "model": "llama-3.1-8b",
+        "latency_class": "interactive", "tp_degree": 1
+    });
+    let (lines, _) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    let line = lines.iter().find(|l| l.destination == odd).unwrap();
+    assert!(line.cedar && line.table, "{line:?}");
+}
+
+#[test]
+fn refusals_name_the_input_and_the_reason() {
+    // Groups the schema has no type for are refused, not dropped.
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace("entity Tenant in [TenantGroup] {", "entity Tenant {")
+    }));
+    assert!(
+        msg.contains("fleet.toml:") && msg.contains("is in groups") && msg.contains("TenantGroup"),
+        "{msg}"
+    );
+    // A tenant attribute the manifest cannot give; a custom destination
+    // attribute of a type the manifest cannot write.
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace(
+            "    home_jurisdiction?: String,",
+            "    home_jurisdiction?: String,\n    tier_level: Long,",
+        )
+    }));
+    assert!(
+        msg.contains("ace.cedarschema:") && msg.contains("`tier_level`"),
+        "{msg}"
+    );
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace(
+            "    owner_team?: String,",
+            "    owner_team?: String,\n    subnet?: ipaddr,",
+        )
+    }));
+    assert!(
+        msg.contains("ace.cedarschema:") && msg.contains("`subnet`") && msg.contains("Set<Long>"),
+        "{msg}"
+    );
+    // A context attribute of a set type, read by a policy.
+    let mut s = with("ace.cedarschema", |t| {
+        t.replace(
+            "      tp_degree: Long,",
+            "      tp_degree: Long,\n      regions: Set<String>,",
+        )
+    });
+    s.policies.push((
+        PathBuf::from("policies/regions.cedar"),
+        "forbid (principal, action, resource)\n  when { context.regions.contains(resource.region) };\n".into(),
+    ));
+    let msg = error_of(s);
+    assert!(
+        msg.contains("regions.cedar:2:10")
+            && msg.contains("`Set<String>`")
+            && !msg.contains("list its values"),
+        "{msg}"
+    );
+    // An impossible policy is an error unless allowed.
+    let mut s = Sources::read_dir(&examples()).unwrap();
+    s.policies.push((
+        PathBuf::from("policies/never.cedar"),
+        "forbid (principal, action, resource)\n  when { context.tp_degree > 1 && false };\n".into(),
+    ));
+    let msg = error_of(s.clone());
+    assert!(
+        msg.contains("never.cedar:") && msg.contains("can never apply"),
+        "{msg}"
+    );
+    s.policies.last_mut().unwrap().1 = format!(
+        "@allow_impossible(\"parked\")\n{}",
+        s.policies.last().unwrap().1
+    );
+    assert!(Project::load(s).is_ok());
+    // Values listed for an attribute whose values come from elsewhere.
+    let msg = error_of(with("fleet.toml", |t| {
+        t.replace(
+            "[request.tp_degree]",
+            "[request.model]\nvalues = [\"x\"]\n\n[request.tp_degree]",
+        )
+    }));
+    assert!(msg.contains("`[request.model]` lists values"), "{msg}");
+}
+
+#[test]
+fn a_policy_set_that_allows_nothing_is_warned_about() {
+    let s = with("model_capability.cedar", |t| {
+        t.replace(
+            "resource.models.contains(context.model)",
+            "resource.models.contains(context.model) && resource.vram_gb < 0",
+        )
+    });
+    let project = Project::load(s).unwrap();
+    let compiled = compile(&project).unwrap();
+    assert!(
+        compiled
+            .warnings
+            .iter()
+            .any(|w| w.to_string().contains("allow no request")),
+        "{:?}",
+        compiled.warnings
+    );
+}
+
+/// The example sources with custom destination attributes: `rack`
+/// (String, required) on every destination, `tags` (Set<String>) on some.
+fn with_custom_attributes() -> Sources {
+    let mut s = with("ace.cedarschema", |t| {
+        t.replace(
+            "    owner_team?: String,",
+            "    owner_team?: String,\n    rack: String,\n    tags?: Set<String>,",
+        )
+    });
+    let mut n = 0;
+    s.manifest.1 = s
+        .manifest
+        .1
+        .lines()
+        .map(|l| {
+            if l.starts_with("interconnect = ") {
+                n += 1;
+                let tags = if n % 3 == 0 {
+                    ", tags = [\"quiet\"]"
+                } else {
+                    ""
+                };
+                format!("{l}\nattributes = {{ rack = \"r{}\"{tags} }}", n % 2)
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    s.policies.push((
+        PathBuf::from("policies/racks.cedar"),
+        "@id(\"phi_not_on_rack_1\")\nforbid (principal, action, resource)\n  when { context.data_class == \"phi\" && resource.rack == \"r1\" };\n\
+         @id(\"batch_only_quiet\")\nforbid (principal, action, resource)\n  when { context.latency_class == \"batch\" }\n  unless { resource has tags && resource.tags.contains(\"quiet\") };\n"
+            .into(),
+    ));
+    s
+}
+
+#[test]
+fn custom_destination_attributes_compile_exactly() {
+    let project = Project::load(with_custom_attributes()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
+    assert!(report.exhaustive);
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    // The forbids bite: batch requests reach only the `quiet` destinations.
+    let request = serde_json::json!({"tenant": "globex", "data_class": "public",
+        "model": "llama-3.1-8b", "latency_class": "batch", "tp_degree": 1});
+    let (lines, _) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    assert!(lines
+        .iter()
+        .any(|l| l.policies.contains(&"batch_only_quiet".to_string())));
+    // An undeclared one, a built-in one and a mistyped one are refused.
+    for (edit, want) in [
+        (
+            "attributes = { rack = \"r1\", colour = \"red\" }",
+            "does not declare",
+        ),
+        (
+            "attributes = { rack = \"r1\", tier = \"spot\" }",
+            "built-in field `tier`",
+        ),
+        ("attributes = { rack = 7 }", "the schema says `String`"),
+    ] {
+        let mut s = with_custom_attributes();
+        s.manifest.1 = s
+            .manifest
+            .1
+            .replacen("attributes = { rack = \"r1\" }", edit, 1);
+        let msg = error_of(s);
+        assert!(msg.contains("fleet.toml:") && msg.contains(want), "{msg}");
+    }
+}
+
+/// The examples with context attributes of extension and entity types.
+fn with_typed_context() -> Sources {
+    let mut s = with("ace.cedarschema", |t| {
+        t.replace(
+            "      tp_degree: Long,",
+            "      tp_degree: Long,\n      client_net: ipaddr,\n      budget: decimal,\n      home: Pool,",
+        )
+    });
+    s.manifest.1 = s.manifest.1.replace(
+        "[request.tp_degree]",
+        "[request.client_net]\nvalues = [\"10.0.0.1\", \"192.168.1.7\"]\n\n[request.budget]\nvalues = [\"0.5\", \"2.0\"]\n\n[request.home]\nvalues = [\"eu\", \"us\"]\n\n[request.tp_degree]",
+    );
+    s.policies.push((
+        PathBuf::from("policies/typed.cedar"),
+        "@id(\"lan_not_on_spot\")\nforbid (principal, action, resource)\n  when { context.client_net.isInRange(ip(\"192.168.0.0/16\")) && resource.tier == \"spot\" };\n\
+         @id(\"cheap_not_ondemand\")\nforbid (principal, action, resource)\n  when { context.budget.lessThan(decimal(\"1.0\")) && resource.tier == \"ondemand\" };\n\
+         @id(\"stay_home\")\nforbid (principal, action, resource)\n  unless { resource in context.home };\n"
+            .into(),
+    ));
+    s
+}
+
+#[test]
+fn extension_and_entity_context_attributes_compile_exactly() {
+    let project = Project::load(with_typed_context()).unwrap();
+    let compiled = compile(&project).unwrap();
+    let oracle = Oracle::load(&project.sources).unwrap();
+    let report = verify::verify(&oracle, &compiled.bytes).unwrap();
+    assert!(report.known > 1000, "{}", report.coverage_line());
+    assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
+    let request = serde_json::json!({"tenant": "globex", "data_class": "public",
+        "model": "llama-3.1-8b", "latency_class": "batch", "tp_degree": 1,
+        "client_net": "192.168.1.7", "budget": "0.5", "home": "eu"});
+    let (lines, notes) = explain::explain(&oracle, &compiled.bytes, &request).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    assert!(lines.iter().all(|l| l.verdict == explain::Verdict::Agree));
+    let stay = lines
+        .iter()
+        .find(|l| l.destination == "us-inhouse-h100")
+        .unwrap();
+    assert_eq!(stay.policies, vec!["stay_home".to_string()]);
+    // A value Cedar cannot parse is refused at its place.
+    let mut s = with_typed_context();
+    s.manifest.1 = s.manifest.1.replace("\"192.168.1.7\"", "\"192.168.1.700\"");
+    let msg = error_of(s);
+    assert!(
+        msg.contains("fleet.toml:") && msg.contains("`192.168.1.700`") && msg.contains("`ipaddr`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn schema_warnings_are_shown() {
+    // An entity type named like a built-in extension type: Cedar warns.
+    let s = with("ace.cedarschema", |t| {
+        t.replace("  entity Pool;", "  entity Pool;\n  entity decimal;")
+    });
+    let project = Project::load(s).unwrap();
+    let compiled = compile(&project).unwrap();
+    assert!(
+        compiled.warnings.iter().any(
+            |w| w.to_string().contains("ace.cedarschema:") && w.to_string().contains("decimal")
+        ),
+        "{:?}",
+        compiled.warnings
+    );
+}
+
+#[test]
+fn too_many_request_attributes_is_a_limit_with_its_place() {
+    let extra: String = (0..256)
+        .map(|i| format!("      extra_{i}: String,\n"))
+        .collect();
+    let msg = error_of(with("ace.cedarschema", |t| {
+        t.replace(
+            "      tp_degree: Long,\n",
+            &format!("      tp_degree: Long,\n{extra}"),
+        )
+    }));
+    assert!(
+        msg.contains("ace.cedarschema:")
+            && msg.contains("at most 256")
+            && msg.contains("MAX_ATTRIBUTES")
+            && !msg.contains("bug"),
+        "{msg}"
     );
 }

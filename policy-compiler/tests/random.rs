@@ -8,6 +8,7 @@
 //! Runs proptest's default 256 cases (about 40 s of CPU in a debug build,
 //! most of it in unoptimised Cedar); `PROPTEST_CASES` overrides.
 
+use ace_policy::oracle::Oracle;
 use ace_policy::verify::{verify_requests, Rng};
 use ace_policy::{compile, Project, Sources};
 use proptest::prelude::*;
@@ -196,7 +197,8 @@ proptest! {
                 if i % 4 == 0 { r.below(n) as u32 } else { 1 + r.below(n - 1) as u32 }
             }).collect())
             .collect();
-        let report = verify_requests(&project, &compiled.bytes, requests).unwrap();
+        let oracle = Oracle::load(&project.sources).unwrap();
+        let report = verify_requests(&oracle, &compiled.bytes, requests).unwrap();
         prop_assert!(report.requests == 24 && report.decisions as usize == 24 * destinations);
         prop_assert!(report.mismatch_count == 0, "{:?}\n{text}", report.mismatches);
     }

@@ -9,9 +9,8 @@
 //! - **Counterfactual**: the cheapest pay-as-you-go destination that the
 //!   configuration's feasibility tables allow for the event's attributes
 //!   (tenant, data class, latency class, model requested), at list price,
-//!   for the same tokens. Feasibility runs through the filter's own
-//!   attribute resolution, as if the event's attributes were the request's
-//!   `x-ace-*` headers.
+//!   for the same tokens (see [`feasible`] for attributes the event does
+//!   not carry).
 //! - **Served-model counterfactual**: the same for the model that served
 //!   it; the two differ only when policy allowed a cheaper model.
 //!
@@ -21,9 +20,7 @@
 use crate::event::Event;
 use crate::money::{self, Nano};
 use ace_core::cost::{CostModel, Tier};
-use ace_filter::attributes;
-use ace_filter::config::Config;
-use ace_filter::headers::Pairs;
+use ace_filter::config::{Config, OnMissing};
 
 /// The ledger's figures for one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -115,31 +112,67 @@ fn bit(mask: &[u64], i: usize) -> bool {
     mask.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
 }
 
+/// Most combinations of values of attributes the event does not carry
+/// that feasibility is tried over; past it no counterfactual is claimed.
+const MAX_COMBINATIONS: usize = 4096;
+
 /// The destinations the configuration's tables allow for `e`'s attributes
-/// (every one without tables; none when an attribute the policy needs is
-/// missing and the policy refuses requests without it).
+/// (every one without tables).
+///
+/// The event carries tenant, data class, latency class and model; each is
+/// looked up as the filter does (trimmed; unknown values fail closed; a
+/// missing one takes the configured default, or, where the policy refuses
+/// requests without it, allows nothing, as the filter refused them). An
+/// attribute the tables read but the event does not carry (e.g.
+/// `tp_degree`) is tried at every value it can take, and the feasible sets
+/// are joined: the counterfactual is then the cheapest pay-as-you-go under
+/// any value, a lower bound, so a saving is never overstated.
 fn feasible(e: &Event, cfg: &Config, model: Option<&str>) -> Vec<u64> {
     let words = cfg.destinations.len().div_ceil(64);
     let (Some(tables), Some(policy)) = (cfg.tables(), &cfg.policy) else {
         return cfg.warmth.mask(None).to_vec();
     };
-    let fields: [(&[u8], Option<&str>); 4] = [
-        (b"x-ace-tenant", e.tenant.as_deref()),
-        (b"x-ace-data-class", e.data_class.as_deref()),
-        (b"x-ace-latency-class", e.latency_class.as_deref()),
-        (b"x-ace-model", model),
-    ];
-    let headers = Pairs::encode(
-        fields
-            .iter()
-            .filter_map(|(h, v)| v.map(|v| (*h, v.as_bytes()))),
-    );
     let mut values = vec![0u32; policy.attributes.len()];
+    let mut free: Vec<(usize, u32)> = Vec::new();
+    for (i, a) in policy.attributes.iter().enumerate() {
+        let carried = match a.name.as_str() {
+            "tenant" => Some(e.tenant.as_deref()),
+            "data_class" => Some(e.data_class.as_deref()),
+            "latency_class" => Some(e.latency_class.as_deref()),
+            "model" => Some(model),
+            _ => None,
+        };
+        let slot = match values.get_mut(i) {
+            Some(s) => s,
+            None => continue,
+        };
+        match carried {
+            Some(Some(v)) => *slot = tables.value_index_bytes(i as u32, v.as_bytes().trim_ascii()),
+            Some(None) if policy.on_missing == OnMissing::Reject => return vec![0; words],
+            Some(None) => *slot = a.default_index,
+            None => free.push((i, tables.value_count(i as u32))),
+        }
+    }
+    let combinations = free
+        .iter()
+        .try_fold(1usize, |n, (_, count)| n.checked_mul(*count as usize + 1))
+        .filter(|n| *n <= MAX_COMBINATIONS);
+    let Some(combinations) = combinations else {
+        return vec![0; words];
+    };
     let mut mask = vec![0u64; words];
-    if attributes::resolve(&tables, policy, &headers, model, &mut values).is_ok()
-        && tables.feasible(&values, &mut mask).is_err()
-    {
-        mask.fill(0);
+    let mut one = vec![0u64; words];
+    for mut k in 0..combinations {
+        for (i, count) in &free {
+            if let Some(slot) = values.get_mut(*i) {
+                let n = *count as usize + 1;
+                *slot = (k % n) as u32;
+                k /= n;
+            }
+        }
+        if tables.feasible(&values, &mut one).is_ok() {
+            mask.iter_mut().zip(&one).for_each(|(m, o)| *m |= o);
+        }
     }
     mask
 }

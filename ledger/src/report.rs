@@ -372,8 +372,9 @@ impl Report {
         for w in forfeited {
             let _ = writeln!(
                 s,
-                "  forfeited {} @ {} ms: ${}: {}",
+                "  forfeited {} @ {} ({} ms): ${}: {}",
                 w.tenant,
+                crate::focus::rfc3339(w.start_ms),
                 w.start_ms,
                 usd(w.savings.total()),
                 w.forfeited.as_deref().unwrap_or("")

@@ -57,7 +57,7 @@ fn svg(
     x: std::ops::Range<f64>,
     y: std::ops::Range<f64>,
     (x_desc, y_desc): (&str, &str),
-    x_label: Option<&dyn Fn(&f64) -> String>,
+    categories: bool,
     legend: bool,
     draw: impl FnOnce(&mut Chart<'_, '_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<String> {
@@ -74,8 +74,15 @@ fn svg(
             .map_err(err)?;
         let mut mesh = chart.configure_mesh();
         mesh.x_desc(x_desc).y_desc(y_desc);
-        if let Some(f) = x_label {
-            mesh.disable_x_mesh().x_labels(4).x_label_formatter(f);
+        // Dollar amounts per request are tiny: three significant digits.
+        let usd = |v: &f64| format!("{v:.2e}");
+        if y_desc == "USD" {
+            mesh.y_label_formatter(&usd);
+        }
+        if categories {
+            // Named in the plot by the caller: text under an axis tick is
+            // placed off-centre without font metrics.
+            mesh.disable_x_mesh().x_labels(0);
         }
         mesh.draw().map_err(err)?;
         draw(&mut chart)?;
@@ -92,8 +99,23 @@ fn svg(
     Ok(svg)
 }
 
-fn line_legend(c: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
-    move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+/// A labelled line through `pts`, each point marked (a series of one
+/// window is a point, not a line).
+fn line(
+    chart: &mut Chart<'_, '_>,
+    pts: Vec<(f64, f64)>,
+    c: RGBColor,
+    label: &str,
+) -> anyhow::Result<()> {
+    let marks: Vec<Circle<(f64, f64), i32>> =
+        pts.iter().map(|p| Circle::new(*p, 3, c.filled())).collect();
+    chart
+        .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    chart.draw_series(marks).map_err(err)?;
+    Ok(())
 }
 
 /// The lowest and highest of `vals` and 0, with a margin, as a y range.
@@ -116,7 +138,7 @@ fn cost_by_tier(r: &Report) -> anyhow::Result<String> {
         x_range(r),
         y,
         ("minutes", "USD"),
-        None,
+        false,
         true,
         |chart| {
             for (i, tier) in tiers.into_iter().enumerate() {
@@ -126,11 +148,7 @@ fn cost_by_tier(r: &Report) -> anyhow::Result<String> {
                     .iter()
                     .map(|(s, m)| (minutes(r, *s), usd_f64(m.get(tier).copied().unwrap_or(0))))
                     .collect();
-                chart
-                    .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-                    .map_err(err)?
-                    .label(tier.as_str())
-                    .legend(line_legend(c));
+                line(chart, pts, c, tier)?;
             }
             Ok(())
         },
@@ -145,34 +163,27 @@ fn savings_split(r: &Report) -> anyhow::Result<String> {
         ("caching", r.earned.caching, r.forfeited.caching),
     ];
     let y = y_range(parts.iter().flat_map(|p| [usd_f64(p.1), usd_f64(p.2)]));
-    let label = |x: &f64| {
-        parts
-            .get(x.floor() as usize)
-            .map_or(String::new(), |p| p.0.to_string())
-    };
     let title = "Savings split: earned (solid) and forfeited (light)";
-    svg(
-        title,
-        0.0..4.0,
-        y,
-        ("", "USD"),
-        Some(&label),
-        false,
-        |chart| {
-            let bars = parts.iter().enumerate().flat_map(|(i, (_, e, f))| {
-                let x = i as f64;
-                [
-                    Rectangle::new([(x + 0.15, 0.0), (x + 0.5, usd_f64(*e))], color(0).filled()),
-                    Rectangle::new(
-                        [(x + 0.5, 0.0), (x + 0.85, usd_f64(*f))],
-                        color(3).mix(0.45).filled(),
-                    ),
-                ]
-            });
-            chart.draw_series(bars).map_err(err)?;
-            Ok(())
-        },
-    )
+    let top = y.end;
+    svg(title, 0.0..4.0, y, ("", "USD"), true, false, |chart| {
+        let names = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Text::new(p.0, (i as f64 + 0.15, top), ("sans-serif", 14).into_font()));
+        chart.draw_series(names).map_err(err)?;
+        let bars = parts.iter().enumerate().flat_map(|(i, (_, e, f))| {
+            let x = i as f64;
+            [
+                Rectangle::new([(x + 0.15, 0.0), (x + 0.5, usd_f64(*e))], color(0).filled()),
+                Rectangle::new(
+                    [(x + 0.5, 0.0), (x + 0.85, usd_f64(*f))],
+                    color(3).mix(0.45).filled(),
+                ),
+            ]
+        });
+        chart.draw_series(bars).map_err(err)?;
+        Ok(())
+    })
 }
 
 fn pool_utilisation(r: &Report) -> anyhow::Result<String> {
@@ -188,18 +199,14 @@ fn pool_utilisation(r: &Report) -> anyhow::Result<String> {
         span.clone(),
         y,
         ("minutes", "utilisation"),
-        None,
+        false,
         true,
         |chart| {
             for (i, p) in r.pools.iter().enumerate() {
                 let c = color(i);
                 let pts: Vec<(f64, f64)> =
                     p.points.iter().map(|(s, u)| (minutes(r, *s), *u)).collect();
-                chart
-                    .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-                    .map_err(err)?
-                    .label(p.destination.as_str())
-                    .legend(line_legend(c));
+                line(chart, pts, c, &p.destination)?;
                 let step = (span.end - span.start) / 40.0;
                 let dashes = (0..40).map(|k| {
                     let x = span.start + step * f64::from(k);
@@ -226,7 +233,7 @@ fn windows(r: &Report) -> anyhow::Result<String> {
         x_range(r),
         y,
         ("minutes", "USD"),
-        None,
+        false,
         false,
         |chart| {
             let bars = r.windows.iter().map(|w| {
@@ -261,7 +268,7 @@ window.addEventListener('load', function () {
   var out = [];
   document.querySelectorAll('figure.chart').forEach(function (f) {
     var n = 0, area = 0;
-    f.querySelectorAll('svg polyline, svg path, svg rect').forEach(function (el) {
+    f.querySelectorAll('svg polyline, svg path, svg rect, svg circle').forEach(function (el) {
       var b = el.getBBox();
       if (b.width > 0 || b.height > 0) { n += 1; area += Math.max(b.width, 1) * Math.max(b.height, 1); }
     });

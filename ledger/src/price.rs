@@ -9,7 +9,7 @@
 //! - **Counterfactual**: the cheapest pay-as-you-go destination that the
 //!   configuration's feasibility tables allow for the event's attributes
 //!   (tenant, data class, latency class, model requested), at list price,
-//!   for the same tokens (see [`feasible`] for attributes the event does
+//!   for the same tokens (see `feasible` for attributes the event does
 //!   not carry).
 //! - **Served-model counterfactual**: the same for the model that served
 //!   it; the two differ only when policy allowed a cheaper model.

@@ -22,6 +22,8 @@ use crate::row::Row;
 use crate::store::{Reject, Store};
 use anyhow::bail;
 use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How to ingest.
@@ -30,8 +32,10 @@ pub struct Options {
     /// The configuration id `ace.event/1` lines (which name none) are
     /// priced with.
     pub v1_config: Option<String>,
-    /// Keep reading as the file grows (until interrupted).
+    /// Keep reading as the file grows, until interrupted or `stop` is set.
     pub follow: bool,
+    /// Ends a `follow` at the next end of input once set.
+    pub stop: Option<Arc<AtomicBool>>,
     /// Draw a progress bar (on a terminal; large inputs only).
     pub progress: bool,
     /// Rows per transaction.
@@ -43,6 +47,7 @@ impl Default for Options {
         Options {
             v1_config: None,
             follow: false,
+            stop: None,
             progress: false,
             batch: 10_000,
         }
@@ -135,7 +140,11 @@ pub fn ingest(
         bar.inc(n as u64);
         if buf.last() != Some(&b'\n') {
             // End of input, with `buf` holding a line cut short (or nothing).
-            if opts.follow {
+            let stopped = opts
+                .stop
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::Relaxed));
+            if opts.follow && !stopped {
                 batch.flush(&mut s)?;
                 std::thread::sleep(Duration::from_millis(200));
                 continue;

@@ -191,3 +191,57 @@ fn a_line_cut_mid_write_is_booked_once_completed() {
         .expect("again");
     assert_eq!((s.new, s.already, s.incomplete), (0, 11, None));
 }
+
+#[test]
+fn follow_books_lines_as_they_are_appended_and_completed() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (dir, url) = common::sqlite_url();
+    let mut ledger = Ledger::open(&url).expect("open");
+    let id = ledger
+        .register(&common::golden_config(), "golden config")
+        .expect("register");
+    let events = common::golden_events(&id);
+    let log = dir.path().join("access.log");
+    // Envoy has written the first lines and half of the third.
+    let third = events
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(1)
+        .map(|(i, _)| i + 1)
+        .expect("two lines");
+    std::fs::write(&log, &events[..third + 30]).expect("write");
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = Options {
+        follow: true,
+        stop: Some(stop.clone()),
+        ..Options::default()
+    };
+    let path = log.display().to_string();
+    let follower = std::thread::spawn(move || ledger.ingest_path(&path, &opts));
+    // A second reader sees the complete lines booked while Envoy writes.
+    let booked = |n: u64| {
+        let mut reader = Ledger::open(&url).expect("reader");
+        for _ in 0..100 {
+            if reader.report(&Rules::default()).expect("report").events == n {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    };
+    assert!(booked(2), "the two complete lines are booked");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("append");
+    f.write_all(&events[third + 30..]).expect("append");
+    f.flush().expect("flush");
+    assert!(booked(10), "the completed line and the rest are booked");
+    stop.store(true, Ordering::Relaxed);
+    let s = follower.join().expect("join").expect("ingest");
+    assert_eq!((s.lines, s.new, s.already, s.incomplete), (13, 10, 1, None));
+    assert_eq!(s.rejected.len(), 2);
+}

@@ -30,7 +30,7 @@ pub struct Reject {
 }
 
 /// What the ledger needs from a store.
-pub trait Store {
+pub trait Store: Send {
     /// Register configuration `json` under `id` (idempotent).
     fn put_config(&mut self, id: &str, json: &str) -> anyhow::Result<()>;
     /// Every registered configuration.

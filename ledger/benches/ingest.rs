@@ -1,8 +1,10 @@
 //! Ledger throughput: access-log lines booked per second into SQLite, and
 //! the time to report over the booked events.
 //!
-//! `cargo bench -p ace-ledger --bench ingest`; the number of events per
-//! iteration is `ACE_LEDGER_BENCH_EVENTS` (default 200,000).
+//! `cargo bench -p ace-ledger --bench ingest`. Events per ingest
+//! iteration: `ACE_LEDGER_BENCH_EVENTS` (default 200,000); events in the
+//! store the report reads: `ACE_LEDGER_REPORT_EVENTS` (default 1,000,000;
+//! booked in chunks, so ten million fit in memory).
 
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::Options;
@@ -16,18 +18,19 @@ const CONFIG: &str = r#"{"destinations": [
  {"name": "payg", "cluster": "payg", "tier": "payg", "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5}
 ]}"#;
 
-fn events() -> usize {
-    std::env::var("ACE_LEDGER_BENCH_EVENTS")
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000)
+        .unwrap_or(default)
 }
 
-/// `n` realistic event lines: three destinations, 20 tenants, over hours.
-fn log(n: usize, id: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n * 620);
+/// Realistic event lines `from..to`: three destinations, 20 tenants, one
+/// request every 10 ms.
+fn log(from: usize, to: usize, id: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity((to - from) * 620);
     let dests = [("owned", "inhouse"), ("spot", "spot"), ("payg", "payg")];
-    for i in 0..n {
+    for i in from..to {
         let (d, t) = dests[i % 3];
         let line = format!(
             "{{\"schema\":\"ace.event/2\",\"event_id\":\"{i:032x}\",\"config\":\"{id}\",\
@@ -49,9 +52,9 @@ fn log(n: usize, id: &str) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    let n = events();
+    let n = env("ACE_LEDGER_BENCH_EVENTS", 200_000);
     let id = ace_ledger::configs::config_id(CONFIG.as_bytes());
-    let bytes = log(n, &id);
+    let bytes = log(0, n, &id);
     let mut g = c.benchmark_group("ledger");
     g.sample_size(10);
     g.throughput(Throughput::Elements(n as u64));
@@ -73,12 +76,19 @@ fn bench(c: &mut Criterion) {
             },
         )
     });
+    drop(bytes);
+    let m = env("ACE_LEDGER_REPORT_EVENTS", 1_000_000);
     let dir = tempfile::tempdir().expect("tmp");
     let mut l = Ledger::open(&dir.path().join("l.sqlite").display().to_string()).expect("open");
     l.register(CONFIG.as_bytes(), "bench").expect("config");
-    l.ingest_bytes("bench", &bytes, &Options::default())
-        .expect("ingest");
-    g.bench_function(format!("report over {n} events in SQLite"), |b| {
+    const CHUNK: usize = 500_000;
+    for from in (0..m).step_by(CHUNK) {
+        let chunk = log(from, (from + CHUNK).min(m), &id);
+        l.ingest_bytes("bench", &chunk, &Options::default())
+            .expect("ingest");
+    }
+    g.throughput(Throughput::Elements(m as u64));
+    g.bench_function(format!("report over {m} events in SQLite"), |b| {
         b.iter(|| l.report(&Rules::default()).expect("report"))
     });
     g.finish();

@@ -71,3 +71,7 @@ else
     fi
     say "envoy $ENVOY_VERSION installed at $(command -v envoy)"
 fi
+
+# 5. The ledger's tests: a real PostgreSQL (started by the tests themselves
+#    in a temp dir) and headless Chromium to check the HTML report's charts.
+apt_install postgresql chromium

@@ -50,6 +50,14 @@ impl Module {
         }
     }
 
+    /// The access-log format that writes ACE's event line per request.
+    fn event_log_line(&self) -> &'static str {
+        match self {
+            Module::Wasm(_) => "%FILTER_STATE(wasm.ace_event:PLAIN)%",
+            Module::Dynamic(_) => "%FILTER_STATE(ace_event:PLAIN)%",
+        }
+    }
+
     fn path(&self) -> &std::path::Path {
         match self {
             Module::Wasm(p) | Module::Dynamic(p) => p,
@@ -150,7 +158,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(_) => return Err(anyhow!("expected four upstreams")),
     };
     let envoy = module
-        .add(builder, &fleet_config())
+        .add(
+            builder.access_log_line(module.event_log_line()),
+            &fleet_config(),
+        )
         .start()
         .map_err(|e| anyhow!("{e}"))
         .context("starting Envoy with the ACE filter")?;
@@ -228,8 +239,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for u in [&owned, &reserved, &ondemand, &payg] {
         outln!("  {:<16} {}", u.name(), u.count());
     }
+    let served = envoy.wait_access_log(n, Duration::from_secs(10));
     drop(envoy);
-    policy_scene(&module)?;
+    let (policy_config, policy_served) = policy_scene(&module)?;
     outln!(
         "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
          feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\
@@ -237,12 +249,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
          cool-down that grows on repeat, a 429 cuts its cap for retry-after, and clients can\n\
          never pick a destination themselves."
     );
+    crate::ledger::demo_summary(&[
+        ("scenes 1-4", &fleet_config(), &served),
+        ("scene 5", &policy_config, &policy_served),
+    ])?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Scene 5: the shipped example policies (`policies/`), compiled into the
 /// filter's configuration, in front of one local upstream per destination.
-fn policy_scene(module: &Module) -> anyhow::Result<()> {
+/// Returns the configuration and Envoy's access log of ACE events.
+fn policy_scene(module: &Module) -> anyhow::Result<(Value, Vec<String>)> {
     let dir = ace_harness::workspace_root().join("policies");
     outln!(
         "\nscene 5: the example fleet and Cedar policies in {} (12 destinations, 4 jurisdictions)",
@@ -261,7 +278,10 @@ fn policy_scene(module: &Module) -> anyhow::Result<()> {
             .find(|d| d.name.as_ref() == name)
             .map_or("?".to_string(), |d| d.jurisdiction.clone())
     };
-    let mut builder = module.add(EnvoyBuilder::new(), &config);
+    let mut builder = module.add(
+        EnvoyBuilder::new().access_log_line(module.event_log_line()),
+        &config,
+    );
     let mut ups = Vec::new();
     for d in config["destinations"].as_array().into_iter().flatten() {
         let name = d["name"].as_str().unwrap_or("?");
@@ -321,5 +341,6 @@ fn policy_scene(module: &Module) -> anyhow::Result<()> {
     }
     case(("northbank", "personal_eu", "llama-3.1-8b", ""))?;
     case(("globex", "public", "llama-3.1-8b", ""))?;
-    Ok(())
+    // Five cases, fifteen failing requests, two more cases.
+    Ok((config, envoy.wait_access_log(22, Duration::from_secs(10))))
 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod demo;
+mod ledger;
 mod plan;
 mod policy;
 
@@ -38,6 +39,10 @@ enum Command {
     /// Start Envoy with the ACE filter and a few upstreams, send requests,
     /// and print where each went and why.
     Demo(demo::Args),
+    /// Book ACE's access-log events and report costs, savings and
+    /// chargeback.
+    #[command(subcommand)]
+    Ledger(ledger::Command),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +52,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(a),
         Command::Demo(a) => demo::run(a),
         Command::PluginConfig(a) => plugin::run(a),
+        Command::Ledger(c) => ledger::run(c),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,374 @@
+//! `ace ledger`: book Envoy's access log of ACE events and report what
+//! the fleet cost, what all pay-as-you-go would have charged, and which
+//! savings were earned (see the `ace-ledger` crate and its README).
+
+use ace_cli::{out, outln};
+use ace_ledger::book::Ledger;
+use ace_ledger::ingest::{Options, Summary};
+use ace_ledger::money::usd;
+use ace_ledger::trace::{self, Select};
+use ace_ledger::window::Rules;
+use anyhow::{anyhow, Context};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The store every subcommand opens.
+#[derive(Debug, clap::Args)]
+pub struct StoreArg {
+    /// The ledger: a SQLite file (created if missing) or a PostgreSQL URL
+    /// (`postgres://user@host/db`) shared by many proxies.
+    #[arg(long, env = "ACE_LEDGER_STORE", default_value = "ace-ledger.sqlite")]
+    store: String,
+}
+
+/// The anti-gaming bounds a window must hold to keep its savings.
+#[derive(Debug, clap::Args)]
+pub struct RulesArgs {
+    /// Window length per tenant: `300s`, `5m`, `1h` or milliseconds.
+    #[arg(long, default_value = "5m", value_parser = duration_ms)]
+    window: i64,
+    /// Least fraction of a window's requests that must be served.
+    #[arg(long, default_value_t = 0.99)]
+    min_served: f64,
+    /// Least SLO attainment per latency class.
+    #[arg(long, default_value_t = 0.95)]
+    min_slo: f64,
+    /// A latency class's own SLO bound, `CLASS=FRACTION` (repeatable).
+    #[arg(long = "min-slo-class", value_parser = class_bound)]
+    min_slo_class: Vec<(String, f64)>,
+    /// Most cache false-hit rate.
+    #[arg(long, default_value_t = 0.01)]
+    max_cache_false_hit: f64,
+}
+
+impl RulesArgs {
+    fn rules(&self) -> Rules {
+        Rules {
+            window_ms: self.window,
+            min_served: self.min_served,
+            min_slo: self.min_slo,
+            min_slo_by_class: self.min_slo_class.iter().cloned().collect(),
+            max_false_hit: self.max_cache_false_hit,
+        }
+    }
+}
+
+fn duration_ms(s: &str) -> Result<i64, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: i64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; write e.g. 300s, 5m, 1h or 300000"))?;
+    let ms = match unit {
+        "" | "ms" => n,
+        "s" => n * 1000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m or h")),
+    };
+    if ms <= 0 {
+        return Err("a window must be longer than 0".into());
+    }
+    Ok(ms)
+}
+
+fn class_bound(s: &str) -> Result<(String, f64), String> {
+    let (c, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: write CLASS=FRACTION, e.g. interactive=0.99"))?;
+    let v: f64 = v
+        .parse()
+        .map_err(|_| format!("{s:?}: {v:?} is not a fraction"))?;
+    Ok((c.to_string(), v))
+}
+
+/// `ace ledger` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Book access-log files (`-` for standard input): idempotent, so a
+    /// file may be ingested again as it grows.
+    Ingest(IngestArgs),
+    /// Costs, savings (split four ways, earned and forfeited), goodput and
+    /// chargeback: a terminal table, JSON, or one HTML page with charts.
+    Report(ReportArgs),
+    /// Export every booked request as FOCUS 1.2 CSV for FinOps tools.
+    Export(ExportArgs),
+    /// The requests behind a figure: their ids, costs and savings.
+    Trace(TraceArgs),
+}
+
+/// Arguments of `ace ledger ingest`.
+#[derive(Debug, clap::Args)]
+pub struct IngestArgs {
+    #[command(flatten)]
+    store: StoreArg,
+    /// A plugin configuration the events name (the exact JSON the filter
+    /// loaded, e.g. `ace plugin-config` output); repeatable.
+    #[arg(long = "config")]
+    configs: Vec<PathBuf>,
+    /// The configuration id that `ace.event/1` lines (which name none) are
+    /// priced with; defaults to the one `--config` when exactly one is given.
+    #[arg(long)]
+    v1_config: Option<String>,
+    /// Keep reading the (single) file as Envoy appends to it.
+    #[arg(long)]
+    follow: bool,
+    /// Access logs; `-` reads standard input.
+    files: Vec<String>,
+}
+
+/// Arguments of `ace ledger report`.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    store: StoreArg,
+    #[command(flatten)]
+    rules: RulesArgs,
+    /// `table`, `json` or `html`.
+    #[arg(long, default_value = "table")]
+    format: String,
+    /// Write here instead of standard output.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+/// Arguments of `ace ledger export`.
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    store: StoreArg,
+    #[command(flatten)]
+    rules: RulesArgs,
+    /// Write here instead of standard output.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+/// Arguments of `ace ledger trace`.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    store: StoreArg,
+    #[command(flatten)]
+    rules: RulesArgs,
+    /// Only this tenant (`(none)` for requests without one).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Only this tier.
+    #[arg(long)]
+    tier: Option<String>,
+    /// Only this destination.
+    #[arg(long)]
+    destination: Option<String>,
+    /// Only the window starting at this time (ms, as the report prints it).
+    #[arg(long)]
+    window_start: Option<i64>,
+    /// Only requests in forfeited windows.
+    #[arg(long)]
+    forfeited: bool,
+    /// Only requests whose logged costs disagree with the ledger's.
+    #[arg(long)]
+    flagged: bool,
+    /// One JSON object per request instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(c: Command) -> anyhow::Result<ExitCode> {
+    match c {
+        Command::Ingest(a) => ingest(a),
+        Command::Report(a) => report(a),
+        Command::Export(a) => export(a),
+        Command::Trace(a) => trace(a),
+    }
+}
+
+/// Print what an ingest did; malformed lines with their numbers (the
+/// first `MAX_SHOWN`).
+pub fn print_summary(s: &Summary) {
+    const MAX_SHOWN: usize = 20;
+    outln!(
+        "{}: {} lines, {} events booked, {} already in the ledger, {} malformed{}",
+        s.source,
+        s.lines,
+        s.new,
+        s.already,
+        s.rejected.len(),
+        if s.disagreements > 0 {
+            format!(", {} whose logged cost differs from the ledger's (booked at the ledger's; `ace ledger trace --flagged`)", s.disagreements)
+        } else {
+            String::new()
+        }
+    );
+    for r in s.rejected.iter().take(MAX_SHOWN) {
+        outln!("  {}:{}: {}", r.source, r.line, r.error);
+    }
+    if s.rejected.len() > MAX_SHOWN {
+        outln!(
+            "  ... and {} more malformed lines",
+            s.rejected.len() - MAX_SHOWN
+        );
+    }
+    if let Some(n) = s.incomplete {
+        outln!(
+            "  {}:{n}: incomplete last line (no newline yet), not booked; ingest again once it is complete",
+            s.source
+        );
+    }
+}
+
+fn ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {
+    if a.files.is_empty() {
+        return Err(anyhow!(
+            "no access log given; pass files, or `-` for standard input"
+        ));
+    }
+    if a.follow && a.files.len() != 1 {
+        return Err(anyhow!("--follow reads one growing file; give exactly one"));
+    }
+    let mut ledger = Ledger::open(&a.store.store)?;
+    let mut ids = Vec::new();
+    for c in &a.configs {
+        let id = ledger.register_file(c)?;
+        outln!("configuration {id} registered from {}", c.display());
+        ids.push(id);
+    }
+    let v1_config = a
+        .v1_config
+        .or_else(|| (ids.len() == 1).then(|| ids[0].clone()));
+    let opts = Options {
+        v1_config,
+        follow: a.follow,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        ..Options::default()
+    };
+    for f in &a.files {
+        let s = ledger.ingest_path(f, &opts)?;
+        print_summary(&s);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_out(out: &Option<PathBuf>, text: &str) -> anyhow::Result<()> {
+    match out {
+        Some(p) => {
+            std::fs::write(p, text).with_context(|| format!("cannot write `{}`", p.display()))
+        }
+        None => {
+            out!("{text}");
+            Ok(())
+        }
+    }
+}
+
+fn report(a: ReportArgs) -> anyhow::Result<ExitCode> {
+    let mut ledger = Ledger::open(&a.store.store)?;
+    let r = ledger.report(&a.rules.rules())?;
+    let text = match a.format.as_str() {
+        "table" => r.table(),
+        "json" => serde_json::to_string_pretty(&r)? + "\n",
+        "html" => ace_ledger::html::page(&r)?,
+        other => return Err(anyhow!("--format {other:?}: use table, json or html")),
+    };
+    write_out(&a.out, &text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let mut ledger = Ledger::open(&a.store.store)?;
+    let rules = a.rules.rules();
+    let r = ledger.report(&rules)?;
+    let mut buf = Vec::new();
+    let n = ace_ledger::focus::export(ledger.store.as_mut(), &r, &rules, &mut buf)?;
+    write_out(&a.out, &String::from_utf8_lossy(&buf))?;
+    if a.out.is_some() {
+        outln!(
+            "{n} FOCUS {} rows written",
+            ace_ledger::focus::FOCUS_VERSION
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
+    let mut ledger = Ledger::open(&a.store.store)?;
+    let rules = a.rules.rules();
+    let r = ledger.report(&rules)?;
+    let sel = Select {
+        tenant: a.tenant,
+        tier: a.tier,
+        destination: a.destination,
+        window_ms: a.window_start,
+        forfeited: a.forfeited,
+        flagged: a.flagged,
+    };
+    let (rows, booked, savings) = trace::rows(ledger.store.as_mut(), &r, &rules, &sel)?;
+    if a.json {
+        for t in &rows {
+            outln!("{}", serde_json::to_string(t)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!(
+        "{:<32} {:<38} {:<14} {:<18} {:>14} {:>14} {:>14}  forfeited",
+        "event_id",
+        "request_id",
+        "tenant",
+        "destination",
+        "booked",
+        "payg",
+        "savings"
+    );
+    for t in &rows {
+        outln!(
+            "{:<32} {:<38} {:<14} {:<18} {:>14} {:>14} {:>14}  {}",
+            t.event_id,
+            t.request_id.as_deref().unwrap_or("-"),
+            t.tenant,
+            t.destination.as_deref().unwrap_or("(refused)"),
+            usd(t.booked),
+            t.counterfactual.map_or("-".into(), usd),
+            usd(t.savings.total()),
+            t.forfeited.as_deref().unwrap_or("")
+        );
+    }
+    outln!(
+        "{} requests: booked ${}, savings ${} (utilisation ${}, arbitrage ${}, model routing ${}, caching ${})",
+        rows.len(),
+        usd(booked),
+        usd(savings.total()),
+        usd(savings.utilisation),
+        usd(savings.arbitrage),
+        usd(savings.routing),
+        usd(savings.caching)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The end of `ace demo`: book what each part of the demo served, from
+/// Envoy's real access log, in a throwaway ledger, and print the report.
+/// Each part is (name, the plugin configuration Envoy loaded, the log's
+/// lines).
+pub fn demo_summary(parts: &[(&str, &serde_json::Value, &Vec<String>)]) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("ace-demo-ledger-")
+        .tempdir()
+        .context("cannot make a temp dir for the demo's ledger")?;
+    let mut ledger = Ledger::open(&dir.path().join("ledger.sqlite").display().to_string())?;
+    outln!("\nthe ledger: Envoy's access log of ACE events, booked and re-priced");
+    for (name, config, lines) in parts {
+        let id = ledger.register(config.to_string().as_bytes(), name)?;
+        let opts = Options {
+            v1_config: Some(id),
+            ..Options::default()
+        };
+        let mut bytes = lines.join("\n").into_bytes();
+        bytes.push(b'\n');
+        print_summary(&ledger.ingest_bytes(name, &bytes, &opts)?);
+    }
+    let rules = Rules {
+        window_ms: 60_000,
+        ..Rules::default()
+    };
+    outln!("\n{}", ledger.report(&rules)?.table());
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! Per-tenant chargeback, with owned and reserved capacity amortised by
+//! share of use and idle capacity shown, not hidden.
+//!
+//! For each owned or reserved pool (a destination of tier `inhouse` or
+//! `reserved` with a `usd_per_gpu_hour`), over the report's period `P`
+//! (first window start to last window end):
+//!
+//! ```text
+//! cost        = usd_per_gpu_hour × P (hours)                  (nano-dollars)
+//! utilisation = min(1, Σ latency_ms of its served requests / (P ms × capacity))
+//! used        = round(cost × utilisation),   idle = cost − used
+//! tenant t's share of used and of idle = its tokens on the pool / all tokens on it
+//! ```
+//!
+//! Utilisation is Little's law: summed request time over the capacity's
+//! request-time budget. Shares are split with the largest-remainder method
+//! in integers, so they add up to `used` and `idle` exactly; a pool nobody
+//! used charges its whole cost as idle to [`UNUSED`]. A tenant's total is
+//! its direct (booked) cost plus its shares of used and idle capacity.
+
+use crate::money::{self, Nano};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The tenant idle capacity of an unused pool is charged to.
+pub const UNUSED: &str = "(unused capacity)";
+
+/// One pool's amortisation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pool {
+    pub destination: String,
+    pub tier: String,
+    pub cost: Nano,
+    pub used: Nano,
+    pub idle: Nano,
+    pub utilisation: f64,
+}
+
+/// One tenant's bill.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Tenant {
+    /// Booked marginal costs of its requests.
+    pub direct: Nano,
+    /// Its share of used pool capacity.
+    pub used_capacity: Nano,
+    /// Its share of idle pool capacity.
+    pub idle_capacity: Nano,
+    /// The sum of the three.
+    pub total: Nano,
+}
+
+/// What the report gathers for one pool.
+#[derive(Debug, Clone, Default)]
+pub struct PoolUse {
+    pub tier: String,
+    pub usd_per_hour: f64,
+    pub capacity: u32,
+    pub busy_ms: i64,
+    pub tokens: BTreeMap<String, u64>,
+}
+
+/// The chargeback.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Chargeback {
+    pub period_ms: i64,
+    pub pools: Vec<Pool>,
+    pub tenants: BTreeMap<String, Tenant>,
+}
+
+/// Split `amount` by `weights` exactly (largest remainder; ties to the
+/// name that sorts first).
+pub fn allocate(amount: Nano, weights: &BTreeMap<String, u64>) -> BTreeMap<String, Nano> {
+    let total: u128 = weights.values().map(|w| u128::from(*w)).sum();
+    if total == 0 {
+        return BTreeMap::from([(UNUSED.to_string(), amount)]);
+    }
+    let mut out = BTreeMap::new();
+    let mut rest: Vec<(u128, &String)> = Vec::new();
+    let mut given: i128 = 0;
+    let sign: i128 = if amount < 0 { -1 } else { 1 };
+    let abs = i128::from(amount).unsigned_abs();
+    for (name, w) in weights {
+        let exact = abs * u128::from(*w);
+        let share = (exact / total) as i128;
+        given += share;
+        rest.push((exact % total, name));
+        out.insert(name.clone(), (sign * share) as Nano);
+    }
+    rest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+    let left = abs as i128 - given;
+    for (_, name) in rest.iter().take(left.max(0) as usize) {
+        if let Some(v) = out.get_mut(*name) {
+            *v += sign as Nano;
+        }
+    }
+    out
+}
+
+/// Build the chargeback from direct costs per tenant and pool use over a
+/// period of `period_ms`.
+pub fn build(
+    direct: &BTreeMap<String, Nano>,
+    pools: &BTreeMap<String, PoolUse>,
+    period_ms: i64,
+) -> Chargeback {
+    let mut tenants: BTreeMap<String, Tenant> = direct
+        .iter()
+        .map(|(t, d)| {
+            (
+                t.clone(),
+                Tenant {
+                    direct: *d,
+                    ..Tenant::default()
+                },
+            )
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (name, p) in pools {
+        let hours = period_ms as f64 / 3_600_000.0;
+        let cost = money::from_usd(p.usd_per_hour * hours).unwrap_or(0);
+        let budget = period_ms as f64 * f64::from(p.capacity.max(1));
+        let utilisation = (p.busy_ms as f64 / budget.max(1.0)).min(1.0);
+        let used = (cost as f64 * utilisation).round() as Nano;
+        let idle = cost - used;
+        for (t, v) in allocate(used, &p.tokens) {
+            tenants.entry(t).or_default().used_capacity += v;
+        }
+        for (t, v) in allocate(idle, &p.tokens) {
+            tenants.entry(t).or_default().idle_capacity += v;
+        }
+        out.push(Pool {
+            destination: name.clone(),
+            tier: p.tier.clone(),
+            cost,
+            used,
+            idle,
+            utilisation,
+        });
+    }
+    for t in tenants.values_mut() {
+        t.total = t.direct + t.used_capacity + t.idle_capacity;
+    }
+    Chargeback {
+        period_ms,
+        pools: out,
+        tenants,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_is_exact() {
+        let w = BTreeMap::from([
+            ("a".to_string(), 1),
+            ("b".to_string(), 1),
+            ("c".to_string(), 1),
+        ]);
+        let got = allocate(100, &w);
+        assert_eq!(got.values().sum::<Nano>(), 100);
+        assert_eq!(got["a"], 34);
+        assert_eq!(allocate(7, &BTreeMap::new())[UNUSED], 7);
+    }
+}

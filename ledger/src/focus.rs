@@ -1,0 +1,249 @@
+//! Export in FOCUS 1.2 (the FinOps Open Cost and Usage Specification), as
+//! CSV, one `Usage` row per request that reached a destination.
+//!
+//! | FOCUS column | from the ledger |
+//! | --- | --- |
+//! | `EffectiveCost`, `ContractedCost` | booked true marginal cost |
+//! | `BilledCost` | booked cost where the tier bills per use (payg, spot, ondemand, reserved overage); 0 on owned or committed capacity, which is paid for up front |
+//! | `ListCost` | the cheapest feasible pay-as-you-go list price for the same tokens (booked cost when none was feasible or the request was not served) |
+//! | `PricingCategory` | `Standard` (payg, ondemand), `Dynamic` (spot), `Committed` (reserved), `Other` (inhouse) |
+//! | `ChargePeriodStart`/`End` | request time to request time + latency (at least 1 ms) |
+//! | `PricingQuantity`, `ConsumedQuantity` | input + output tokens (`Tokens`) |
+//! | `ResourceId`, `ResourceName` | destination; `SkuId` the model served |
+//! | `SubAccountId` | tenant |
+//! | `CommitmentDiscountId`/`Status` | the reserved destination, `Used` |
+//! | `x_Ace*` | event and request ids, destination, tier, SLO met, the four savings, forfeit reason, configuration |
+//!
+//! Costs are decimals with nine places, exact from integer nano-dollars.
+
+use crate::money::usd;
+use crate::report::Report;
+use crate::row::Row;
+use crate::split::Split;
+use crate::store::Store;
+use crate::window::{self, Rules};
+use std::io::Write;
+
+/// The FOCUS version the export follows.
+pub const FOCUS_VERSION: &str = "1.2";
+
+/// The header row.
+pub const COLUMNS: &[&str] = &[
+    "BilledCost",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodStart",
+    "BillingPeriodEnd",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "CommitmentDiscountId",
+    "CommitmentDiscountStatus",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ContractedCost",
+    "ContractedUnitPrice",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "ListUnitPrice",
+    "PricingCategory",
+    "PricingQuantity",
+    "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "RegionId",
+    "ResourceId",
+    "ResourceName",
+    "ServiceCategory",
+    "ServiceName",
+    "SkuId",
+    "SkuPriceId",
+    "SubAccountId",
+    "SubAccountName",
+    "Tags",
+    "x_AceEventId",
+    "x_AceRequestId",
+    "x_AceDestination",
+    "x_AceTier",
+    "x_AceSloMet",
+    "x_AceSavingsUtilization",
+    "x_AceSavingsArbitrage",
+    "x_AceSavingsModelRouting",
+    "x_AceSavingsCaching",
+    "x_AceSavingsForfeited",
+    "x_AceForfeitReason",
+    "x_AceConfig",
+];
+
+fn csv(field: &str) -> String {
+    if field.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_string()
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's civil
+/// calendar algorithm).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// RFC 3339 UTC timestamp of `ms` since the epoch.
+pub fn rfc3339(ms: i64) -> String {
+    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let (y, m, d) = civil(days);
+    let s = rest / 1000;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        rest % 1000
+    )
+}
+
+fn month_bounds(ms: i64) -> (String, String) {
+    let (y, m, _) = civil(ms.div_euclid(86_400_000));
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    (
+        format!("{y:04}-{m:02}-01T00:00:00Z"),
+        format!("{ny:04}-{nm:02}-01T00:00:00Z"),
+    )
+}
+
+fn unit_price(cost: i64, quantity: i64) -> String {
+    if quantity == 0 {
+        return String::new();
+    }
+    format!("{:.15}", crate::money::usd_f64(cost) / quantity as f64)
+}
+
+/// Write every row with a destination as FOCUS CSV; returns the row count.
+pub fn export(
+    store: &mut dyn Store,
+    report: &Report,
+    rules: &Rules,
+    out: &mut dyn Write,
+) -> anyhow::Result<u64> {
+    let verdicts = report.verdicts();
+    writeln!(out, "{}", COLUMNS.join(","))?;
+    let mut n = 0u64;
+    store.scan(&mut |r: Row| {
+        let (Some(dest), Some(tier)) = (r.destination.clone(), r.tier.clone()) else {
+            return Ok(());
+        };
+        let key = window::key(&r, rules);
+        let forfeited = verdicts.get(&key).cloned().flatten();
+        let split = Split::of(&r);
+        let qty = r.tokens_in + r.tokens_out;
+        let list = if r.served() {
+            r.counterfactual.unwrap_or(r.booked)
+        } else {
+            r.booked
+        };
+        let per_use = matches!(tier.as_str(), "payg" | "spot" | "ondemand") || r.overage;
+        let billed = if per_use { r.booked } else { 0 };
+        let pricing = match tier.as_str() {
+            "payg" | "ondemand" => "Standard",
+            "spot" => "Dynamic",
+            "reserved" => "Committed",
+            _ => "Other",
+        };
+        let (bps, bpe) = month_bounds(r.time_ms);
+        let reserved = tier == "reserved";
+        let model = r.model_served.clone().unwrap_or_default();
+        let tags = serde_json::json!({
+            "tenant": r.tenant, "data_class": r.data_class, "latency_class": r.latency_class
+        })
+        .to_string();
+        let fields: Vec<String> = vec![
+            usd(billed),
+            "ace".into(),
+            "ACE fleet".into(),
+            "USD".into(),
+            bps,
+            bpe,
+            "Usage".into(),
+            String::new(),
+            format!("LLM request for {model} on {dest} ({tier})"),
+            rfc3339(r.time_ms),
+            rfc3339(r.time_ms + r.latency_ms.max(1)),
+            if reserved {
+                dest.clone()
+            } else {
+                String::new()
+            },
+            if reserved {
+                "Used".into()
+            } else {
+                String::new()
+            },
+            qty.to_string(),
+            "Tokens".into(),
+            usd(r.booked),
+            unit_price(r.booked, qty),
+            usd(r.booked),
+            "ACE".into(),
+            usd(list),
+            unit_price(list, qty),
+            pricing.into(),
+            qty.to_string(),
+            "Tokens".into(),
+            "ACE".into(),
+            "ACE".into(),
+            String::new(),
+            dest.clone(),
+            dest.clone(),
+            "AI and Machine Learning".into(),
+            "LLM inference".into(),
+            model,
+            String::new(),
+            key.0.clone(),
+            key.0.clone(),
+            tags,
+            r.event_id.clone(),
+            r.request_id.clone().unwrap_or_default(),
+            dest,
+            tier,
+            r.slo_met.map_or(String::new(), |m| m.to_string()),
+            usd(split.utilisation),
+            usd(split.arbitrage),
+            usd(split.routing),
+            usd(split.caching),
+            forfeited.is_some().to_string(),
+            forfeited.unwrap_or_default(),
+            r.config.clone(),
+        ];
+        let line: Vec<String> = fields.iter().map(|f| csv(f)).collect();
+        writeln!(out, "{}", line.join(","))?;
+        n += 1;
+        Ok(())
+    })?;
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_342_400_123), "2026-12-04T00:00:00.123Z");
+        assert_eq!(month_bounds(1_796_342_400_000).1, "2027-01-01T00:00:00Z");
+        assert_eq!(COLUMNS.len(), 48);
+    }
+}

@@ -1,0 +1,49 @@
+//! Money as integer nano-dollars.
+//!
+//! Per-token prices are tiny fractions of a dollar, and a report sums
+//! millions of requests: float sums drift and would break the promise that
+//! the four savings add up to the total exactly. Each event's cost is
+//! computed once from the cost curves (in `f64`, as the core prices it),
+//! rounded to the nearest nano-dollar, and only integers are summed after
+//! that. An `i64` of nano-dollars holds ±9.2 billion dollars.
+
+/// Nano-dollars (1e-9 USD).
+pub type Nano = i64;
+
+/// Nano-dollars per dollar.
+pub const PER_USD: i64 = 1_000_000_000;
+
+/// `usd` rounded to the nearest nano-dollar (`None` if not finite or out
+/// of range).
+pub fn from_usd(usd: f64) -> Option<Nano> {
+    let n = (usd * PER_USD as f64).round();
+    (n.is_finite() && n.abs() < 9.0e18).then_some(n as i64)
+}
+
+/// Dollars with nine decimals, exactly (no float on the way).
+pub fn usd(n: Nano) -> String {
+    let sign = if n < 0 { "-" } else { "" };
+    let a = n.unsigned_abs();
+    let per = PER_USD as u64;
+    format!("{sign}{}.{:09}", a / per, a % per)
+}
+
+/// Dollars as a float, for charts and ratios only (never summed).
+pub fn usd_f64(n: Nano) -> f64 {
+    n as f64 / PER_USD as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_and_prints_exactly() {
+        assert_eq!(from_usd(2.5e-6 * 1000.0), Some(2_500_000));
+        assert_eq!(from_usd(1.4e-9), Some(1));
+        assert_eq!(from_usd(f64::NAN), None);
+        assert_eq!(usd(1_234_567_891), "1.234567891");
+        assert_eq!(usd(-5), "-0.000000005");
+        assert_eq!(usd(0), "0.000000000");
+    }
+}

@@ -1,0 +1,207 @@
+//! Re-deriving what a request cost and what pay-as-you-go would have
+//! charged, from the configuration the event names.
+//!
+//! - **Booked** (true marginal) cost: the served destination's cost curve
+//!   for exactly the event's tokens ([`CostModel::marginal_usd`]): the
+//!   tier's prices, or the reserved overage price when `overage`, plus the
+//!   destination's `cold_load_usd` when `warm` is false. Bias and derate
+//!   are not inputs, so they cannot move it.
+//! - **Counterfactual**: the cheapest pay-as-you-go destination that the
+//!   configuration's feasibility tables allow for the event's attributes
+//!   (tenant, data class, latency class, model requested), at list price,
+//!   for the same tokens (see `feasible` for attributes the event does
+//!   not carry).
+//! - **Served-model counterfactual**: the same for the model that served
+//!   it; the two differ only when policy allowed a cheaper model.
+//!
+//! The filter's own figures are compared, never booked; a difference of
+//! more than a nano-dollar is flagged on the row.
+
+use crate::event::Event;
+use crate::money::{self, Nano};
+use ace_core::cost::{CostModel, Tier};
+use ace_filter::config::{Config, OnMissing};
+
+/// The ledger's figures for one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Priced {
+    /// True marginal cost (0 when no destination served it).
+    pub booked: Nano,
+    /// Cheapest feasible pay-as-you-go at list price for the model asked
+    /// for; `None` when policy allows no pay-as-you-go destination.
+    pub counterfactual: Option<Nano>,
+    /// The same for the model served.
+    pub served_counterfactual: Option<Nano>,
+}
+
+/// Why an event cannot be priced against its configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriceError(pub String);
+
+impl std::fmt::Display for PriceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Price `e` under `cfg` (the configuration with id `cfg_id`).
+pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError> {
+    let Some(dest) = e.destination.as_deref() else {
+        return Ok(Priced::default());
+    };
+    let Some(i) = cfg.destinations.iter().position(|d| d.name == dest) else {
+        return Err(PriceError(format!(
+            "field `destination` is {dest:?}, which configuration {cfg_id} does not define; \
+             register the configuration this filter really loaded"
+        )));
+    };
+    let model = cfg.models.get(i).copied().unwrap_or_default();
+    if let Some(t) = e.tier.as_deref() {
+        if t != model.tier.as_str() {
+            return Err(PriceError(format!(
+                "field `tier` is {t:?} but configuration {cfg_id} makes {dest:?} {}",
+                model.tier.as_str()
+            )));
+        }
+    }
+    let warm = e.warm != Some(false);
+    // Past a cap of 0 the core prices a reserved block at its overage.
+    let cap = e.overage.then_some(0);
+    let usd = model
+        .marginal_usd(e.tokens_in, e.tokens_out, warm, 0, cap)
+        .ok_or_else(|| {
+            PriceError(format!(
+                "field `overage` is true but {dest:?} in configuration {cfg_id} is {} with no \
+                 overage price",
+                model.tier.as_str()
+            ))
+        })?;
+    let booked = nano(usd, "booked cost")?;
+    let counterfactual = cheapest_payg(e, cfg, e.model_requested.as_deref())?;
+    let served_counterfactual = if e.model_served == e.model_requested {
+        counterfactual
+    } else {
+        cheapest_payg(e, cfg, e.model_served.as_deref())?
+    };
+    Ok(Priced {
+        booked,
+        counterfactual,
+        served_counterfactual,
+    })
+}
+
+fn nano(usd: f64, what: &str) -> Result<Nano, PriceError> {
+    money::from_usd(usd).ok_or_else(|| PriceError(format!("the {what} is not a finite amount")))
+}
+
+/// The cheapest feasible pay-as-you-go list price for `e`'s tokens, with
+/// `model` as the model attribute.
+fn cheapest_payg(e: &Event, cfg: &Config, model: Option<&str>) -> Result<Option<Nano>, PriceError> {
+    let mask = feasible(e, cfg, model);
+    let best = cfg
+        .models
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| m.tier == Tier::Payg && bit(&mask, *i))
+        .map(|(_, m)| m.rest_usd(e.tokens_in, e.tokens_out))
+        .min_by(f64::total_cmp);
+    best.map(|usd| nano(usd, "counterfactual")).transpose()
+}
+
+fn bit(mask: &[u64], i: usize) -> bool {
+    mask.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+}
+
+/// Most combinations of values of attributes the event does not carry
+/// that feasibility is tried over; past it no counterfactual is claimed.
+const MAX_COMBINATIONS: usize = 4096;
+
+/// The destinations the configuration's tables allow for `e`'s attributes
+/// (every one without tables).
+///
+/// The event carries tenant, data class, latency class and model; each is
+/// looked up as the filter does (trimmed; unknown values fail closed; a
+/// missing one takes the configured default, or, where the policy refuses
+/// requests without it, allows nothing, as the filter refused them). An
+/// attribute the tables read but the event does not carry (e.g.
+/// `tp_degree`) is tried at every value it can take, and the feasible sets
+/// are joined: the counterfactual is then the cheapest pay-as-you-go under
+/// any value, a lower bound, so a saving is never overstated.
+fn feasible(e: &Event, cfg: &Config, model: Option<&str>) -> Vec<u64> {
+    let words = cfg.destinations.len().div_ceil(64);
+    let (Some(tables), Some(policy)) = (cfg.tables(), &cfg.policy) else {
+        return cfg.warmth.mask(None).to_vec();
+    };
+    let mut values = vec![0u32; policy.attributes.len()];
+    let mut free: Vec<(usize, u32)> = Vec::new();
+    for (i, a) in policy.attributes.iter().enumerate() {
+        let carried = match a.name.as_str() {
+            "tenant" => Some(e.tenant.as_deref()),
+            "data_class" => Some(e.data_class.as_deref()),
+            "latency_class" => Some(e.latency_class.as_deref()),
+            "model" => Some(model),
+            _ => None,
+        };
+        let slot = match values.get_mut(i) {
+            Some(s) => s,
+            None => continue,
+        };
+        match carried {
+            Some(Some(v)) => *slot = tables.value_index_bytes(i as u32, v.as_bytes().trim_ascii()),
+            Some(None) if policy.on_missing == OnMissing::Reject => return vec![0; words],
+            Some(None) => *slot = a.default_index,
+            None => free.push((i, tables.value_count(i as u32))),
+        }
+    }
+    let combinations = free
+        .iter()
+        .try_fold(1usize, |n, (_, count)| n.checked_mul(*count as usize + 1))
+        .filter(|n| *n <= MAX_COMBINATIONS);
+    let Some(combinations) = combinations else {
+        return vec![0; words];
+    };
+    let mut mask = vec![0u64; words];
+    let mut one = vec![0u64; words];
+    for mut k in 0..combinations {
+        for (i, count) in &free {
+            if let Some(slot) = values.get_mut(*i) {
+                let n = *count as usize + 1;
+                *slot = (k % n) as u32;
+                k /= n;
+            }
+        }
+        if tables.feasible(&values, &mut one).is_ok() {
+            mask.iter_mut().zip(&one).for_each(|(m, o)| *m |= o);
+        }
+    }
+    mask
+}
+
+/// The filter's figure, to compare with the ledger's.
+pub fn filter_nano(usd: Option<f64>) -> Option<Nano> {
+    usd.and_then(money::from_usd)
+}
+
+/// Which of the filter's figures disagree with the ledger's by more than
+/// a nano-dollar (names, comma-separated; empty when they agree).
+pub fn disagreements(e: &Event, p: &Priced) -> String {
+    let off = |filter: Option<Nano>, ledger: Option<Nano>| match (filter, ledger) {
+        (Some(f), Some(l)) => (f - l).abs() > 1,
+        (None, None) => false,
+        _ => true,
+    };
+    let mut flags = Vec::new();
+    if e.destination.is_some() && off(filter_nano(e.marginal_usd), Some(p.booked)) {
+        flags.push("marginal_usd");
+    }
+    if e.destination.is_some() && off(filter_nano(e.counterfactual_usd), p.counterfactual) {
+        flags.push("counterfactual_usd");
+    }
+    flags.join(",")
+}
+
+/// The core's cost model of destination `name` in `cfg`.
+pub fn model_of<'a>(cfg: &'a Config, name: &str) -> Option<&'a CostModel> {
+    let i = cfg.destinations.iter().position(|d| d.name == name)?;
+    cfg.models.get(i)
+}

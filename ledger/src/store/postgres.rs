@@ -1,0 +1,180 @@
+//! The shared store: PostgreSQL, through the synchronous `postgres` crate,
+//! so many proxies' logs can be ingested into one ledger. Same tables and
+//! statements as SQLite; rows stream out of [`Store::scan`] without being
+//! held in memory.
+
+use super::{at, Reject, Store};
+use crate::row::{Cols, Row, Val};
+use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
+use postgres::{Client, NoTls};
+
+impl ToSql for Val {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Val::Text(v) => v.to_sql(ty, out),
+            Val::Int(v) => v.to_sql(ty, out),
+            Val::Bool(v) => v.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <String as ToSql>::accepts(ty)
+            || <i64 as ToSql>::accepts(ty)
+            || <bool as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}
+
+impl Cols for postgres::Row {
+    fn text(&self, i: usize) -> anyhow::Result<Option<String>> {
+        Ok(self.try_get(i)?)
+    }
+    fn int(&self, i: usize) -> anyhow::Result<Option<i64>> {
+        Ok(self.try_get(i)?)
+    }
+    fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>> {
+        Ok(self.try_get(i)?)
+    }
+}
+
+/// A PostgreSQL ledger.
+pub struct Postgres {
+    client: Client,
+    url: String,
+}
+
+impl std::fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Postgres").field("url", &self.url).finish()
+    }
+}
+
+/// `url` without its password, for messages.
+fn shown(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+impl Postgres {
+    /// Connect to `url` and create the tables if needed.
+    pub fn open(url: &str) -> anyhow::Result<Postgres> {
+        let name = shown(url);
+        let mut client = at(
+            Client::connect(url, NoTls),
+            "cannot connect (is PostgreSQL running and the URL right?)",
+            &name,
+        )?;
+        for sql in super::schema_sql() {
+            at(
+                client.batch_execute(&sql),
+                "cannot create the tables",
+                &name,
+            )?;
+        }
+        let found = at(
+            client.query_opt(super::GET_SCHEMA, &[]),
+            "cannot read the schema version",
+            &name,
+        )?
+        .map(|r| r.get::<_, String>(0));
+        super::check_schema(found, &name)?;
+        Ok(Postgres { client, url: name })
+    }
+}
+
+impl Postgres {
+    /// Run `f` in one transaction, committed when it succeeds.
+    fn in_transaction<T>(
+        &mut self,
+        f: impl FnOnce(&mut postgres::Transaction<'_>, &str) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let url = self.url.clone();
+        let mut tx = at(
+            self.client.transaction(),
+            "cannot begin a transaction",
+            &url,
+        )?;
+        let out = f(&mut tx, &url)?;
+        at(tx.commit(), "cannot commit", &url)?;
+        Ok(out)
+    }
+
+    /// Every row `sql` (without parameters) selects.
+    fn all(&mut self, sql: &str, what: &str) -> anyhow::Result<Vec<postgres::Row>> {
+        at(self.client.query(sql, &[]), what, &self.url)
+    }
+}
+
+impl Store for Postgres {
+    fn put_config(&mut self, id: &str, json: &str) -> anyhow::Result<()> {
+        let r = self.client.execute(super::PUT_CONFIG, &[&id, &json]);
+        at(r, "cannot store a configuration", &self.url).map(drop)
+    }
+
+    fn configs(&mut self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        Ok(self
+            .all(super::GET_CONFIGS, "cannot read configurations")?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1).into_bytes()))
+            .collect())
+    }
+
+    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<u64> {
+        self.in_transaction(|tx, url| {
+            let sql = super::insert_sql();
+            let st = at(tx.prepare(&sql), "cannot prepare the insert", url)?;
+            let mut new = 0;
+            for r in rows {
+                let v = r.values();
+                let params: Vec<&(dyn ToSql + Sync)> =
+                    v.iter().map(|x| x as &(dyn ToSql + Sync)).collect();
+                new += at(tx.execute(&st, &params), "cannot insert an event", url)?;
+            }
+            Ok(new)
+        })
+    }
+
+    fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()> {
+        self.in_transaction(|tx, url| {
+            for r in rejects {
+                let res = tx.execute(super::PUT_REJECT, &[&r.source, &r.line, &r.error]);
+                at(res, "cannot record a malformed line", url)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn rejects(&mut self) -> anyhow::Result<Vec<Reject>> {
+        Ok(self
+            .all(super::GET_REJECTS, "cannot read rejects")?
+            .iter()
+            .map(|r| Reject {
+                source: r.get(0),
+                line: r.get(1),
+                error: r.get(2),
+            })
+            .collect())
+    }
+
+    fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        use postgres::fallible_iterator::FallibleIterator;
+        let url = self.url.clone();
+        let none: [&(dyn ToSql + Sync); 0] = [];
+        let mut rows = at(
+            self.client.query_raw(&super::scan_sql(), none),
+            "cannot read events",
+            &url,
+        )?;
+        while let Some(r) = at(rows.next(), "cannot read an event", &url)? {
+            f(Row::read(&r)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+//! The embedded store: one SQLite file, through `rusqlite` (SQLite bundled,
+//! so no system library is needed). Write-ahead logging, and one
+//! transaction per batch, make ingest fast.
+
+use super::{at, Reject, Store};
+use crate::row::{Cols, Row, Val};
+use rusqlite::types::{ToSqlOutput, Value as SqlValue};
+use rusqlite::{Connection, OptionalExtension, ToSql};
+
+impl ToSql for Val {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Owned(match self {
+            Val::Text(Some(s)) => SqlValue::Text(s.clone()),
+            Val::Int(Some(i)) => SqlValue::Integer(*i),
+            Val::Bool(Some(b)) => SqlValue::Integer(i64::from(*b)),
+            Val::Text(None) | Val::Int(None) | Val::Bool(None) => SqlValue::Null,
+        }))
+    }
+}
+
+impl Cols for rusqlite::Row<'_> {
+    fn text(&self, i: usize) -> anyhow::Result<Option<String>> {
+        Ok(self.get(i)?)
+    }
+    fn int(&self, i: usize) -> anyhow::Result<Option<i64>> {
+        Ok(self.get(i)?)
+    }
+    fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>> {
+        Ok(self.get(i)?)
+    }
+}
+
+/// A SQLite ledger.
+#[derive(Debug)]
+pub struct Sqlite {
+    conn: Connection,
+    url: String,
+}
+
+impl Sqlite {
+    /// Open (or create) the ledger file at `path`.
+    pub fn open(path: &std::path::Path) -> anyhow::Result<Sqlite> {
+        let url = path.display().to_string();
+        let conn = at(Connection::open(path), "cannot open", &url)?;
+        at(
+            conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"),
+            "cannot set WAL mode",
+            &url,
+        )?;
+        for sql in super::schema_sql() {
+            at(conn.execute(&sql, []), "cannot create the tables", &url)?;
+        }
+        let found: Option<String> = at(
+            conn.query_row(super::GET_SCHEMA, [], |r| r.get(0))
+                .optional(),
+            "cannot read the schema version",
+            &url,
+        )?;
+        super::check_schema(found, &url)?;
+        Ok(Sqlite { conn, url })
+    }
+}
+
+impl Sqlite {
+    /// Run `f` in one transaction, committed when it succeeds.
+    fn in_transaction<T>(
+        &mut self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>, &str) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let tx = at(
+            self.conn.transaction(),
+            "cannot begin a transaction",
+            &self.url,
+        )?;
+        let out = f(&tx, &self.url)?;
+        at(tx.commit(), "cannot commit", &self.url)?;
+        Ok(out)
+    }
+}
+
+impl Store for Sqlite {
+    fn put_config(&mut self, id: &str, json: &str) -> anyhow::Result<()> {
+        let r = self.conn.execute(super::PUT_CONFIG, [id, json]);
+        at(r, "cannot store a configuration", &self.url).map(drop)
+    }
+
+    fn configs(&mut self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let url = self.url.clone();
+        let mut st = at(
+            self.conn.prepare(super::GET_CONFIGS),
+            "cannot read configurations",
+            &url,
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)));
+        let rows = at(rows, "cannot read configurations", &url)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (id, json) = at(r, "cannot read a configuration", &url)?;
+            out.push((id, json.into_bytes()));
+        }
+        Ok(out)
+    }
+
+    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<u64> {
+        self.in_transaction(|tx, url| {
+            let sql = super::insert_sql();
+            let mut st = at(tx.prepare_cached(&sql), "cannot prepare the insert", url)?;
+            let mut new = 0u64;
+            for r in rows {
+                let v = r.values();
+                let params = rusqlite::params_from_iter(v.iter());
+                new += at(st.execute(params), "cannot insert an event", url)? as u64;
+            }
+            Ok(new)
+        })
+    }
+
+    fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()> {
+        self.in_transaction(|tx, url| {
+            for r in rejects {
+                let params = rusqlite::params![r.source, r.line, r.error];
+                at(
+                    tx.execute(super::PUT_REJECT, params),
+                    "cannot record a malformed line",
+                    url,
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    fn rejects(&mut self) -> anyhow::Result<Vec<Reject>> {
+        let url = self.url.clone();
+        let mut st = at(
+            self.conn.prepare(super::GET_REJECTS),
+            "cannot read rejects",
+            &url,
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(Reject {
+                source: r.get(0)?,
+                line: r.get(1)?,
+                error: r.get(2)?,
+            })
+        });
+        let rows = at(rows, "cannot read rejects", &url)?;
+        rows.map(|r| at(r, "cannot read a reject", &url)).collect()
+    }
+
+    fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let url = self.url.clone();
+        let sql = super::scan_sql();
+        let mut st = at(self.conn.prepare(&sql), "cannot read events", &url)?;
+        let mut rows = at(st.query([]), "cannot read events", &url)?;
+        while let Some(r) = at(rows.next(), "cannot read an event", &url)? {
+            f(Row::read(r)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,88 @@
+//! From a figure back to the requests behind it.
+//!
+//! Every figure in a report is a sum over rows selected by tenant, tier,
+//! destination and window; [`rows`] selects the same rows and gives each
+//! one's ids and figures, so a figure can be re-added by hand.
+
+use crate::report::Report;
+use crate::row::Row;
+use crate::split::Split;
+use crate::store::Store;
+use crate::window::{self, Rules};
+
+/// Which rows to trace (all fields optional; all given must match).
+#[derive(Debug, Clone, Default)]
+pub struct Select {
+    pub tenant: Option<String>,
+    pub tier: Option<String>,
+    pub destination: Option<String>,
+    /// A window start, ms (as the report prints it).
+    pub window_ms: Option<i64>,
+    /// Only rows in forfeited windows.
+    pub forfeited: bool,
+    /// Only rows whose logged costs disagree with the ledger's.
+    pub flagged: bool,
+}
+
+/// One traced row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Traced {
+    pub event_id: String,
+    pub request_id: Option<String>,
+    pub time_ms: i64,
+    pub tenant: String,
+    pub window_ms: i64,
+    pub destination: Option<String>,
+    pub tier: Option<String>,
+    pub booked: i64,
+    pub counterfactual: Option<i64>,
+    pub savings: Split,
+    pub forfeited: Option<String>,
+    pub flags: String,
+}
+
+/// The selected rows, with the totals of booked cost and savings.
+pub fn rows(
+    store: &mut dyn Store,
+    report: &Report,
+    rules: &Rules,
+    sel: &Select,
+) -> anyhow::Result<(Vec<Traced>, i64, Split)> {
+    let verdicts = report.verdicts();
+    let mut out = Vec::new();
+    let (mut booked, mut savings) = (0, Split::default());
+    store.scan(&mut |r: Row| {
+        let key = window::key(&r, rules);
+        let forfeited = verdicts.get(&key).cloned().flatten();
+        let keep = sel.tenant.as_ref().is_none_or(|t| *t == key.0)
+            && sel.tier.as_ref().is_none_or(|t| r.tier.as_ref() == Some(t))
+            && sel
+                .destination
+                .as_ref()
+                .is_none_or(|d| r.destination.as_ref() == Some(d))
+            && sel.window_ms.is_none_or(|w| w == key.1)
+            && (!sel.forfeited || forfeited.is_some())
+            && (!sel.flagged || !r.flags.is_empty());
+        if keep {
+            let split = Split::of(&r);
+            booked += r.booked;
+            savings.add(&split);
+            out.push(Traced {
+                event_id: r.event_id,
+                request_id: r.request_id,
+                time_ms: r.time_ms,
+                tenant: key.0,
+                window_ms: key.1,
+                destination: r.destination,
+                tier: r.tier,
+                booked: r.booked,
+                counterfactual: r.counterfactual,
+                savings: split,
+                forfeited,
+                flags: r.flags,
+            });
+        }
+        Ok(())
+    })?;
+    Ok((out, booked, savings))
+}

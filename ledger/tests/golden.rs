@@ -1,0 +1,247 @@
+//! The golden event file (`tests/golden/events.ndjson`), with figures
+//! checked by hand (the arithmetic is in the comments):
+//!
+//! - a destination preferred by a bias whose logged cost was biased: the
+//!   ledger books the unbiased cost and flags the difference;
+//! - acme's second window forfeits its savings for a served fraction of 1/2;
+//! - globex's window forfeits its savings for an SLO attainment of 1/2;
+//! - a `-` line and an event naming an unknown destination are reported
+//!   with their line numbers; a repeated line is booked once.
+
+mod common;
+
+use ace_ledger::book::Ledger;
+use ace_ledger::ingest::Options;
+use ace_ledger::split::Split;
+use ace_ledger::window::Rules;
+
+fn golden() -> (tempfile::TempDir, Ledger, String) {
+    let (dir, url) = common::sqlite_url();
+    let mut ledger = Ledger::open(&url).expect("open");
+    let id = ledger
+        .register(&common::golden_config(), "golden config")
+        .expect("register");
+    (dir, ledger, id)
+}
+
+#[test]
+fn golden_events_give_the_hand_checked_figures() {
+    let (_dir, url) = common::sqlite_url();
+    let (mut ledger, s) = common::golden_ledger(&url);
+    assert_eq!((s.lines, s.new, s.already), (13, 10, 1));
+    let lines: Vec<i64> = s.rejected.iter().map(|r| r.line).collect();
+    assert_eq!(lines, [7, 12], "{:?}", s.rejected);
+    assert!(
+        s.rejected[0].error.contains("not a JSON object"),
+        "{}",
+        s.rejected[0].error
+    );
+    assert!(
+        s.rejected[1].error.contains("\"gone\""),
+        "{}",
+        s.rejected[1].error
+    );
+    // Only the biased destination's logged cost disagrees.
+    assert_eq!(s.disagreements, 1);
+
+    let r = ledger.report(&Rules::default()).expect("report");
+    assert_eq!(
+        (r.events, r.served, r.not_served, r.rejected_lines),
+        (10, 9, 1, 2)
+    );
+    // Booked, nano-dollars: owned 1500 tok × 1e-8 = 15_000; payg-b 1000 × 3e-6
+    // + 500 × 1e-5 = 8_000_000 (bias 0.5 changes nothing); spot 3000 ×
+    // 1.5e-6 = 4_500_000; owned cold 200 × 1e-8 + 0.01 = 10_002_000; payg-a
+    // 1000 × 2e-6 + 500 × 8e-6 = 6_000_000; reserved overage 2000 × 5e-6 =
+    // 10_000_000; owned 15_000; refused 0; spot 1_500_000; owned 10_000.
+    assert_eq!(r.booked, 40_042_000);
+    // Pay-as-you-go for `big` is payg-b only (tables): 8e6 + 8e6 + 16e6 +
+    // 1.3e6 + 8e6 + 13e6 + 8e6 + 3e6 + 6.5e6.
+    assert_eq!(r.counterfactual, 71_800_000);
+    assert_eq!(
+        r.savings,
+        Split {
+            // 7_985_000 − 8_702_000 (cold load) + 3_000_000 + 7_985_000 + 6_490_000
+            utilisation: 16_758_000,
+            // spot 11_500_000 + 1_500_000; payg-b 0; payg-a 0 (after routing)
+            arbitrage: 13_000_000,
+            // `big` asked, `small` served: 8_000_000 − 6_000_000
+            routing: 2_000_000,
+            caching: 0,
+        }
+    );
+    assert_eq!(r.savings.total(), r.counterfactual - r.booked_served);
+    // acme's first window keeps 2_283_000 + 11_500_000 + 2_000_000.
+    assert_eq!(r.earned.total(), 15_783_000);
+    // acme's second (7_985_000) and globex's (1_500_000 + 6_490_000).
+    assert_eq!(r.forfeited.total(), 15_975_000);
+    assert_eq!(r.earned.total() + r.forfeited.total(), r.savings.total());
+
+    let forfeited: Vec<(&str, &str)> = r
+        .windows
+        .iter()
+        .filter_map(|w| Some((w.tenant.as_str(), w.forfeited.as_deref()?)))
+        .collect();
+    assert_eq!(forfeited.len(), 2, "{forfeited:?}");
+    assert!(
+        forfeited[0].0 == "acme"
+            && forfeited[0]
+                .1
+                .starts_with("served fraction 0.5000 (1 of 2)")
+    );
+    assert!(
+        forfeited[1].0 == "globex"
+            && forfeited[1]
+                .1
+                .starts_with("SLO attainment for latency class interactive 0.5000 (1 of 2)"),
+        "{forfeited:?}"
+    );
+    assert_eq!(r.by_tenant["acme"].earned, 15_783_000);
+    assert_eq!(r.by_tenant["globex"].forfeited, 7_990_000);
+
+    // Chargeback over the two 5-minute windows (1/6 h): owned $2/h =
+    // 333_333_333; busy 800 ms of 600_000 ms × 4 => used 111_111. Reserved
+    // $1/h = 166_666_667; 200 ms of 600_000 × 2 => used 27_778.
+    let cb = &r.chargeback;
+    assert_eq!(cb.period_ms, 600_000);
+    let owned = cb
+        .pools
+        .iter()
+        .find(|p| p.destination == "owned")
+        .expect("owned pool");
+    assert_eq!(
+        (owned.cost, owned.used, owned.idle),
+        (333_333_333, 111_111, 333_222_222)
+    );
+    let reserved = cb
+        .pools
+        .iter()
+        .find(|p| p.destination == "reserved")
+        .expect("reserved");
+    assert_eq!((reserved.cost, reserved.used), (166_666_667, 27_778));
+    let billed: i64 = cb.tenants.values().map(|t| t.total).sum();
+    assert_eq!(
+        billed,
+        r.booked + owned.cost + reserved.cost,
+        "nothing hidden, nothing twice"
+    );
+    // Goodput: output tokens of served requests within SLO (globex's spot
+    // request missed it): 500+500+1000+100+500+1000+500+500.
+    assert_eq!(r.goodput_tokens, 4600);
+}
+
+#[test]
+fn the_bias_changes_no_booked_cost_and_is_flagged() {
+    let (_dir, url) = common::sqlite_url();
+    let (mut ledger, _) = common::golden_ledger(&url);
+    let r = ledger.report(&Rules::default()).expect("report");
+    let sel = ace_ledger::trace::Select {
+        flagged: true,
+        ..Default::default()
+    };
+    let (rows, booked, _) =
+        ace_ledger::trace::rows(ledger.store.as_mut(), &r, &Rules::default(), &sel).expect("trace");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].request_id.as_deref(), Some("r-2"));
+    assert_eq!(rows[0].destination.as_deref(), Some("payg-b"));
+    assert_eq!(
+        booked, 8_000_000,
+        "the unbiased list price, not the logged 0.004"
+    );
+    assert_eq!(rows[0].flags, "marginal_usd");
+}
+
+#[test]
+fn unknown_schema_and_unknown_configuration_are_clear_errors() {
+    let (_dir, mut ledger, id) = golden();
+    let events = String::from_utf8(common::golden_events(&id)).expect("utf8");
+    let v9 = events.replacen("ace.event/2", "ace.event/9", 1);
+    let e = ledger
+        .ingest_bytes("v9.ndjson", v9.as_bytes(), &Options::default())
+        .expect_err("unknown schema");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("v9.ndjson:1: schema \"ace.event/9\""),
+        "{msg}"
+    );
+    let other = events.replace(&id, "ffffffffffffffff");
+    let msg = ledger
+        .ingest_bytes("other.ndjson", other.as_bytes(), &Options::default())
+        .expect_err("unknown config")
+        .to_string();
+    assert!(
+        msg.contains("other.ndjson:1: field `config` is \"ffffffffffffffff\""),
+        "{msg}"
+    );
+    assert!(msg.contains("ace ledger ingest --config"), "{msg}");
+}
+
+#[test]
+fn a_line_cut_mid_write_is_booked_once_completed() {
+    let (_dir, mut ledger, id) = golden();
+    let events = common::golden_events(&id);
+    let cut = events.len() - 40;
+    let s = ledger
+        .ingest_bytes("cut", &events[..cut], &Options::default())
+        .expect("ingest");
+    assert_eq!(s.incomplete, Some(13));
+    assert_eq!(s.new, 10);
+    let s = ledger
+        .ingest_bytes("cut", &events, &Options::default())
+        .expect("again");
+    assert_eq!((s.new, s.already, s.incomplete), (0, 11, None));
+}
+
+#[test]
+fn follow_books_lines_as_they_are_appended_and_completed() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (dir, url) = common::sqlite_url();
+    let mut ledger = Ledger::open(&url).expect("open");
+    let id = ledger
+        .register(&common::golden_config(), "golden config")
+        .expect("register");
+    let events = common::golden_events(&id);
+    let log = dir.path().join("access.log");
+    // Envoy has written the first lines and half of the third.
+    let third = events
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(1)
+        .map(|(i, _)| i + 1)
+        .expect("two lines");
+    std::fs::write(&log, &events[..third + 30]).expect("write");
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = Options {
+        follow: true,
+        stop: Some(stop.clone()),
+        ..Options::default()
+    };
+    let path = log.display().to_string();
+    let follower = std::thread::spawn(move || ledger.ingest_path(&path, &opts));
+    // A second reader sees the complete lines booked while Envoy writes.
+    let booked = |n: u64| {
+        let mut reader = Ledger::open(&url).expect("reader");
+        for _ in 0..100 {
+            if reader.report(&Rules::default()).expect("report").events == n {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    };
+    assert!(booked(2), "the two complete lines are booked");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("append");
+    f.write_all(&events[third + 30..]).expect("append");
+    f.flush().expect("flush");
+    assert!(booked(10), "the completed line and the rest are booked");
+    stop.store(true, Ordering::Relaxed);
+    let s = follower.join().expect("join").expect("ingest");
+    assert_eq!((s.lines, s.new, s.already, s.incomplete), (13, 10, 1, None));
+    assert_eq!(s.rejected.len(), 2);
+}

@@ -10,8 +10,14 @@ use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-const FIELDS: [&str; 20] = [
+const FIELDS: [&str; 26] = [
     "schema",
+    "event_id",
+    "config",
+    "warm",
+    "overage",
+    "usage_capped",
+    "cached",
     "request_id",
     "time_ms",
     "tenant",
@@ -89,7 +95,7 @@ fn one_parseable_event_per_request_with_every_field(filter: Filter) {
         for f in FIELDS {
             assert!(e.get(f).is_some(), "field {f} missing in {e}");
         }
-        assert_eq!(e["schema"], "ace.event/1");
+        assert_eq!(e["schema"], "ace.event/2");
         assert_eq!(e["tenant"], "acme");
         assert_eq!(e["data_class"], "eu-personal");
         assert_eq!(e["model_requested"], "llama");

@@ -206,7 +206,7 @@ pub fn compare(s: &Scenario, full_opts: Option<full::Options>) -> Comparison {
     let fast_plan = out.plan.clone();
     let fast = PolicyResult::from_report(s, out.report, ms, out.plan);
     let full = full_opts.map(|o| {
-        let (res, ms) = timed(|| full::solve_checked(s, &fast_plan, o));
+        let (res, ms) = timed(|| full::solve(s, &fast_plan, o));
         match res {
             Ok(out) => {
                 let r = check(s, &out.plan);

@@ -192,8 +192,9 @@ pub fn scenario(seed: u64) -> Scenario {
 }
 
 /// A feasible benchmark instance: `gpus` GPUs, `jobs` jobs, 24 steps,
-/// `max(1, gpus / 64)` spiky RT apps (at most 16) with demand up to G/8 each
-/// and cap 2, no inherited work.
+/// `max(1, gpus / 64)` spiky RT apps (at most 16) whose demand, up to
+/// `G / 4 / apps` each, jumps like [`scenario`]'s (cap 2), and the note's job
+/// sizes up to G/16, priorities 1-10 (3 % up to 10^6), no inherited work.
 pub fn sized(seed: u64, gpus: u32, jobs: u32) -> Scenario {
     let mut rng = Rng::new(seed);
     let steps = 24;
@@ -201,7 +202,7 @@ pub fn sized(seed: u64, gpus: u32, jobs: u32) -> Scenario {
     let rt = (0..apps)
         .map(|id| RtApp {
             id,
-            demand: spiky(&mut rng, (gpus / 8).max(1), steps),
+            demand: spiky(&mut rng, (gpus / 4 / apps).max(1), steps),
             swap_cap: 2,
             previous: None,
         })

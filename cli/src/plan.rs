@@ -13,8 +13,21 @@ use std::process::ExitCode;
 
 use ace_cli::{out, outln};
 
-/// Exit code when a plan fails the checker.
+/// Exit code when a plan fails the checker: a planner fault.
 const INVALID_PLAN: u8 = 4;
+
+/// Exit code when the scenario is well formed but admits no valid plan.
+const NO_VALID_PLAN: u8 = 5;
+
+/// A time limit in seconds: finite and positive.
+fn seconds(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!(
+            "`{v}` is not a positive number of seconds, e.g. 60"
+        )),
+    }
+}
 
 /// Arguments of `ace plan`.
 #[derive(Debug, clap::Args)]
@@ -31,8 +44,8 @@ pub struct Args {
     /// Skip full mode (the MILP).
     #[arg(long)]
     no_full: bool,
-    /// Full mode's time limit in seconds.
-    #[arg(long, default_value_t = 60.0)]
+    /// Full mode's time limit in seconds (positive).
+    #[arg(long, default_value_t = 60.0, value_parser = seconds)]
     time_limit: f64,
     /// Which policy's grid to draw: fifo, greedy, fast or full.
     #[arg(long, default_value = "fast")]
@@ -123,7 +136,25 @@ fn load(path: &Path) -> anyhow::Result<Scenario> {
     parse(&text, &name).with_context(|| format!("{} is not a valid scenario", path.display()))
 }
 
+/// Runs `ace plan`. Exit codes: 0 success, 1 unreadable or malformed input,
+/// 4 a policy produced a plan the checker rejects (a planner fault), 5 the
+/// scenario is well formed but no valid plan exists (the message says why).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match run_command(args) {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<ace_planner::ParseError>()
+                    .is_some_and(|p| p.infeasible)
+            }) =>
+        {
+            eprintln!("error: {e:#}");
+            Ok(ExitCode::from(NO_VALID_PLAN))
+        }
+        other => other,
+    }
+}
+
+fn run_command(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Some(Command::Commit(c)) => return commitment(&c),
         Some(Command::Roll { file, steps, json }) => return roll(&file, steps, json),
@@ -182,7 +213,7 @@ fn print_human(s: &Scenario, c: &Comparison, which: &str, max_rows: u32) -> anyh
     );
     match chosen.and_then(|r| r.plan.as_ref()) {
         Some(plan) => {
-            outln!("\n{which} plan (rows = GPUs, columns = hours; Rn = RT app n, number = batch job id, . = idle):");
+            outln!("\n{which} plan (rows = GPUs, columns = hours; R<id> = RT app, number = batch job id, . = idle):");
             out!("{}", compare::grid(s, plan, max_rows));
         }
         None => outln!("\n(no {which} plan to draw)"),

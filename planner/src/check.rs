@@ -16,6 +16,9 @@
 //!    `2K` GPUs (also against the inherited set before step 0).
 //! 5. No interruption: a started job holds one rectangle of GPUs x steps from
 //!    its start to its end (or the horizon).
+//! 6. The state before step 0 is one owner per GPU: running blocks and `prev=`
+//!    sets do not overlap (a scenario that breaks this has no valid plan;
+//!    [`crate::feasible`] says why).
 
 use crate::model::{Cell, PastHorizon, Plan, Scenario};
 use serde::Serialize;
@@ -187,14 +190,14 @@ pub fn check(s: &Scenario, plan: &Plan) -> Report {
         }
         if s.config.past_horizon == PastHorizon::Forbid
             && job.running.is_none()
-            && b.t0 + job.duration > tn
+            && !s.finishes(job, b.t0)
         {
             v.push(format!(
                 "job {}: runs past the horizon, which past_horizon=forbid disallows",
                 job.id
             ));
         }
-        if b.t0 + job.duration <= tn {
+        if s.finishes(job, b.t0) {
             rep.completed += 1;
         }
     }
@@ -225,6 +228,10 @@ pub fn check(s: &Scenario, plan: &Plan) -> Report {
             }
             prev = Some(now);
         }
+    }
+    // Constraint 6: one owner per GPU before step 0.
+    if let Err(e) = crate::feasible::check(s) {
+        v.push(e.reason);
     }
     let area = f64::from(gn) * f64::from(tn);
     rep.utilization = (rep.rt_served + rep.batch_gpu_steps) as f64 / area;

@@ -42,9 +42,91 @@ pub struct PolicyResult {
     /// Full mode only: why it did not run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// The plan itself (not serialised).
+    /// The plan for readers: placements per job, RT GPUs per app and step.
+    #[serde(rename = "plan", skip_serializing_if = "Option::is_none")]
+    pub view: Option<PlanView>,
+    /// The plan grid (serialised as `view`).
     #[serde(skip)]
     pub plan: Option<Plan>,
+}
+
+/// Where one batch job runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobPlacement {
+    /// Job id from the scenario.
+    pub id: u32,
+    /// Start step.
+    pub start: u32,
+    /// First GPU of its block.
+    pub gpu: u32,
+    /// GPUs in the block.
+    pub size: u32,
+    /// Steps it runs inside the horizon.
+    pub steps: u32,
+}
+
+/// The GPUs one RT app holds at each step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RtHolding {
+    /// App id from the scenario.
+    pub id: u32,
+    /// `gpus[t]`: the GPUs it holds at step `t`, ascending.
+    pub gpus: Vec<Vec<u32>>,
+}
+
+/// A plan as a reader audits it (the `plan` member of `--json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlanView {
+    /// Placed jobs, by start then GPU.
+    pub jobs: Vec<JobPlacement>,
+    /// Ids of jobs not placed.
+    pub unplaced: Vec<u32>,
+    /// Every RT app, in file order.
+    pub rt: Vec<RtHolding>,
+}
+
+impl PlanView {
+    /// Reads the view off a plan grid.
+    pub fn of(s: &Scenario, plan: &Plan) -> PlanView {
+        let placed = plan.placements();
+        let jobs: Vec<JobPlacement> = placed
+            .iter()
+            .filter_map(|&(j, start, gpu)| {
+                let job = s.jobs.get(j)?;
+                Some(JobPlacement {
+                    id: job.id,
+                    start,
+                    gpu,
+                    size: job.size,
+                    steps: s.clipped(job, start),
+                })
+            })
+            .collect();
+        let unplaced = s
+            .jobs
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !placed.iter().any(|p| p.0 == *j))
+            .map(|(_, job)| job.id)
+            .collect();
+        let mut rt: Vec<RtHolding> =
+            s.rt.iter()
+                .map(|a| RtHolding {
+                    id: a.id,
+                    gpus: vec![Vec::new(); plan.steps as usize],
+                })
+                .collect();
+        for t in 0..plan.steps {
+            for g in 0..plan.gpus {
+                if let Cell::Rt(r) = plan.at(g, t) {
+                    if let Some(h) = rt.get_mut(usize::from(r)) {
+                        h.gpus[t as usize].push(g);
+                    }
+                }
+            }
+        }
+        PlanView { jobs, unplaced, rt }
+    }
 }
 
 impl PolicyResult {
@@ -63,6 +145,7 @@ impl PolicyResult {
             violations: r.violations,
             proof: None,
             error: None,
+            view: Some(PlanView::of(s, &plan)),
             plan: Some(plan),
         }
     }
@@ -82,6 +165,7 @@ impl PolicyResult {
             violations: Vec::new(),
             proof: None,
             error: Some(error),
+            view: None,
             plan: None,
         }
     }
@@ -122,7 +206,7 @@ pub fn compare(s: &Scenario, full_opts: Option<full::Options>) -> Comparison {
     let fast_plan = out.plan.clone();
     let fast = PolicyResult::from_report(s, out.report, ms, out.plan);
     let full = full_opts.map(|o| {
-        let (res, ms) = timed(|| full::solve_checked(s, &fast_plan, o));
+        let (res, ms) = timed(|| full::solve(s, &fast_plan, o));
         match res {
             Ok(out) => {
                 let r = check(s, &out.plan);
@@ -144,27 +228,45 @@ pub fn compare(s: &Scenario, full_opts: Option<full::Options>) -> Comparison {
     }
 }
 
-/// Renders a plan as a GPU x step grid: one row per GPU, two characters per
-/// step. `..` idle, `Rn` RT app n (by file order, `R*` beyond 9), otherwise the
-/// batch job's id (last two digits). At most `max_gpus` rows are drawn.
+/// The label of one cell: `.` idle, `R<id>` an RT app, the job id for a
+/// batch job (ids from the scenario file, never shortened).
+fn label(s: &Scenario, c: Cell) -> String {
+    match c {
+        Cell::Idle => ".".to_string(),
+        Cell::Rt(r) => match s.rt.get(usize::from(r)) {
+            Some(a) => format!("R{}", a.id),
+            None => "R?".to_string(),
+        },
+        Cell::Job(j) => match s.jobs.get(j as usize) {
+            Some(job) => job.id.to_string(),
+            None => "?".to_string(),
+        },
+    }
+}
+
+/// Renders a plan as a GPU x step grid: one row per GPU, one column per step,
+/// every column as wide as the longest label so that each job and app is
+/// named in full (`.` idle, `R<id>` RT app, otherwise the job id). At most
+/// `max_gpus` rows are drawn.
 pub fn grid(s: &Scenario, plan: &Plan, max_gpus: u32) -> String {
+    let shown = s.gpus.min(max_gpus);
+    let mut w = s.steps.saturating_sub(1).to_string().len().max(2);
+    for g in 0..shown {
+        for t in 0..s.steps {
+            w = w.max(label(s, plan.at(g, t)).len());
+        }
+    }
+    let lw = s.gpus.saturating_sub(1).to_string().len().max(3);
     let mut out = String::new();
-    let _ = write!(out, "GPU  ");
+    let _ = write!(out, "{:<lw$}  ", "GPU");
     for t in 0..s.steps {
-        let _ = write!(out, "{:>2} ", t);
+        let _ = write!(out, "{t:>w$} ");
     }
     out.push('\n');
-    let shown = s.gpus.min(max_gpus);
     for g in 0..shown {
-        let _ = write!(out, "{g:>3}  ");
+        let _ = write!(out, "{g:>lw$}  ");
         for t in 0..s.steps {
-            let cell = match plan.at(g, t) {
-                Cell::Idle => " .".to_string(),
-                Cell::Rt(r) if r < 10 => format!("R{r}"),
-                Cell::Rt(_) => "R*".to_string(),
-                Cell::Job(j) => format!("{:>2}", s.jobs[j as usize].id % 100),
-            };
-            let _ = write!(out, "{cell} ");
+            let _ = write!(out, "{:>w$} ", label(s, plan.at(g, t)));
         }
         out.push('\n');
     }

@@ -64,16 +64,19 @@ impl Default for Options {
     }
 }
 
-/// What the solver proved about its plan.
+/// What is proven about the returned plan. Every figure is about that plan
+/// and the whole objective, inherited work included.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Proof {
-    /// The solver's status, e.g. "Optimal" or "ReachedTimeLimit".
+    /// The solver's status, e.g. "Optimal" or "ReachedTimeLimit", and when
+    /// the warm start was returned instead of the solver's plan, why.
     pub status: String,
-    /// True when HiGHS proved optimality (within its default 0.01% gap).
+    /// True when the returned plan is within HiGHS's default relative gap
+    /// (0.01 %) of the bound.
     pub optimal: bool,
-    /// Objective of the returned plan as the solver sees it.
+    /// Objective of the returned plan, as the checker computes it.
     pub objective: f64,
-    /// Best proven upper bound on the objective.
+    /// Proven upper bound on the objective of any plan.
     pub bound: f64,
     /// Relative gap `(bound - objective) / max(|objective|, 1)`.
     pub gap: f64,
@@ -83,18 +86,28 @@ pub struct Proof {
     pub nonzeros: usize,
 }
 
-/// Full mode's answer: a plan (still to be checked by the caller) and proof.
+/// Full mode's answer: a checked plan and what is proven about it.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// The best plan found (never worse than the warm start).
+    /// The best valid plan found (never worse than the warm start).
     pub plan: Plan,
-    /// Solver facts.
+    /// Facts about `plan`.
     pub proof: Proof,
 }
 
+/// The solver's plan and facts, before checking.
+#[derive(Debug, Clone)]
+struct Raw {
+    plan: Plan,
+    status: String,
+    /// Proven upper bound on the whole objective (inherited work included).
+    bound: f64,
+    columns: usize,
+    nonzeros: usize,
+}
+
 #[cfg(not(feature = "milp"))]
-/// Full mode is unavailable without the `milp` feature.
-pub fn solve(_s: &Scenario, _warm: &Plan, _opts: Options) -> Result<Outcome, String> {
+fn solve_raw(_s: &Scenario, _warm: &Plan, _opts: Options) -> Result<Raw, String> {
     Err(
         "full mode needs ace-planner's `milp` feature (HiGHS); rebuild with default features"
             .into(),
@@ -102,16 +115,73 @@ pub fn solve(_s: &Scenario, _warm: &Plan, _opts: Options) -> Result<Outcome, Str
 }
 
 #[cfg(feature = "milp")]
-pub use imp::solve;
+use imp::solve as solve_raw;
+
+/// HiGHS's default relative gap for "optimal" (`mip_rel_gap`).
+const PROVEN_GAP: f64 = 1e-4;
+
+/// Solves the exact model, warm-started from `warm` (a valid plan, e.g. fast
+/// mode's), and returns the better of the solver's plan and `warm` by the
+/// checker's objective, with status, bound and gap of the plan returned.
+/// Errors: the scenario has no valid plan, `warm` is invalid, the model is
+/// too large, or the solver failed or found its model infeasible.
+pub fn solve(s: &Scenario, warm: &Plan, opts: Options) -> Result<Outcome, String> {
+    crate::feasible::check(s).map_err(|e| format!("full mode: {e}"))?;
+    let theirs = crate::check(s, warm);
+    if let Some(v) = theirs.violations.first() {
+        return Err(format!(
+            "full mode: the warm start is not a valid plan: {v}"
+        ));
+    }
+    let raw = solve_raw(s, warm, opts)?;
+    let mine = crate::check(s, &raw.plan);
+    let (plan, objective, status) = if mine.valid() && mine.objective >= theirs.objective - 1e-9 {
+        (raw.plan, mine.objective, raw.status)
+    } else {
+        let why = match mine.violations.first() {
+            Some(v) => format!("invalid ({v})"),
+            None => format!("worse ({})", mine.objective),
+        };
+        let status = format!(
+            "{}; returned the warm start, the solver's plan was {why}",
+            raw.status
+        );
+        (warm.clone(), theirs.objective, status)
+    };
+    // HiGHS's bound carries its feasibility tolerance: a bound a hair below
+    // a valid plan is that plan's objective. A real shortfall is reported.
+    let slack = 1e-6 * objective.abs().max(1.0);
+    let mut bound = raw.bound;
+    let mut status = status;
+    if bound < objective && bound >= objective - slack {
+        bound = objective;
+    } else if bound < objective {
+        status.push_str("; the bound is below a valid plan, so it is not trusted");
+    }
+    let gap = if bound.is_finite() && bound >= objective {
+        (bound - objective) / objective.abs().max(1.0)
+    } else {
+        f64::INFINITY
+    };
+    Ok(Outcome {
+        plan,
+        proof: Proof {
+            status,
+            optimal: gap <= PROVEN_GAP,
+            objective,
+            bound,
+            gap,
+            columns: raw.columns,
+            nonzeros: raw.nonzeros,
+        },
+    })
+}
 
 #[cfg(feature = "milp")]
 mod imp {
-    use super::{Options, Outcome, Proof};
+    use super::{Options, Raw, PROVEN_GAP};
     use crate::model::{Cell, Plan, Scenario};
     use highs::{Col, HighsModelStatus, RowProblem, Sense};
-
-    /// HiGHS's default relative gap for "optimal" (`mip_rel_gap`).
-    const PROVEN_GAP: f64 = 1e-4;
 
     struct Start {
         col: Col,
@@ -221,7 +291,9 @@ mod imp {
             cell_rows,
             job_rows,
         } = batch_columns(s, pinned, &mut pb, &mut nonzeros, opts, None)?;
-        if nonzeros > opts.relaxation_max_nonzeros {
+        // Without batch columns it is an LP whose MIP bound HiGHS leaves
+        // unset; the full model is small then anyway.
+        if nonzeros > opts.relaxation_max_nonzeros || starts.is_empty() {
             return Ok(None);
         }
         let mut cap: Vec<Vec<(Col, f64)>> = vec![Vec::new(); tn];
@@ -300,9 +372,9 @@ mod imp {
         }
     }
 
-    /// Solves the exact model, warm-started from `warm` (a valid plan, e.g.
-    /// fast mode's). Returns the better of the solver's plan and `warm`.
-    pub fn solve(s: &Scenario, warm: &Plan, opts: Options) -> Result<Outcome, String> {
+    /// Solves the exact model warm-started from the valid plan `warm`; the
+    /// bound includes inherited work.
+    pub(super) fn solve(s: &Scenario, warm: &Plan, opts: Options) -> Result<Raw, String> {
         let (gn, tn) = (s.gpus as usize, s.steps as usize);
         // Cells held by running work are off limits to everything else.
         let mut pinned = vec![false; gn * tn];
@@ -391,7 +463,9 @@ mod imp {
         }
         // Phase 2: the full model, warm-started from the best plan so far.
         let left = opts.time_limit_s - clock.elapsed().as_secs_f64();
-        solve_model(s, &pinned, offset, &warm, opts, left, relax_bound, None)
+        let mut raw = solve_model(s, &pinned, offset, &warm, opts, left, relax_bound, None)?;
+        raw.bound += offset;
+        Ok(raw)
     }
 
     /// Builds and solves the full model (batch starts restricted to `only`
@@ -407,7 +481,7 @@ mod imp {
         limit_s: f64,
         relax_bound: f64,
         only: Option<&[(usize, u32, u32)]>,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Raw, String> {
         let (gn, tn) = (s.gpus as usize, s.steps as usize);
         let nr = s.rt.len();
         let lambda = s.lambda();
@@ -565,19 +639,24 @@ mod imp {
             let objective = warm_report.objective - offset;
             let gap = ((relax_bound - objective) / objective.abs().max(1.0)).max(0.0);
             if gap <= PROVEN_GAP {
-                return Ok(Outcome {
+                return Ok(Raw {
                     plan: warm.clone(),
-                    proof: Proof {
-                        status: "Optimal (count relaxation bound)".into(),
-                        optimal: true,
-                        objective,
-                        bound: relax_bound,
-                        gap,
-                        columns,
-                        nonzeros,
-                    },
+                    status: "Optimal (count relaxation bound)".into(),
+                    bound: relax_bound,
+                    columns,
+                    nonzeros,
                 });
             }
+        }
+        // Nothing to decide (no jobs to place, no RT): the plan is fixed.
+        if columns == 0 {
+            return Ok(Raw {
+                plan: warm.clone(),
+                status: "Optimal (nothing to decide)".into(),
+                bound: warm_report.objective - offset,
+                columns,
+                nonzeros,
+            });
         }
         let mut model = pb.optimise(Sense::Maximise);
         if opts.log {
@@ -596,19 +675,34 @@ mod imp {
             .try_solve()
             .map_err(|e| format!("full mode: HiGHS failed: {e:?}"))?;
         let status = solved.status();
+        if status == HighsModelStatus::Infeasible {
+            return Err(format!(
+                "full mode: HiGHS found the model infeasible, yet the warm start is a valid plan \
+                 (objective {:.2}): the model and the checker disagree",
+                warm_report.objective
+            ));
+        }
         let values = solved.get_solution();
         let cols = values.columns();
-        let objective = solved.objective_value();
+        let integers = starts.len() + x_cols.iter().flatten().count();
+        // With no integer columns HiGHS solved an LP: its value is the bound.
+        let bound = if integers == 0 && status == HighsModelStatus::Optimal {
+            solved.objective_value()
+        } else {
+            solved
+                .double_info_value(c"mip_dual_bound")
+                .unwrap_or(f64::INFINITY)
+        };
         // Both bounds are proven; the tighter one counts.
-        let bound = solved
-            .double_info_value(c"mip_dual_bound")
-            .unwrap_or(f64::INFINITY)
-            .min(relax_bound);
+        let bound = if bound.is_nan() {
+            relax_bound
+        } else {
+            bound.min(relax_bound)
+        };
         let has_solution = cols.len() == columns
             && !matches!(
                 status,
-                HighsModelStatus::Infeasible
-                    | HighsModelStatus::LoadError
+                HighsModelStatus::LoadError
                     | HighsModelStatus::ModelError
                     | HighsModelStatus::SolveError
             );
@@ -624,40 +718,16 @@ mod imp {
                     }
                 }
             }
+        } else {
+            plan = warm.clone();
         }
         place_running(s, &mut plan);
-        let gap = if bound.is_finite() {
-            ((bound - objective) / objective.abs().max(1.0)).max(0.0)
-        } else {
-            f64::INFINITY
-        };
-        Ok(Outcome {
+        Ok(Raw {
             plan,
-            proof: Proof {
-                status: format!("{status:?}"),
-                optimal: status == HighsModelStatus::Optimal || gap <= PROVEN_GAP,
-                objective,
-                bound,
-                gap,
-                columns,
-                nonzeros,
-            },
-        })
-    }
-}
-
-/// Runs full mode and falls back to `warm` when the solver's plan is not
-/// better by the checker's objective (or is invalid).
-pub fn solve_checked(s: &Scenario, warm: &Plan, opts: Options) -> Result<Outcome, String> {
-    let out = solve(s, warm, opts)?;
-    let mine = crate::check(s, &out.plan);
-    let theirs = crate::check(s, warm);
-    if mine.valid() && (!theirs.valid() || mine.objective >= theirs.objective - 1e-9) {
-        Ok(out)
-    } else {
-        Ok(Outcome {
-            plan: warm.clone(),
-            proof: out.proof,
+            status: format!("{status:?}"),
+            bound,
+            columns,
+            nonzeros,
         })
     }
 }

@@ -23,6 +23,7 @@ pub mod check;
 pub mod commit;
 pub mod compare;
 pub mod fast;
+pub mod feasible;
 pub mod full;
 pub mod gen;
 pub mod model;
@@ -32,6 +33,7 @@ pub mod rolling;
 pub mod rt;
 pub mod scenario;
 pub mod sched;
+pub mod stress;
 pub mod study;
 
 pub use check::{check, Report};

@@ -168,6 +168,12 @@ impl Scenario {
         job.duration.min(self.steps.saturating_sub(start))
     }
 
+    /// Whether a job started at `start` runs its whole duration inside the
+    /// horizon (no overflow for any duration).
+    pub fn finishes(&self, job: &Job, start: u32) -> bool {
+        u64::from(start) + u64::from(job.duration) <= u64::from(self.steps)
+    }
+
     /// Whether `start` is a legal start step for `job` (release time and the
     /// past-horizon rule; running jobs may only start at 0).
     pub fn start_ok(&self, job: &Job, start: u32) -> bool {
@@ -182,13 +188,14 @@ impl Scenario {
         }
         match self.config.past_horizon {
             PastHorizon::ProRata => true,
-            PastHorizon::Forbid => start + job.duration <= self.steps,
+            PastHorizon::Forbid => self.finishes(job, start),
         }
     }
 
     /// Whether a block of `size` may begin at GPU `offset`.
     pub fn offset_ok(&self, size: u32, offset: u32) -> bool {
-        offset + size <= self.gpus && (!self.config.align || offset.is_multiple_of(size))
+        u64::from(offset) + u64::from(size) <= u64::from(self.gpus)
+            && (!self.config.align || offset.is_multiple_of(size.max(1)))
     }
 }
 

@@ -19,8 +19,24 @@
 //! job 7 eval 2 1 10 6 running=4   # pinned at step 0 on GPUs 4..5
 //! ```
 
+use crate::feasible::Item;
 use crate::model::{Config, Job, JobKind, PastHorizon, RtApp, Scenario};
 use std::fmt;
+
+/// Largest accepted `gpus`.
+pub const MAX_GPUS: u32 = 65_536;
+/// Largest accepted `steps` (a year of hourly steps).
+pub const MAX_STEPS: u32 = 8_760;
+/// Largest accepted grid, `gpus x steps` cells (32 MiB per plan grid).
+pub const MAX_CELLS: u64 = 1 << 22;
+/// Largest accepted job duration and arrival, in steps.
+pub const MAX_DURATION: u32 = 1_000_000;
+/// Most RT apps in one scenario.
+pub const MAX_RT_APPS: usize = 1_024;
+/// Most jobs in one scenario.
+pub const MAX_JOBS: usize = 100_000;
+/// Largest accepted `rt_penalty` (keeps every objective finite).
+pub const MAX_RT_PENALTY: f64 = 1e6;
 
 /// A scenario file error: the 1-based line (0 for whole-file problems) and a
 /// message that says what is wrong and how to fix it.
@@ -30,6 +46,9 @@ pub struct ParseError {
     pub line: usize,
     /// What is wrong and how to fix it.
     pub message: String,
+    /// The file is well formed but no plan can satisfy it (see
+    /// [`crate::feasible`]); the message says why.
+    pub infeasible: bool,
 }
 
 impl fmt::Display for ParseError {
@@ -48,6 +67,7 @@ fn err(line: usize, message: impl Into<String>) -> ParseError {
     ParseError {
         line,
         message: message.into(),
+        infeasible: false,
     }
 }
 
@@ -58,6 +78,42 @@ fn num<T: std::str::FromStr>(line: usize, field: &str, tok: &str) -> Result<T, P
             format!("field `{field}`: `{tok}` is not a valid number"),
         )
     })
+}
+
+/// A whole number within `lo..=hi`.
+fn bounded(line: usize, field: &str, tok: &str, lo: u32, hi: u32) -> Result<u32, ParseError> {
+    let v: u64 = tok.parse().map_err(|_| {
+        err(
+            line,
+            format!("field `{field}`: `{tok}` is not a whole number from {lo} to {hi}"),
+        )
+    })?;
+    if v < u64::from(lo) || v > u64::from(hi) {
+        return Err(err(
+            line,
+            format!("field `{field}`: {v} is outside {lo}..={hi}"),
+        ));
+    }
+    Ok(v as u32)
+}
+
+/// A finite real number within `(lo, hi]`.
+fn real(
+    line: usize,
+    field: &str,
+    tok: &str,
+    lo: f64,
+    hi: f64,
+    hint: &str,
+) -> Result<f64, ParseError> {
+    let v: f64 = num(line, field, tok)?;
+    if !(v > lo && v <= hi) {
+        return Err(err(
+            line,
+            format!("field `{field}`: {tok} must be in ({lo}, {hi}]; {hint}"),
+        ));
+    }
+    Ok(v)
 }
 
 fn boolean(line: usize, field: &str, tok: &str) -> Result<bool, ParseError> {
@@ -71,12 +127,37 @@ fn boolean(line: usize, field: &str, tok: &str) -> Result<bool, ParseError> {
     }
 }
 
-struct RawRt {
-    line: usize,
-    app: RtApp,
+/// Where each item came from, for error messages.
+#[derive(Debug, Clone, Default)]
+struct Lines {
+    gpus: usize,
+    steps: usize,
+    rt: Vec<usize>,
+    jobs: Vec<usize>,
+}
+
+impl Lines {
+    fn of(&self, item: Item) -> usize {
+        match item {
+            Item::Job(j) => self.jobs[j],
+            Item::Rt(r) => self.rt[r],
+        }
+    }
+}
+
+/// The second line of a repeated id, with the first.
+fn repeated(ids: impl Iterator<Item = (u32, usize)>) -> Option<(u32, usize, usize)> {
+    let mut v: Vec<(u32, usize)> = ids.collect();
+    v.sort_unstable();
+    v.windows(2)
+        .find(|w| w[0].0 == w[1].0)
+        .map(|w| (w[0].0, w[0].1, w[1].1))
 }
 
 /// Parses a scenario file. `name` is used when the file has no `name` line.
+/// Besides syntax and bounds, it rejects scenarios that admit no valid plan
+/// ([`crate::feasible::check`]) with `infeasible` set and the line of the
+/// item to fix.
 pub fn parse(text: &str, name: &str) -> Result<Scenario, ParseError> {
     let mut s = Scenario {
         name: name.to_string(),
@@ -86,8 +167,7 @@ pub fn parse(text: &str, name: &str) -> Result<Scenario, ParseError> {
         jobs: Vec::new(),
         config: Config::default(),
     };
-    let mut rts: Vec<RawRt> = Vec::new();
-    let mut job_lines: Vec<usize> = Vec::new();
+    let mut lines = Lines::default();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
         let content = raw.split('#').next().unwrap_or("").trim();
@@ -108,8 +188,14 @@ pub fn parse(text: &str, name: &str) -> Result<Scenario, ParseError> {
         };
         match key {
             "name" => s.name = rest.join(" "),
-            "gpus" => s.gpus = num(line, "gpus", one("gpus")?)?,
-            "steps" => s.steps = num(line, "steps", one("steps")?)?,
+            "gpus" => {
+                s.gpus = bounded(line, "gpus", one("gpus")?, 1, MAX_GPUS)?;
+                lines.gpus = line;
+            }
+            "steps" => {
+                s.steps = bounded(line, "steps", one("steps")?, 1, MAX_STEPS)?;
+                lines.steps = line;
+            }
             "align" => s.config.align = boolean(line, "align", one("align")?)?,
             "past_horizon" => {
                 s.config.past_horizon = match one("past_horizon")? {
@@ -123,15 +209,38 @@ pub fn parse(text: &str, name: &str) -> Result<Scenario, ParseError> {
                     }
                 }
             }
-            "gamma" => s.config.gamma = num(line, "gamma", one("gamma")?)?,
-            "rt_penalty" => s.config.rt_penalty = num(line, "rt_penalty", one("rt_penalty")?)?,
-            "rt" => rts.push(RawRt {
-                line,
-                app: parse_rt(line, &rest)?,
-            }),
+            "gamma" => {
+                s.config.gamma = real(line, "gamma", one("gamma")?, 0.0, 1.0, "use 1 for no decay")?
+            }
+            "rt_penalty" => {
+                s.config.rt_penalty = real(
+                    line,
+                    "rt_penalty",
+                    one("rt_penalty")?,
+                    0.0,
+                    MAX_RT_PENALTY,
+                    "the post uses 5 to 10",
+                )?
+            }
+            "rt" => {
+                if s.rt.len() == MAX_RT_APPS {
+                    return Err(err(
+                        line,
+                        format!("at most {MAX_RT_APPS} rt apps are supported; merge some apps"),
+                    ));
+                }
+                s.rt.push(parse_rt(line, &rest)?);
+                lines.rt.push(line);
+            }
             "job" => {
+                if s.jobs.len() == MAX_JOBS {
+                    return Err(err(
+                        line,
+                        format!("at most {MAX_JOBS} jobs are supported; split the scenario"),
+                    ));
+                }
                 s.jobs.push(parse_job(line, &rest)?);
-                job_lines.push(line);
+                lines.jobs.push(line);
             }
             other => {
                 return Err(err(
@@ -145,51 +254,60 @@ pub fn parse(text: &str, name: &str) -> Result<Scenario, ParseError> {
         }
     }
     if s.gpus == 0 {
-        return Err(err(0, "the scenario needs a `gpus N` line with N >= 1"));
-    }
-    if s.steps == 0 {
-        return Err(err(0, "`steps` must be at least 1"));
-    }
-    if !(s.config.gamma > 0.0 && s.config.gamma <= 1.0) {
-        return Err(err(0, "`gamma` must be in (0, 1]; use 1 for no decay"));
-    }
-    if !(s.config.rt_penalty > 0.0 && s.config.rt_penalty.is_finite()) {
         return Err(err(
             0,
-            "`rt_penalty` must be a positive number (the post uses 5 to 10)",
+            "the file has no `gpus` line; add `gpus N` (N from 1 to 65536)",
         ));
     }
-    for r in &rts {
-        validate_rt(&s, r)?;
-    }
-    s.rt = rts.into_iter().map(|r| r.app).collect();
-    for (j, line) in s.jobs.iter().zip(&job_lines) {
-        validate_job(&s, j, *line)?;
-    }
-    let mut ids: Vec<u32> = s.jobs.iter().map(|j| j.id).collect();
-    ids.sort_unstable();
-    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+    let cells = u64::from(s.gpus) * u64::from(s.steps);
+    if cells > MAX_CELLS {
         return Err(err(
-            0,
-            format!("job id {} appears twice; give every job its own id", w[0]),
-        ));
-    }
-    let mut rids: Vec<u32> = s.rt.iter().map(|r| r.id).collect();
-    rids.sort_unstable();
-    if let Some(w) = rids.windows(2).find(|w| w[0] == w[1]) {
-        return Err(err(
-            0,
+            lines.gpus.max(lines.steps),
             format!(
-                "rt app id {} appears twice; give every app its own id",
-                w[0]
+                "fields `gpus` x `steps`: {} x {} = {cells} GPU-steps, above the {MAX_CELLS} a \
+                 plan may have; plan fewer GPUs or a shorter horizon",
+                s.gpus, s.steps
             ),
         ));
     }
-    if s.rt.len() > usize::from(u16::MAX) {
-        return Err(err(0, "at most 65535 rt apps are supported"));
+    for (app, line) in s.rt.iter().zip(&lines.rt) {
+        validate_rt(&s, app, *line)?;
+    }
+    for (j, line) in s.jobs.iter().zip(&lines.jobs) {
+        validate_job(&s, j, *line)?;
+    }
+    if let Some((id, first, line)) =
+        repeated(s.jobs.iter().map(|j| j.id).zip(lines.jobs.iter().copied()))
+    {
+        return Err(err(
+            line,
+            format!("field `id`: job id {id} is already used on line {first}; give every job its own id"),
+        ));
+    }
+    if let Some((id, first, line)) =
+        repeated(s.rt.iter().map(|r| r.id).zip(lines.rt.iter().copied()))
+    {
+        return Err(err(
+            line,
+            format!("field `id`: rt app id {id} is already used on line {first}; give every app its own id"),
+        ));
+    }
+    if let Err(e) = crate::feasible::check(&s) {
+        let mut message = e.to_string();
+        if let Some(o) = e.other {
+            message.push_str(&format!(" (the other is on line {})", lines.of(o)));
+        }
+        return Err(ParseError {
+            line: lines.of(e.item),
+            message,
+            infeasible: true,
+        });
     }
     Ok(s)
 }
+
+/// Largest accepted job priority.
+pub const MAX_PRIORITY: u32 = 1_000_000;
 
 fn parse_rt(line: usize, rest: &[&str]) -> Result<RtApp, ParseError> {
     let mut pos = Vec::new();
@@ -198,11 +316,11 @@ fn parse_rt(line: usize, rest: &[&str]) -> Result<RtApp, ParseError> {
     for tok in rest {
         if let Some((k, v)) = tok.split_once('=') {
             match k {
-                "cap" => swap_cap = num(line, "cap", v)?,
+                "cap" => swap_cap = bounded(line, "cap", v, 0, MAX_GPUS)?,
                 "prev" => {
                     let mut gs = Vec::new();
                     for g in v.split(',').filter(|g| !g.is_empty()) {
-                        gs.push(num(line, "prev", g)?);
+                        gs.push(bounded(line, "prev", g, 0, MAX_GPUS - 1)?);
                     }
                     previous = Some(gs);
                 }
@@ -224,9 +342,19 @@ fn parse_rt(line: usize, rest: &[&str]) -> Result<RtApp, ParseError> {
         ));
     };
     let id = num(line, "rt id", id)?;
+    if demand.len() > MAX_STEPS as usize {
+        return Err(err(
+            line,
+            format!(
+                "rt app {id} has {} demand values, more than the {MAX_STEPS} steps a horizon \
+                 may have",
+                demand.len()
+            ),
+        ));
+    }
     let mut d = Vec::with_capacity(demand.len());
     for (t, v) in demand.iter().enumerate() {
-        d.push(num(line, &format!("demand[{t}]"), v)?);
+        d.push(bounded(line, &format!("demand[{t}]"), v, 0, MAX_GPUS)?);
     }
     Ok(RtApp {
         id,
@@ -236,9 +364,7 @@ fn parse_rt(line: usize, rest: &[&str]) -> Result<RtApp, ParseError> {
     })
 }
 
-fn validate_rt(s: &Scenario, r: &RawRt) -> Result<(), ParseError> {
-    let line = r.line;
-    let app = &r.app;
+fn validate_rt(s: &Scenario, app: &RtApp, line: usize) -> Result<(), ParseError> {
     if app.demand.len() != s.steps as usize {
         return Err(err(
             line,
@@ -255,7 +381,8 @@ fn validate_rt(s: &Scenario, r: &RawRt) -> Result<(), ParseError> {
         return Err(err(
             line,
             format!(
-                "rt app {} wants {d} GPUs at step {t} but there are only {} GPUs",
+                "field `demand[{t}]`: rt app {} wants {d} GPUs at step {t} but there are only {} \
+                 GPUs",
                 app.id, s.gpus
             ),
         ));
@@ -264,14 +391,19 @@ fn validate_rt(s: &Scenario, r: &RawRt) -> Result<(), ParseError> {
         if let Some(g) = prev.iter().find(|g| **g >= s.gpus) {
             return Err(err(
                 line,
-                format!("prev= names GPU {g}, but GPUs are 0..{}", s.gpus),
+                format!(
+                    "field `prev`: rt app {} names GPU {g}, but GPUs are 0..{}",
+                    app.id, s.gpus
+                ),
             ));
         }
         let mut p = prev.clone();
         p.sort_unstable();
-        p.dedup();
-        if p.len() != prev.len() {
-            return Err(err(line, "prev= lists a GPU twice"));
+        if let Some(w) = p.windows(2).find(|w| w[0] == w[1]) {
+            return Err(err(
+                line,
+                format!("field `prev`: rt app {} lists GPU {} twice", app.id, w[0]),
+            ));
         }
     }
     Ok(())
@@ -283,7 +415,7 @@ fn parse_job(line: usize, rest: &[&str]) -> Result<Job, ParseError> {
     for tok in rest {
         if let Some((k, v)) = tok.split_once('=') {
             match k {
-                "running" => running = Some(num(line, "running", v)?),
+                "running" => running = Some(bounded(line, "running", v, 0, MAX_GPUS - 1)?),
                 _ => {
                     return Err(err(
                         line,
@@ -314,16 +446,16 @@ fn parse_job(line: usize, rest: &[&str]) -> Result<Job, ParseError> {
     Ok(Job {
         id: num(line, "id", id)?,
         kind,
-        size: num(line, "size", size)?,
-        duration: num(line, "duration", dur)?,
-        priority: num(line, "priority", prio)?,
-        arrival: num(line, "arrival", arrival)?,
+        size: bounded(line, "size", size, 1, MAX_GPUS)?,
+        duration: bounded(line, "duration", dur, 1, MAX_DURATION)?,
+        priority: bounded(line, "priority", prio, 1, MAX_PRIORITY)?,
+        arrival: bounded(line, "arrival", arrival, 0, MAX_DURATION)?,
         running,
     })
 }
 
 fn validate_job(s: &Scenario, j: &Job, line: usize) -> Result<(), ParseError> {
-    if j.size == 0 || !j.size.is_power_of_two() {
+    if !j.size.is_power_of_two() {
         return Err(err(
             line,
             format!(
@@ -335,19 +467,10 @@ fn validate_job(s: &Scenario, j: &Job, line: usize) -> Result<(), ParseError> {
     if j.size > s.gpus {
         return Err(err(
             line,
-            format!("job {}: size {} exceeds the {} GPUs", j.id, j.size, s.gpus),
-        ));
-    }
-    if j.duration == 0 {
-        return Err(err(
-            line,
-            format!("job {}: duration must be at least 1 step", j.id),
-        ));
-    }
-    if j.priority == 0 {
-        return Err(err(
-            line,
-            format!("job {}: priority must be at least 1", j.id),
+            format!(
+                "field `size`: job {}: size {} exceeds the {} GPUs",
+                j.id, j.size, s.gpus
+            ),
         ));
     }
     if let Some(g) = j.running {
@@ -363,7 +486,10 @@ fn validate_job(s: &Scenario, j: &Job, line: usize) -> Result<(), ParseError> {
         if j.arrival != 0 {
             return Err(err(
                 line,
-                format!("job {}: a running job must have arrival 0", j.id),
+                format!(
+                    "field `arrival`: job {}: a running job must have arrival 0",
+                    j.id
+                ),
             ));
         }
     }

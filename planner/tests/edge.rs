@@ -9,7 +9,7 @@ const CASES: &[&str] = &[
     "gpus 2\nsteps 3\nrt 0 2 2 2\njob 0 eval 1 1 1 0\n",
     "gpus 4\nsteps 4\nrt 0 3 3 3 3\nrt 1 3 3 3 3\njob 0 eval 1 1 1 0\n",
     "gpus 8\nsteps 6\nalign true\npast_horizon forbid\ngamma 0.9\nrt_penalty 10\n\
-     rt 0 1 2 2 1 0 0 cap=1 prev=7\njob 0 train 4 3 5 0 running=4\njob 1 eval 2 2 9 1\n\
+     rt 0 1 2 2 1 0 0 cap=1 prev=3\njob 0 train 4 3 5 0 running=4\njob 1 eval 2 2 9 1\n\
      job 2 quant 4 9 3 0\njob 3 batchinf 1 2 2 5\n",
     "gpus 16\nsteps 24\njob 0 train 16 30 1 0\njob 1 train 8 4 2 0 running=0\n",
 ];

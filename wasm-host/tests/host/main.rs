@@ -7,6 +7,7 @@
 mod common;
 
 mod ace_filter;
+mod ace_filter_props;
 mod examples;
 mod loading;
 mod rules;

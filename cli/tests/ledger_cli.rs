@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-const CONFIG: &str = r#"{"destinations": [
+const CONFIG: &str = r#"{"allow_no_policy": true, "destinations": [
  {"name": "owned", "cluster": "owned", "tier": "inhouse", "capacity": 4,
   "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8, "slo_ms": 1000},
  {"name": "payg", "cluster": "payg", "tier": "payg", "usd_per_input_token": 2e-6, "usd_per_output_token": 8e-6}

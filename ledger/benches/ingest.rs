@@ -11,7 +11,7 @@ use ace_ledger::ingest::Options;
 use ace_ledger::window::Rules;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-const CONFIG: &str = r#"{"destinations": [
+const CONFIG: &str = r#"{"allow_no_policy": true, "destinations": [
  {"name": "owned", "cluster": "owned", "tier": "inhouse", "capacity": 8,
   "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8, "usd_per_gpu_hour": 2.0, "slo_ms": 1000},
  {"name": "spot", "cluster": "spot", "tier": "spot", "usd_per_gpu_hour": 3.6, "tokens_per_second": 1000},

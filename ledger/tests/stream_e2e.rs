@@ -18,7 +18,7 @@ use std::time::Duration;
 fn a_streamed_response_is_booked_with_the_usage_it_reported(filter: Filter) {
     require_envoy();
     let (owned, payg) = (upstream("owned"), upstream("payg"));
-    let config = json!({"destinations": [
+    let config = json!({"allow_no_policy": true, "destinations": [
         {"name": "owned", "cluster": "owned", "tier": "inhouse", "capacity": 8,
          "usd_per_input_token": 1e-8, "usd_per_output_token": 2e-8},
         {"name": "payg", "cluster": "payg", "tier": "payg",

@@ -64,10 +64,12 @@ impl Module {
         }
     }
 
-    /// `builder` with ACE under plugin configuration `config`.
+    /// `builder` with ACE under plugin configuration `config`, allowed to
+    /// hold a request for its body (the example fleet's tables decide on
+    /// the model, which the body names), as `envoy/envoy.yaml` ships it.
     fn add(&self, builder: EnvoyBuilder, config: &Value) -> EnvoyBuilder {
         match self {
-            Module::Wasm(wasm) => builder.wasm_filter(wasm, &config.to_string()),
+            Module::Wasm(wasm) => builder.wasm_filter_reading_body(wasm, &config.to_string()),
             Module::Dynamic(lib) => builder.http_filter(ace_harness::dylib::http_filter_json(
                 lib,
                 "ace",

@@ -14,12 +14,15 @@
 //! - [`health`]: trips, throttling caps and derates, from observed outcomes;
 //! - [`tables`]: the compiled Cedar policy as bitmask tables (feasibility);
 //! - [`dispatch`]: the decision itself: price the fleet when it changes,
-//!   then per request take the cheapest feasible, open destination.
+//!   then per request take the cheapest feasible, open destination;
+//! - [`fleet`]: the live state a host keeps (health, load, the priced
+//!   slate) and what a claim, a release and an outcome do to it.
 #![cfg_attr(not(feature = "std"), no_std)]
 
 extern crate alloc;
 
 pub mod cost;
 pub mod dispatch;
+pub mod fleet;
 pub mod health;
 pub mod tables;

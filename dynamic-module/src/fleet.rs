@@ -15,20 +15,17 @@
 //! keying its shared-data entry by the fingerprint.
 
 use ace_core::cost::CostModel;
-use ace_core::dispatch::{self, Decision, Refusal, Request, Slate};
-use ace_core::health::{Change, Health, HealthPolicy, Outcome};
+use ace_core::dispatch::{Decision, Refusal, Request};
+use ace_core::fleet::FleetState;
+use ace_core::health::{Change, HealthPolicy, Outcome};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-/// Health, load and prices of every destination.
+/// The process's state of one fleet (see [`FleetState`]), behind its lock.
 #[derive(Debug)]
-pub struct Fleet {
-    health: Vec<Health>,
-    in_flight: Vec<u32>,
-    slate: Slate,
-}
+pub struct Fleet(Mutex<FleetState>);
 
 /// Every live fleet, by configuration fingerprint.
-static REGISTRY: Mutex<Vec<(u64, Weak<Mutex<Fleet>>)>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<(u64, Weak<Fleet>)>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic cannot happen while the lock is held (the crate denies the
@@ -46,57 +43,27 @@ impl Fleet {
         models: &[CostModel],
         policy: &HealthPolicy,
         now: u64,
-    ) -> Arc<Mutex<Fleet>> {
+    ) -> Arc<Fleet> {
         let mut registry = lock(&REGISTRY);
         registry.retain(|(_, w)| w.strong_count() > 0);
         let found = registry
             .iter()
             .find(|(f, _)| *f == fingerprint)
             .and_then(|(_, w)| w.upgrade())
-            .filter(|f| lock(f).health.len() == models.len());
+            .filter(|f| lock(&f.0).len() == models.len());
         let fleet = found.unwrap_or_else(|| {
-            let n = models.len();
-            let fleet = Arc::new(Mutex::new(Fleet {
-                health: vec![Health::default(); n],
-                in_flight: vec![0; n],
-                slate: Slate::new(n),
-            }));
+            let fleet = Arc::new(Fleet(Mutex::new(FleetState::new(models.len()))));
             registry.push((fingerprint, Arc::downgrade(&fleet)));
             fleet
         });
-        lock(&fleet).reprice(models, policy, now);
+        lock(&fleet.0).reprice_all(models, policy, now);
         fleet
-    }
-
-    /// The slate (mutable) and the fleet as the pricing step sees it.
-    fn priced<'a>(
-        &'a mut self,
-        models: &'a [CostModel],
-        policy: &'a HealthPolicy,
-    ) -> (&'a mut Slate, dispatch::Fleet<'a>) {
-        let view = dispatch::Fleet {
-            models,
-            health: &self.health,
-            in_flight: &self.in_flight,
-            policy,
-        };
-        (&mut self.slate, view)
-    }
-
-    fn reprice(&mut self, models: &[CostModel], policy: &HealthPolicy, now: u64) {
-        let (slate, view) = self.priced(models, policy);
-        slate.refresh(&view, now);
-    }
-
-    fn reprice_one(&mut self, models: &[CostModel], policy: &HealthPolicy, d: usize, now: u64) {
-        let (slate, view) = self.priced(models, policy);
-        slate.refresh_one(&view, d, now);
     }
 
     /// Decide at `now` among the `feasible` destinations, and claim a slot
     /// on the one chosen.
     pub fn dispatch(
-        fleet: &Mutex<Fleet>,
+        &self,
         models: &[CostModel],
         policy: &HealthPolicy,
         now: u64,
@@ -104,40 +71,32 @@ impl Fleet {
         warm: &[u64],
         req: &Request,
     ) -> Result<Decision, Refusal> {
-        let mut f = lock(fleet);
-        let (slate, view) = f.priced(models, policy);
-        slate.refresh_timed(&view, now);
-        let d = dispatch::decide(slate, feasible, warm, req)?;
-        if let Some(n) = f.in_flight.get_mut(d.index) {
-            *n = n.saturating_add(1);
-        }
-        if let Some(h) = f.health.get_mut(d.index) {
-            h.on_dispatch(now);
-        }
-        f.reprice_one(models, policy, d.index, now);
+        let mut f = lock(&self.0);
+        f.advance(models, policy, now);
+        let d = f.decide(feasible, warm, req, now)?;
+        f.reprice(d.index, models, policy, now);
         Ok(d)
     }
 
     /// Release destination `d`'s slot and fold in the request's outcome
     /// (`None`: the client went away, blame no one).
     pub fn settle(
-        fleet: &Mutex<Fleet>,
+        &self,
         models: &[CostModel],
         policy: &HealthPolicy,
         d: usize,
         outcome: Option<Outcome>,
         now: u64,
     ) -> Change {
-        let mut f = lock(fleet);
-        if let Some(n) = f.in_flight.get_mut(d) {
-            *n = n.saturating_sub(1);
-        }
-        let change = match (f.health.get_mut(d), outcome) {
-            (Some(h), Some(o)) => h.observe(o, now, policy),
-            _ => Change::None,
-        };
-        f.reprice_one(models, policy, d, now);
+        let mut f = lock(&self.0);
+        let change = f.settle(d, outcome, policy, now);
+        f.reprice(d, models, policy, now);
         change
+    }
+
+    /// Requests in flight per destination.
+    pub fn in_flight(&self) -> Vec<u32> {
+        lock(&self.0).in_flight.clone()
     }
 }
 
@@ -172,13 +131,13 @@ mod tests {
         };
         let all = [0b11u64];
         for _ in 0..p.trip_after {
-            let d = Fleet::dispatch(&a, &m, &p, 1, &all, &all, &req).unwrap();
+            let d = a.dispatch(&m, &p, 1, &all, &all, &req).unwrap();
             assert_eq!(d.index, 0, "the cheaper one until it trips");
-            Fleet::settle(&a, &m, &p, 0, Some(Outcome::Failure { tenant: 0 }), 1);
+            a.settle(&m, &p, 0, Some(Outcome::Failure { tenant: 0 }), 1);
         }
-        let d = Fleet::dispatch(&b, &m, &p, 2, &all, &all, &req).unwrap();
+        let d = b.dispatch(&m, &p, 2, &all, &all, &req).unwrap();
         assert_eq!(d.index, 1, "tripped for the other configuration too");
-        Fleet::settle(&b, &m, &p, 1, None, 2);
-        assert_eq!(lock(&b).in_flight, vec![0, 0], "every slot released");
+        b.settle(&m, &p, 1, None, 2);
+        assert_eq!(b.in_flight(), vec![0, 0], "every slot released");
     }
 }

@@ -21,6 +21,7 @@ pub mod attributes;
 pub mod body;
 pub mod config;
 pub mod event;
+pub mod flow;
 pub mod headers;
 pub mod request;
 pub mod state;

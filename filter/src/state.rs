@@ -35,7 +35,7 @@
 //! unpaid releases for that long, which only makes them more cautious.
 
 use ace_core::cost::CostModel;
-use ace_core::dispatch::{Fleet, Slate};
+use ace_core::fleet::FleetState;
 use ace_core::health::{Health, HealthPolicy, ENCODED_LEN};
 
 /// Bytes per destination in the shared entry.
@@ -66,14 +66,10 @@ pub enum Synced {
 /// This worker's copy of the shared state, priced for decisions.
 #[derive(Clone, Debug)]
 pub struct Mirror {
-    /// Health per destination.
-    pub health: Vec<Health>,
-    /// Requests in flight per destination, summed over all workers.
-    pub in_flight: Vec<u32>,
-    /// The fleet priced from `health` and `in_flight`.
-    pub slate: Slate,
-    /// The entry's bytes as last synced (or written): what `health`,
-    /// `in_flight` and `slate` reflect.
+    /// The fleet as this worker last saw it, priced.
+    pub state: FleetState,
+    /// The entry's bytes as last synced (or written): what `state`
+    /// reflects.
     seen: Vec<u8>,
     /// The next write must carry every destination, not just one.
     rewrite_all: bool,
@@ -99,9 +95,7 @@ impl Mirror {
         }
         Mirror {
             fresh,
-            health: vec![Health::default(); n],
-            in_flight: vec![0; n],
-            slate: Slate::new(n),
+            state: FleetState::new(n),
             seen: UNSEEN.repeat(n),
             rewrite_all: true,
             owed: vec![0; n],
@@ -160,13 +154,7 @@ impl Mirror {
     /// Reprice the destinations whose price moves with time, for a decision
     /// at `now_ms` without a read (what [`Mirror::sync`] does last).
     pub fn advance(&mut self, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
-        let fleet = Fleet {
-            models,
-            health: &self.health,
-            in_flight: &self.in_flight,
-            policy,
-        };
-        self.slate.refresh_timed(&fleet, now_ms);
+        self.state.advance(models, policy, now_ms);
     }
 
     /// Record that a request on `d` ended quietly: its slot is released
@@ -188,10 +176,8 @@ impl Mirror {
     pub fn apply_owed(&mut self, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
         self.each_dirty(None, |m, d| {
             let owed = m.owed.get(d).copied().unwrap_or(0);
-            if let Some(f) = m.in_flight.get_mut(d) {
-                *f = f.saturating_sub(owed);
-            }
-            m.reprice(d, models, policy, now_ms);
+            m.state.release(d, owed);
+            m.state.reprice(d, models, policy, now_ms);
         });
     }
 
@@ -211,7 +197,7 @@ impl Mirror {
         policy: &HealthPolicy,
         now_ms: u64,
     ) -> Synced {
-        let n = self.health.len();
+        let n = self.state.len();
         let mut outcome = Synced::Read;
         let entry = match entry {
             Some(b) if b.len() == n * STRIDE => Some(b),
@@ -250,11 +236,12 @@ impl Mirror {
                     (Health::default(), 0)
                 }
             };
-            if let (Some(hs), Some(fs)) = (self.health.get_mut(d), self.in_flight.get_mut(d)) {
+            let state = &mut self.state;
+            if let (Some(hs), Some(fs)) = (state.health.get_mut(d), state.in_flight.get_mut(d)) {
                 *hs = health;
                 *fs = flight;
             }
-            self.reprice(d, models, policy, now_ms);
+            state.reprice(d, models, policy, now_ms);
         }
         if outcome != Synced::Read {
             self.rewrite_all = true;
@@ -263,21 +250,11 @@ impl Mirror {
         outcome
     }
 
-    fn reprice(&mut self, d: usize, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
-        let fleet = Fleet {
-            models,
-            health: &self.health,
-            in_flight: &self.in_flight,
-            policy,
-        };
-        self.slate.refresh_one(&fleet, d, now_ms);
-    }
-
     /// Write destination `d`'s state into `out`, the entry about to be
     /// stored (every destination when the entry needs rebuilding). `out`
     /// is resized to the entry's length if it is not that already.
     pub fn write(&self, d: usize, out: &mut Vec<u8>) {
-        let n = self.health.len();
+        let n = self.state.len();
         let whole = self.rewrite_all || out.len() != n * STRIDE;
         if whole {
             out.clear();
@@ -288,8 +265,8 @@ impl Mirror {
                 continue;
             }
             let (Some(h), Some(f), Some(chunk)) = (
-                self.health.get(i),
-                self.in_flight.get(i),
+                self.state.health.get(i),
+                self.state.in_flight.get(i),
                 out.get_mut(i * STRIDE..(i + 1) * STRIDE),
             ) else {
                 continue;
@@ -321,7 +298,7 @@ impl Mirror {
         ) {
             seen.copy_from_slice(new);
         }
-        self.reprice(d, models, policy, now_ms);
+        self.state.reprice(d, models, policy, now_ms);
     }
 
     /// Word `w` of the set this worker is about to write: every destination
@@ -417,7 +394,7 @@ fn word(c: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use ace_core::cost::Tier;
-    use ace_core::dispatch::{decide, Request};
+    use ace_core::dispatch::{decide, Fleet, Request, Slate};
     use ace_core::health::Outcome;
 
     fn models(n: usize) -> Vec<CostModel> {
@@ -458,9 +435,9 @@ mod tests {
             let now = t as u64 * 10;
             let w = if on_a { &mut a } else { &mut b };
             w.sync(entry.as_deref(), &m, &p, now);
-            w.in_flight[d] += 1;
+            w.state.in_flight[d] += 1;
             if let Some(o) = outcome {
-                w.health[d].observe(o, now, &p);
+                w.state.health[d].observe(o, now, &p);
             }
             let mut out = entry.clone().unwrap_or_default();
             w.write(d, &mut out);
@@ -473,14 +450,14 @@ mod tests {
             full.refresh(
                 &Fleet {
                     models: &m,
-                    health: &w.health,
-                    in_flight: &w.in_flight,
+                    health: &w.state.health,
+                    in_flight: &w.state.in_flight,
                     policy: &p,
                 },
                 100,
             );
-            assert_eq!(w.slate, full);
-            assert_eq!(w.in_flight, vec![1, 3, 2]);
+            assert_eq!(w.state.slate, full);
+            assert_eq!(w.state.in_flight, vec![1, 3, 2]);
         }
         // Destination 1 tripped after three failures; the decision skips it.
         let req = Request {
@@ -488,7 +465,7 @@ mod tests {
             tokens_out: 10,
             latency_usd_per_s: 0.0,
         };
-        let d = decide(&a.slate, &[0b110], &[u64::MAX], &req).map(|d| d.index);
+        let d = decide(&a.state.slate, &[0b110], &[u64::MAX], &req).map(|d| d.index);
         assert_eq!(d, Ok(2));
     }
 
@@ -520,7 +497,7 @@ mod tests {
         let (p, m) = (HealthPolicy::default(), models(n));
         let mut w = Mirror::new(n);
         w.sync(None, &m, &p, 0);
-        w.in_flight[1] = flight;
+        w.state.in_flight[1] = flight;
         let mut entry = Vec::new();
         w.write(1, &mut entry);
         w.written(1, &entry, &m, &p, 0);
@@ -560,8 +537,8 @@ mod tests {
         // and writes both destinations.
         w.sync(Some(&entry), &m, &p, 5);
         w.apply_owed(&m, &p, 5);
-        assert_eq!(w.in_flight, vec![0, 0, 0]);
-        w.in_flight[2] += 1;
+        assert_eq!(w.state.in_flight, vec![0, 0, 0]);
+        w.state.in_flight[2] += 1;
         for d in [1, 2] {
             w.write(d, &mut entry);
         }
@@ -572,7 +549,7 @@ mod tests {
         assert!(!w.owes());
         let mut other = Mirror::new(3);
         other.sync(Some(&entry), &m, &p, 5);
-        assert_eq!(other.in_flight, vec![0, 0, 1]);
+        assert_eq!(other.state.in_flight, vec![0, 0, 1]);
     }
 
     #[test]
@@ -580,10 +557,10 @@ mod tests {
         let (p, m) = (HealthPolicy::default(), models(2));
         let (mut w, entry) = stored(2, 0);
         // A local change that never reached the entry.
-        w.in_flight[1] = 9;
+        w.state.in_flight[1] = 9;
         w.lost(1);
         w.sync(Some(&entry), &m, &p, 0);
-        assert_eq!(w.in_flight, vec![0, 0]);
+        assert_eq!(w.state.in_flight, vec![0, 0]);
     }
 
     #[test]
@@ -593,7 +570,7 @@ mod tests {
         let mut w = Mirror::new(3);
         assert_eq!(w.sync(Some(&[1, 2, 3]), &m, &p, 0), Synced::Repaired);
         assert_eq!(w.sync(Some(&UNSEEN.repeat(3)), &m, &p, 0), Synced::Repaired);
-        assert_eq!(w.in_flight, vec![0, 0, 0]);
+        assert_eq!(w.state.in_flight, vec![0, 0, 0]);
         let mut out = UNSEEN.repeat(3);
         w.write(0, &mut out);
         assert!(

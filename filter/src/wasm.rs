@@ -1,21 +1,19 @@
-//! The proxy-wasm adapter: Envoy's Wasm callbacks in, the steps of
-//! [`crate::request`] and the core's decision, the routing header out.
+//! The proxy-wasm adapter: Envoy's Wasm callbacks mapped onto the request
+//! flow ([`crate::flow`]), which it drives through its [`Host`]
+//! implementation. Nothing here decides anything about a request.
 //!
-//! Request path: bring this worker's mirror of the fleet's shared state
-//! (health and in-flight counts that every worker updates) up to date; ask
-//! the core for the destination with the lowest effective cost; claim a
-//! slot on it with a compare-and-swap; write its Envoy cluster into the
-//! destination header, replacing any value a client sent (clients never
-//! choose). Envoy re-selects the route because this module speaks ABI
-//! 0.2.1 (the proxy-wasm Rust SDK 0.2's), for which Envoy clears the route
-//! cache on every request-header mutation; modules speaking a later ABI
-//! must call the `clear_route_cache` foreign function themselves (about
-//! 2 µs of Envoy CPU). The wasm-host test `filter_speaks_abi_0_2_1` fails
-//! if an SDK upgrade changes the ABI.
+//! Routing: the flow writes the chosen cluster into the destination
+//! header, replacing any value a client sent (clients never choose).
+//! Envoy re-selects the route because this module speaks ABI 0.2.1 (the
+//! proxy-wasm Rust SDK 0.2's), for which Envoy clears the route cache on
+//! every request-header mutation; modules speaking a later ABI must call
+//! the `clear_route_cache` foreign function themselves (about 2 µs of
+//! Envoy CPU). The wasm-host test `filter_speaks_abi_0_2_1` fails if an
+//! SDK upgrade changes the ABI.
 //!
-//! Response path: classify the outcome (5xx and Envoy's local replies for
-//! refused connections and timeouts are failures, 429 is throttling, a slow
-//! answer past the SLO derates) and fold it into the shared health.
+//! The fleet's shared state: each worker VM keeps a mirror of it
+//! ([`crate::state`]) and claims and settles with compare-and-swap writes
+//! to one Envoy shared-data entry.
 //!
 //! The request's event is written once, in `on_log`, which Envoy runs
 //! before its access loggers (the real-Envoy event tests hold it to that).
@@ -31,20 +29,18 @@
 //! of the SDK wrappers' panics on statuses they do not expect, and a
 //! failure is logged and answered.
 
-use crate::config::Config;
-use crate::event::{self, Event};
+use crate::config::{Config, Trusted};
+use crate::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use crate::headers::Pairs;
-use crate::request::{self, Counters, EventIds, Lookup, Refused};
+use crate::host;
+use crate::request::{self, Counters, EventIds};
 use crate::state::{Mirror, Synced};
-use crate::usage::UsageScanner;
-use crate::{body, host};
-use ace_core::dispatch::{self, Decision};
-use ace_core::health::Outcome;
+use ace_core::dispatch::{Decision, Refusal, Request};
+use ace_core::health::{Change, Outcome};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::Arc;
 
 /// Compare-and-swap attempts before giving up on a shared-state update.
 const CAS_ATTEMPTS: usize = 32;
@@ -63,21 +59,15 @@ proxy_wasm::main! {{
 /// Everything a request needs, built once per configuration.
 #[derive(Debug)]
 struct Plugin {
-    config: Config,
+    setup: Setup,
     /// Shared-data key of the fleet state.
     state_key: String,
-    /// The compiled policy tables, borrowed zero-copy.
-    tables: Option<ace_core::tables::Tables<'static>>,
-    /// Per-request buffers for the feasibility lookup.
-    lookup: RefCell<Lookup>,
-    /// Reused buffers (one VM is single-threaded).
-    scratch: RefCell<Scratch>,
-    /// The event's JSON line, rewritten in place for every write.
-    event_line: RefCell<Vec<u8>>,
+    /// This worker's copy of the fleet state (one VM is single-threaded).
+    mirror: RefCell<Mirror>,
+    /// Reused per-request buffers.
+    worker: RefCell<Worker>,
     /// The counters, and counts not yet handed to Envoy.
     metrics: Metrics,
-    /// Destination names, shared with each request's event.
-    names: Vec<Arc<str>>,
     /// This VM's event ids.
     ids: RefCell<EventIds>,
 }
@@ -141,11 +131,6 @@ impl Drop for Metrics {
     }
 }
 
-#[derive(Debug)]
-struct Scratch {
-    mirror: Mirror,
-}
-
 /// The plugin (root) context: holds the validated configuration.
 #[derive(Debug)]
 struct AceRoot {
@@ -165,32 +150,16 @@ impl RootContext for AceRoot {
         };
         match Config::parse(&bytes) {
             Ok(config) => {
-                log::info!("{}", config.summary());
-                if config.no_policy {
-                    log::warn!(
-                        "allow_no_policy: routing without policy tables, every destination is feasible for every request (counted in ace.requests_without_policy)"
-                    );
-                }
-                if config.retry_next {
-                    log::warn!(
-                        "retry_next is ignored: only the dynamic module can run a request again; failures spill from the next request"
-                    );
-                }
-                let n = config.destinations.len();
-                let state_key = format!("ace.fleet.{:016x}", config.fingerprint);
-                let metrics = Metrics::define(&config);
+                let setup = Setup::new(config);
+                setup.announce(false);
+                let config = &setup.config;
                 self.plugin = Some(Rc::new(Plugin {
-                    metrics,
-                    names: config.names(),
-                    state_key,
-                    scratch: RefCell::new(Scratch {
-                        mirror: Mirror::new(n),
-                    }),
-                    event_line: RefCell::new(Vec::with_capacity(1024)),
-                    tables: config.tables(),
-                    lookup: RefCell::new(Lookup::new(&config)),
+                    metrics: Metrics::define(config),
+                    state_key: format!("ace.fleet.{:016x}", config.fingerprint),
+                    mirror: RefCell::new(Mirror::new(config.destinations.len())),
+                    worker: RefCell::new(Worker::default()),
                     ids: RefCell::new(EventIds::new(request::random_u64())),
-                    config,
+                    setup,
                 }));
                 // Hands counts to Envoy, and pays owed in-flight releases
                 // when the worker goes idle.
@@ -213,7 +182,7 @@ impl RootContext for AceRoot {
         };
         plugin.metrics.flush();
         // An idle worker pays the in-flight releases it owes.
-        if plugin.scratch.borrow().mirror.owes() {
+        if plugin.mirror.borrow().owes() {
             if let Err(s) = plugin.update(now_ms(), |_| (None, ())) {
                 log::warn!("cannot update the shared fleet state: {s:?}");
             }
@@ -223,7 +192,8 @@ impl RootContext for AceRoot {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(AceStream {
             plugin: self.plugin.clone(),
-            ..AceStream::default()
+            flow: Flow::new(),
+            body_seen: 0,
         }))
     }
 
@@ -231,30 +201,6 @@ impl RootContext for AceRoot {
         Some(ContextType::HttpContext)
     }
 }
-
-/// Per-request state.
-#[derive(Debug, Default)]
-struct AceStream {
-    plugin: Option<Rc<Plugin>>,
-    /// `content-length`, if sent.
-    content_length: Option<usize>,
-    /// Holding the request headers until the body has been read.
-    waiting_for_body: bool,
-    /// The decision and when it was made (ms).
-    chosen: Option<(Decision, u64)>,
-    /// Whether the outcome was folded into the shared state.
-    settled: bool,
-    /// The request's event, written to filter state once, in `on_log`.
-    event: Option<Event>,
-    /// Token usage in the response, when it is being looked for.
-    usage: Option<UsageScanner>,
-    /// The request's own output budget (`max_tokens`), if its body gave one.
-    max_output: Option<u32>,
-    /// The whole request (headers, body, trailers) has passed the filter.
-    request_done: bool,
-}
-
-impl Context for AceStream {}
 
 /// The host's clock in ms since the Unix epoch (0 if it cannot be read).
 fn now_ms() -> u64 {
@@ -276,9 +222,10 @@ impl Plugin {
         now: u64,
         mut f: impl FnMut(&mut Mirror) -> (Option<usize>, T),
     ) -> Result<T, Status> {
-        let (models, policy) = (&self.config.models, &self.config.health);
-        let mut scratch = self.scratch.borrow_mut();
-        let mirror = &mut scratch.mirror;
+        let cfg = &self.setup.config;
+        let (models, policy) = (&cfg.models, &cfg.health);
+        let mut mirror = self.mirror.borrow_mut();
+        let mirror = &mut *mirror;
         for attempt in 0..CAS_ATTEMPTS {
             let trusted = if attempt == 0 {
                 mirror.known_cas(now)
@@ -334,467 +281,270 @@ impl Plugin {
     }
 }
 
-impl AceStream {
-    /// Route on the buffered body: `body_size` bytes are buffered, all of
-    /// it if `whole`, else at least that many (a body past the bound, or
-    /// one whose trailers came before its end was seen).
-    fn route_on_body(&mut self, plugin: &Rc<Plugin>, body_size: usize, whole: bool) -> Action {
-        self.waiting_for_body = false;
-        let max = plugin.config.max_body_bytes;
-        let bytes = match host::buffer(BufferType::HttpRequestBody, 0, body_size.min(max + 1)) {
-            Ok(b) => b,
-            Err(s) => {
-                log::warn!("cannot read the request body: {s:?}");
-                Vec::new()
-            }
-        };
-        let total = if whole {
-            body_size
-        } else if bytes.len() <= max {
-            bytes.len()
-        } else {
-            bytes.len().max(max + 1)
-        };
-        let bytes = bytes.get(..max.min(bytes.len())).unwrap_or(&[]);
-        match body::scan_request(bytes, total) {
-            Ok(b) => self.route(plugin, Some(&b), now_ms()),
-            Err(e) => {
-                if let Some(refused) = request::body_refusal(&plugin.config, &e) {
-                    return self.send_refusal(&refused);
-                }
-                self.content_length = Some(total);
-                self.route(plugin, None, now_ms())
-            }
-        }
+/// Per-request state: the flow, and what the Wasm host needs of it.
+#[derive(Debug)]
+struct AceStream {
+    plugin: Option<Rc<Plugin>>,
+    flow: Flow,
+    /// Request body bytes already read from Envoy's buffer.
+    body_seen: usize,
+}
+
+impl Context for AceStream {}
+
+/// The proxy-wasm host for one callback of one request.
+struct Wasm<'a> {
+    plugin: &'a Plugin,
+    /// The body size this callback reported (Envoy's whole buffer while
+    /// the request is held; the new chunk otherwise).
+    body_size: usize,
+    /// Request body bytes already read (see [`AceStream::body_seen`]).
+    body_seen: &'a mut usize,
+    /// The response headers, read once when first needed.
+    response: Option<Pairs>,
+}
+
+impl Host for Wasm<'_> {
+    fn now_ms(&mut self) -> u64 {
+        now_ms()
     }
 
-    fn reply_json(
-        &mut self,
-        status: u32,
-        kind: &'static str,
-        reason: &'static str,
-        message: &str,
-    ) -> Action {
-        self.send_refusal(&Refused {
-            status,
-            kind,
-            reason,
-            message: message.to_string(),
+    fn next_event_id(&mut self) -> [u8; 32] {
+        self.plugin.ids.borrow_mut().next_id()
+    }
+
+    fn request_headers(&mut self) -> Pairs {
+        host::header_pairs(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
+            log::warn!("cannot read the request headers: {s:?}");
+            Pairs::default()
         })
     }
 
-    /// Answer the request locally with `refused`'s JSON error.
-    fn send_refusal(&mut self, refused: &Refused) -> Action {
-        if let Some(e) = self.event.as_mut() {
-            e.finish(refused.status, refused.reason);
-        }
-        if let Err(s) = host::send_local_response(
-            refused.status,
-            &[("content-type", "application/json")],
-            &refused.body(),
-        ) {
-            log::error!("cannot send local reply: {s:?}");
-        }
-        Action::Pause
+    fn remove_request_header(&mut self, name: &str) -> bool {
+        host::remove_header(MapType::HttpRequestHeaders, name)
+            .map_err(|s| log::warn!("cannot remove request header {name}: {s:?}"))
+            .is_ok()
     }
 
-    /// Write the event to filter state (`wasm.ace_event`) for the access log.
-    fn write_event(&self) {
-        let (Some(e), Some(plugin)) = (&self.event, &self.plugin) else {
-            return;
-        };
-        let mut line = plugin.event_line.borrow_mut();
-        e.write_json(&mut line);
-        if let Err(s) = host::set_property(event::PROPERTY.as_bytes(), &line) {
-            log::warn!("cannot write the request event: {s:?}");
-        }
+    fn set_request_header(&mut self, name: &str, value: &str) -> bool {
+        host::replace_header(MapType::HttpRequestHeaders, name, value)
+            .map_err(|s| log::warn!("cannot set request header {name}: {s:?}"))
+            .is_ok()
     }
 
-    /// Feasibility, then merit order, then the routing header. Runs from
-    /// the headers callback, or from the body callback once the body is read.
-    fn route(&mut self, plugin: &Rc<Plugin>, body: Option<&body::RequestBody>, now: u64) -> Action {
-        let cfg = &plugin.config;
-        let conflict = self
-            .event
-            .as_ref()
-            .and_then(|e| request::model_conflict(e, body));
-        if let Some(refused) = conflict {
-            return self.send_refusal(&refused);
+    fn clear_route_cache(&mut self) {
+        // Nothing to do: for ABI 0.2.1 Envoy clears the route cache on the
+        // header change (see the module docs).
+    }
+
+    fn request_body(&mut self, into: &mut Vec<u8>, room: usize) -> usize {
+        // While the request is held, Envoy's buffer holds the whole body so
+        // far: read what is new since the last callback.
+        let arrived = self.body_size.saturating_sub(*self.body_seen);
+        let want = arrived.min(room);
+        if want > 0 {
+            match host::buffer(BufferType::HttpRequestBody, *self.body_seen, want) {
+                Ok(bytes) if into.is_empty() => *into = bytes,
+                Ok(bytes) => into.extend_from_slice(&bytes),
+                Err(s) => log::warn!("cannot read the request body: {s:?}"),
+            }
         }
-        self.max_output = body.and_then(|b| b.max_output_tokens);
-        let Some(event) = self.event.as_mut() else {
-            return self.reply_json(500, "internal", "internal", "request not captured");
+        *self.body_seen = self.body_size;
+        arrived
+    }
+
+    fn trusted(&mut self, source: &Trusted) -> Option<Vec<u8>> {
+        let read = match source {
+            Trusted::Metadata { namespace, path } => {
+                let mut full: Vec<&str> = vec!["metadata", "filter_metadata", namespace];
+                full.extend(path.iter().map(String::as_str));
+                host::property(&full)
+            }
+            Trusted::Peer(field) => host::property(&["connection", field.property()]),
         };
-        let req = request::plan(cfg, event, body, self.content_length, now);
-        // Feasibility first: the compiled Cedar tables, per request.
-        let mut lookup = plugin.lookup.borrow_mut();
-        let body_model = body.and_then(|b| b.model.as_deref());
-        if let Err(refused) = request::feasible(
-            cfg,
-            plugin.tables.as_ref(),
-            event,
-            body_model,
-            trusted_value,
-            &mut lookup,
-        ) {
-            drop(lookup);
-            return self.send_refusal(&refused);
-        }
-        let warm = cfg.warmth.mask(event.text(&event.model_requested));
-        let feasible = &lookup.mask;
-        let decided = plugin.update(now, |m| {
-            match dispatch::decide(&m.slate, feasible, warm, &req) {
-                Ok(d) => {
-                    if let Some(f) = m.in_flight.get_mut(d.index) {
-                        *f = f.saturating_add(1);
-                    }
-                    if let Some(h) = m.health.get_mut(d.index) {
-                        h.on_dispatch(now);
-                    }
-                    (Some(d.index), Ok(d))
-                }
-                Err(r) => (None, Err(r)),
-            }
-        });
-        drop(lookup);
-        let decision = match decided {
-            Ok(Ok(d)) => d,
-            Ok(Err(refusal)) => {
-                plugin.metrics.add(Counters::NO_DESTINATION, 1);
-                return self.send_refusal(&Refused::no_destination(refusal));
-            }
+        match read {
+            Ok(v) => v.filter(|v| !v.is_empty()),
             Err(s) => {
-                log::warn!("cannot read the shared fleet state: {s:?}");
-                return self.reply_json(503, "internal", "shared_state", "fleet state unavailable");
-            }
-        };
-        self.chosen = Some((decision, now));
-        let m = &plugin.metrics;
-        for (counter, n) in Counters::decided(&decision) {
-            m.add(counter, n);
-        }
-        if cfg.no_policy {
-            m.add(Counters::WITHOUT_POLICY, 1);
-        }
-        let Some(dest) = cfg.destinations.get(decision.index) else {
-            self.settle(None, None);
-            return self.reply_json(500, "internal", "internal", "decision index out of range");
-        };
-        if let Some(e) = self.event.as_mut() {
-            request::record(e, cfg, &plugin.names, &decision);
-            if self.request_done {
-                e.sent_ms = now;
+                // Unreadable is missing: the policy then refuses or restricts.
+                log::warn!("cannot read a verified attribute source: {s:?}");
+                None
             }
         }
-        if let Err(s) = host::replace_header(
-            MapType::HttpRequestHeaders,
-            &cfg.destination_header,
-            &dest.cluster,
-        ) {
-            log::warn!("cannot set destination header: {s:?}");
-            self.settle(None, None);
-            return self.reply_json(
-                500,
-                "internal",
-                "internal",
-                "cannot set the destination header",
-            );
-        }
-        // No `clear_route_cache` call: for ABI 0.2.1 Envoy clears the route
-        // cache on the header change (see the module docs).
-        Action::Continue
     }
 
-    /// Fold the request's outcome into the shared state (once). `now` is
-    /// the caller's clock reading, if it has one (each read is a host call).
-    fn settle(&mut self, outcome: Option<Outcome>, now: Option<u64>) {
-        if self.settled {
-            return;
-        }
-        self.settled = true;
-        let (Some(plugin), Some((decision, _))) = (self.plugin.as_ref(), self.chosen) else {
-            return;
-        };
-        let now = now.unwrap_or_else(now_ms);
-        let policy = plugin.config.health;
-        let d = decision.index;
-        // A quiet ending on a destination with nothing to recover only
-        // releases a slot: owe it to the next write instead of writing now
-        // (see `state`).
-        if is_quiet(outcome) {
-            let mut scratch = plugin.scratch.borrow_mut();
-            let calm = scratch
-                .mirror
-                .health
-                .get(d)
-                .is_some_and(|h| h.is_pristine(now) && h.consecutive_failures() == 0);
-            if calm {
-                scratch.mirror.owe_release(d);
-                return;
-            }
-        }
-        let result = plugin.update(now, |m| {
-            if let Some(f) = m.in_flight.get_mut(d) {
-                *f = f.saturating_sub(1);
-            }
-            let mut change = None;
-            if let (Some(h), Some(o)) = (m.health.get_mut(d), outcome) {
-                change = Some(h.observe(o, now, &policy));
-            }
-            (Some(d), change)
+    fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+        let pairs = self.response.get_or_insert_with(|| {
+            host::header_pairs(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
+                log::warn!("cannot read the response headers: {s:?}");
+                Pairs::default()
+            })
         });
-        let m = &plugin.metrics;
-        if let Some(c) = Counters::destination_outcome(d, outcome) {
-            m.add(c, 1);
+        f(pairs.get(name))
+    }
+
+    fn set_response_header(&mut self, name: &str, value: &str) {
+        if let Err(s) = host::replace_header(MapType::HttpResponseHeaders, name, value) {
+            log::warn!("cannot set response header {name}: {s:?}");
         }
-        match result {
-            Ok(Some(change)) => {
-                if let Some(c) = Counters::change(change) {
-                    m.add(c, 1);
-                }
-                if change != ace_core::health::Change::None {
-                    let name = plugin
-                        .config
-                        .destinations
-                        .get(d)
-                        .map_or("?", |x| x.name.as_str());
-                    log::info!("destination {name}: {change:?}");
-                }
+    }
+
+    fn response_body(&mut self, mut f: impl FnMut(&[u8])) {
+        if self.body_size > 0 {
+            match host::buffer(BufferType::HttpResponseBody, 0, self.body_size) {
+                Ok(chunk) => f(&chunk),
+                Err(s) => log::warn!("cannot read the response body: {s:?}"),
             }
-            Ok(None) => {}
-            Err(s) => log::warn!("cannot update the shared fleet state: {s:?}"),
         }
+    }
+
+    fn send_local(&mut self, status: u32, body: &[u8], _details: &str) -> bool {
+        host::send_local_response(status, &[("content-type", "application/json")], body)
+            .map_err(|s| log::error!("cannot send local reply: {s:?}"))
+            .is_ok()
+    }
+
+    fn envoy_response_code(&mut self) -> Option<u32> {
+        let bytes = host::property(&["response", "code"]).ok().flatten()?;
+        let code = u64::from_le_bytes(<[u8; 8]>::try_from(bytes.as_slice()).ok()?);
+        u32::try_from(code).ok()
+    }
+
+    fn write_event(&mut self, line: &[u8]) -> bool {
+        host::set_property(crate::event::PROPERTY.as_bytes(), line)
+            .map_err(|s| log::warn!("cannot write the request event: {s:?}"))
+            .is_ok()
+    }
+
+    fn count(&mut self, counter: usize, n: u64) {
+        self.plugin.metrics.add(counter, n);
+    }
+
+    fn claim(
+        &mut self,
+        now_ms: u64,
+        feasible: &[u64],
+        warm: &[u64],
+        req: &Request,
+    ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+        self.plugin
+            .update(now_ms, |m| {
+                match m.state.decide(feasible, warm, req, now_ms) {
+                    Ok(d) => (Some(d.index), Ok(d)),
+                    Err(r) => (None, Err(r)),
+                }
+            })
+            .map_err(|s| {
+                log::warn!("cannot read the shared fleet state: {s:?}");
+                FleetUnavailable
+            })
+    }
+
+    fn settle(
+        &mut self,
+        d: usize,
+        outcome: Option<Outcome>,
+        now_ms: u64,
+    ) -> Result<Change, FleetUnavailable> {
+        // A quiet ending only releases a slot: owe it to the next write
+        // instead of writing now (see `state`).
+        {
+            let mut mirror = self.plugin.mirror.borrow_mut();
+            if mirror.state.is_quiet(d, outcome, now_ms) {
+                mirror.owe_release(d);
+                return Ok(Change::None);
+            }
+        }
+        let policy = self.plugin.setup.config.health;
+        self.plugin
+            .update(now_ms, |m| {
+                (Some(d), m.state.settle(d, outcome, &policy, now_ms))
+            })
+            .map_err(|s| {
+                log::warn!("cannot update the shared fleet state: {s:?}");
+                FleetUnavailable
+            })
     }
 }
 
-/// A verified attribute's value, read from Envoy: dynamic metadata (a
-/// claim `jwt_authn` verified) or the mTLS peer certificate.
-fn trusted_value(source: &crate::config::Trusted) -> Option<Vec<u8>> {
-    use crate::config::Trusted;
-    let read = match source {
-        Trusted::Metadata { namespace, path } => {
-            let mut full: Vec<&str> = vec!["metadata", "filter_metadata", namespace];
-            full.extend(path.iter().map(String::as_str));
-            host::property(&full)
-        }
-        Trusted::Peer(field) => host::property(&["connection", field.property()]),
-    };
-    match read {
-        Ok(v) => v.filter(|v| !v.is_empty()),
-        Err(s) => {
-            // Unreadable is missing: the policy then refuses or restricts.
-            log::warn!("cannot read a verified attribute source: {s:?}");
-            None
-        }
+impl AceStream {
+    /// Run `f` with the flow, this callback's host and the plugin; `None`
+    /// when there is no valid configuration.
+    fn with<T>(
+        &mut self,
+        body_size: usize,
+        f: impl FnOnce(&mut Flow, &Plugin, &mut Wasm<'_>) -> T,
+    ) -> Option<T> {
+        let plugin = self.plugin.clone()?;
+        let mut host = Wasm {
+            plugin: &plugin,
+            body_size,
+            body_seen: &mut self.body_seen,
+            response: None,
+        };
+        Some(f(&mut self.flow, &plugin, &mut host))
     }
 }
 
-/// Whether a request ending with `outcome` (`None`: the client went away)
-/// changes its destination's health, or only releases its slot.
-fn is_quiet(outcome: Option<Outcome>) -> bool {
-    match outcome {
-        None => true,
-        Some(Outcome::Success { latency_ms, slo_ms }) => slo_ms.is_none_or(|s| latency_ms <= s),
-        Some(_) => false,
+/// Envoy's action for a request-path verdict.
+fn action(v: Verdict) -> Action {
+    match v {
+        Verdict::Continue | Verdict::Rerun => Action::Continue,
+        // Under allow_on_headers_stop_iteration, a pause from the headers
+        // callback holds the headers until the body is read.
+        Verdict::Hold | Verdict::Answered => Action::Pause,
     }
 }
 
 impl HttpContext for AceStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, eos: bool) -> Action {
-        let Some(plugin) = self.plugin.clone() else {
-            return self.reply_json(
-                503,
-                "not_configured",
-                "not_configured",
-                "the ACE filter has no valid configuration",
-            );
-        };
-        plugin.metrics.add(Counters::REQUESTS, 1);
-        // Clients never choose: a destination header they sent is replaced
-        // in `route` (a replace drops every earlier value) or, when the
-        // request is refused, never reaches an upstream.
-        //
-        // Capture what later phases need while the headers are readable,
-        // all of them in one host call.
-        let headers = host::header_pairs(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
-            // Every attribute is then unknown: policy fails closed.
-            log::warn!("cannot read the request headers: {s:?}");
-            Pairs::default()
+        let verdict = self.with(0, |flow, p, host| {
+            flow.on_request_headers(&p.setup, &p.worker, host, eos)
         });
-        // Before anything can pause the request: a client's destination
-        // header, and its headers for attributes with verified sources, go.
-        for name in request::forbidden_headers(&plugin.config, &headers) {
-            if let Err(s) = host::remove_header(MapType::HttpRequestHeaders, name) {
-                log::warn!("cannot remove the client's {name}: {s:?}");
-                return self.reply_json(
-                    500,
-                    "internal",
-                    "internal",
-                    "cannot remove a header the client may not send",
-                );
-            }
-        }
-        let now = now_ms();
-        let id = plugin.ids.borrow_mut().next_id();
-        let head = request::capture(&plugin.config, headers, now, id);
-        let wants_body = head.wants_body(&plugin.config, eos);
-        self.content_length = head.content_length;
-        self.event = Some(head.event);
-        self.request_done = eos;
-        if wants_body {
-            // Hold the headers (StopIteration under
-            // allow_on_headers_stop_iteration) until the body is read.
-            self.waiting_for_body = true;
-            return Action::Pause;
-        }
-        self.route(&plugin, None, now)
+        verdict.map_or_else(
+            || {
+                let refused = flow::not_configured();
+                let json = [("content-type", "application/json")];
+                if let Err(s) = host::send_local_response(refused.status, &json, &refused.body()) {
+                    log::error!("cannot send local reply: {s:?}");
+                }
+                Action::Pause
+            },
+            action,
+        )
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.waiting_for_body {
-            if end_of_stream {
-                // The upstream now has the whole request: health latency
-                // starts here, not at the decision (a slow upload is the
-                // client's, not the destination's).
-                self.request_done = true;
-                if let Some(e) = self.event.as_mut().filter(|_| self.chosen.is_some()) {
-                    e.sent_ms = now_ms();
-                }
-            }
-            return Action::Continue;
-        }
-        let Some(plugin) = self.plugin.clone() else {
-            return Action::Continue;
-        };
-        let max = plugin.config.max_body_bytes;
-        if !end_of_stream && body_size < max {
-            return Action::Pause; // buffer more
-        }
-        self.request_done = end_of_stream;
-        self.route_on_body(&plugin, body_size, end_of_stream)
+        let v = self.with(body_size, |flow, p, host| {
+            flow.on_request_body(&p.setup, &p.worker, host, end_of_stream)
+        });
+        v.map_or(Action::Continue, action)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        // Trailers end the request. Held for its body, it is routed now on
-        // what was buffered: returning Continue here would otherwise
-        // release it to Envoy's router undecided.
-        self.request_done = true;
-        if self.waiting_for_body {
-            let Some(plugin) = self.plugin.clone() else {
-                return Action::Pause;
-            };
-            let size = plugin.config.max_body_bytes.saturating_add(1);
-            return self.route_on_body(&plugin, size, false);
-        }
-        if let Some(e) = self.event.as_mut().filter(|_| self.chosen.is_some()) {
-            e.sent_ms = now_ms();
-        }
-        Action::Continue
+        let v = self.with(0, |flow, p, host| {
+            flow.on_request_trailers(&p.setup, &p.worker, host)
+        });
+        v.map_or(Action::Pause, action)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
-        let (Some(plugin), Some((decision, started))) = (self.plugin.clone(), self.chosen) else {
-            return Action::Continue;
-        };
-        let headers = host::header_pairs(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
-            log::warn!("cannot read the response headers: {s:?}");
-            Pairs::default()
-        });
-        let [status, retry_after, content_type, upstream_time] = headers.find([
-            ":status",
-            "retry-after",
-            "content-type",
-            request::UPSTREAM_TIME_HEADER,
-        ]);
-        let status = crate::headers::number::<u32>(status).unwrap_or(0);
-        let cfg = &plugin.config;
-        let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
-        let now = now_ms();
-        let (sent, tenant) = self
-            .event
-            .as_ref()
-            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
-        // From when the upstream had the whole request; from the decision
-        // if it answered before the request ended.
-        let latency_ms = now.saturating_sub(if sent > 0 { sent } else { started });
-        let outcome = request::outcome(
-            status,
-            retry_after,
-            upstream_time.is_some(),
-            tenant,
-            latency_ms,
-            slo_ms,
-        );
-        self.settle(Some(outcome), Some(now));
-        if let Some(e) = self.event.as_mut() {
-            e.latency_ms = latency_ms;
-            e.finish(status, decision.reason.as_str());
-        }
-        if (200..300).contains(&status) {
-            let sse = crate::headers::has(content_type, "text/event-stream");
-            self.usage = Some(UsageScanner::new(sse));
-        }
-        if cfg.response_headers {
-            let mut cost = event::UsdBuffer::default();
-            for (k, v) in request::response_headers(cfg, &decision, &mut cost)
-                .into_iter()
-                .flatten()
-            {
-                let _ = host::replace_header(MapType::HttpResponseHeaders, k, v);
-            }
-        }
+        self.with(0, |flow, p, host| flow.on_response_headers(&p.setup, host));
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         // Never pause here: streams must flow. Each call sees the new chunk.
-        if let Some(scanner) = self.usage.as_mut() {
-            if body_size > 0 {
-                if let Ok(chunk) = host::buffer(BufferType::HttpResponseBody, 0, body_size) {
-                    scanner.feed(&chunk);
-                }
-            }
-            if end_of_stream {
-                let found = scanner.finish();
-                self.usage = None;
-                if let (Some(u), Some(plugin), Some((decision, _)), Some(e)) = (
-                    found,
-                    self.plugin.as_ref(),
-                    self.chosen,
-                    self.event.as_mut(),
-                ) {
-                    request::book_usage(e, &plugin.config, &decision, u, self.max_output);
-                }
-            }
-        }
+        self.with(body_size, |flow, p, host| {
+            flow.on_response_body(&p.setup, host, end_of_stream)
+        });
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        // The client went away before any response: free the slot and
-        // blame no one. The event keeps status 0 unless a response was seen.
-        self.settle(None, None);
-        if let Some(e) = self.event.as_mut().filter(|e| e.status == 0) {
-            // Envoy may have answered itself without the filter seeing the
-            // answer (a 413 for a body over its buffer limit while the
-            // filter held the request): log what the client got.
-            let code = host::property(&["response", "code"])
-                .ok()
-                .flatten()
-                .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-                .map_or(0, u64::from_le_bytes);
-            match u32::try_from(code) {
-                Ok(code) if code > 0 => e.finish(code, "envoy_reply"),
-                _ => e.finish(0, "client_gone"),
-            }
-        }
-        if let (Some(plugin), Some(e)) = (&self.plugin, &self.event) {
-            for (counter, n) in Counters::booked(e) {
-                plugin.metrics.add(counter, n);
-            }
-        }
         // Envoy runs this before its access loggers: the one write of the
         // request's event, with everything the request turned out to be.
-        self.write_event();
+        self.with(0, |flow, p, host| {
+            flow.on_complete(&p.setup, &p.worker, host)
+        });
     }
 }

@@ -1,0 +1,787 @@
+//! One request's whole flow, written once for every host.
+//!
+//! ACE runs inside Envoy two ways, as a proxy-wasm filter and as a dynamic
+//! module. Both must route, refuse, spill, settle and log a request exactly
+//! alike, so the sequence lives here, generic over [`Host`]: the few things
+//! only Envoy can do (read and set headers, read the body, answer locally,
+//! read the clock, keep the fleet's shared state, count, write the event).
+//! An adapter implements [`Host`] and maps Envoy's callbacks onto
+//! [`Flow`]'s; it holds no policy of its own. `tests/flow.rs` drives the
+//! whole flow through a mock host.
+//!
+//! The order a request goes through:
+//!
+//! 1. [`Flow::on_request_headers`]: drop headers a client may not send,
+//!    capture the rest, and either hold the request for its body (the
+//!    policy or the estimate needs it) or route now;
+//! 2. [`Flow::on_request_body`] / [`Flow::on_request_trailers`]: gather the
+//!    held body up to its bound, then route on it;
+//! 3. routing: feasibility from the compiled tables (fail closed), then the
+//!    merit-order decision and a claimed slot ([`Host::claim`]), then the
+//!    destination header;
+//! 4. [`Flow::on_response_headers`]: what the answer means for the
+//!    destination's health ([`Host::settle`]), the operator headers, and
+//!    the usage scan; under `retry_next`, on a host that can, a failed
+//!    request is run again without the destination that failed
+//!    ([`Verdict::Rerun`]);
+//! 5. [`Flow::on_response_body`]: token usage, booked at the decision's
+//!    prices;
+//! 6. [`Flow::on_complete`]: the request's one event and its dollars.
+
+use crate::body::{self, RequestBody};
+use crate::config::{Config, Trusted};
+use crate::event::{self, Event};
+use crate::headers::{self, Pairs};
+use crate::request::{self, Counters, Lookup, Refused};
+use crate::usage::UsageScanner;
+use ace_core::dispatch::{Decision, Refusal, Request};
+use ace_core::health::{Change, Outcome};
+use ace_core::tables::Tables;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// The request header that marks ACE's own re-run of a request
+/// (`retry_next`): this process's token and the index of the destination
+/// that failed. A value without the token (a client's) is removed and
+/// ignored.
+pub const RETRY_HEADER: &str = "x-ace-retry";
+
+/// The event's and `x-ace-reason`'s reason for a re-run request.
+pub const RETRY_REASON: &str = "retry";
+
+/// The fleet's shared state could not be read or written (the host has
+/// logged why).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FleetUnavailable;
+
+/// What only Envoy can do for a request, as the flow needs it. Every
+/// method is infallible or reports failure in its result: a host never
+/// panics, it logs and answers.
+pub trait Host {
+    /// The clock, ms since the Unix epoch.
+    fn now_ms(&mut self) -> u64;
+
+    /// A new event id, unique across every worker (see
+    /// [`request::EventIds`]).
+    fn next_event_id(&mut self) -> [u8; 32];
+
+    /// The request headers, whole (empty if they cannot be read: every
+    /// attribute is then unknown, and the policy fails closed).
+    fn request_headers(&mut self) -> Pairs;
+
+    /// Remove every value of request header `name`; false if the host
+    /// could not.
+    fn remove_request_header(&mut self, name: &str) -> bool;
+
+    /// Set request header `name` to `value`, replacing every earlier
+    /// value; false if the host could not.
+    fn set_request_header(&mut self, name: &str, value: &str) -> bool;
+
+    /// Make Envoy select the route again after the destination header
+    /// changed (a no-op where the host does it on its own).
+    fn clear_route_cache(&mut self);
+
+    /// The request body that arrived with this body callback: append up
+    /// to `room` bytes of it to `into`, and return how many arrived.
+    fn request_body(&mut self, into: &mut Vec<u8>, room: usize) -> usize;
+
+    /// A verified attribute's value (dynamic metadata, the mTLS peer), or
+    /// `None` when the source has none or this host cannot read it.
+    fn trusted(&mut self, source: &Trusted) -> Option<Vec<u8>>;
+
+    /// `f` of response header `name`'s value (`None` when absent).
+    fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R;
+
+    /// Set response header `name` to `value`.
+    fn set_response_header(&mut self, name: &str, value: &str);
+
+    /// Calls `f` on each chunk of the response body that arrived with this
+    /// body callback.
+    fn response_body(&mut self, f: impl FnMut(&[u8]));
+
+    /// Answer the request from the proxy: `status`, a JSON `body`, and
+    /// `details` for Envoy's response-code details; false if the host
+    /// could not.
+    fn send_local(&mut self, status: u32, body: &[u8], details: &str) -> bool;
+
+    /// The status Envoy answered with, when it answered without the
+    /// filter seeing the answer (its 413 while the body was held).
+    fn envoy_response_code(&mut self) -> Option<u32>;
+
+    /// Hand the request's event line to Envoy's access log.
+    fn write_event(&mut self, line: &[u8]) -> bool;
+
+    /// Count `n` on counter `counter` ([`Counters`] positions).
+    fn count(&mut self, counter: usize, n: u64);
+
+    /// Decide at `now_ms` among the `feasible` destinations (the fleet
+    /// priced at `now_ms`) and claim a slot on the one chosen, in the
+    /// fleet's shared state ([`ace_core::fleet::FleetState::decide`]).
+    fn claim(
+        &mut self,
+        now_ms: u64,
+        feasible: &[u64],
+        warm: &[u64],
+        req: &Request,
+    ) -> Result<Result<Decision, Refusal>, FleetUnavailable>;
+
+    /// Release destination `d`'s slot and fold in the request's `outcome`
+    /// (`None`: the client went away), in the fleet's shared state
+    /// ([`ace_core::fleet::FleetState::settle`]).
+    fn settle(
+        &mut self,
+        d: usize,
+        outcome: Option<Outcome>,
+        now_ms: u64,
+    ) -> Result<Change, FleetUnavailable>;
+
+    /// Whether this host can run a request again within the same request
+    /// (`retry_next`).
+    fn can_rerun(&self) -> bool {
+        false
+    }
+
+    /// Whether Envoy holds the whole request body, `bytes` long, to run
+    /// the request again.
+    fn replayable(&mut self, bytes: usize) -> bool {
+        let _ = bytes;
+        false
+    }
+
+    /// Mark this run of the request as replaced by a re-run (its access
+    /// log line carries no event), or not.
+    fn mark_superseded(&mut self, superseded: bool) {
+        let _ = superseded;
+    }
+}
+
+/// What the adapter tells Envoy after a callback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let the request or response go on.
+    Continue,
+    /// Hold the request until more of its body has arrived.
+    Hold,
+    /// The request was answered locally: stop it here.
+    Answered,
+    /// Ask Envoy to run the request again (see [`Host::can_rerun`]); if it
+    /// will not, call [`Flow::not_rerun`].
+    Rerun,
+}
+
+/// Everything a request needs of one configuration, built once.
+#[derive(Debug)]
+pub struct Setup {
+    /// The validated configuration.
+    pub config: Config,
+    /// The compiled policy tables, borrowed zero-copy.
+    pub tables: Option<Tables<'static>>,
+    /// Destination names, shared with each request's event.
+    pub names: Vec<Arc<str>>,
+}
+
+impl Setup {
+    /// The setup of `config`.
+    pub fn new(config: Config) -> Setup {
+        Setup {
+            tables: config.tables(),
+            names: config.names(),
+            config,
+        }
+    }
+
+    /// Log what the configuration does, and what this host will not do of
+    /// it (`can_rerun`: see [`Host::can_rerun`]).
+    pub fn announce(&self, can_rerun: bool) {
+        log::info!("{}", self.config.summary());
+        if self.config.no_policy {
+            log::warn!(
+                "allow_no_policy: routing without policy tables, every destination is feasible for every request (counted in ace.requests_without_policy)"
+            );
+        }
+        if self.config.retry_next && !can_rerun {
+            log::warn!(
+                "retry_next is ignored: only the dynamic module can run a request again; failures spill from the next request"
+            );
+        }
+    }
+}
+
+/// Buffers one worker reuses for every request, so that a warm worker
+/// allocates little per request.
+#[derive(Debug, Default)]
+pub struct Worker {
+    /// The feasibility lookup's buffers.
+    pub lookup: Lookup,
+    /// The event's JSON line, rewritten in place for every write.
+    pub event_line: Vec<u8>,
+}
+
+/// `f` on `worker`'s buffers, or on fresh ones if they are in use (a
+/// re-entrant call from the host: never expected, never a panic).
+fn with_worker<R>(worker: &RefCell<Worker>, f: impl FnOnce(&mut Worker) -> R) -> R {
+    match worker.try_borrow_mut() {
+        Ok(mut w) => f(&mut w),
+        Err(_) => f(&mut Worker::default()),
+    }
+}
+
+/// One request's state, from its headers to its event.
+#[derive(Debug, Default)]
+pub struct Flow {
+    /// `content-length`, if sent.
+    content_length: Option<usize>,
+    /// The request body read so far (at most `max_body_bytes`), while the
+    /// request is held for it.
+    body: Option<Vec<u8>>,
+    /// Request body bytes seen so far.
+    request_bytes: usize,
+    /// The whole request (headers, body, trailers) has passed the filter.
+    request_done: bool,
+    /// The request had trailers (a re-run would drop them).
+    trailers: bool,
+    /// The decision and when it was made (ms).
+    chosen: Option<(Decision, u64)>,
+    /// Whether the outcome was folded into the fleet state.
+    settled: bool,
+    /// The request's event, written once, at the end.
+    event: Option<Event>,
+    /// Token usage in the response, when it is being looked for.
+    usage: Option<UsageScanner>,
+    /// The request's own output budget (`max_tokens`), if its body gave one.
+    max_output: Option<u32>,
+    /// This run is ACE's re-run of a request whose destination (this
+    /// index) failed: that destination is not a candidate.
+    retry_of: Option<usize>,
+    /// The event, set aside while Envoy runs the request again.
+    parked: Option<Event>,
+    /// The response's status and latency, while a re-run is asked for.
+    answered: Option<(u32, u64)>,
+}
+
+/// Why routing stopped before a decision.
+enum Stop {
+    Refused(Refused),
+    Fleet,
+}
+
+impl Flow {
+    /// A new request.
+    pub fn new() -> Flow {
+        Flow::default()
+    }
+
+    /// The decision, once made.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.chosen.as_ref().map(|(d, _)| d)
+    }
+
+    /// The request headers arrived (`end_of_stream`: with no body).
+    pub fn on_request_headers<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+        end_of_stream: bool,
+    ) -> Verdict {
+        let cfg = &setup.config;
+        let headers = host.request_headers();
+        // Before anything can pause the request: a client's destination
+        // header, and its headers for attributes with verified sources, go.
+        // (The destination header is set again, by ACE, when it routes.)
+        for name in request::forbidden_headers(cfg, &headers) {
+            if !host.remove_request_header(name) {
+                return self.internal(host, "cannot remove a header the client may not send");
+            }
+        }
+        let now = host.now_ms();
+        let head = request::capture(cfg, headers, now, host.next_event_id());
+        if let Some(value) = head.event.headers.get(RETRY_HEADER) {
+            // Ours (it carries this process's token) or a client's: either
+            // way it goes no further than here.
+            self.retry_of = retry_of(value);
+            host.remove_request_header(RETRY_HEADER);
+        }
+        host.count(
+            if self.retry_of.is_some() {
+                Counters::RETRIES
+            } else {
+                Counters::REQUESTS
+            },
+            1,
+        );
+        let wants_body = head.wants_body(cfg, end_of_stream);
+        self.content_length = head.content_length;
+        self.event = Some(head.event);
+        self.request_done = end_of_stream;
+        if wants_body {
+            self.body = Some(Vec::new());
+            return Verdict::Hold;
+        }
+        self.route(setup, worker, host, None, now)
+    }
+
+    /// Request body arrived (`end_of_stream`: the last of it).
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+        end_of_stream: bool,
+    ) -> Verdict {
+        if end_of_stream {
+            self.request_done = true;
+            // The upstream now has the whole request: health latency starts
+            // here, not at the decision (a slow upload is the client's,
+            // not the destination's).
+            if self.chosen.is_some() {
+                let now = host.now_ms();
+                if let Some(e) = self.event.as_mut() {
+                    e.sent_ms = now;
+                }
+            }
+        }
+        let cfg = &setup.config;
+        let Some(mut buf) = self.body.take() else {
+            if cfg.retry_next && host.can_rerun() {
+                // A re-run must know the body is whole where Envoy keeps it.
+                let n = host.request_body(&mut Vec::new(), 0);
+                self.request_bytes = self.request_bytes.saturating_add(n);
+            }
+            return Verdict::Continue;
+        };
+        let max = cfg.max_body_bytes;
+        let room = max.saturating_sub(buf.len());
+        let arrived = host.request_body(&mut buf, room);
+        self.request_bytes = self.request_bytes.saturating_add(arrived);
+        if !end_of_stream && self.request_bytes < max {
+            self.body = Some(buf);
+            return Verdict::Hold; // buffer more
+        }
+        // The whole body, or as much as the bound allows (then the
+        // scanner knows it was cut).
+        let total = if end_of_stream {
+            self.request_bytes
+        } else {
+            self.request_bytes.max(max.saturating_add(1))
+        };
+        self.route_on_body(setup, worker, host, &buf, total)
+    }
+
+    /// Request trailers arrived: the request is whole. One held for its
+    /// body is routed now, on what was read (continuing undecided would
+    /// release it to Envoy's router).
+    pub fn on_request_trailers<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+    ) -> Verdict {
+        self.request_done = true;
+        self.trailers = true;
+        let Some(buf) = self.body.take() else {
+            if self.chosen.is_some() {
+                let now = host.now_ms();
+                if let Some(e) = self.event.as_mut() {
+                    e.sent_ms = now;
+                }
+            }
+            return Verdict::Continue;
+        };
+        let total = self.request_bytes;
+        self.route_on_body(setup, worker, host, &buf, total)
+    }
+
+    /// Route on the body read so far (`total` bytes long in all).
+    fn route_on_body<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+        buf: &[u8],
+        total: usize,
+    ) -> Verdict {
+        let now = host.now_ms();
+        match body::scan_request(buf, total) {
+            Ok(b) => self.route(setup, worker, host, Some(&b), now),
+            Err(e) => {
+                if let Some(refused) = request::body_refusal(&setup.config, &e) {
+                    return self.refuse(host, &refused);
+                }
+                // The body only refines the estimate: fall back to its size.
+                self.content_length = Some(total);
+                self.route(setup, worker, host, None, now)
+            }
+        }
+    }
+
+    /// Feasibility, then merit order, then the routing header.
+    fn route<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+        body: Option<&RequestBody>,
+        now: u64,
+    ) -> Verdict {
+        let cfg = &setup.config;
+        let conflict = self
+            .event
+            .as_ref()
+            .and_then(|e| request::model_conflict(e, body));
+        if let Some(refused) = conflict {
+            return self.refuse(host, &refused);
+        }
+        self.max_output = body.and_then(|b| b.max_output_tokens);
+        let excluded = self.retry_of;
+        let Some(event) = self.event.as_mut() else {
+            return self.internal(host, "request not captured");
+        };
+        let req = request::plan(cfg, event, body, self.content_length, now);
+        let body_model = body.and_then(|b| b.model.as_deref());
+        // Feasibility first (the compiled Cedar tables), then the decision
+        // on the shared fleet, with this worker's lookup buffers.
+        let decided = with_worker(worker, |w| {
+            request::feasible(
+                cfg,
+                setup.tables.as_ref(),
+                event,
+                body_model,
+                |source| host.trusted(source),
+                &mut w.lookup,
+            )
+            .map_err(Stop::Refused)?;
+            if let Some(d) = excluded {
+                // The destination that just failed this request.
+                if let Some(word) = w.lookup.mask.get_mut(d / 64) {
+                    *word &= !(1u64 << (d % 64));
+                }
+            }
+            let warm = cfg.warmth.mask(event.text(&event.model_requested));
+            host.claim(now, &w.lookup.mask, warm, &req)
+                .map_err(|_| Stop::Fleet)
+        });
+        let decision = match decided {
+            Ok(Ok(d)) => d,
+            Ok(Err(refusal)) => {
+                host.count(Counters::NO_DESTINATION, 1);
+                return self.refuse(host, &Refused::no_destination(refusal));
+            }
+            Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
+            Err(Stop::Fleet) => {
+                return self.refuse(
+                    host,
+                    &Refused {
+                        status: 503,
+                        kind: "internal",
+                        reason: "shared_state",
+                        message: "fleet state unavailable".to_string(),
+                    },
+                )
+            }
+        };
+        self.chosen = Some((decision, now));
+        for (counter, n) in Counters::decided(&decision) {
+            host.count(counter, n);
+        }
+        if cfg.no_policy {
+            host.count(Counters::WITHOUT_POLICY, 1);
+        }
+        let Some(dest) = cfg.destinations.get(decision.index) else {
+            self.settle(setup, host, None, Some(now));
+            return self.internal(host, "decision index out of range");
+        };
+        if let Some(e) = self.event.as_mut() {
+            request::record(e, cfg, &setup.names, &decision);
+            if excluded.is_some() {
+                e.reason = RETRY_REASON;
+            }
+            if self.request_done {
+                e.sent_ms = now;
+            }
+        }
+        if !host.set_request_header(&cfg.destination_header, &dest.cluster) {
+            self.settle(setup, host, None, Some(now));
+            return self.internal(host, "cannot set the destination header");
+        }
+        host.clear_route_cache();
+        Verdict::Continue
+    }
+
+    /// Answer locally with `refused`'s JSON error.
+    fn refuse<H: Host>(&mut self, host: &mut H, refused: &Refused) -> Verdict {
+        if let Some(e) = self.event.as_mut() {
+            e.finish(refused.status, refused.reason);
+        }
+        if !host.send_local(refused.status, &refused.body(), refused.reason) {
+            log::error!("cannot send the local reply {}", refused.status);
+        }
+        Verdict::Answered
+    }
+
+    /// Answer 500: something that should not happen did; it is logged,
+    /// and the request reaches no destination.
+    fn internal<H: Host>(&mut self, host: &mut H, message: &str) -> Verdict {
+        log::error!("answering 500: {message}");
+        self.refuse(
+            host,
+            &Refused {
+                status: 500,
+                kind: "internal",
+                reason: "internal",
+                message: message.to_string(),
+            },
+        )
+    }
+
+    /// Fold the request's outcome into the fleet state (once). `now` is the
+    /// caller's clock reading, if it has one.
+    fn settle<H: Host>(
+        &mut self,
+        setup: &Setup,
+        host: &mut H,
+        outcome: Option<Outcome>,
+        now: Option<u64>,
+    ) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        let Some((decision, _)) = self.chosen else {
+            return;
+        };
+        let d = decision.index;
+        let now = now.unwrap_or_else(|| host.now_ms());
+        let result = host.settle(d, outcome, now);
+        if let Some(c) = Counters::destination_outcome(d, outcome) {
+            host.count(c, 1);
+        }
+        match result {
+            Ok(change) => {
+                if let Some(c) = Counters::change(change) {
+                    host.count(c, 1);
+                }
+                if change != Change::None {
+                    let name = setup.names.get(d).map_or("?", |n| n);
+                    log::info!("destination {name}: {change:?}");
+                }
+            }
+            Err(FleetUnavailable) => log::warn!("cannot update the shared fleet state"),
+        }
+    }
+
+    /// The response headers arrived: what they mean for the destination's
+    /// health, then either the rest of the response's handling or, under
+    /// `retry_next`, [`Verdict::Rerun`].
+    pub fn on_response_headers<H: Host>(&mut self, setup: &Setup, host: &mut H) -> Verdict {
+        let Some((decision, started)) = self.chosen else {
+            return Verdict::Continue;
+        };
+        let cfg = &setup.config;
+        let status = host.response_header(":status", |v| headers::number::<u32>(v).unwrap_or(0));
+        let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
+        let now = host.now_ms();
+        let (sent, tenant) = self
+            .event
+            .as_ref()
+            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
+        // From when the upstream had the whole request; from the decision
+        // if it answered before the request ended.
+        let latency_ms = now.saturating_sub(if sent > 0 { sent } else { started });
+        let upstream = matches!(status, 0 | 500..=599)
+            && host.response_header(request::UPSTREAM_TIME_HEADER, |v| v.is_some());
+        let outcome = if status == 429 {
+            host.response_header("retry-after", |v| {
+                request::outcome(status, v, upstream, tenant, latency_ms, slo_ms)
+            })
+        } else {
+            request::outcome(status, None, upstream, tenant, latency_ms, slo_ms)
+        };
+        // Only when the decision had a runner-up: with none, a re-run could
+        // only refuse.
+        let rerun = matches!(outcome, Outcome::Failure { .. })
+            && cfg.retry_next
+            && decision.runner_up.is_some()
+            && host.can_rerun();
+        self.settle(setup, host, Some(outcome), Some(now));
+        if rerun && self.prepare_rerun(host, decision.index) {
+            self.answered = Some((status, latency_ms));
+            return Verdict::Rerun;
+        }
+        self.respond(setup, host, status, latency_ms);
+        Verdict::Continue
+    }
+
+    /// The rest of a response's handling: the event's status, the usage
+    /// scan, the operator headers.
+    fn respond<H: Host>(&mut self, setup: &Setup, host: &mut H, status: u32, latency_ms: u64) {
+        let Some((decision, _)) = self.chosen else {
+            return;
+        };
+        let reason = if self.retry_of.is_some() {
+            RETRY_REASON
+        } else {
+            decision.reason.as_str()
+        };
+        if let Some(e) = self.event.as_mut() {
+            e.latency_ms = latency_ms;
+            e.finish(status, reason);
+        }
+        if (200..300).contains(&status) {
+            let sse =
+                host.response_header("content-type", |v| headers::has(v, "text/event-stream"));
+            self.usage = Some(UsageScanner::new(sse));
+        }
+        let cfg = &setup.config;
+        if cfg.response_headers {
+            let mut cost = event::UsdBuffer::default();
+            for (k, v) in request::response_headers(cfg, &decision, &mut cost)
+                .into_iter()
+                .flatten()
+            {
+                let v = if k == request::RESPONSE_REASON_HEADER {
+                    reason
+                } else {
+                    v
+                };
+                host.set_response_header(k, v);
+            }
+        }
+    }
+
+    /// Get ready to run the request again, once, without destination
+    /// `failed`: mark it with this process's token and the failed
+    /// destination, mark this run superseded and park its event (the new
+    /// run writes the request's one event). False, with nothing changed,
+    /// when this was a re-run already or Envoy cannot replay the request
+    /// whole (it had trailers, or its body is no longer held).
+    fn prepare_rerun<H: Host>(&mut self, host: &mut H, failed: usize) -> bool {
+        if self.retry_of.is_some() || !self.request_done || self.trailers {
+            return false;
+        }
+        if self.request_bytes > 0 && !host.replayable(self.request_bytes) {
+            log::debug!("not retrying: Envoy does not hold the whole request to run it again");
+            return false;
+        }
+        if !host.set_request_header(RETRY_HEADER, &retry_mark(failed)) {
+            return false;
+        }
+        host.mark_superseded(true);
+        self.parked = self.event.take();
+        true
+    }
+
+    /// Envoy would not run the request again: undo the preparation and
+    /// let this answer through.
+    pub fn not_rerun<H: Host>(&mut self, setup: &Setup, host: &mut H) -> Verdict {
+        host.remove_request_header(RETRY_HEADER);
+        host.mark_superseded(false);
+        self.event = self.parked.take();
+        if let Some((status, latency_ms)) = self.answered.take() {
+            self.respond(setup, host, status, latency_ms);
+        }
+        Verdict::Continue
+    }
+
+    /// Response body arrived (`end_of_stream`: the last of it). Never
+    /// holds the response: streams must flow.
+    pub fn on_response_body<H: Host>(&mut self, setup: &Setup, host: &mut H, end_of_stream: bool) {
+        let Some(scanner) = self.usage.as_mut() else {
+            return;
+        };
+        host.response_body(|chunk| scanner.feed(chunk));
+        if end_of_stream {
+            let found = scanner.finish();
+            self.usage = None;
+            if let (Some(u), Some((decision, _)), Some(e)) =
+                (found, self.chosen, self.event.as_mut())
+            {
+                request::book_usage(e, &setup.config, &decision, u, self.max_output);
+            }
+        }
+    }
+
+    /// The request is over (Envoy runs this before its access loggers):
+    /// settle it if nothing did (the client went away: free the slot,
+    /// blame no one), book its dollars and write its one event.
+    pub fn on_complete<H: Host>(&mut self, setup: &Setup, worker: &RefCell<Worker>, host: &mut H) {
+        self.settle(setup, host, None, None);
+        let Some(e) = self.event.as_mut() else {
+            return;
+        };
+        if e.status == 0 {
+            // Envoy may have answered itself without the filter seeing the
+            // answer (a 413 for a body over its buffer limit while the
+            // filter held the request): log what the client got.
+            match host.envoy_response_code() {
+                Some(code) if code > 0 => e.finish(code, "envoy_reply"),
+                _ => e.finish(0, "client_gone"),
+            }
+        }
+        for (counter, n) in Counters::booked(e) {
+            host.count(counter, n);
+        }
+        let written = with_worker(worker, |w| {
+            e.write_json(&mut w.event_line);
+            host.write_event(&w.event_line)
+        });
+        if !written {
+            log::warn!("cannot write the request event");
+        }
+    }
+}
+
+/// The answer to a request that arrived before any valid configuration.
+pub fn not_configured() -> Refused {
+    Refused {
+        status: 503,
+        kind: "not_configured",
+        reason: "not_configured",
+        message: "the ACE filter has no valid configuration".to_string(),
+    }
+}
+
+/// A random token for this process (or VM), so that clients cannot forge
+/// a re-run mark and steer requests away from a destination.
+fn retry_token() -> u64 {
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(request::random_u64)
+}
+
+/// The re-run mark for a request whose destination `failed`.
+fn retry_mark(failed: usize) -> String {
+    format!("{:016x}.{failed}", retry_token())
+}
+
+/// The failed destination a re-run mark names, if the mark is ours.
+fn retry_of(value: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (token, index) = text.trim().split_once('.')?;
+    if u64::from_str_radix(token, 16).ok()? != retry_token() {
+        return None;
+    }
+    index.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_this_processs_retry_mark_names_a_destination() {
+        let ours = retry_mark(2);
+        assert_eq!(retry_of(ours.as_bytes()), Some(2));
+        assert_eq!(retry_of(format!(" {ours} ").as_bytes()), Some(2));
+        let forged = format!("{:016x}.2", retry_token() ^ 1);
+        assert_eq!(retry_of(forged.as_bytes()), None);
+        for junk in [
+            &b""[..],
+            b".",
+            b"2",
+            b"zz.2",
+            b"\xff\xfe.1",
+            ours.trim_end_matches('2').as_bytes(),
+        ] {
+            assert_eq!(retry_of(junk), None, "{junk:?}");
+        }
+    }
+}

@@ -6,6 +6,8 @@
 //! does), answers from scripted upstreams keyed by the cluster the flow
 //! chose, and records every local reply, counter and event line.
 
+#![allow(clippy::panic, clippy::indexing_slicing)] // a test fails by panicking
+
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};

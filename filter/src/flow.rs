@@ -330,16 +330,7 @@ impl Flow {
         end_of_stream: bool,
     ) -> Verdict {
         if end_of_stream {
-            self.request_done = true;
-            // The upstream now has the whole request: health latency starts
-            // here, not at the decision (a slow upload is the client's,
-            // not the destination's).
-            if self.chosen.is_some() {
-                let now = host.now_ms();
-                if let Some(e) = self.event.as_mut() {
-                    e.sent_ms = now;
-                }
-            }
+            self.request_ended(host);
         }
         let cfg = &setup.config;
         let Some(mut buf) = self.body.take() else {
@@ -377,19 +368,26 @@ impl Flow {
         worker: &RefCell<Worker>,
         host: &mut H,
     ) -> Verdict {
-        self.request_done = true;
         self.trailers = true;
+        self.request_ended(host);
         let Some(buf) = self.body.take() else {
-            if self.chosen.is_some() {
-                let now = host.now_ms();
-                if let Some(e) = self.event.as_mut() {
-                    e.sent_ms = now;
-                }
-            }
             return Verdict::Continue;
         };
         let total = self.request_bytes;
         self.route_on_body(setup, worker, host, &buf, total)
+    }
+
+    /// The whole request has passed the filter. If it was already routed,
+    /// the upstream now has all of it: health latency starts here, not at
+    /// the decision (a slow upload is the client's, not the destination's).
+    fn request_ended<H: Host>(&mut self, host: &mut H) {
+        self.request_done = true;
+        if self.chosen.is_some() {
+            let now = host.now_ms();
+            if let Some(e) = self.event.as_mut() {
+                e.sent_ms = now;
+            }
+        }
     }
 
     /// Route on the body read so far (`total` bytes long in all).

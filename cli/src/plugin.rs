@@ -7,9 +7,10 @@
 //! filter never sees a manifest and the manifest never sees filter fields.
 
 use crate::out;
+use ace_filter::config::{Destination, OnMissing, PluginConfig};
 use anyhow::{anyhow, bail, Context};
 use base64::Engine;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -44,15 +45,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Compile `dir` and build the filter configuration for it.
+/// Compile `dir` and build the filter configuration for it, as JSON.
 pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Value> {
+    Ok(serde_json::to_value(build_config(
+        dir, restrict, read_body,
+    )?)?)
+}
+
+/// Compile `dir` and build the filter configuration for it: the filter's
+/// own configuration type, so that a field the filter does not read cannot
+/// be written here.
+pub fn build_config(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<PluginConfig> {
     let project = ace_policy::load_dir(dir).map_err(|e| anyhow!("{e}"))?;
     let compiled = ace_policy::compile(&project).map_err(|e| anyhow!("{e}"))?;
     let mut destinations = Vec::new();
     for d in project.manifest.resolved() {
         let per_token = |per_mtok: f64| per_mtok / 1e6;
-        let needs_cap = d.tier == "inhouse" || d.tier == "reserved";
-        let capacity = match (d.capacity, needs_cap) {
+        let capacity = match (d.capacity, d.tier.is_sunk()) {
             (Some(c), _) => c,
             (None, false) => 0,
             (None, true) => bail!(
@@ -62,46 +71,47 @@ pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Valu
                 d.tier
             ),
         };
-        let mut v = json!({
-            "name": d.name,
-            "cluster": d.cluster,
-            "tier": d.tier,
-            "usd_per_input_token": per_token(d.input_usd_per_mtok),
-            "usd_per_output_token": per_token(d.output_usd_per_mtok),
-            "usd_per_gpu_hour": d.gpu_hour_usd * f64::from(d.gpus),
-            "tokens_per_second": d.throughput_tps,
-            "eviction_premium": d.eviction_premium,
-            "capacity": capacity,
-            "knee": d.knee,
-            "cold_load_usd": d.cold_load_usd,
-            "warm_models": d.warm_models,
-            "bias": d.bias,
+        destinations.push(Destination {
+            name: d.name,
+            cluster: d.cluster,
+            tier: d.tier,
+            usd_per_input_token: per_token(d.input_usd_per_mtok),
+            usd_per_output_token: per_token(d.output_usd_per_mtok),
+            usd_per_gpu_hour: d.gpu_hour_usd * f64::from(d.gpus),
+            tokens_per_second: d.throughput_tps,
+            eviction_premium: d.eviction_premium,
+            overage_usd_per_token: d.overage_usd_per_mtok.map(per_token),
+            capacity,
+            knee: d.knee,
+            service_ms: Destination::DEFAULT_SERVICE_MS,
+            slo_ms: d.slo_ms.map(u64::from),
+            cold_load_usd: d.cold_load_usd,
+            bias: d.bias,
+            warm_models: Some(d.warm_models),
         });
-        if let Some(slo) = d.slo_ms {
-            v["slo_ms"] = json!(slo);
-        }
-        if let Some(o) = d.overage_usd_per_mtok {
-            v["overage_usd_per_token"] = json!(per_token(o));
-        }
-        destinations.push(v);
     }
-    let mut config = json!({
-        "destinations": destinations,
-        "tables_base64": base64::engine::general_purpose::STANDARD.encode(&compiled.bytes),
-        "on_missing_attribute": if restrict { "restrict" } else { "reject" },
-    });
+    let mut config = PluginConfig {
+        destinations,
+        tables_base64: Some(base64::engine::general_purpose::STANDARD.encode(&compiled.bytes)),
+        on_missing_attribute: Some(if restrict {
+            OnMissing::Restrict
+        } else {
+            OnMissing::Reject
+        }),
+        ..PluginConfig::default()
+    };
     // Tables that decide on the model need the body's `model` (what the
     // upstream serves): the filter refuses a configuration without it.
     let model_policy = ace_core::tables::Tables::load(&compiled.bytes)
         .is_ok_and(|t| t.attribute_index("model").is_some());
     if read_body || model_policy {
-        config["body"] = json!({"read": true});
+        config.body.read = true;
     }
     // What a second of queueing is worth per latency class in the
     // manifest's domain: interactive work most, batch nothing. Starting
     // values; edit them to the business's own.
     if let Some(domain) = project.manifest.manifest.request.get("latency_class") {
-        let classes: serde_json::Map<String, Value> = domain
+        config.latency_classes = domain
             .get_ref()
             .values
             .iter()
@@ -112,12 +122,9 @@ pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Valu
                     "batch" => 0.0,
                     _ => 0.002,
                 };
-                (c.to_string(), json!(usd_per_s))
+                (c.to_string(), usd_per_s)
             })
             .collect();
-        if !classes.is_empty() {
-            config["latency_classes"] = Value::Object(classes);
-        }
     }
     Ok(config)
 }

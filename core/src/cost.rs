@@ -27,6 +27,29 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// Every tier, in the usual merit order (cheapest kind first). A new
+    /// tier goes here and in the matches below; [`Tier::position`] makes
+    /// the compiler point at this list.
+    pub const ALL: [Tier; 5] = [
+        Tier::InHouse,
+        Tier::Reserved,
+        Tier::Spot,
+        Tier::OnDemand,
+        Tier::Payg,
+    ];
+
+    /// The tier's place in [`Tier::ALL`] (the test `all_lists_every_tier`
+    /// holds the two together).
+    pub const fn position(self) -> usize {
+        match self {
+            Tier::InHouse => 0,
+            Tier::Reserved => 1,
+            Tier::Spot => 2,
+            Tier::OnDemand => 3,
+            Tier::Payg => 4,
+        }
+    }
+
     /// The manifest and event name of the tier.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -40,14 +63,63 @@ impl Tier {
 
     /// Parse a manifest tier name.
     pub fn parse(s: &str) -> Option<Tier> {
-        Some(match s {
-            "inhouse" => Tier::InHouse,
-            "reserved" => Tier::Reserved,
-            "spot" => Tier::Spot,
-            "ondemand" => Tier::OnDemand,
-            "payg" => Tier::Payg,
-            _ => return None,
-        })
+        Tier::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The accepted names, for error messages: "inhouse, reserved, spot,
+    /// ondemand or payg".
+    pub const EXPECTED: &'static str = "inhouse, reserved, spot, ondemand or payg";
+
+    /// Capacity paid for whether it is used or not (owned GPUs, a committed
+    /// block): a destination on it must say how much it holds, and what it
+    /// saves is utilisation rather than arbitrage.
+    pub const fn is_sunk(self) -> bool {
+        match self {
+            Tier::InHouse | Tier::Reserved => true,
+            Tier::Spot | Tier::OnDemand | Tier::Payg => false,
+        }
+    }
+
+    /// The FOCUS `PricingCategory` of what this tier bills.
+    pub const fn focus_pricing(self) -> &'static str {
+        match self {
+            Tier::Payg | Tier::OnDemand => "Standard",
+            Tier::Spot => "Dynamic",
+            Tier::Reserved => "Committed",
+            Tier::InHouse => "Other",
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Tier {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Tier {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Tier;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                write!(f, "a tier: {}", Tier::EXPECTED)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Tier, E> {
+                Tier::parse(v).ok_or_else(|| {
+                    E::custom(format_args!("unknown tier {v:?}; use {}", Tier::EXPECTED))
+                })
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+impl core::fmt::Display for Tier {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -331,5 +403,20 @@ mod tests {
         m.knee = 1.5;
         assert_eq!(m.validate().map_err(|e| e.field), Err("knee"));
         assert_eq!(model(Tier::Payg).validate(), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod tier_tests {
+    use super::Tier;
+
+    #[test]
+    fn all_lists_every_tier() {
+        for (i, t) in Tier::ALL.into_iter().enumerate() {
+            assert_eq!(t.position(), i, "{t}");
+            assert_eq!(Tier::parse(t.as_str()), Some(t));
+            assert!(Tier::EXPECTED.contains(t.as_str()), "{t}");
+        }
+        assert_eq!(Tier::parse("gpu"), None);
     }
 }

@@ -24,8 +24,8 @@
 
 use ace_core::cost::{CostModel, Tier};
 use ace_core::health::HealthPolicy;
-use serde::Deserialize;
-use std::collections::HashSet;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 /// The header the filter writes and Envoy's route reads (`cluster_header`).
@@ -248,7 +248,7 @@ pub struct AttributeSource {
 ///   "tenant": {"peer": "uri_san"}
 /// }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum Trusted {
     /// Dynamic metadata written by an earlier filter that verified it, e.g.
@@ -265,7 +265,7 @@ pub enum Trusted {
 }
 
 /// Which identity of the mTLS peer certificate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PeerField {
     /// The first URI SAN (a SPIFFE id in a mesh).
@@ -288,7 +288,7 @@ impl PeerField {
 }
 
 /// What to do with a request that lacks an attribute the tables read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnMissing {
     /// 400 with a JSON error naming the attribute and its header.
@@ -299,7 +299,7 @@ pub enum OnMissing {
 }
 
 /// One place a request can be sent, as configured.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {
     /// Operator-facing name, unique in the configuration.
@@ -308,7 +308,7 @@ pub struct Destination {
     pub cluster: String,
     /// `inhouse`, `reserved`, `spot`, `ondemand` or `payg` (default `payg`).
     #[serde(default = "default_tier")]
-    pub tier: String,
+    pub tier: Tier,
     /// USD per input token (list price, or operating cost).
     #[serde(default)]
     pub usd_per_input_token: f64,
@@ -325,7 +325,7 @@ pub struct Destination {
     #[serde(default)]
     pub eviction_premium: f64,
     /// Reserved: USD per token past the commitment, if allowed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overage_usd_per_token: Option<f64>,
     /// Concurrent requests it can hold (0 = unlimited; payg only).
     #[serde(default)]
@@ -337,7 +337,7 @@ pub struct Destination {
     #[serde(default = "default_service_ms")]
     pub service_ms: f64,
     /// Latency SLO, ms; slower answers derate the destination.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_ms: Option<u64>,
     /// Cost of a cold model load, USD.
     #[serde(default)]
@@ -347,79 +347,137 @@ pub struct Destination {
     pub bias: f64,
     /// Models resident on the destination (a request for another one pays
     /// `cold_load_usd`). Absent: every model counts as resident.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_models: Option<Vec<String>>,
 }
 
-fn default_tier() -> String {
-    "payg".into()
+fn default_tier() -> Tier {
+    Tier::Payg
 }
+
 fn default_knee() -> f64 {
     0.8
 }
 fn default_service_ms() -> f64 {
-    1000.0
+    Destination::DEFAULT_SERVICE_MS
+}
+
+impl Destination {
+    /// `service_ms` when the configuration does not say.
+    pub const DEFAULT_SERVICE_MS: f64 = 1000.0;
 }
 fn default_bias() -> f64 {
     1.0
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Health tunables as configured; unset ones take [`HealthPolicy`]'s
+/// defaults.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawHealth {
-    trip_after: Option<u16>,
-    base_cooldown_ms: Option<u64>,
-    max_cooldown_ms: Option<u64>,
-    cap_cut: Option<f64>,
-    cap_step: Option<f64>,
-    default_retry_after_ms: Option<u64>,
-    derate_step: Option<f64>,
-    derate_max: Option<f64>,
-    derate_half_life_ms: Option<u64>,
-    trip_tenants: Option<u8>,
+pub struct HealthSettings {
+    /// Consecutive failures that trip a destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trip_after: Option<u16>,
+    /// First cooldown after a trip, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_cooldown_ms: Option<u64>,
+    /// Longest cooldown after repeated trips, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cooldown_ms: Option<u64>,
+    /// Fraction of the cap left after a 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_cut: Option<f64>,
+    /// Fraction of capacity the cap recovers per success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_step: Option<f64>,
+    /// Throttle time when a 429 gives no `retry-after`, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_retry_after_ms: Option<u64>,
+    /// Derate added per answer past the SLO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derate_step: Option<f64>,
+    /// Largest derate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derate_max: Option<f64>,
+    /// Half-life of a derate, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derate_half_life_ms: Option<u64>,
+    /// Distinct tenants whose upstream failures a trip needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trip_tenants: Option<u8>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The plugin configuration document, as `ace plugin-config` writes it
+/// and the filter reads it: the one type both sides use. [`Config::parse`]
+/// validates it into a [`Config`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawConfig {
-    destinations: Vec<Destination>,
-    #[serde(default)]
-    destination_header: Option<String>,
-    #[serde(default)]
-    latency_usd_per_s: Option<f64>,
-    #[serde(default)]
-    latency_classes: std::collections::BTreeMap<String, f64>,
-    #[serde(default)]
-    response_headers: bool,
-    #[serde(default)]
-    retry_next: bool,
-    #[serde(default)]
-    default_output_tokens: Option<u32>,
-    #[serde(default)]
-    health: RawHealth,
-    #[serde(default)]
-    tables_base64: Option<String>,
-    #[serde(default)]
-    on_missing_attribute: Option<OnMissing>,
-    #[serde(default)]
-    attribute_defaults: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    body: RawBody,
-    #[serde(default)]
-    allow_no_policy: bool,
-    #[serde(default)]
-    max_context_tokens: Option<u32>,
-    #[serde(default)]
-    attribute_sources: std::collections::BTreeMap<String, Trusted>,
+pub struct PluginConfig {
+    /// The destinations, in the tables' order.
+    pub destinations: Vec<Destination>,
+    /// The request header Envoy's route reads the cluster from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_header: Option<String>,
+    /// USD per second of queueing for a request of no listed latency class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_usd_per_s: Option<f64>,
+    /// USD per second of queueing by latency class.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_classes: BTreeMap<String, f64>,
+    /// Whether responses carry ACE's decision headers.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub response_headers: bool,
+    /// Whether a failed request runs again on the next destination (the
+    /// dynamic module only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub retry_next: bool,
+    /// Output tokens assumed when a request does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_output_tokens: Option<u32>,
+    /// Health tunables.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub health: HealthSettings,
+    /// The compiled policy tables (`ace policy compile`), base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables_base64: Option<String>,
+    /// What a request missing an attribute gets (default `reject`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_missing_attribute: Option<OnMissing>,
+    /// The value a missing attribute takes under `restrict`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attribute_defaults: BTreeMap<String, String>,
+    /// Reading request bodies.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub body: BodySettings,
+    /// Route without policy tables, on purpose.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_no_policy: bool,
+    /// The most tokens one request can take in or give out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_context_tokens: Option<u32>,
+    /// Attributes read from verified sources instead of headers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attribute_sources: BTreeMap<String, Trusted>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Request-body reading as configured.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawBody {
+pub struct BodySettings {
+    /// Whether to hold requests and read their bodies.
     #[serde(default)]
-    read: bool,
-    #[serde(default)]
-    max_bytes: Option<usize>,
+    pub read: bool,
+    /// Most bytes read (default 262,144).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<usize>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// A configuration that cannot be used, with the field at fault.
@@ -460,7 +518,7 @@ impl Config {
             ));
         }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        let raw: PluginConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let field = if path.is_empty() || path == "." || path == "?" {
                 "<root>".to_string()
@@ -472,7 +530,7 @@ impl Config {
         Self::validate(raw, config_id(bytes).into())
     }
 
-    fn validate(raw: RawConfig, id: std::sync::Arc<str>) -> Result<Config, ConfigError> {
+    fn validate(raw: PluginConfig, id: std::sync::Arc<str>) -> Result<Config, ConfigError> {
         if raw.destinations.is_empty() {
             return Err(err("destinations", "at least one destination is required"));
         }
@@ -497,15 +555,7 @@ impl Config {
                     "must be a non-empty Envoy cluster name of visible ASCII characters",
                 ));
             }
-            let Some(tier) = Tier::parse(&d.tier) else {
-                return Err(err(
-                    format!("destinations[{i}].tier"),
-                    format!(
-                        "unknown tier {:?}; use inhouse, reserved, spot, ondemand or payg",
-                        d.tier
-                    ),
-                ));
-            };
+            let tier = d.tier;
             if let Some(0) = d.slo_ms {
                 return Err(err(
                     format!("destinations[{i}].slo_ms"),
@@ -666,7 +716,7 @@ impl Config {
     }
 }
 
-fn health_policy(h: &RawHealth, trip_tenants: u8) -> Result<HealthPolicy, ConfigError> {
+fn health_policy(h: &HealthSettings, trip_tenants: u8) -> Result<HealthPolicy, ConfigError> {
     let d = HealthPolicy::default();
     let p = HealthPolicy {
         trip_after: h.trip_after.unwrap_or(d.trip_after),

@@ -22,6 +22,7 @@ use crate::row::Row;
 use crate::split::Split;
 use crate::store::Store;
 use crate::window::{self, Rules};
+use ace_core::cost::Tier;
 use std::io::Write;
 
 /// The FOCUS version the export follows.
@@ -154,16 +155,12 @@ pub fn export(
         } else {
             r.booked
         };
-        let per_use = matches!(tier.as_str(), "payg" | "spot" | "ondemand") || r.overage;
+        let kind = Tier::parse(&tier);
+        let per_use = kind.is_some_and(|t| !t.is_sunk()) || r.overage;
         let billed = if per_use { r.booked } else { 0 };
-        let pricing = match tier.as_str() {
-            "payg" | "ondemand" => "Standard",
-            "spot" => "Dynamic",
-            "reserved" => "Committed",
-            _ => "Other",
-        };
+        let pricing = kind.map_or("Other", Tier::focus_pricing);
         let (bps, bpe) = month_bounds(r.time_ms);
-        let reserved = tier == "reserved";
+        let reserved = kind == Some(Tier::Reserved);
         let model = r.model_served.clone().unwrap_or_default();
         let tags = serde_json::json!({
             "tenant": r.tenant, "data_class": r.data_class, "latency_class": r.latency_class

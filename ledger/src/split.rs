@@ -18,6 +18,7 @@
 
 use crate::money::Nano;
 use crate::row::Row;
+use ace_core::cost::Tier;
 
 /// Savings by source, nano-dollars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -62,7 +63,11 @@ impl Split {
         }
         let cs = r.served_counterfactual.unwrap_or(c);
         let tier_part = cs - b;
-        let owned = matches!(r.tier.as_deref(), Some("inhouse" | "reserved"));
+        let owned = r
+            .tier
+            .as_deref()
+            .and_then(Tier::parse)
+            .is_some_and(Tier::is_sunk);
         Split {
             utilisation: if owned { tier_part } else { 0 },
             arbitrage: if owned { 0 } else { tier_part },

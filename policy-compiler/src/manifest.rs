@@ -13,13 +13,12 @@
 //! operator will notice. Every number is checked to be finite and in range.
 
 use crate::error::{Diagnostic, Error};
+use ace_core::cost::Tier;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
-/// The tiers a destination may be in, cheapest-first in the usual order.
-pub const TIERS: [&str; 5] = ["inhouse", "reserved", "spot", "ondemand", "payg"];
 /// Interconnects a destination may declare.
 pub const INTERCONNECTS: [&str; 3] = ["nvlink", "pcie", "none"];
 
@@ -97,7 +96,7 @@ pub struct Destination {
     pub pools: Vec<String>,
     /// Who runs it (`inhouse`, a cloud, an API vendor).
     pub provider: String,
-    /// One of [`TIERS`].
+    /// A tier name ([`Tier::parse`]).
     pub tier: Spanned<String>,
     /// Legal jurisdiction of the data while served, e.g. `EU`, `US`.
     pub jurisdiction: String,
@@ -181,7 +180,7 @@ pub struct ResolvedDestination {
     /// Envoy cluster.
     pub cluster: String,
     /// Tier.
-    pub tier: String,
+    pub tier: Tier,
     /// Provider.
     pub provider: String,
     /// Jurisdiction.
@@ -253,7 +252,8 @@ impl LoadedManifest {
                     index,
                     name: d.name.get_ref().clone(),
                     cluster: d.cluster.get_ref().clone(),
-                    tier: d.tier.get_ref().clone(),
+                    // Validated in `check`: an unknown name never resolves.
+                    tier: Tier::parse(d.tier.get_ref()).unwrap_or(Tier::Payg),
                     provider: d.provider.clone(),
                     jurisdiction: d.jurisdiction.clone(),
                     region: d.region.clone(),
@@ -426,11 +426,11 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
                 "each destination routes to its own Envoy cluster",
             ));
         }
-        if !TIERS.contains(&d.tier.get_ref().as_str()) {
+        if Tier::parse(d.tier.get_ref()).is_none() {
             out.push(m.diag(
                 d.tier.span(),
                 format!("tier `{}` is not a known tier", d.tier.get_ref()),
-                "use one of `inhouse`, `reserved`, `spot`, `ondemand`, `payg`",
+                &format!("use one of {}", Tier::EXPECTED),
             ));
         }
         if !INTERCONNECTS.contains(&d.interconnect.get_ref().as_str()) {

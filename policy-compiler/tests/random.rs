@@ -20,7 +20,10 @@ const MODELS: usize = 3;
 const DATA: [&str; 4] = ["public", "phi", "personal_eu", "internal"];
 const LATENCY: [&str; 2] = ["interactive", "batch"];
 const TP: [i64; 3] = [1, 2, 4];
-const TIERS: [&str; 5] = ["inhouse", "reserved", "spot", "ondemand", "payg"];
+/// Every tier's manifest name.
+fn tiers() -> [&'static str; 5] {
+    ace_core::cost::Tier::ALL.map(ace_core::cost::Tier::as_str)
+}
 const JURIS: [&str; 3] = ["EU", "US", "SG"];
 const CERTS: [&str; 2] = ["hipaa_baa", "soc2"];
 
@@ -78,7 +81,7 @@ fn fleet(seed: u64, destinations: usize) -> String {
             "[[destinations]]\nname = \"d{d}\"\ncluster = \"c{d}\"\npools = {pools:?}\nprovider = \"x\"\n\
              tier = \"{}\"\njurisdiction = \"{}\"\nregion = \"r{}\"\naccelerator = \"h100\"\nvram_gb = {}\n\
              interconnect = \"{}\"\nmodels = {served:?}\ncertifications = {certs:?}",
-            TIERS[pick(&mut r, 5)],
+            tiers()[pick(&mut r, 5)],
             JURIS[pick(&mut r, 3)],
             pick(&mut r, 4),
             [0, 24, 80, 160, 640][pick(&mut r, 5)],
@@ -110,7 +113,7 @@ fn atom() -> impl Strategy<Value = String> {
         Just("resource.models.contains(context.model)".to_string()),
         prop::sample::select(CERTS.to_vec())
             .prop_map(|c| format!("resource.certifications.contains(\"{c}\")")),
-        (prop::sample::select(TIERS.to_vec()), any::<bool>()).prop_map(|(t, eq)| format!(
+        (prop::sample::select(tiers().to_vec()), any::<bool>()).prop_map(|(t, eq)| format!(
             "resource.tier {} \"{t}\"",
             if eq { "==" } else { "!=" }
         )),

@@ -148,6 +148,7 @@ fn bench(c: &mut Criterion) {
             models: &w.models,
             health: &w.health,
             in_flight: &w.in_flight,
+            live: &[],
             policy: &policy,
         };
         let req = Request {

@@ -49,6 +49,7 @@ fn main() {
         models: &models,
         health: &health,
         in_flight: &in_flight,
+        live: &[],
         policy: &policy,
     };
     let mask = [u64::MAX];

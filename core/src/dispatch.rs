@@ -29,6 +29,7 @@
 //! health state can make one win: compliance fails closed by construction.
 
 use crate::cost::{CostModel, Tier};
+use crate::fleet::Live;
 use crate::health::{Breaker, Health, HealthPolicy};
 use alloc::vec;
 use alloc::vec::Vec;
@@ -43,6 +44,9 @@ pub struct Fleet<'a> {
     pub health: &'a [Health],
     /// Requests in flight now (summed over all workers).
     pub in_flight: &'a [u32],
+    /// What the control service says of each destination; missing entries
+    /// (an empty slice) say nothing.
+    pub live: &'a [Live],
     /// Health tunables.
     pub policy: &'a HealthPolicy,
 }
@@ -266,7 +270,8 @@ impl Slate {
         let priced = match (fleet.models.get(d), fleet.health.get(d)) {
             (Some(model), Some(health)) => {
                 let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
-                Some(price(model, health, in_flight, now_ms, fleet.policy))
+                let live = fleet.live.get(d).copied().unwrap_or_default();
+                Some(price(model, health, &live, in_flight, now_ms, fleet.policy))
             }
             _ => None,
         };
@@ -278,7 +283,8 @@ impl Slate {
         let timed = fleet
             .health
             .get(d)
-            .is_some_and(|h| h.depends_on_time(now_ms));
+            .is_some_and(|h| h.depends_on_time(now_ms))
+            || fleet.live.get(d).is_some_and(|l| l.depends_on_time(now_ms));
         for (column, value) in [
             (&mut self.per_in, lane.per_in),
             (&mut self.per_out, lane.per_out),
@@ -335,10 +341,13 @@ impl Slate {
 fn price(
     model: &CostModel,
     health: &Health,
+    live: &Live,
     in_flight: u32,
     now_ms: u64,
     policy: &HealthPolicy,
 ) -> (Lane, bool, bool, bool) {
+    let (model, in_flight, drained) = live.adjust(model, in_flight, now_ms);
+    let model = &model;
     let (rest_in, rest_out) = model.rest_prices();
     let cap = health.cap(model.capacity, now_ms);
     let now_prices = if cap.is_none_or(|c| in_flight < c) {
@@ -349,7 +358,7 @@ fn price(
     } else {
         None
     };
-    let open = health.admits(now_ms) && now_prices.is_some();
+    let open = !drained && health.admits(now_ms) && now_prices.is_some();
     let (per_in, per_out) = now_prices.unwrap_or((rest_in, rest_out));
     let lane = Lane {
         per_in,
@@ -581,6 +590,7 @@ mod tests {
                 models: &self.models,
                 health: &self.health,
                 in_flight: &self.in_flight,
+                live: &[],
                 policy: &self.policy,
             };
             let mut slate = Slate::new(self.models.len());

@@ -8,6 +8,12 @@
 //! is the same either way and is written once, here; the hosts differ
 //! only in where the bytes live and how they are kept in step.
 //!
+//! What the world outside the proxy reports (a drain or an eviction
+//! notice, the model server's load, a capacity or price change) arrives as
+//! a [`Signal`] and is kept per destination in [`Live`]; pricing reads it
+//! with health and load. A signal can close a destination or move its
+//! price, never make it feasible: feasibility is the policy tables' alone.
+//!
 //! Pricing is incremental: a change to one destination reprices that one
 //! ([`FleetState::reprice`]), and time-dependent prices (a trip ending, a
 //! cap recovering) are brought up to date with [`FleetState::advance`]
@@ -28,7 +34,9 @@ pub struct FleetState {
     pub health: Vec<Health>,
     /// Requests in flight per destination (over every worker).
     pub in_flight: Vec<u32>,
-    /// The fleet priced from `health` and `in_flight`.
+    /// What the control service says of each destination ([`Live`]).
+    pub live: Vec<Live>,
+    /// The fleet priced from `health`, `in_flight` and `live`.
     pub slate: Slate,
 }
 
@@ -39,6 +47,7 @@ impl FleetState {
         FleetState {
             health: vec![Health::default(); n],
             in_flight: vec![0; n],
+            live: vec![Live::default(); n],
             slate: Slate::new(n),
         }
     }
@@ -63,6 +72,7 @@ impl FleetState {
             models,
             health: &self.health,
             in_flight: &self.in_flight,
+            live: &self.live,
             policy,
         };
         (&mut self.slate, view)
@@ -137,6 +147,15 @@ impl FleetState {
         }
     }
 
+    /// Fold `signal` about destination `d` in (not repriced). Signals move
+    /// prices, capacity and openness, never feasibility.
+    pub fn apply(&mut self, d: usize, signal: Signal) -> Result<(), SignalError> {
+        self.live
+            .get_mut(d)
+            .ok_or(SignalError::NoSuchDestination(d))?
+            .apply(signal)
+    }
+
     /// Whether a request on `d` ending with `outcome` changes nothing but
     /// the in-flight count: it ended quietly (the client left, or a
     /// success within its SLO) on a destination with nothing to recover.
@@ -151,6 +170,130 @@ impl FleetState {
                 .health
                 .get(d)
                 .is_some_and(|h| h.is_pristine(now_ms) && h.consecutive_failures() == 0)
+    }
+}
+
+/// What the world outside the proxy says about one destination (the
+/// control service's signals), folded into its price. Every field starts
+/// neutral; [`Live::apply`] changes one.
+///
+/// A signal moves price, capacity and openness only: which destinations
+/// may serve a request is the compiled policy's alone, and nothing here
+/// can make a forbidden destination feasible.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Live {
+    /// Closed to new requests until this instant (ms): a spot eviction
+    /// notice or an operator's drain. 0: not drained.
+    pub drained_until_ms: u64,
+    /// Requests the model server reports running or waiting (over every
+    /// client, ACE's own included); the price uses the larger of this and
+    /// ACE's own count.
+    pub reported_load: u32,
+    /// Concurrent requests the destination holds now, when the owned or
+    /// committed capacity changed since the configuration was written.
+    pub capacity: Option<u32>,
+    /// The current per-token prices (input, output), USD, when they
+    /// changed since the configuration was written.
+    pub usd_per_token: Option<(f64, f64)>,
+}
+
+/// One signal about one destination, as the control service reports it.
+/// A new kind of signal is a variant here, its field in [`Live`], and its
+/// effect in [`Live::adjust`]: the compiler lists the matches to extend.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Signal {
+    /// No new requests until `until_ms` (an eviction notice, a drain); a
+    /// time in the past lifts it.
+    Drain {
+        /// When the destination may take requests again, ms.
+        until_ms: u64,
+    },
+    /// The model server's own count of requests running and waiting.
+    Load {
+        /// Requests in the server now.
+        requests: u32,
+    },
+    /// The destination's concurrent-request capacity changed (GPUs added
+    /// or taken away).
+    Capacity {
+        /// Requests it can hold now.
+        slots: u32,
+    },
+    /// The destination's per-token prices changed.
+    Price {
+        /// USD per input token.
+        usd_per_input_token: f64,
+        /// USD per output token.
+        usd_per_output_token: f64,
+    },
+}
+
+/// A signal that cannot be applied, naming why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalError {
+    /// No destination has this index.
+    NoSuchDestination(usize),
+    /// A price that is negative, NaN or infinite.
+    BadPrice,
+}
+
+impl core::fmt::Display for SignalError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SignalError::NoSuchDestination(d) => write!(f, "no destination has index {d}"),
+            SignalError::BadPrice => {
+                f.write_str("a price must be a finite, non-negative number of USD per token")
+            }
+        }
+    }
+}
+
+impl Live {
+    /// Fold `signal` in.
+    pub fn apply(&mut self, signal: Signal) -> Result<(), SignalError> {
+        match signal {
+            Signal::Drain { until_ms } => self.drained_until_ms = until_ms,
+            Signal::Load { requests } => self.reported_load = requests,
+            Signal::Capacity { slots } => self.capacity = Some(slots),
+            Signal::Price {
+                usd_per_input_token: i,
+                usd_per_output_token: o,
+            } => {
+                if !(i.is_finite() && o.is_finite() && i >= 0.0 && o >= 0.0) {
+                    return Err(SignalError::BadPrice);
+                }
+                self.usd_per_token = Some((i, o));
+            }
+        }
+        Ok(())
+    }
+
+    /// `model` and `in_flight` as the signals have them at `now_ms`, and
+    /// whether the destination is drained.
+    pub fn adjust(
+        &self,
+        model: &CostModel,
+        in_flight: u32,
+        now_ms: u64,
+    ) -> (CostModel, u32, bool) {
+        let mut m = *model;
+        if let Some((i, o)) = self.usd_per_token {
+            m.usd_per_input_token = i;
+            m.usd_per_output_token = o;
+        }
+        let mut drained = now_ms < self.drained_until_ms;
+        match self.capacity {
+            // No slots left (its GPUs taken away): closed, not unlimited.
+            Some(0) if model.capacity != 0 => drained = true,
+            Some(c) => m.capacity = c,
+            None => {}
+        }
+        (m, in_flight.max(self.reported_load), drained)
+    }
+
+    /// Whether the price moves with time alone (a drain that ends).
+    pub fn depends_on_time(&self, now_ms: u64) -> bool {
+        now_ms < self.drained_until_ms
     }
 }
 
@@ -260,5 +403,75 @@ mod tests {
         s.settle(0, Some(Outcome::Failure { tenant: 0 }), &p, 0);
         assert!(!s.is_quiet(0, ok, 0), "a failure run to clear");
         assert!(!s.is_quiet(9, None, 0), "no such destination");
+    }
+
+    #[test]
+    fn a_drain_closes_a_destination_until_it_ends() {
+        let (m, p) = (models(2), HealthPolicy::default());
+        let mut s = FleetState::new(2);
+        s.reprice_all(&m, &p, 0);
+        let all = [0b11u64];
+        assert_eq!(s.apply(0, Signal::Drain { until_ms: 100 }), Ok(()));
+        s.reprice(0, &m, &p, 0);
+        s.advance(&m, &p, 50);
+        assert_eq!(s.decide(&all, &all, &REQ, 50).map(|d| d.index), Ok(1));
+        s.advance(&m, &p, 100);
+        assert_eq!(
+            s.decide(&all, &all, &REQ, 100).map(|d| d.index),
+            Ok(0),
+            "open again when the drain ends, with no other change"
+        );
+    }
+
+    #[test]
+    fn load_capacity_and_price_signals_move_the_merit_order() {
+        let (mut m, p) = (models(2), HealthPolicy::default());
+        m[0].tier = Tier::InHouse;
+        m[0].capacity = 4;
+        let mut s = FleetState::new(2);
+        s.reprice_all(&m, &p, 0);
+        let all = [0b11u64];
+        // The server reports itself full: the owned destination is skipped.
+        assert_eq!(s.apply(0, Signal::Load { requests: 4 }), Ok(()));
+        s.reprice(0, &m, &p, 0);
+        assert_eq!(s.decide(&all, &all, &REQ, 0).map(|d| d.index), Ok(1));
+        s.release(1, 1);
+        // More GPUs: room again.
+        assert_eq!(s.apply(0, Signal::Capacity { slots: 8 }), Ok(()));
+        s.reprice(0, &m, &p, 0);
+        assert_eq!(s.decide(&all, &all, &REQ, 0).map(|d| d.index), Ok(0));
+        s.release(0, 1);
+        // Every GPU taken away: closed, not unlimited.
+        assert_eq!(s.apply(0, Signal::Capacity { slots: 0 }), Ok(()));
+        s.reprice(0, &m, &p, 0);
+        assert_eq!(s.decide(&all, &all, &REQ, 0).map(|d| d.index), Ok(1));
+        s.release(1, 1);
+        // A price cut on the API books the new price.
+        let cut = Signal::Price {
+            usd_per_input_token: 1e-9,
+            usd_per_output_token: 1e-9,
+        };
+        assert_eq!(s.apply(1, cut), Ok(()));
+        s.reprice(1, &m, &p, 0);
+        let d = s.decide(&[0b10], &all, &REQ, 0);
+        assert_eq!(d.map(|d| d.cost_of(10, 10)), Ok(20.0 * 1e-9));
+    }
+
+    #[test]
+    fn bad_signals_are_refused_and_change_nothing() {
+        let mut s = FleetState::new(1);
+        let before = s.clone();
+        assert_eq!(
+            s.apply(3, Signal::Load { requests: 1 }),
+            Err(SignalError::NoSuchDestination(3))
+        );
+        for bad in [f64::NAN, -1.0, f64::INFINITY] {
+            let price = Signal::Price {
+                usd_per_input_token: bad,
+                usd_per_output_token: 0.0,
+            };
+            assert_eq!(s.apply(0, price), Err(SignalError::BadPrice));
+        }
+        assert_eq!(s, before);
     }
 }

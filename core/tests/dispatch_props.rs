@@ -134,7 +134,7 @@ proptest! {
             prop_assert!(m.validate().is_ok());
         }
         let policy = HealthPolicy::default();
-        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, policy: &policy };
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], policy: &policy };
         let req = Request { tokens_in, tokens_out, latency_usd_per_s: latency };
         let mut slate = Slate::new(models.len());
         slate.refresh(&fleet, now_ms);
@@ -191,7 +191,7 @@ proptest! {
         let policy = HealthPolicy::default();
         let mut slate = Slate::new(models.len());
         {
-            let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, policy: &policy };
+            let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], policy: &policy };
             slate.refresh(&fleet, now_ms);
         }
         let d = pick % models.len();
@@ -201,7 +201,7 @@ proptest! {
             2 => { health[d].observe(Outcome::Failure { tenant: 0 }, now_ms, &policy); }
             _ => { health[d].observe(Outcome::Throttled { retry_after_ms: Some(later) }, now_ms, &policy); }
         }
-        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, policy: &policy };
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], policy: &policy };
         slate.refresh_one(&fleet, d, now_ms);
         let mut full = Slate::new(models.len());
         full.refresh(&fleet, now_ms);

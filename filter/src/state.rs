@@ -452,6 +452,7 @@ mod tests {
                     models: &m,
                     health: &w.state.health,
                     in_flight: &w.state.in_flight,
+                    live: &[],
                     policy: &p,
                 },
                 100,

@@ -112,6 +112,7 @@ proptest! {
             models: &models[..n],
             health: &healths[..n],
             in_flight: &loads[..n],
+            live: &[],
             policy: &policy,
         };
         let req = Request { tokens_in, tokens_out, latency_usd_per_s: 0.002 };
@@ -156,6 +157,7 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
         models: &models,
         health: &healths,
         in_flight: &loads,
+        live: &[],
         policy: &policy,
     };
     let req = Request {
@@ -412,6 +414,7 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         models: &cfg.models[..n],
         health: &healths[..n],
         in_flight: &loads[..n],
+        live: &[],
         policy: &policy_h,
     };
     let mut slate = Slate::new(n);

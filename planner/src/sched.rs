@@ -54,6 +54,11 @@ pub struct Scheduler {
     /// The staircase collided with inherited work (the layout is unusable).
     pub stair_conflict: bool,
     rules: Option<Rules>,
+    /// `failed[k * steps + t]`: the shortest window from step `t` in which
+    /// no block of `2^k` GPUs was free under the current rules (`u32::MAX`:
+    /// none yet). Blocks are only added between resets, so every longer
+    /// window and larger block from `t` fails too and is not searched again.
+    failed: Vec<u32>,
 }
 
 impl Scheduler {
@@ -81,6 +86,7 @@ impl Scheduler {
             stair,
             stair_conflict: false,
             rules: None,
+            failed: vec![u32::MAX; (s.gpus.max(1).ilog2() as usize + 1) * s.steps as usize],
         }
     }
 
@@ -91,6 +97,7 @@ impl Scheduler {
         self.placed.clear();
         self.rules = Some(rules);
         self.stair_conflict = false;
+        self.failed.fill(u32::MAX);
         for (i, j) in s.jobs.iter().enumerate() {
             if let Some(g) = j.running {
                 let len = s.clipped(j, 0);
@@ -124,6 +131,11 @@ impl Scheduler {
         if job.running.is_some() {
             return false;
         }
+        // Failures are remembered per block size class (a power of two up
+        // to the size), under the rules of the last reset only.
+        let class = job.size.max(1).ilog2() as usize * s.steps as usize;
+        let memo =
+            self.rules == Some(rules) && job.size.is_power_of_two() && class < self.failed.len();
         for start in job.arrival.saturating_add(delay)..s.steps {
             if !s.start_ok(job, start) {
                 continue;
@@ -135,6 +147,9 @@ impl Scheduler {
                 if over {
                     continue;
                 }
+            }
+            if memo && self.failed[class + start as usize] <= len {
+                continue;
             }
             let found = self.occ.find(
                 start,
@@ -149,6 +164,14 @@ impl Scheduler {
                 self.occ.occupy(start, len, gpu, job.size);
                 self.placed.push(Placement { job: i, start, gpu });
                 return true;
+            }
+            if memo {
+                for f in self.failed[class + start as usize..]
+                    .iter_mut()
+                    .step_by(s.steps as usize)
+                {
+                    *f = (*f).min(len);
+                }
             }
         }
         false

@@ -211,7 +211,22 @@ impl Scheduler {
     /// Writes the current placements into a fresh grid, with the RT staircase
     /// if the last run used one (otherwise RT is left to [`crate::rt::assign`]).
     pub fn to_plan(&self, s: &Scenario) -> Plan {
-        let mut plan = Plan::empty(s);
+        let mut plan = Plan {
+            gpus: s.gpus,
+            steps: s.steps,
+            cells: Vec::new(),
+        };
+        self.write_plan(s, &mut plan);
+        plan
+    }
+
+    /// Like [`Scheduler::to_plan`], into an existing grid of the same shape
+    /// (reusing its allocation).
+    pub fn write_plan(&self, s: &Scenario, plan: &mut Plan) {
+        plan.cells.clear();
+        plan.cells
+            .resize((s.gpus as usize) * (s.steps as usize), Cell::Idle);
+        (plan.gpus, plan.steps) = (s.gpus, s.steps);
         if self.rules.is_some_and(|r| r.rt_stair) {
             for &(t, g, d, r) in &self.stair {
                 for gpu in g..g + d {
@@ -227,6 +242,5 @@ impl Scheduler {
                 }
             }
         }
-        plan
     }
 }

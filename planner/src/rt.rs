@@ -94,6 +94,8 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
     let mut claims: Vec<Claims> = vec![Claims::default(); nr];
     let mut need = vec![0usize; nr];
     let mut spare = vec![0usize; nr];
+    let mut pressure = vec![0i64; nr];
+    let mut offer: Vec<Option<(i64, u32)>> = vec![None; nr];
     // Free GPUs by (next batch use, index), built when pre-migration needs it.
     let mut free: std::collections::BinaryHeap<(u32, u32)> = std::collections::BinaryHeap::new();
     for t in 0..tn {
@@ -149,23 +151,34 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
                 cand.truncate(total_need);
             }
             cand.sort_unstable_by_key(|&g| std::cmp::Reverse(key(g)));
-            for &g in &cand {
-                let claim = next_use[row + g as usize];
-                let ri = (0..nr)
-                    .filter(|&r| need[r] > 0)
-                    .min_by_key(|&r| {
-                        let pressure = if (claim as usize) < tn {
-                            exposure(s, &claims[r], r, claim)
-                        } else {
-                            0
-                        };
-                        (pressure, std::cmp::Reverse(need[r]), r)
-                    })
-                    .unwrap_or(0);
-                plan.cells[row + g as usize] = Cell::Rt(ri as u16);
-                held[ri].push(g);
-                claims[ri].add(claim);
-                need[ri] -= 1;
+            // Candidates claimed at the same step are adjacent; the apps'
+            // exposure to that step is computed once per group and then
+            // counts each GPU handed out.
+            let mut i = 0;
+            while i < cand.len() {
+                let claim = next_use[row + cand[i] as usize];
+                let end = i + cand[i..].partition_point(|&g| next_use[row + g as usize] == claim);
+                for r in 0..nr {
+                    pressure[r] = if need[r] > 0 && (claim as usize) < tn {
+                        exposure(s, &claims[r], r, claim)
+                    } else {
+                        0
+                    };
+                }
+                for &g in &cand[i..end] {
+                    let ri = (0..nr)
+                        .filter(|&r| need[r] > 0)
+                        .min_by_key(|&r| (pressure[r], std::cmp::Reverse(need[r]), r))
+                        .unwrap_or(0);
+                    plan.cells[row + g as usize] = Cell::Rt(ri as u16);
+                    held[ri].push(g);
+                    claims[ri].add(claim);
+                    need[ri] -= 1;
+                    if (claim as usize) < tn {
+                        pressure[ri] += 1;
+                    }
+                }
+                i = end;
             }
         }
         // 3. Pre-migration: spend spare swap budget moving off GPUs that batch
@@ -174,25 +187,39 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
         //    an app's GPUs claimed at one step are equally exposed, so each
         //    app offers its worst claim step (its first GPU claimed then).
         let horizon = (t as u32 + LOOKAHEAD).min(tn as u32 - 1);
+        // Each app's offer, (exposure, claim step), changes only when it moves.
+        let offer_of = |r: usize, claims: &Claims, spare: usize| {
+            let mut best: Option<(i64, u32)> = None;
+            if spare < 2 {
+                return best;
+            }
+            let cl = &claims.0;
+            let mut i = 0;
+            while i < cl.len() && cl[i] <= horizon {
+                let claim = cl[i];
+                let p = exposure(s, claims, r, claim);
+                if best.is_none_or(|(bp, bc)| {
+                    (p, std::cmp::Reverse(claim)) > (bp, std::cmp::Reverse(bc))
+                }) {
+                    best = Some((p, claim));
+                }
+                i += cl[i..].partition_point(|&x| x == claim);
+            }
+            best
+        };
+        for r in 0..nr {
+            offer[r] = offer_of(r, &claims[r], spare[r]);
+        }
         let mut heap_built = false;
         loop {
             let mut pick: Option<(i64, u32, usize)> = None;
-            for r in 0..nr {
-                if spare[r] < 2 {
-                    continue;
-                }
-                let cl = &claims[r].0;
-                let mut i = 0;
-                while i < cl.len() && cl[i] <= horizon {
-                    let claim = cl[i];
-                    let p = exposure(s, &claims[r], r, claim);
-                    let better = pick.is_none_or(|(bp, bc, _)| {
-                        (p, std::cmp::Reverse(claim)) > (bp, std::cmp::Reverse(bc))
-                    });
-                    if better {
-                        pick = Some((p, claim, r));
-                    }
-                    i += cl[i..].partition_point(|&x| x == claim);
+            for (r, o) in offer.iter().enumerate() {
+                let Some((p, claim)) = *o else { continue };
+                let better = pick.is_none_or(|(bp, bc, _)| {
+                    (p, std::cmp::Reverse(claim)) > (bp, std::cmp::Reverse(bc))
+                });
+                if better {
+                    pick = Some((p, claim, r));
                 }
             }
             let Some((_, claim, r)) = pick else { break };
@@ -211,6 +238,7 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
             if h_use <= claim {
                 // No free GPU is safer for this app; stop it migrating.
                 spare[r] = 0;
+                offer[r] = None;
                 continue;
             }
             let pos = held[r]
@@ -226,6 +254,7 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
             claims[r].remove(claim);
             claims[r].add(h_use);
             spare[r] -= 2;
+            offer[r] = offer_of(r, &claims[r], spare[r]);
         }
         for (ri, app) in s.rt.iter().enumerate() {
             let want = app.demand[t] as usize;

@@ -136,20 +136,27 @@ impl Scheduler {
         let class = job.size.max(1).ilog2() as usize * s.steps as usize;
         let memo =
             self.rules == Some(rules) && job.size.is_power_of_two() && class < self.failed.len();
-        for start in job.arrival.saturating_add(delay)..s.steps {
+        let mut next = job.arrival.saturating_add(delay);
+        while next < s.steps {
+            let start = next;
+            next += 1;
             if !s.start_ok(job, start) {
                 continue;
             }
             let len = s.clipped(job, start);
-            if rules.capacity {
-                let over = (start..start + len)
-                    .any(|t| self.occ.used[t as usize] + job.size > self.room[t as usize]);
-                if over {
-                    continue;
-                }
-            }
             if memo && self.failed[class + start as usize] <= len {
                 continue;
+            }
+            if rules.capacity {
+                // Every later start whose window still holds the last full
+                // step fails too.
+                let full = (start..start + len)
+                    .rev()
+                    .find(|&t| self.occ.used[t as usize] + job.size > self.room[t as usize]);
+                if let Some(t) = full {
+                    next = t + 1;
+                    continue;
+                }
             }
             let found = self.occ.find(
                 start,

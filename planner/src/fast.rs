@@ -150,7 +150,8 @@ fn auto_passes(s: &Scenario) -> usize {
 /// within the swap cap. Without a grid, or with RT as the staircase, the
 /// score assumes RT gets its demand (cheap: batch is scored from the
 /// placements). With a grid and RT placed by count, it writes the schedule
-/// into `grid`, places RT on GPUs with [`rt::assign`] and scores what that
+/// into `grid`, places RT on GPUs with [`rt::assign_within_cap`] (which
+/// gives up at the first swap-cap breach: `None`) and scores what that
 /// achieved. The cheap key never ranks below the exact one (RT served in
 /// full is the most it can serve), so a cheap key that does not beat a rival
 /// means the exact one does not either.
@@ -170,10 +171,7 @@ fn evaluate(
         return Some(Key::new(value, batch + stair_cells, floor));
     };
     sched.write_plan(s, plan);
-    let st = rt::assign(s, plan);
-    if st.over_cap > 0 {
-        return None;
-    }
+    let st = rt::assign_within_cap(s, plan)?;
     let objective = value - s.lambda() * st.shortfall as f64;
     Some(Key::new(objective, batch + st.served, floor))
 }
@@ -227,6 +225,10 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
     };
     let mut grid = Plan::empty(s);
     let stand_in_key = evaluate(s, &sched, stand_in, stair_cells, floor, Some(&mut grid));
+    if stand_in_key.is_none() {
+        // Scoring stopped at a swap-cap breach; the candidate is the whole plan.
+        rt::assign(s, &mut grid);
+    }
     let greedy_plan = grid.clone();
     // Best start per rule set: (key, order, rules).
     let mut starts: Vec<(Key, Vec<usize>, Rules)> = Vec::new();

@@ -61,6 +61,18 @@ impl Claims {
 /// Assigns RT apps to the GPUs that batch work leaves free in `plan`.
 /// Existing RT cells are cleared first.
 pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
+    assign_until(s, plan, false)
+}
+
+/// Like [`assign`] for scoring only: stops at the first step where batch work
+/// forces an app past its swap cap (the plan is then invalid whatever happens
+/// later) and returns `None`, leaving `plan` partly assigned.
+pub fn assign_within_cap(s: &Scenario, plan: &mut Plan) -> Option<Stats> {
+    let st = assign_until(s, plan, true);
+    (st.over_cap == 0).then_some(st)
+}
+
+fn assign_until(s: &Scenario, plan: &mut Plan, stop_over_cap: bool) -> Stats {
     let mut stats = Stats::default();
     let (gn, tn) = (s.gpus as usize, s.steps as usize);
     for c in plan.cells.iter_mut() {
@@ -129,6 +141,9 @@ pub fn assign(s: &Scenario, plan: &mut Plan) -> Stats {
             let cap = 2 * app.swap_cap as usize;
             if has_prev[ri] && lost > cap {
                 stats.over_cap += 1;
+                if stop_over_cap {
+                    return stats;
+                }
             }
             let budget = if has_prev[ri] {
                 cap.saturating_sub(lost)

@@ -172,8 +172,14 @@ fn evaluate(
     };
     sched.write_plan(s, plan);
     let st = rt::assign_within_cap(s, plan)?;
+    Some(rt_key(s, value, batch, st, floor))
+}
+
+/// The key of a schedule worth `value` with `batch` GPU-steps once RT is
+/// placed as `st` says.
+fn rt_key(s: &Scenario, value: f64, batch: u64, st: rt::Stats, floor: Floor) -> Key {
     let objective = value - s.lambda() * st.shortfall as f64;
-    Some(Key::new(objective, batch + st.served, floor))
+    Key::new(objective, batch + st.served, floor)
 }
 
 fn report_key(r: &Report, floor: Floor) -> Key {
@@ -224,11 +230,9 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
         objective: gv,
     };
     let mut grid = Plan::empty(s);
-    let stand_in_key = evaluate(s, &sched, stand_in, stair_cells, floor, Some(&mut grid));
-    if stand_in_key.is_none() {
-        // Scoring stopped at a swap-cap breach; the candidate is the whole plan.
-        rt::assign(s, &mut grid);
-    }
+    sched.write_plan(s, &mut grid);
+    let st = rt::assign(s, &mut grid);
+    let stand_in_key = (st.over_cap == 0).then(|| rt_key(s, gv, gc, st, floor));
     let greedy_plan = grid.clone();
     // Best start per rule set: (key, order, rules).
     let mut starts: Vec<(Key, Vec<usize>, Rules)> = Vec::new();

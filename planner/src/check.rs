@@ -90,46 +90,62 @@ pub fn check(s: &Scenario, plan: &Plan) -> Report {
         return rep;
     }
     let nr = s.rt.len();
+    let weight: Vec<f64> = (0..tn).map(|t| s.weight(t)).collect();
     let mut boxes: Vec<Option<Bbox>> = vec![None; s.jobs.len()];
     // held[r][t] = GPUs of app r at step t.
     let mut held: Vec<Vec<Vec<u32>>> = vec![vec![Vec::new(); tn as usize]; nr];
-    for t in 0..tn {
-        for g in 0..gn {
-            match plan.at(g, t) {
+    // Cells are read a run of equal owners at a time (a block is a run in
+    // each of its rows); the figures still add up cell by cell.
+    for (t, row) in plan.cells.chunks_exact(gn.max(1) as usize).enumerate() {
+        let t = t as u32;
+        let mut g = 0;
+        while g < gn {
+            let cell = row[g as usize];
+            let end = g + row[g as usize..].iter().take_while(|&&c| c == cell).count() as u32;
+            let run = g..end;
+            g = end;
+            match cell {
                 Cell::Idle => {}
                 Cell::Rt(r) => {
                     let r = usize::from(r);
                     if r >= nr {
-                        v.push(format!(
-                            "GPU {g} step {t}: owner names RT app #{r}, which does not exist"
-                        ));
+                        for g in run {
+                            v.push(format!(
+                                "GPU {g} step {t}: owner names RT app #{r}, which does not exist"
+                            ));
+                        }
                         continue;
                     }
-                    held[r][t as usize].push(g);
-                    rep.rt_served += 1;
+                    rep.rt_served += u64::from(run.end - run.start);
+                    held[r][t as usize].extend(run);
                 }
                 Cell::Job(j) => {
                     let ji = j as usize;
                     let Some(job) = s.jobs.get(ji) else {
-                        v.push(format!(
-                            "GPU {g} step {t}: owner names job #{ji}, which does not exist"
-                        ));
+                        for g in run {
+                            v.push(format!(
+                                "GPU {g} step {t}: owner names job #{ji}, which does not exist"
+                            ));
+                        }
                         continue;
                     };
-                    rep.batch_gpu_steps += 1;
-                    rep.value += f64::from(job.priority) * s.weight(t);
+                    let n = run.end - run.start;
+                    rep.batch_gpu_steps += u64::from(n);
+                    for _ in 0..n {
+                        rep.value += f64::from(job.priority) * weight[t as usize];
+                    }
                     let b = boxes[ji].get_or_insert(Bbox {
-                        g0: g,
-                        g1: g,
+                        g0: run.start,
+                        g1: run.start,
                         t0: t,
                         t1: t,
                         count: 0,
                     });
-                    b.g0 = b.g0.min(g);
-                    b.g1 = b.g1.max(g);
+                    b.g0 = b.g0.min(run.start);
+                    b.g1 = b.g1.max(run.end - 1);
                     b.t0 = b.t0.min(t);
                     b.t1 = b.t1.max(t);
-                    b.count += 1;
+                    b.count += u64::from(n);
                 }
             }
         }

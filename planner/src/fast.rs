@@ -147,31 +147,39 @@ fn auto_passes(s: &Scenario) -> usize {
 }
 
 /// Scores the scheduler's current schedule; `None` when RT cannot be placed
-/// within the swap cap. With `exact` false and RT placed by count, the score
-/// assumes RT gets its demand on some GPUs (cheap, used to steer the search);
-/// with `exact` true it places RT on GPUs and scores what it achieved.
+/// within the swap cap. Without a grid, or with RT as the staircase, the
+/// score assumes RT gets its demand (cheap: batch is scored from the
+/// placements). With a grid and RT placed by count, it writes the schedule
+/// into `grid`, places RT on GPUs with [`rt::assign_within_cap`] (which
+/// gives up at the first swap-cap breach: `None`) and scores what that
+/// achieved. The cheap key never ranks below the exact one (RT served in
+/// full is the most it can serve), so a cheap key that does not beat a rival
+/// means the exact one does not either.
 fn evaluate(
     s: &Scenario,
     sched: &Scheduler,
     rules: Rules,
     stair_cells: u64,
     floor: Floor,
-    exact: bool,
+    grid: Option<&mut Plan>,
 ) -> Option<Key> {
     let (value, batch) = sched.score(s);
-    if rules.rt_stair || !exact {
+    let Some(plan) = grid.filter(|_| !rules.rt_stair) else {
         if sched.stair_conflict {
             return None;
         }
         return Some(Key::new(value, batch + stair_cells, floor));
-    }
-    let mut plan = sched.to_plan(s);
-    let st = rt::assign(s, &mut plan);
-    if st.over_cap > 0 {
-        return None;
-    }
+    };
+    sched.write_plan(s, plan);
+    let st = rt::assign_within_cap(s, plan)?;
+    Some(rt_key(s, value, batch, st, floor))
+}
+
+/// The key of a schedule worth `value` with `batch` GPU-steps once RT is
+/// placed as `st` says.
+fn rt_key(s: &Scenario, value: f64, batch: u64, st: rt::Stats, floor: Floor) -> Key {
     let objective = value - s.lambda() * st.shortfall as f64;
-    Some(Key::new(objective, batch + st.served, floor))
+    Key::new(objective, batch + st.served, floor)
 }
 
 fn report_key(r: &Report, floor: Floor) -> Key {
@@ -211,13 +219,21 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
         rt_stair,
     };
     // The floor: the stand-in's utilisation as the note counts it (RT demand
-    // served in full, swap cap on counts only).
-    sched.run(s, &orders[0], rule(false, false));
+    // served in full, swap cap on counts only). The same run with RT placed
+    // on GPUs is the stand-in's plan (`baseline::greedy`) and the first
+    // start below.
+    let stand_in = rule(false, false);
+    sched.run(s, &orders[0], stand_in);
     let (gv, gc) = sched.score(s);
     let floor = Floor {
         cells: gc + stair_cells,
         objective: gv,
     };
+    let mut grid = Plan::empty(s);
+    sched.write_plan(s, &mut grid);
+    let st = rt::assign(s, &mut grid);
+    let stand_in_key = (st.over_cap == 0).then(|| rt_key(s, gv, gc, st, floor));
+    let greedy_plan = grid.clone();
     // Best start per rule set: (key, order, rules).
     let mut starts: Vec<(Key, Vec<usize>, Rules)> = Vec::new();
     // The staircase ignores prev= sets, so it only applies without them.
@@ -228,9 +244,21 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
         }
         let r = rule(fit, stair);
         let mut top: Option<(Key, &Vec<usize>)> = None;
-        for o in &orders {
+        let mut rest = &orders[..];
+        if r == stand_in {
+            top = stand_in_key.map(|k| (k, &orders[0]));
+            rest = &orders[1..];
+        }
+        for o in rest {
             sched.run(s, o, r);
-            if let Some(k) = evaluate(s, &sched, r, stair_cells, floor, true) {
+            // Exact scoring only when the cheap bound could win.
+            let Some(bound) = evaluate(s, &sched, r, stair_cells, floor, None) else {
+                continue;
+            };
+            if top.is_some_and(|(t, _)| !bound.beats(t)) {
+                continue;
+            }
+            if let Some(k) = evaluate(s, &sched, r, stair_cells, floor, Some(&mut grid)) {
                 if top.is_none_or(|(t, _)| k.beats(t)) {
                     top = Some((k, o));
                 }
@@ -259,6 +287,7 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
         let (k, o, d) = climb(
             s,
             &mut sched,
+            &mut grid,
             &mut rng,
             order,
             k0,
@@ -278,7 +307,8 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
         rule(false, false),
     ));
     sched.run_delayed(s, &best_order, &best_delay, cur_rules);
-    let mut plan = sched.to_plan(s);
+    let mut plan = grid;
+    sched.write_plan(s, &mut plan);
     if !cur_rules.rt_stair {
         rt::assign(s, &mut plan);
     }
@@ -288,7 +318,7 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
         report,
         source: "search",
     };
-    for (source, alt) in [("greedy", baseline::greedy(s)), ("fifo", baseline::fifo(s))] {
+    for (source, alt) in [("greedy", greedy_plan), ("fifo", baseline::fifo(s))] {
         let r = check(orig, &alt);
         let wins = r.valid()
             && (!out.report.valid() || report_key(&r, floor).beats(report_key(&out.report, floor)));
@@ -323,6 +353,7 @@ pub fn solve_with(orig: &Scenario, opts: Options) -> Outcome {
 fn climb(
     s: &Scenario,
     sched: &mut Scheduler,
+    grid: &mut Plan,
     rng: &mut Rng,
     mut cur_order: Vec<usize>,
     cur: Key,
@@ -368,14 +399,14 @@ fn climb(
             }
         }
         sched.run_delayed(s, &trial, &trial_delay, rules);
-        let Some(k) = evaluate(s, sched, rules, stair_cells, floor, false) else {
+        let Some(k) = evaluate(s, sched, rules, stair_cells, floor, None) else {
             continue;
         };
         let slot = pass % HISTORY;
         let v = scalar(k);
         // A new best must survive exact scoring before it is kept.
         if k.beats(best.0) {
-            match evaluate(s, sched, rules, stair_cells, floor, true) {
+            match evaluate(s, sched, rules, stair_cells, floor, Some(grid)) {
                 Some(e) if e.beats(best.0) => best = (e, trial.clone(), trial_delay.clone()),
                 _ => continue,
             }

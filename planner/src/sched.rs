@@ -54,6 +54,11 @@ pub struct Scheduler {
     /// The staircase collided with inherited work (the layout is unusable).
     pub stair_conflict: bool,
     rules: Option<Rules>,
+    /// `failed[k * steps + t]`: the shortest window from step `t` in which
+    /// no block of `2^k` GPUs was free under the current rules (`u32::MAX`:
+    /// none yet). Blocks are only added between resets, so every longer
+    /// window and larger block from `t` fails too and is not searched again.
+    failed: Vec<u32>,
 }
 
 impl Scheduler {
@@ -81,6 +86,7 @@ impl Scheduler {
             stair,
             stair_conflict: false,
             rules: None,
+            failed: vec![u32::MAX; (s.gpus.max(1).ilog2() as usize + 1) * s.steps as usize],
         }
     }
 
@@ -91,6 +97,7 @@ impl Scheduler {
         self.placed.clear();
         self.rules = Some(rules);
         self.stair_conflict = false;
+        self.failed.fill(u32::MAX);
         for (i, j) in s.jobs.iter().enumerate() {
             if let Some(g) = j.running {
                 let len = s.clipped(j, 0);
@@ -124,15 +131,30 @@ impl Scheduler {
         if job.running.is_some() {
             return false;
         }
-        for start in job.arrival.saturating_add(delay)..s.steps {
+        // Failures are remembered per block size class (a power of two up
+        // to the size), under the rules of the last reset only.
+        let class = job.size.max(1).ilog2() as usize * s.steps as usize;
+        let memo =
+            self.rules == Some(rules) && job.size.is_power_of_two() && class < self.failed.len();
+        let mut next = job.arrival.saturating_add(delay);
+        while next < s.steps {
+            let start = next;
+            next += 1;
             if !s.start_ok(job, start) {
                 continue;
             }
             let len = s.clipped(job, start);
+            if memo && self.failed[class + start as usize] <= len {
+                continue;
+            }
             if rules.capacity {
-                let over = (start..start + len)
-                    .any(|t| self.occ.used[t as usize] + job.size > self.room[t as usize]);
-                if over {
+                // Every later start whose window still holds the last full
+                // step fails too.
+                let full = (start..start + len)
+                    .rev()
+                    .find(|&t| self.occ.used[t as usize] + job.size > self.room[t as usize]);
+                if let Some(t) = full {
+                    next = t + 1;
                     continue;
                 }
             }
@@ -149,6 +171,14 @@ impl Scheduler {
                 self.occ.occupy(start, len, gpu, job.size);
                 self.placed.push(Placement { job: i, start, gpu });
                 return true;
+            }
+            if memo {
+                for f in self.failed[class + start as usize..]
+                    .iter_mut()
+                    .step_by(s.steps as usize)
+                {
+                    *f = (*f).min(len);
+                }
             }
         }
         false
@@ -188,7 +218,22 @@ impl Scheduler {
     /// Writes the current placements into a fresh grid, with the RT staircase
     /// if the last run used one (otherwise RT is left to [`crate::rt::assign`]).
     pub fn to_plan(&self, s: &Scenario) -> Plan {
-        let mut plan = Plan::empty(s);
+        let mut plan = Plan {
+            gpus: s.gpus,
+            steps: s.steps,
+            cells: Vec::new(),
+        };
+        self.write_plan(s, &mut plan);
+        plan
+    }
+
+    /// Like [`Scheduler::to_plan`], into an existing grid of the same shape
+    /// (reusing its allocation).
+    pub fn write_plan(&self, s: &Scenario, plan: &mut Plan) {
+        plan.cells.clear();
+        plan.cells
+            .resize((s.gpus as usize) * (s.steps as usize), Cell::Idle);
+        (plan.gpus, plan.steps) = (s.gpus, s.steps);
         if self.rules.is_some_and(|r| r.rt_stair) {
             for &(t, g, d, r) in &self.stair {
                 for gpu in g..g + d {
@@ -204,6 +249,5 @@ impl Scheduler {
                 }
             }
         }
-        plan
     }
 }

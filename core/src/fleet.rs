@@ -270,12 +270,7 @@ impl Live {
 
     /// `model` and `in_flight` as the signals have them at `now_ms`, and
     /// whether the destination is drained.
-    pub fn adjust(
-        &self,
-        model: &CostModel,
-        in_flight: u32,
-        now_ms: u64,
-    ) -> (CostModel, u32, bool) {
+    pub fn adjust(&self, model: &CostModel, in_flight: u32, now_ms: u64) -> (CostModel, u32, bool) {
         let mut m = *model;
         if let Some((i, o)) = self.usd_per_token {
             m.usd_per_input_token = i;

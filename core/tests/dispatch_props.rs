@@ -8,12 +8,15 @@
 //!    destinations, recomputed here independently from the cost model, and
 //!    ties go to the lowest index;
 //! 4. a refusal happens exactly when no feasible destination admits;
-//! 5. pricing one destination after it changed ([`Slate::refresh_one`]),
+//! 5. no external signal (a drain, a load report, a capacity or price
+//!    change, however hostile) makes an infeasible destination chosen;
+//! 6. pricing one destination after it changed ([`Slate::refresh_one`]),
 //!    and the time-dependent ones before deciding ([`Slate::refresh_timed`]),
 //!    gives the same slate as pricing them all, at any later time.
 
 use ace_core::cost::{CostModel, Tier};
 use ace_core::dispatch::{bit, decide, Fleet, Refusal, Request, Slate};
+use ace_core::fleet::{FleetState, Signal};
 use ace_core::health::{Health, HealthPolicy, Outcome};
 use proptest::prelude::*;
 
@@ -119,8 +122,61 @@ fn effective(
     Some((marginal + r.latency_usd_per_s * delay) * (h.derate(now_ms, p) * m.bias))
 }
 
+/// A signal as a hostile or broken control service might send it.
+fn signal() -> impl Strategy<Value = Signal> {
+    let price = prop_oneof![
+        Just(0.0),
+        Just(-1.0),
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::MAX),
+        0.0..1e-3f64
+    ];
+    prop_oneof![
+        any::<u64>().prop_map(|until_ms| Signal::Drain { until_ms }),
+        any::<u32>().prop_map(|requests| Signal::Load { requests }),
+        any::<u32>().prop_map(|slots| Signal::Capacity { slots }),
+        (price.clone(), price).prop_map(|(i, o)| Signal::Price {
+            usd_per_input_token: i,
+            usd_per_output_token: o,
+        }),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn no_signal_widens_the_feasible_set(
+        (models, health, in_flight, feasible, warm) in world(),
+        signals in proptest::collection::vec((any::<usize>(), signal()), 0..40),
+        now_ms in 0u64..30_000,
+    ) {
+        let policy = HealthPolicy::default();
+        let mut state = FleetState::new(models.len());
+        state.health = health;
+        state.in_flight = in_flight;
+        for (d, s) in signals {
+            // Refused signals (no such destination, a bad price) change nothing.
+            let _ = state.apply(d % (models.len() + 2), s);
+        }
+        state.reprice_all(&models, &policy, now_ms);
+        let req = Request { tokens_in: 100, tokens_out: 100, latency_usd_per_s: 0.001 };
+        for _ in 0..8 {
+            match state.decide(&feasible, &warm, &req, now_ms) {
+                Ok(d) => {
+                    prop_assert!(bit(&feasible, d.index), "a signal widened the feasible set");
+                    prop_assert!(d.marginal_usd.is_finite() && d.marginal_usd >= 0.0);
+                    state.reprice(d.index, &models, &policy, now_ms);
+                }
+                Err(r) => {
+                    let any = (0..models.len()).any(|d| bit(&feasible, d));
+                    prop_assert!(any || r == Refusal::NoFeasibleDestination);
+                    break;
+                }
+            }
+        }
+    }
 
     #[test]
     fn choice_is_feasible_admitting_and_cheapest(

@@ -92,15 +92,18 @@ pub struct ModuleHeader {
     value: ModuleBuffer,
 }
 
-/// Envoy's handle for one stream's filter.
+/// Envoy's handle for one stream's filter. Only Envoy makes one (it is a
+/// hook's argument; [`Filter::from_raw`] is unsafe), so safe code cannot
+/// forge a handle and pass Envoy a pointer it never gave out.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-pub struct Filter(pub *mut c_void);
+pub struct Filter(*mut c_void);
 
-/// Envoy's handle for a filter configuration being created.
+/// Envoy's handle for a filter configuration being created; like
+/// [`Filter`], only Envoy makes one.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-pub struct ConfigHandle(pub *mut c_void);
+pub struct ConfigHandle(*mut c_void);
 
 /// The module's object for a configuration or a stream, as Envoy holds it.
 pub type ModulePtr = *const c_void;
@@ -277,7 +280,11 @@ impl ConfigHandle {
     }
 
     /// Wrap Envoy's pointer.
-    pub fn from_raw(p: *mut c_void) -> ConfigHandle {
+    ///
+    /// # Safety
+    /// `p` is the configuration handle Envoy passed to the
+    /// `config_new` hook that is running now.
+    pub unsafe fn from_raw(p: *mut c_void) -> ConfigHandle {
         ConfigHandle(p)
     }
 }
@@ -520,7 +527,11 @@ impl Filter {
     }
 
     /// Wrap Envoy's pointer.
-    pub fn from_raw(p: *mut c_void) -> Filter {
+    ///
+    /// # Safety
+    /// `p` is the filter handle Envoy passed to a hook of a stream that is
+    /// still live, used only during Envoy's call of that stream's hooks.
+    pub unsafe fn from_raw(p: *mut c_void) -> Filter {
         Filter(p)
     }
 }

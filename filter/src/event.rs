@@ -262,7 +262,7 @@ fn number(out: &mut Vec<u8>, v: f64) {
 /// Leading zeros of a fraction.
 const ZEROS: &[u8; 12] = b"000000000000";
 
-/// Formats dollar amounts without allocating (see [`number`]).
+/// Formats dollar amounts without allocating (the way event lines write them).
 #[derive(Debug, Default)]
 pub struct UsdBuffer {
     bytes: [u8; 32],

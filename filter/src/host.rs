@@ -279,7 +279,7 @@ pub fn increment_metric(id: u32, offset: i64) -> Result<(), Status> {
     check(unsafe { increment_metric_raw(id, offset) })
 }
 
-/// A `log` logger over [`log`] that drops what the host refuses.
+/// A `log` logger over [`log()`] that drops what the host refuses.
 #[derive(Debug)]
 pub struct Logger;
 

@@ -13,7 +13,7 @@
 //! other requests went to). So [`Mirror::sync`] compares the entry with the
 //! bytes it last saw, destination by destination, and decodes and reprices
 //! only the ones that differ; an update rewrites only its destination's
-//! bytes. The decision then runs on an up-to-date [`Slate`] without pricing
+//! bytes. The decision then runs on an up-to-date [`Slate`](ace_core::dispatch::Slate) without pricing
 //! the whole fleet per request.
 //!
 //! Most requests need not read the entry at all. Envoy stamps each

@@ -27,13 +27,7 @@ struct World {
 }
 
 fn world(n: usize) -> World {
-    let tiers = [
-        Tier::InHouse,
-        Tier::Reserved,
-        Tier::Spot,
-        Tier::OnDemand,
-        Tier::Payg,
-    ];
+    let tiers = Tier::ALL;
     let policy = HealthPolicy::default();
     let mut models = Vec::new();
     let mut health = Vec::new();

@@ -21,16 +21,10 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
     let d = 64usize;
-    let tiers = [
-        Tier::InHouse,
-        Tier::Reserved,
-        Tier::Spot,
-        Tier::OnDemand,
-        Tier::Payg,
-    ];
+    let tiers = Tier::ALL;
     let models: Vec<CostModel> = (0..d)
         .map(|i| {
-            let tier = tiers.get(i % 5).copied().unwrap_or(Tier::Payg);
+            let tier = tiers.get(i % tiers.len()).copied().unwrap_or(Tier::Payg);
             CostModel {
                 tier,
                 usd_per_input_token: 1e-8 * (1 + i % 7) as f64,

@@ -21,13 +21,7 @@ use ace_core::health::{Health, HealthPolicy, Outcome};
 use proptest::prelude::*;
 
 fn tier() -> impl Strategy<Value = Tier> {
-    prop_oneof![
-        Just(Tier::InHouse),
-        Just(Tier::Reserved),
-        Just(Tier::Spot),
-        Just(Tier::OnDemand),
-        Just(Tier::Payg)
-    ]
+    proptest::sample::select(Tier::ALL.to_vec())
 }
 
 fn model() -> impl Strategy<Value = CostModel> {

@@ -35,7 +35,7 @@ pub fn fleet(n: usize) -> String {
             [16, 48, 140, 250, 810][m % 5]
         );
     }
-    let tiers = ["inhouse", "reserved", "spot", "ondemand", "payg"];
+    let tiers = ace_core::cost::Tier::ALL.map(ace_core::cost::Tier::as_str);
     let juris = ["EU", "US", "SG", "RU"];
     for d in 0..n {
         let models: Vec<String> = (0..MODELS)
@@ -58,7 +58,7 @@ pub fn fleet(n: usize) -> String {
             "[[destinations]]\nname = \"dest-{d}\"\ncluster = \"cluster_{d}\"\nprovider = \"p\"\ntier = \"{}\"\n\
              jurisdiction = \"{j}\"\nregion = \"{region}\"\naccelerator = \"h100\"\nvram_gb = {}\n\
              interconnect = \"{}\"\nmodels = {models:?}\ncertifications = {certs}",
-            tiers[r.below(5) as usize],
+            tiers[r.below(tiers.len() as u64) as usize],
             [24, 80, 160, 640, 1280][r.below(5) as usize],
             ["nvlink", "pcie"][r.below(2) as usize],
         );

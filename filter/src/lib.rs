@@ -7,11 +7,13 @@
 //! The crate has two layers:
 //!
 //! - What one request does, independent of how Envoy runs the filter:
-//!   parsing the configuration ([`config`]), reading attributes
-//!   ([`attributes`], [`headers`], [`body`]), the steps from headers to
-//!   decision to outcome ([`request`]), token usage in responses
-//!   ([`usage`]) and the event line ([`event`]). No host calls; the
-//!   Envoy dynamic module (`ace-dynamic`) builds on exactly this layer.
+//!   the request flow ([`flow`]), generic over a small host trait, and the
+//!   steps it runs: parsing the configuration ([`config`]), reading
+//!   attributes ([`attributes`], [`headers`], [`body`]), the steps from
+//!   headers to decision to outcome ([`request`]), token usage in
+//!   responses ([`usage`]) and the event line ([`event`]). No host calls;
+//!   the Envoy dynamic module (`ace-dynamic`) is the other host of this
+//!   layer.
 //! - The proxy-wasm adapter (`wasm`, with [`host`]; [`state`] is its
 //!   shared-data protocol, kept host-free so it can be tested), behind
 //!   the default `wasm` feature: what Istio's WasmPlugin loads. Built for

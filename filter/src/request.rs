@@ -1,15 +1,9 @@
-//! One request's steps that do not touch the host.
-//!
-//! ACE runs inside Envoy two ways: as a proxy-wasm filter (`wasm`, what
-//! Istio's WasmPlugin loads) and as an Envoy dynamic module (`ace-dynamic`,
-//! a native library, for proxies where a Wasm host call costs too much).
-//! Both run the same request the same way; only how they read headers,
-//! keep the fleet's shared state and answer differs. Everything else lives
-//! here, once: what a request's headers say ([`capture`]), what it asks
-//! of the core ([`plan`]), which destinations may serve it ([`feasible`]),
-//! what an answer means for the destination's health ([`outcome`]), what
-//! the request turned out to cost ([`book_usage`]), and the counters both
-//! report ([`Counters`]).
+//! The steps one request is made of, each host-free and tested on its own;
+//! [`crate::flow`] runs them in order for both hosts: what a request's
+//! headers say ([`capture`]), what it asks of the core ([`plan`]), which
+//! destinations may serve it ([`feasible`]), what an answer means for the
+//! destination's health ([`outcome`]), what the request turned out to cost
+//! ([`book_usage`]), and the counters both hosts report ([`Counters`]).
 
 use crate::attributes::{self, AttributeError};
 use crate::body::{self, BodyError, RequestBody};

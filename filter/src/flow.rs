@@ -296,7 +296,13 @@ impl Flow {
         }
         let now = host.now_ms();
         let head = request::capture(cfg, headers, now, host.next_event_id());
-        if let Some(value) = head.event.headers.get(RETRY_HEADER) {
+        // Only a host that re-runs requests reads re-run marks (a host that
+        // cannot never acts on one, so it skips the lookup).
+        let mark = host
+            .can_rerun()
+            .then(|| head.event.headers.get(RETRY_HEADER))
+            .flatten();
+        if let Some(value) = mark {
             // Ours (it carries this process's token) or a client's: either
             // way it goes no further than here.
             self.retry_of = retry_of(value);

@@ -445,11 +445,13 @@ fn a_client_never_chooses_the_destination() {
     assert_eq!(values, 1, "the forged value is gone, not added to");
     finish(&s, &w, &mut m, f, Some(ok("")), 1);
     // A forged re-run mark is removed and ignored.
+    m.can_rerun = true;
     let mut mark = req("public");
     mark.headers
         .push(("x-ace-retry", "0123456789abcdef.0".into()));
     let e = send(&s, &w, &mut m, &mark, ok);
     assert_eq!(e["reason"], "cheapest", "{e}");
+    assert_eq!(m.header("x-ace-retry"), None, "removed before the upstream");
     assert_eq!(m.counters[Counters::RETRIES], 0);
 }
 

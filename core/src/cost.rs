@@ -80,6 +80,33 @@ impl Tier {
         }
     }
 
+    /// Capacity bought by the GPU-hour (spot, on-demand): its per-token
+    /// price is the GPU-hour over measured throughput.
+    pub const fn bills_gpu_hours(self) -> bool {
+        match self {
+            Tier::Spot | Tier::OnDemand => true,
+            Tier::InHouse | Tier::Reserved | Tier::Payg => false,
+        }
+    }
+
+    /// Past its capacity the destination may charge an overage price per
+    /// token (a committed block) instead of taking nothing more.
+    pub const fn has_overage(self) -> bool {
+        match self {
+            Tier::Reserved => true,
+            Tier::InHouse | Tier::Spot | Tier::OnDemand | Tier::Payg => false,
+        }
+    }
+
+    /// A pay-as-you-go API: its list price is the all-pay-as-you-go
+    /// counterfactual's basis.
+    pub const fn is_pay_as_you_go(self) -> bool {
+        match self {
+            Tier::Payg => true,
+            Tier::InHouse | Tier::Reserved | Tier::Spot | Tier::OnDemand => false,
+        }
+    }
+
     /// The FOCUS `PricingCategory` of what this tier bills.
     pub const fn focus_pricing(self) -> &'static str {
         match self {
@@ -199,7 +226,7 @@ impl CostModel {
         if !non_negative(self.usd_per_gpu_hour) {
             return bad("usd_per_gpu_hour", "a finite number >= 0");
         }
-        if matches!(self.tier, Tier::Spot | Tier::OnDemand)
+        if self.tier.bills_gpu_hours()
             && !(self.tokens_per_second.is_finite() && self.tokens_per_second > 0.0)
         {
             return bad(
@@ -227,7 +254,7 @@ impl CostModel {
         if !(self.bias.is_finite() && self.bias > 0.0) {
             return bad("bias", "a finite number > 0");
         }
-        if matches!(self.tier, Tier::InHouse | Tier::Reserved) && self.capacity == 0 {
+        if self.tier.is_sunk() && self.capacity == 0 {
             return bad(
                 "capacity",
                 "a number of concurrent requests > 0 for inhouse and reserved destinations \
@@ -291,7 +318,7 @@ impl CostModel {
     ) -> Option<f64> {
         let (pin, pout) = if cap.is_none_or(|c| in_flight < c) {
             self.rest_prices()
-        } else if self.tier == Tier::Reserved {
+        } else if self.tier.has_overage() {
             let o = self.overage_usd_per_token?;
             (o, o)
         } else {

@@ -28,7 +28,7 @@
 //! value. Infeasible destinations are never looked at, so no cost, bias or
 //! health state can make one win: compliance fails closed by construction.
 
-use crate::cost::{CostModel, Tier};
+use crate::cost::CostModel;
 use crate::fleet::Live;
 use crate::health::{Breaker, Health, HealthPolicy};
 use alloc::vec;
@@ -352,7 +352,7 @@ fn price(
     let cap = health.cap(model.capacity, now_ms);
     let now_prices = if cap.is_none_or(|c| in_flight < c) {
         Some((rest_in, rest_out))
-    } else if model.tier == Tier::Reserved {
+    } else if model.tier.has_overage() {
         // Past the commitment: the overage price, if there is one.
         model.overage_usd_per_token.map(|o| (o, o))
     } else {
@@ -370,7 +370,7 @@ fn price(
         rest_out,
     };
     let probe = health.breaker(now_ms) == Breaker::HalfOpen;
-    (lane, open, probe, model.tier == Tier::Payg)
+    (lane, open, probe, model.tier.is_pay_as_you_go())
 }
 
 /// Lanes `base..base + len` of one of the slate's columns.
@@ -535,6 +535,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::Tier;
     use crate::health::Outcome;
 
     fn owned(cap: u32) -> CostModel {

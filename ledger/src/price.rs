@@ -19,7 +19,7 @@
 
 use crate::event::Event;
 use crate::money::{self, Nano};
-use ace_core::cost::{CostModel, Tier};
+use ace_core::cost::CostModel;
 use ace_filter::config::{Config, OnMissing};
 
 /// The ledger's figures for one event.
@@ -102,7 +102,7 @@ fn cheapest_payg(e: &Event, cfg: &Config, model: Option<&str>) -> Result<Option<
         .models
         .iter()
         .enumerate()
-        .filter(|(i, m)| m.tier == Tier::Payg && bit(&mask, *i))
+        .filter(|(i, m)| m.tier.is_pay_as_you_go() && bit(&mask, *i))
         .map(|(_, m)| m.rest_usd(e.tokens_in, e.tokens_out))
         .min_by(f64::total_cmp);
     best.map(|usd| nano(usd, "counterfactual")).transpose()

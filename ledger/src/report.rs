@@ -10,7 +10,6 @@ use crate::row::Row;
 use crate::split::Split;
 use crate::store::Store;
 use crate::window::{self, Rules, Window};
-use ace_core::cost::Tier;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -139,7 +138,7 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
             let model = registry
                 .get(&row.config)
                 .and_then(|c| price::model_of(c, dest).copied());
-            if let Some(m) = model.filter(|m| matches!(m.tier, Tier::InHouse | Tier::Reserved)) {
+            if let Some(m) = model.filter(|m| m.tier.is_sunk()) {
                 let p = pools.entry(dest.to_string()).or_default();
                 p.knee = m.knee;
                 p.capacity = m.capacity;

@@ -55,15 +55,18 @@
 //!
 #![doc = include_str!("../README.md")]
 
-/// Defines a host function on a `Linker` and records its `(module, name)`,
-/// so loading can name every import the host lacks.
-macro_rules! define_import {
-    ($linker:expr, $defined:expr, $module:expr, $name:literal, $f:expr) => {{
-        $linker.func_wrap($module, $name, $f)?;
-        $defined.insert(($module.to_string(), $name.to_string()));
+/// Defines each listed host function on a `Linker` under its own name in
+/// `$module`, and records `(module, name)` so that loading can name every
+/// import the host lacks.
+macro_rules! define_imports {
+    ($linker:expr, $defined:expr, $module:expr, [$($f:ident),* $(,)?]) => {{
+        $(
+            $linker.func_wrap($module, stringify!($f), $f)?;
+            $defined.insert(($module.to_string(), stringify!($f).to_string()));
+        )*
     }};
 }
-pub(crate) use define_import;
+pub(crate) use define_imports;
 
 pub mod abi;
 mod error;

@@ -54,6 +54,7 @@
 //! ## Example
 //!
 #![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 /// Defines each listed host function on a `Linker` under its own name in
 /// `$module`, and records `(module, name)` so that loading can name every

@@ -38,6 +38,7 @@
 //! the run and sent SIGINT just after it (its output goes to the terminal),
 //! e.g. `ENVOY_LOAD_PROBE='perf stat -e context-switches,syscalls:sys_enter_epoll_wait -p {pid}'`
 //! or `ENVOY_LOAD_PROBE='strace -c -f -p {pid}'`.
+#![forbid(unsafe_code)]
 
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Upstream;

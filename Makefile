@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup wasm dynamic demo test lint fmt bench clean
+.PHONY: setup wasm dynamic demo test lint docs fuzz-check fmt bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,15 +24,34 @@ dynamic: setup
 demo: setup
 	$(CARGO) run -q -p ace-cli --no-default-features --bin ace -- demo
 
-# Formatting, lints with warnings denied, then every test (the real-Envoy
-# tests build the .wasm from source in the same run).
+# Formatting, lints with warnings denied, the docs and the fuzz targets
+# (both cheap once clippy has checked the dependencies), then every test
+# (the real-Envoy tests build the .wasm from source in the same run).
 test: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@$(MAKE) --no-print-directory docs fuzz-check
 	$(CARGO) test --workspace --no-fail-fast
 
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The API docs, private items included, with rustdoc's warnings (broken or
+# ambiguous links) denied; every crate's, before it fails.
+docs:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --document-private-items --keep-going
+
+# Every fuzz target compiles. The fuzz crates are workspaces of their own
+# (the main one never builds libFuzzer), so clippy and test never see them.
+# A check on stable, without cargo-fuzz: no libFuzzer link, no nightly. They
+# share the main target directory, and so the dependencies clippy checked.
+FUZZ_CRATES := fuzz planner/fuzz filter/fuzz
+fuzz-check:
+	@set -e; for crate in $(FUZZ_CRATES); do \
+		echo "$(CARGO) check --manifest-path $$crate/Cargo.toml --bins"; \
+		$(CARGO) check --manifest-path $$crate/Cargo.toml --bins \
+			--target-dir "$${CARGO_TARGET_DIR:-$(CURDIR)/target}"; \
+	done
 
 fmt:
 	$(CARGO) fmt --all

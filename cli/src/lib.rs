@@ -1,4 +1,5 @@
 //! The parts of the `ace` command that other crates (tests, tools) reuse.
+#![forbid(unsafe_code)]
 
 pub mod output;
 pub mod plugin;

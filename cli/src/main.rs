@@ -4,6 +4,7 @@
 //! only dispatches. Errors print as `error: ...` with their causes and exit 1;
 //! a subcommand that finds a problem in its input (a mismatch, an invalid
 //! plan) returns its own non-zero exit code.
+#![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -18,6 +18,17 @@
 //! - [`fleet`]: the live state a host keeps (health, load, the priced
 //!   slate) and what a claim, a release and an outcome do to it.
 #![cfg_attr(not(feature = "std"), no_std)]
+#![forbid(unsafe_code)]
+// Beyond the workspace lints: this code reads configuration and requests
+// inside Envoy, where a panic kills a worker's VM (tests may still assert
+// with unwrap and indexing: see clippy.toml).
+#![warn(missing_docs)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 extern crate alloc;
 

@@ -3,6 +3,8 @@
 //! structural checks behind the checksum (counts, offsets, strides,
 //! strings) instead of on the checksum itself.
 #![no_main]
+#![forbid(unsafe_code)]
+
 use libfuzzer_sys::fuzz_target;
 
 mod common;

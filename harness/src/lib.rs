@@ -18,6 +18,7 @@
 //!
 //! Nothing here skips: if `envoy` is missing, [`envoy::find_envoy`] returns an
 //! error naming it and the command that installs it.
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod dylib;

@@ -19,6 +19,7 @@
 //! Envoys), and every figure traces back to its request ids ([`trace`]).
 //!
 //! [`book::Ledger`] ties a store and its configurations together.
+#![forbid(unsafe_code)]
 
 pub mod book;
 pub mod chargeback;

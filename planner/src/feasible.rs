@@ -11,7 +11,7 @@
 //! its demand must allow. [`check`] tests exactly these, and [`minimal`]
 //! builds the plan that keeps only the forced parts (running blocks, and each
 //! app shedding its `prev=` GPUs as fast as the cap allows): whenever [`check`]
-//! passes, that plan satisfies every rule of [`crate::check`], so fast mode
+//! passes, that plan satisfies every rule of [`crate::check`](mod@crate::check), so fast mode
 //! can always fall back to it.
 
 use crate::model::{Cell, Plan, Scenario};

@@ -8,7 +8,7 @@
 //! `shared/docs/scheduling.md` (GPUs x steps, elastic RT with a swap cap,
 //! rigid power-of-two batch blocks, inherited running work, priority x decay
 //! objective with an RT shortfall penalty). Every plan is a grid that the
-//! independent [`check`] module validates and measures; policies never report
+//! independent [`check`](mod@check) module validates and measures; policies never report
 //! their own metrics.
 //!
 //! Policies: [`baseline::fifo`] and [`baseline::greedy`] (the note's
@@ -17,6 +17,7 @@
 //! one step at a time and exposes the owned capacity the control service
 //! publishes; [`commit`] sizes reserved capacity with the critical-fractile
 //! rule; [`gen`] makes random scenarios.
+#![forbid(unsafe_code)]
 
 pub mod baseline;
 pub mod check;

@@ -29,6 +29,7 @@
 //!
 //! Layout of a policy directory and where the output goes: see
 //! [`OUT_DIR`] and `policies/README.md`.
+#![forbid(unsafe_code)]
 
 pub mod compile;
 pub mod custom;

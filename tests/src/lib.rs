@@ -2,6 +2,7 @@
 //!
 //! Every test here needs a real Envoy and fails, never skips, when it is
 //! missing: the error names Envoy and `make setup`.
+#![forbid(unsafe_code)]
 
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::Upstream;

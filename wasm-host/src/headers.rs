@@ -188,6 +188,24 @@ impl<K: AsRef<[u8]>, V: AsRef<[u8]>> FromIterator<(K, V)> for Headers {
     }
 }
 
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>, const N: usize> From<[(K, V); N]> for Headers {
+    fn from(pairs: [(K, V); N]) -> Headers {
+        pairs.into_iter().collect()
+    }
+}
+
+impl<K: AsRef<[u8]>, V: AsRef<[u8]>> From<Vec<(K, V)>> for Headers {
+    fn from(pairs: Vec<(K, V)>) -> Headers {
+        pairs.into_iter().collect()
+    }
+}
+
+impl From<&Headers> for Headers {
+    fn from(h: &Headers) -> Headers {
+        h.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,8 @@
 //! leaves calls pending for the test to complete
 //! ([`Vm::complete_http_call`](crate::Vm::complete_http_call)).
 
-use crate::exchange::Response;
 use crate::headers::Headers;
+use crate::message::Response;
 use std::time::Duration;
 
 /// A callout as the filter dispatched it.

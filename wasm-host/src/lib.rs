@@ -54,16 +54,20 @@
 //! ## Example
 //!
 #![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
-/// Defines a host function on a `Linker` and records its `(module, name)`,
-/// so loading can name every import the host lacks.
-macro_rules! define_import {
-    ($linker:expr, $defined:expr, $module:expr, $name:literal, $f:expr) => {{
-        $linker.func_wrap($module, $name, $f)?;
-        $defined.insert(($module.to_string(), $name.to_string()));
+/// Defines each listed host function on a `Linker` under its own name in
+/// `$module`, and records `(module, name)` so that loading can name every
+/// import the host lacks.
+macro_rules! define_imports {
+    ($linker:expr, $defined:expr, $module:expr, [$($f:ident),* $(,)?]) => {{
+        $(
+            $linker.func_wrap($module, stringify!($f), $f)?;
+            $defined.insert(($module.to_string(), stringify!($f).to_string()));
+        )*
     }};
 }
-pub(crate) use define_import;
+pub(crate) use define_imports;
 
 pub mod abi;
 mod error;
@@ -72,6 +76,7 @@ mod headers;
 mod http_call;
 mod imports;
 mod memory;
+mod message;
 mod module;
 mod process;
 mod properties;
@@ -81,9 +86,10 @@ mod wasi;
 
 pub use abi::{Action, LogLevel, MetricType, Status};
 pub use error::Error;
-pub use exchange::{Exchange, Request, Response, Route, UpstreamRequest};
+pub use exchange::{Exchange, Route};
 pub use headers::Headers;
 pub use http_call::{CallRequest, CallResponse, CallResult};
+pub use message::{Request, Response, UpstreamRequest};
 pub use module::FilterModule;
 pub use process::{MetricValue, Process, Responder};
 pub use state::{LocalResponse, LogEntry, StreamInfo};

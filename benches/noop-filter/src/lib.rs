@@ -19,6 +19,7 @@
 //! - `clear_route_cache N`: call that foreign function.
 //!
 //! An empty configuration is the plain no-op.
+#![forbid(unsafe_code)]
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

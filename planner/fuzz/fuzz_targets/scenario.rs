@@ -2,6 +2,8 @@
 //! line, never a panic or a huge allocation. Scenarios that parse are
 //! feasible, and small ones go through fast mode, whose plan must be valid.
 #![no_main]
+#![forbid(unsafe_code)]
+
 use ace_planner::{check, fast, feasible, parse};
 use libfuzzer_sys::fuzz_target;
 

@@ -7,6 +7,7 @@
 //! `x-body-bytes` with the total size on the still-held request headers.
 //! Response: drops `content-length`, buffers the whole body and upper-cases
 //! every occurrence of the configured word (default `upstream`).
+#![forbid(unsafe_code)]
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

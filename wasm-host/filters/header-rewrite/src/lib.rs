@@ -5,6 +5,7 @@
 //! `proxy-wasm`). Response: adds `x-powered-by` and removes
 //! `x-internal-secret`. Every header call uses the `Result`-returning
 //! hostcalls, so a host status never panics the VM.
+#![forbid(unsafe_code)]
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

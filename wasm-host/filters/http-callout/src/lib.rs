@@ -6,6 +6,7 @@
 //! `x-user`; a 200 resumes the request with `x-authz-user` set from the
 //! callout's body, any other status becomes a local 403 carrying the
 //! callout's status, and a failed call a local 503.
+#![forbid(unsafe_code)]
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

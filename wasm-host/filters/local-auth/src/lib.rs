@@ -5,6 +5,7 @@
 //! `authorization: Bearer <token>` gets a local 401 with
 //! `www-authenticate: Bearer` and a JSON body; an allowed one goes upstream
 //! with the credential removed. Counters `auth_allowed` / `auth_denied`.
+#![forbid(unsafe_code)]
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

@@ -18,6 +18,12 @@
 //!   shared-data protocol, kept host-free so it can be tested), behind
 //!   the default `wasm` feature: what Istio's WasmPlugin loads. Built for
 //!   `wasm32-wasip1` it is the module `make wasm` ships.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 pub mod attributes;
 pub mod body;

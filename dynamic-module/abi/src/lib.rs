@@ -17,6 +17,12 @@
 //! read them returns; the wrappers keep them inside a closure or copy them.
 //! [`unused_http_hooks!`] defines the hooks Envoy requires of every HTTP
 //! filter module that neither user needs.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use raw::*;
 use std::ffi::{c_char, c_void};

@@ -2,6 +2,7 @@
 //! value indices inside each attribute's domain (or unknown), or is refused
 //! naming an attribute; never a panic.
 #![no_main]
+#![forbid(unsafe_code)]
 use ace_core::tables::{
     encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, Tables,
 };

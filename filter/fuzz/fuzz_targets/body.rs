@@ -2,6 +2,7 @@
 //! an error or a value; the usage scanner must give the same answer
 //! whatever the chunking, for JSON and for SSE.
 #![no_main]
+#![forbid(unsafe_code)]
 use ace_filter::body::scan_request;
 use ace_filter::usage::UsageScanner;
 use libfuzzer_sys::fuzz_target;

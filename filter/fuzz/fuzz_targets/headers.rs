@@ -2,6 +2,7 @@
 //! every pair lies inside the buffer; and pairs encoded the ABI's way read
 //! back as themselves.
 #![no_main]
+#![forbid(unsafe_code)]
 use ace_filter::headers::Pairs;
 use libfuzzer_sys::fuzz_target;
 

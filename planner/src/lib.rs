@@ -4,14 +4,15 @@
 //!
 //! Why this crate exists: merit order (ace-core) decides each request given
 //! today's capacity, but most of the money is decided earlier, when capacity is
-//! planned and bought. The model follows §1.2-1.4 of
-//! `shared/docs/scheduling.md` (GPUs x steps, elastic RT with a swap cap,
+//! planned and bought. The model (GPUs x steps, elastic RT with a swap cap,
 //! rigid power-of-two batch blocks, inherited running work, priority x decay
-//! objective with an RT shortfall penalty). Every plan is a grid that the
-//! independent [`check`](mod@check) module validates and measures; policies never report
-//! their own metrics.
+//! objective with an RT shortfall penalty, the FIFO and stand-in baselines,
+//! the golden scenarios) is written down in `planner/README.md`, section
+//! "The model", the reference for this crate. Every plan is a grid that the
+//! independent [`check`](mod@check) module validates and measures; policies
+//! never report their own metrics.
 //!
-//! Policies: [`baseline::fifo`] and [`baseline::greedy`] (the note's
+//! Policies: [`baseline::fifo`] and [`baseline::greedy`] (the two
 //! baselines), [`fast::solve`] (the hot-path heuristic), [`full::solve`] (the
 //! exact 0-1 model on HiGHS, warm-started from fast mode). [`rolling`] commits
 //! one step at a time and exposes the owned capacity the control service

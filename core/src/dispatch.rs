@@ -270,8 +270,8 @@ impl Slate {
         let priced = match (fleet.models.get(d), fleet.health.get(d)) {
             (Some(model), Some(health)) => {
                 let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
-                let live = fleet.live.get(d).copied().unwrap_or_default();
-                Some(price(model, health, &live, in_flight, now_ms, fleet.policy))
+                let live = fleet.live.get(d);
+                Some(price(model, health, live, in_flight, now_ms, fleet.policy))
             }
             _ => None,
         };
@@ -341,13 +341,22 @@ impl Slate {
 fn price(
     model: &CostModel,
     health: &Health,
-    live: &Live,
+    live: Option<&Live>,
     in_flight: u32,
     now_ms: u64,
     policy: &HealthPolicy,
 ) -> (Lane, bool, bool, bool) {
-    let (model, in_flight, drained) = live.adjust(model, in_flight, now_ms);
-    let model = &model;
+    // Most destinations carry no signal: price them from the configured
+    // model without copying it.
+    let adjusted;
+    let (model, in_flight, drained) = match live.filter(|l| !l.is_neutral()) {
+        None => (model, in_flight, false),
+        Some(live) => {
+            let (m, f, d) = live.adjust(model, in_flight, now_ms);
+            adjusted = m;
+            (&adjusted, f, d)
+        }
+    };
     let (rest_in, rest_out) = model.rest_prices();
     let cap = health.cap(model.capacity, now_ms);
     let now_prices = if cap.is_none_or(|c| in_flight < c) {

@@ -63,6 +63,7 @@ impl FleetState {
     }
 
     /// The slate (mutable) and the fleet as pricing sees it.
+    #[inline]
     fn priced<'a>(
         &'a mut self,
         models: &'a [CostModel],
@@ -85,6 +86,7 @@ impl FleetState {
     }
 
     /// Reprice destination `d` after a change to it.
+    #[inline]
     pub fn reprice(&mut self, d: usize, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
         let (slate, view) = self.priced(models, policy);
         slate.refresh_one(&view, d, now_ms);
@@ -92,6 +94,7 @@ impl FleetState {
 
     /// Reprice the destinations whose price moves with time (a trip or a
     /// cap that ends, a derate that decays), for a decision at `now_ms`.
+    #[inline]
     pub fn advance(&mut self, models: &[CostModel], policy: &HealthPolicy, now_ms: u64) {
         let (slate, view) = self.priced(models, policy);
         slate.refresh_timed(&view, now_ms);
@@ -101,6 +104,7 @@ impl FleetState {
     /// claimed on it (its in-flight count and half-open probe). The slate
     /// must be current at `now_ms` ([`FleetState::advance`]); the chosen
     /// destination is not repriced.
+    #[inline]
     pub fn decide(
         &mut self,
         feasible: &[u64],
@@ -114,6 +118,7 @@ impl FleetState {
     }
 
     /// Claim a slot on destination `d` (not repriced).
+    #[inline]
     pub fn claim(&mut self, d: usize, now_ms: u64) {
         if let Some(f) = self.in_flight.get_mut(d) {
             *f = f.saturating_add(1);
@@ -124,6 +129,7 @@ impl FleetState {
     }
 
     /// Release `n` slots on destination `d` (not repriced).
+    #[inline]
     pub fn release(&mut self, d: usize, n: u32) {
         if let Some(f) = self.in_flight.get_mut(d) {
             *f = f.saturating_sub(n);
@@ -133,6 +139,7 @@ impl FleetState {
     /// A request on `d` ended with `outcome` (`None`: the client went
     /// away, blame no one): release its slot and fold the outcome into
     /// `d`'s health (not repriced).
+    #[inline]
     pub fn settle(
         &mut self,
         d: usize,
@@ -159,6 +166,7 @@ impl FleetState {
     /// Whether a request on `d` ending with `outcome` changes nothing but
     /// the in-flight count: it ended quietly (the client left, or a
     /// success within its SLO) on a destination with nothing to recover.
+    #[inline]
     pub fn is_quiet(&self, d: usize, outcome: Option<Outcome>, now_ms: u64) -> bool {
         let quiet = match outcome {
             None => true,
@@ -266,6 +274,15 @@ impl Live {
             }
         }
         Ok(())
+    }
+
+    /// Whether no signal has said anything (every field at its default).
+    #[inline]
+    pub fn is_neutral(&self) -> bool {
+        self.drained_until_ms == 0
+            && self.reported_load == 0
+            && self.capacity.is_none()
+            && self.usd_per_token.is_none()
     }
 
     /// `model` and `in_flight` as the signals have them at `now_ms`, and

@@ -49,6 +49,15 @@ pub const RETRY_HEADER: &str = "x-ace-retry";
 /// The event's and `x-ace-reason`'s reason for a re-run request.
 pub const RETRY_REASON: &str = "retry";
 
+/// The response headers the flow reads, for hosts that read a header map
+/// in one pass ([`Host::response_header`] asks for them one at a time).
+pub const RESPONSE_HEADERS: [&str; 4] = [
+    ":status",
+    "retry-after",
+    "content-type",
+    request::UPSTREAM_TIME_HEADER,
+];
+
 /// The fleet's shared state could not be read or written (the host has
 /// logged why).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,8 +262,9 @@ pub struct Flow {
     /// This run is ACE's re-run of a request whose destination (this
     /// index) failed: that destination is not a candidate.
     retry_of: Option<usize>,
-    /// The event, set aside while Envoy runs the request again.
-    parked: Option<Event>,
+    /// The event, set aside while Envoy runs the request again (boxed: a
+    /// rare case should not grow every request's state).
+    parked: Option<Box<Event>>,
     /// The response's status and latency, while a re-run is asked for.
     answered: Option<(u32, u64)>,
 }
@@ -670,7 +680,7 @@ impl Flow {
             return false;
         }
         host.mark_superseded(true);
-        self.parked = self.event.take();
+        self.parked = self.event.take().map(Box::new);
         true
     }
 
@@ -679,7 +689,7 @@ impl Flow {
     pub fn not_rerun<H: Host>(&mut self, setup: &Setup, host: &mut H) -> Verdict {
         host.remove_request_header(RETRY_HEADER);
         host.mark_superseded(false);
-        self.event = self.parked.take();
+        self.event = self.parked.take().map(|e| *e);
         if let Some((status, latency_ms)) = self.answered.take() {
             self.respond(setup, host, status, latency_ms);
         }
@@ -769,6 +779,12 @@ fn retry_of(value: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flow_is_small() {
+        let (flow, event) = (std::mem::size_of::<Flow>(), std::mem::size_of::<Event>());
+        assert!(flow <= event + 340, "Flow {flow} bytes, Event {event}");
+    }
 
     #[test]
     fn only_this_processs_retry_mark_names_a_destination() {

@@ -31,7 +31,7 @@
 
 use crate::config::{Config, Trusted};
 use crate::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
-use crate::headers::Pairs;
+use crate::headers::{Pairs, Span};
 use crate::host;
 use crate::request::{self, Counters, EventIds};
 use crate::state::{Mirror, Synced};
@@ -300,8 +300,9 @@ struct Wasm<'a> {
     body_size: usize,
     /// Request body bytes already read (see [`AceStream::body_seen`]).
     body_seen: &'a mut usize,
-    /// The response headers, read once when first needed.
-    response: Option<Pairs>,
+    /// The response headers, read once when first needed, and where the
+    /// ones the flow reads ([`flow::RESPONSE_HEADERS`]) are in them.
+    response: Option<(Pairs, [Option<Span>; 4])>,
 }
 
 impl Host for Wasm<'_> {
@@ -373,13 +374,22 @@ impl Host for Wasm<'_> {
     }
 
     fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
-        let pairs = self.response.get_or_insert_with(|| {
-            host::header_pairs(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
+        // One host call and one pass over the map for every header the
+        // flow reads.
+        let (pairs, known) = self.response.get_or_insert_with(|| {
+            let pairs = host::header_pairs(MapType::HttpResponseHeaders).unwrap_or_else(|s| {
                 log::warn!("cannot read the response headers: {s:?}");
                 Pairs::default()
-            })
+            });
+            let known = pairs
+                .find(flow::RESPONSE_HEADERS)
+                .map(|v| v.and_then(|v| pairs.span(v)));
+            (pairs, known)
         });
-        f(pairs.get(name))
+        match flow::RESPONSE_HEADERS.iter().position(|n| *n == name) {
+            Some(i) => f(known.get(i).copied().flatten().and_then(|s| pairs.at(s))),
+            None => f(pairs.get(name)),
+        }
     }
 
     fn set_response_header(&mut self, name: &str, value: &str) {

@@ -85,7 +85,14 @@ pub fn capture(cfg: &Config, headers: Pairs, now: u64, event_id: [u8; 32]) -> He
         marginal_usd: 0.0,
         counterfactual_usd: None,
         reason: "",
-        ..Event::default()
+        // Every field spelled out: `..Event::default()` would build (and
+        // drop) a whole default event, its `Arc` included, per request.
+        warm: None,
+        overage: false,
+        usage_capped: false,
+        cached: false,
+        tenant_key: 0,
+        sent_ms: 0,
     };
     // A verified source's value stands in the event for what the client's
     // header claimed.

@@ -3,7 +3,8 @@
 //! Why this exists: inside Envoy's V8, each proxy-wasm call that returns
 //! data costs about 10k instructions (V8 re-enters the module to allocate
 //! the copy), and a Wasm filter making only ACE's eight host calls already
-//! adds about 21 µs p50 over a no-op Wasm filter (BENCHMARKS.md). Envoy
+//! adds most of the Wasm ACE's latency over a no-op Wasm filter
+//! (BENCHMARKS.md, "Envoy: latency", the `floor` variant). Envoy
 //! 1.40 also loads native filters, "dynamic modules" (`dlopen`, a C ABI,
 //! `envoy.filters.http.dynamic_modules`), whose calls into Envoy are plain
 //! function calls that hand out pointers into Envoy's own buffers. This

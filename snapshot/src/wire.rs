@@ -1,0 +1,547 @@
+//! The bytes of a snapshot (format version 1, described in the crate
+//! documentation): [`encode`], [`decode`] and [`etag`].
+//!
+//! One set of checks serves both directions: [`decode`] reads into a
+//! [`Snapshot`] and then checks it with the same function [`encode`]
+//! runs first, so what one accepts the other produces.
+
+use crate::{
+    Drain, DrainReason, Error, Load, Price, Problem, Report, Snapshot, MAX_BYTES, MAX_DESTINATIONS,
+    MAX_NAME, MAX_REQUESTS, MAX_SLOTS, MAX_USD_PER_TOKEN, MAX_WARM,
+};
+use alloc::string::String;
+use alloc::vec::Vec;
+
+const MAGIC: &[u8; 4] = b"ACSN";
+const FORMAT: u16 = 1;
+const HEADER: usize = 4 + 2 + 2 + 8 + 8 + 4;
+const TRAILER: usize = 4;
+
+const LOAD: u8 = 1;
+const CAPACITY: u8 = 2;
+const PRICE: u8 = 4;
+const DRAIN: u8 = 8;
+const WARM: u8 = 16;
+const KNOWN: u8 = LOAD | CAPACITY | PRICE | DRAIN | WARM;
+
+/// The snapshot as bytes, after the checks [`decode`] makes.
+pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
+    check(s)?;
+    let mut out = Vec::with_capacity(HEADER + TRAILER + 40 * s.reports.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&s.version.to_le_bytes());
+    out.extend_from_slice(&s.generated_ms.to_le_bytes());
+    out.extend_from_slice(&(s.reports.len() as u32).to_le_bytes());
+    for r in &s.reports {
+        name(&mut out, &r.name);
+        let fields = (r.load.is_some() as u8 * LOAD)
+            | (r.capacity.is_some() as u8 * CAPACITY)
+            | (r.price.is_some() as u8 * PRICE)
+            | (r.drain.is_some() as u8 * DRAIN)
+            | (r.warm.is_some() as u8 * WARM);
+        out.push(fields);
+        if let Some(l) = r.load {
+            out.extend_from_slice(&l.running.to_le_bytes());
+            out.extend_from_slice(&l.waiting.to_le_bytes());
+            out.extend_from_slice(&l.kv_permille.to_le_bytes());
+            out.push(l.stale as u8);
+        }
+        if let Some(c) = r.capacity {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        if let Some(p) = r.price {
+            out.extend_from_slice(&p.usd_per_input_token.to_le_bytes());
+            out.extend_from_slice(&p.usd_per_output_token.to_le_bytes());
+        }
+        if let Some(d) = r.drain {
+            out.extend_from_slice(&d.until_ms.to_le_bytes());
+            out.push(d.reason as u8);
+        }
+        if let Some(w) = &r.warm {
+            out.extend_from_slice(&(w.len() as u16).to_le_bytes());
+            for m in w {
+                name(&mut out, m);
+            }
+        }
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    if out.len() > MAX_BYTES {
+        return Err(Error {
+            at: 0,
+            destination: None,
+            field: "snapshot",
+            problem: Problem::TooLarge {
+                found: out.len() as u64,
+                max: MAX_BYTES as u64,
+            },
+        });
+    }
+    Ok(out)
+}
+
+fn name(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// An HTTP entity tag for encoded snapshot bytes: the version and the
+/// checksum, quoted. `None` if the bytes are too short to be a snapshot.
+pub fn etag(encoded: &[u8]) -> Option<String> {
+    let version = encoded.get(8..16)?;
+    let crc = encoded.get(encoded.len().checked_sub(TRAILER)?..)?;
+    let version = u64::from_le_bytes(version.try_into().ok()?);
+    let crc = u32::from_le_bytes(crc.try_into().ok()?);
+    Some(alloc::format!("\"{version:x}-{crc:08x}\""))
+}
+
+/// Read a snapshot, checking the checksum, the format, every field's
+/// range and the limits; an error names the first problem.
+pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
+    let top = |at, field, problem| Error {
+        at,
+        destination: None,
+        field,
+        problem,
+    };
+    if bytes.len() > MAX_BYTES {
+        return Err(top(
+            0,
+            "snapshot",
+            Problem::TooLarge {
+                found: bytes.len() as u64,
+                max: MAX_BYTES as u64,
+            },
+        ));
+    }
+    if bytes.len() < 4 || &bytes[..4] != MAGIC {
+        return Err(top(0, "magic", Problem::NotASnapshot));
+    }
+    if bytes.len() < HEADER + TRAILER {
+        return Err(top(bytes.len(), "header", Problem::Truncated));
+    }
+    let body_len = bytes.len() - TRAILER;
+    let (body, trailer) = bytes.split_at(body_len);
+    let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(top(
+            body_len,
+            "checksum",
+            Problem::Checksum { stored, computed },
+        ));
+    }
+    let mut r = Reader {
+        buf: body,
+        at: 4,
+        report: None,
+    };
+    let format = r.u16("format")?;
+    if format != FORMAT {
+        return Err(top(4, "format", Problem::UnknownFormat(format)));
+    }
+    let flags = r.u16("flags")?;
+    if flags != 0 {
+        return Err(top(6, "flags", Problem::Reserved(u64::from(flags))));
+    }
+    let version = r.u64("version")?;
+    let generated_ms = r.u64("generated_ms")?;
+    let count = r.u32("count")? as usize;
+    if count > MAX_DESTINATIONS {
+        return Err(r.fail(
+            "count",
+            Problem::TooLarge {
+                found: count as u64,
+                max: MAX_DESTINATIONS as u64,
+            },
+        ));
+    }
+    let mut reports = Vec::with_capacity(count);
+    for i in 0..count {
+        r.report = Some((i, None));
+        let name = r.name("name")?;
+        r.report = Some((i, Some(name.clone())));
+        let fields = r.u8("fields")?;
+        if fields & !KNOWN != 0 {
+            return Err(r.fail("fields", Problem::Reserved(u64::from(fields & !KNOWN))));
+        }
+        let mut report = Report {
+            name,
+            ..Report::default()
+        };
+        if fields & LOAD != 0 {
+            report.load = Some(Load {
+                running: r.u32("load.running")?,
+                waiting: r.u32("load.waiting")?,
+                kv_permille: r.u16("load.kv_permille")?,
+                stale: match r.u8("load.stale")? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(r.fail("load.stale", Problem::Reserved(u64::from(b)))),
+                },
+            });
+        }
+        if fields & CAPACITY != 0 {
+            report.capacity = Some(r.u32("capacity")?);
+        }
+        if fields & PRICE != 0 {
+            report.price = Some(Price {
+                usd_per_input_token: f64::from_bits(r.u64("price.input")?),
+                usd_per_output_token: f64::from_bits(r.u64("price.output")?),
+            });
+        }
+        if fields & DRAIN != 0 {
+            let until_ms = r.u64("drain.until_ms")?;
+            let reason = r.u8("drain.reason")?;
+            let Some(&reason) = DrainReason::ALL.get(usize::from(reason)) else {
+                return Err(r.fail("drain.reason", Problem::Reserved(u64::from(reason))));
+            };
+            report.drain = Some(Drain { until_ms, reason });
+        }
+        if fields & WARM != 0 {
+            let n = usize::from(r.u16("warm")?);
+            if n > MAX_WARM {
+                return Err(r.fail(
+                    "warm",
+                    Problem::TooLarge {
+                        found: n as u64,
+                        max: MAX_WARM as u64,
+                    },
+                ));
+            }
+            let mut warm = Vec::with_capacity(n);
+            for _ in 0..n {
+                warm.push(r.name("warm[]")?);
+            }
+            report.warm = Some(warm);
+        }
+        reports.push(report);
+    }
+    r.report = None;
+    if r.at != body.len() {
+        return Err(r.fail("reports", Problem::TrailingBytes(body.len() - r.at)));
+    }
+    let s = Snapshot {
+        version,
+        generated_ms,
+        reports,
+    };
+    check(&s).map_err(|mut e| {
+        e.at = body_len;
+        e
+    })?;
+    Ok(s)
+}
+
+/// The checks both directions make on a whole snapshot.
+fn check(s: &Snapshot) -> Result<(), Error> {
+    let fail = |i: Option<usize>, field, problem| Error {
+        at: 0,
+        destination: i.map(|i| (i, s.reports.get(i).map(|r| r.name.clone()))),
+        field,
+        problem,
+    };
+    if s.reports.len() > MAX_DESTINATIONS {
+        let found = s.reports.len() as u64;
+        let max = MAX_DESTINATIONS as u64;
+        return Err(fail(None, "count", Problem::TooLarge { found, max }));
+    }
+    // Names sorted once to find duplicates without quadratic work.
+    let mut names: Vec<(&str, usize)> = s
+        .reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.as_str(), i))
+        .collect();
+    names.sort_unstable();
+    for pair in names.windows(2) {
+        if let [(a, _), (b, i)] = pair {
+            if a == b {
+                return Err(fail(Some(*i), "name", Problem::Duplicate));
+            }
+        }
+    }
+    for (i, r) in s.reports.iter().enumerate() {
+        let at = Some(i);
+        check_name(&r.name).map_err(|p| fail(at, "name", p))?;
+        if let Some(l) = r.load {
+            for (field, v) in [("load.running", l.running), ("load.waiting", l.waiting)] {
+                if v > MAX_REQUESTS {
+                    let (found, max) = (u64::from(v), u64::from(MAX_REQUESTS));
+                    return Err(fail(at, field, Problem::TooLarge { found, max }));
+                }
+            }
+            if l.kv_permille > 1000 {
+                let found = u64::from(l.kv_permille);
+                return Err(fail(
+                    at,
+                    "load.kv_permille",
+                    Problem::TooLarge { found, max: 1000 },
+                ));
+            }
+        }
+        if let Some(c) = r.capacity {
+            if c > MAX_SLOTS {
+                let (found, max) = (u64::from(c), u64::from(MAX_SLOTS));
+                return Err(fail(at, "capacity", Problem::TooLarge { found, max }));
+            }
+        }
+        if let Some(p) = r.price {
+            for (field, v) in [
+                ("price.input", p.usd_per_input_token),
+                ("price.output", p.usd_per_output_token),
+            ] {
+                if !(v.is_finite() && (0.0..=MAX_USD_PER_TOKEN).contains(&v)) {
+                    return Err(fail(at, field, Problem::NotAPrice));
+                }
+            }
+        }
+        if let Some(w) = &r.warm {
+            if w.len() > MAX_WARM {
+                let (found, max) = (w.len() as u64, MAX_WARM as u64);
+                return Err(fail(at, "warm", Problem::TooLarge { found, max }));
+            }
+            for m in w {
+                check_name(m).map_err(|p| fail(at, "warm[]", p))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), Problem> {
+    if name.is_empty() {
+        return Err(Problem::Empty);
+    }
+    if name.len() > MAX_NAME {
+        return Err(Problem::TooLarge {
+            found: name.len() as u64,
+            max: MAX_NAME as u64,
+        });
+    }
+    Ok(())
+}
+
+/// A cursor over the snapshot's body that fails, never panics, at its end.
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+    report: Option<(usize, Option<String>)>,
+}
+
+impl Reader<'_> {
+    fn fail(&self, field: &'static str, problem: Problem) -> Error {
+        Error {
+            at: self.at,
+            destination: self.report.clone(),
+            field,
+            problem,
+        }
+    }
+
+    fn take<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], Error> {
+        let bytes = self
+            .at
+            .checked_add(N)
+            .and_then(|end| self.buf.get(self.at..end))
+            .and_then(|b| <[u8; N]>::try_from(b).ok())
+            .ok_or_else(|| self.fail(field, Problem::Truncated))?;
+        self.at += N;
+        Ok(bytes)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, Error> {
+        self.take::<1>(field).map(|[b]| b)
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, Error> {
+        self.take(field).map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, Error> {
+        self.take(field).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, Error> {
+        self.take(field).map(u64::from_le_bytes)
+    }
+
+    fn name(&mut self, field: &'static str) -> Result<String, Error> {
+        let len = usize::from(self.u16(field)?);
+        if len > MAX_NAME {
+            let found = len as u64;
+            let max = MAX_NAME as u64;
+            return Err(self.fail(field, Problem::TooLarge { found, max }));
+        }
+        let bytes = self
+            .buf
+            .get(self.at..self.at + len)
+            .ok_or_else(|| self.fail(field, Problem::Truncated))?;
+        let s = core::str::from_utf8(bytes).map_err(|_| self.fail(field, Problem::NotUtf8))?;
+        self.at += len;
+        Ok(String::from(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+    use alloc::vec;
+
+    fn sample() -> Snapshot {
+        Snapshot {
+            version: 7,
+            generated_ms: 1_764_000_000_000,
+            reports: vec![
+                Report {
+                    name: "eu-inhouse-h100".to_string(),
+                    load: Some(Load {
+                        running: 12,
+                        waiting: 3,
+                        kv_permille: 640,
+                        stale: false,
+                    }),
+                    capacity: Some(48),
+                    warm: Some(vec!["llama-3.1-70b".to_string(), "sql-lora".to_string()]),
+                    ..Report::default()
+                },
+                Report {
+                    name: "us-spot-a100".to_string(),
+                    drain: Some(Drain {
+                        until_ms: 1_764_000_120_000,
+                        reason: DrainReason::Eviction,
+                    }),
+                    ..Report::default()
+                },
+                Report {
+                    name: "openai".to_string(),
+                    price: Some(Price {
+                        usd_per_input_token: 2.5e-6,
+                        usd_per_output_token: 1e-5,
+                    }),
+                    ..Report::default()
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_snapshot_round_trips() {
+        let s = sample();
+        let bytes = encode(&s).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), s);
+        assert_eq!(etag(&bytes).unwrap().len(), 2 + 1 + 1 + 8);
+        assert!(etag(&bytes).unwrap().starts_with("\"7-"));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_caught() {
+        let bytes = encode(&sample()).unwrap();
+        for i in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(decode(&b).is_err(), "bit {i} flipped and accepted");
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = encode(&sample()).unwrap();
+        for n in 0..bytes.len() {
+            assert!(decode(&bytes[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn absurd_figures_are_refused_naming_the_destination_and_field() {
+        type Spoil = fn(&mut Report);
+        let cases: [(Spoil, &str); 6] = [
+            (
+                |r| {
+                    r.price = Some(Price {
+                        usd_per_input_token: f64::NAN,
+                        usd_per_output_token: 0.0,
+                    })
+                },
+                "price.input",
+            ),
+            (
+                |r| {
+                    r.price = Some(Price {
+                        usd_per_input_token: 0.0,
+                        usd_per_output_token: -1e-6,
+                    })
+                },
+                "price.output",
+            ),
+            (
+                |r| {
+                    r.price = Some(Price {
+                        usd_per_input_token: 1.0,
+                        usd_per_output_token: 0.0,
+                    })
+                },
+                "price.input",
+            ),
+            (|r| r.capacity = Some(MAX_SLOTS + 1), "capacity"),
+            (
+                |r| {
+                    r.load = Some(Load {
+                        running: 0,
+                        waiting: 0,
+                        kv_permille: 1001,
+                        stale: false,
+                    })
+                },
+                "load.kv_permille",
+            ),
+            (|r| r.warm = Some(vec![String::new()]), "warm[]"),
+        ];
+        for (spoil, field) in cases {
+            let mut s = sample();
+            spoil(&mut s.reports[1]);
+            let e = encode(&s).unwrap_err();
+            assert_eq!(e.field, field);
+            assert_eq!(e.destination, Some((1, Some("us-spot-a100".to_string()))));
+            let msg = e.to_string();
+            assert!(msg.contains("us-spot-a100") && msg.contains(field), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_duplicate_name_is_refused() {
+        let mut s = sample();
+        s.reports[2].name = s.reports[0].name.clone();
+        assert_eq!(encode(&s).unwrap_err().problem, Problem::Duplicate);
+    }
+
+    #[test]
+    fn foreign_bytes_are_not_a_snapshot() {
+        for junk in [&b""[..], b"{\"version\":1}", b"ACS", &[0u8; 64]] {
+            assert!(decode(junk).is_err());
+        }
+        let e = decode(b"{\"version\":1}").unwrap_err();
+        assert_eq!(e.problem, Problem::NotASnapshot);
+    }
+
+    #[test]
+    fn a_later_format_is_named() {
+        let mut b = encode(&sample()).unwrap();
+        b[4] = 2;
+        let n = b.len() - TRAILER;
+        let crc = crc32fast::hash(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        let e = decode(&b).unwrap_err();
+        assert_eq!(e.problem, Problem::UnknownFormat(2));
+        assert!(e.to_string().contains("upgrade the filter"));
+    }
+
+    #[test]
+    fn an_empty_snapshot_is_valid() {
+        let s = Snapshot::default();
+        assert_eq!(decode(&encode(&s).unwrap()).unwrap(), s);
+    }
+}

@@ -1,0 +1,75 @@
+//! Every valid snapshot survives the wire unchanged; any bytes at all give
+//! a snapshot or an error, never a panic.
+
+use ace_snapshot::{
+    decode, encode, Drain, DrainReason, Load, Price, Report, Snapshot, MAX_USD_PER_TOKEN,
+};
+use proptest::prelude::*;
+
+fn report(i: usize) -> impl Strategy<Value = Report> {
+    let load = (
+        0u32..=1_000_000,
+        0u32..=1_000_000,
+        0u16..=1000,
+        any::<bool>(),
+    )
+        .prop_map(|(running, waiting, kv_permille, stale)| Load {
+            running,
+            waiting,
+            kv_permille,
+            stale,
+        });
+    let price = (0.0..=MAX_USD_PER_TOKEN, 0.0..=MAX_USD_PER_TOKEN).prop_map(|(i, o)| Price {
+        usd_per_input_token: i,
+        usd_per_output_token: o,
+    });
+    let drain = (
+        any::<u64>(),
+        prop::sample::select(DrainReason::ALL.to_vec()),
+    )
+        .prop_map(|(until_ms, reason)| Drain { until_ms, reason });
+    let warm = prop::collection::vec("[a-z0-9./:-]{1,40}", 0..6);
+    (
+        prop::option::of(load),
+        prop::option::of(0u32..=1_000_000),
+        prop::option::of(price),
+        prop::option::of(drain),
+        prop::option::of(warm),
+    )
+        .prop_map(move |(load, capacity, price, drain, warm)| Report {
+            name: format!("dest-{i}"),
+            load,
+            capacity,
+            price,
+            drain,
+            warm,
+        })
+}
+
+fn snapshot() -> impl Strategy<Value = Snapshot> {
+    (0usize..40)
+        .prop_flat_map(|n| (0..n).map(report).collect::<Vec<_>>())
+        .prop_flat_map(|reports| {
+            (any::<u64>(), any::<u64>()).prop_map(move |(version, generated_ms)| Snapshot {
+                version,
+                generated_ms,
+                reports: reports.clone(),
+            })
+        })
+}
+
+proptest! {
+    #[test]
+    fn valid_snapshots_round_trip(s in snapshot()) {
+        let bytes = encode(&s).unwrap();
+        prop_assert_eq!(decode(&bytes).unwrap(), s);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode(&bytes);
+        let mut framed = b"ACSN\x01\x00\x00\x00".to_vec();
+        framed.extend_from_slice(&bytes);
+        let _ = decode(&framed);
+    }
+}

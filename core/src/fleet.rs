@@ -203,6 +203,9 @@ pub struct Live {
     /// The current per-token prices (input, output), USD, when they
     /// changed since the configuration was written.
     pub usd_per_token: Option<(f64, f64)>,
+    /// The current hourly price of the destination's GPUs, USD, when it
+    /// changed since the configuration was written (GPU-hour tiers).
+    pub usd_per_hour: Option<f64>,
 }
 
 /// One signal about one destination, as the control service reports it.
@@ -227,7 +230,14 @@ pub enum Signal {
         /// Requests it can hold now.
         slots: u32,
     },
-    /// The destination's per-token prices changed.
+    /// The hourly price of the destination's GPUs changed (spot and
+    /// on-demand destinations, which are priced by the GPU-hour).
+    HourlyPrice {
+        /// USD per hour for all of the destination's GPUs.
+        usd_per_hour: f64,
+    },
+    /// The destination's per-token prices changed (destinations priced by
+    /// the token).
     Price {
         /// USD per input token.
         usd_per_input_token: f64,
@@ -250,7 +260,7 @@ impl core::fmt::Display for SignalError {
         match self {
             SignalError::NoSuchDestination(d) => write!(f, "no destination has index {d}"),
             SignalError::BadPrice => {
-                f.write_str("a price must be a finite, non-negative number of USD per token")
+                f.write_str("a price must be a finite, non-negative number of USD")
             }
         }
     }
@@ -263,6 +273,12 @@ impl Live {
             Signal::Drain { until_ms } => self.drained_until_ms = until_ms,
             Signal::Load { requests } => self.reported_load = requests,
             Signal::Capacity { slots } => self.capacity = Some(slots),
+            Signal::HourlyPrice { usd_per_hour: h } => {
+                if !(h.is_finite() && h >= 0.0) {
+                    return Err(SignalError::BadPrice);
+                }
+                self.usd_per_hour = Some(h);
+            }
             Signal::Price {
                 usd_per_input_token: i,
                 usd_per_output_token: o,
@@ -283,6 +299,7 @@ impl Live {
             && self.reported_load == 0
             && self.capacity.is_none()
             && self.usd_per_token.is_none()
+            && self.usd_per_hour.is_none()
     }
 
     /// `model` and `in_flight` as the signals have them at `now_ms`, and
@@ -292,6 +309,9 @@ impl Live {
         if let Some((i, o)) = self.usd_per_token {
             m.usd_per_input_token = i;
             m.usd_per_output_token = o;
+        }
+        if let Some(h) = self.usd_per_hour {
+            m.usd_per_gpu_hour = h;
         }
         let mut drained = now_ms < self.drained_until_ms;
         match self.capacity {
@@ -467,6 +487,23 @@ mod tests {
         s.reprice(1, &m, &p, 0);
         let d = s.decide(&[0b10], &all, &REQ, 0);
         assert_eq!(d.map(|d| d.cost_of(10, 10)), Ok(20.0 * 1e-9));
+        s.release(1, 1);
+        // A destination bought by the GPU-hour: its hourly price moves
+        // its per-token price, and its per-token fields do not.
+        m[1].tier = Tier::Spot;
+        m[1].tokens_per_second = 1000.0;
+        m[1].usd_per_gpu_hour = 36.0;
+        s.reprice(1, &m, &p, 0);
+        let before = s.decide(&[0b10], &all, &REQ, 0).map(|d| d.cost_of(10, 10));
+        s.release(1, 1);
+        let hourly = Signal::HourlyPrice { usd_per_hour: 3.6 };
+        assert_eq!(s.apply(1, hourly), Ok(()));
+        s.reprice(1, &m, &p, 0);
+        let after = s.decide(&[0b10], &all, &REQ, 0).map(|d| d.cost_of(10, 10));
+        let (Ok(before), Ok(after)) = (before, after) else {
+            panic!("the spot destination must stay open");
+        };
+        assert!((after - before / 10.0).abs() < 1e-15, "{before} -> {after}");
     }
 
     #[test]
@@ -483,6 +520,8 @@ mod tests {
                 usd_per_output_token: 0.0,
             };
             assert_eq!(s.apply(0, price), Err(SignalError::BadPrice));
+            let hourly = Signal::HourlyPrice { usd_per_hour: bad };
+            assert_eq!(s.apply(0, hourly), Err(SignalError::BadPrice));
         }
         assert_eq!(s, before);
     }

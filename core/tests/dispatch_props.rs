@@ -130,6 +130,9 @@ fn signal() -> impl Strategy<Value = Signal> {
         any::<u64>().prop_map(|until_ms| Signal::Drain { until_ms }),
         any::<u32>().prop_map(|requests| Signal::Load { requests }),
         any::<u32>().prop_map(|slots| Signal::Capacity { slots }),
+        price
+            .clone()
+            .prop_map(|usd_per_hour| Signal::HourlyPrice { usd_per_hour }),
         (price.clone(), price).prop_map(|(i, o)| Signal::Price {
             usd_per_input_token: i,
             usd_per_output_token: o,

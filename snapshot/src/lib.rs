@@ -26,6 +26,7 @@
 //!          LOAD     running u32, waiting u32, kv_permille u16, stale u8
 //!          CAPACITY slots u32
 //!          PRICE    usd_per_input_token f64, usd_per_output_token f64
+//!          HOURLY   usd_per_hour f64
 //!          DRAIN    until_ms u64, reason u8
 //!          WARM     n u16, then n names (len u16, UTF-8)
 //! trailer  CRC-32 (IEEE) of every byte before it, u32
@@ -67,6 +68,8 @@ pub const MAX_SLOTS: u32 = 1_000_000;
 /// The highest per-token price accepted, USD (10,000 USD per million
 /// tokens: two orders of magnitude above any list price).
 pub const MAX_USD_PER_TOKEN: f64 = 0.01;
+/// The highest hourly price accepted for one destination's GPUs, USD.
+pub const MAX_USD_PER_HOUR: f64 = 100_000.0;
 
 /// One snapshot of the fleet, as the control service saw it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -95,8 +98,12 @@ pub struct Report {
     /// Concurrent requests it can hold now (owned GPUs the planner gave
     /// to batch work are not capacity for inference); 0 closes it.
     pub capacity: Option<u32>,
-    /// Its per-token prices now.
+    /// Its per-token prices now (in-house, reserved and pay-as-you-go
+    /// destinations, priced by the token).
     pub price: Option<Price>,
+    /// What its GPUs cost per hour now, all of them together, USD (spot
+    /// and on-demand destinations, priced by the GPU-hour).
+    pub usd_per_hour: Option<f64>,
     /// No new requests until a time.
     pub drain: Option<Drain>,
     /// The models and adapters resident on it now (warm: no cold load).
@@ -213,9 +220,12 @@ pub enum Problem {
     NotUtf8,
     /// A name already given earlier.
     Duplicate,
-    /// A price that is not a finite number of dollars (NaN, infinite,
-    /// negative).
+    /// A per-token price that is not a finite number of dollars from 0 to
+    /// [`MAX_USD_PER_TOKEN`] (NaN, infinite, negative, absurd).
     NotAPrice,
+    /// An hourly price that is not a finite number of dollars from 0 to
+    /// [`MAX_USD_PER_HOUR`].
+    NotAnHourlyPrice,
     /// Bytes left over between the last report and the checksum.
     TrailingBytes(usize),
 }
@@ -252,6 +262,10 @@ impl fmt::Display for Error {
             Problem::NotAPrice => write!(
                 f,
                 "a price must be a finite number of USD per token from 0 to {MAX_USD_PER_TOKEN}"
+            ),
+            Problem::NotAnHourlyPrice => write!(
+                f,
+                "an hourly price must be a finite number of USD from 0 to {MAX_USD_PER_HOUR}"
             ),
             Problem::TrailingBytes(n) => write!(f, "{n} bytes follow the last report"),
         }

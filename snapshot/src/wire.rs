@@ -7,7 +7,7 @@
 
 use crate::{
     Drain, DrainReason, Error, Load, Price, Problem, Report, Snapshot, MAX_BYTES, MAX_DESTINATIONS,
-    MAX_NAME, MAX_REQUESTS, MAX_SLOTS, MAX_USD_PER_TOKEN, MAX_WARM,
+    MAX_NAME, MAX_REQUESTS, MAX_SLOTS, MAX_USD_PER_HOUR, MAX_USD_PER_TOKEN, MAX_WARM,
 };
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -22,7 +22,8 @@ const CAPACITY: u8 = 2;
 const PRICE: u8 = 4;
 const DRAIN: u8 = 8;
 const WARM: u8 = 16;
-const KNOWN: u8 = LOAD | CAPACITY | PRICE | DRAIN | WARM;
+const HOURLY: u8 = 32;
+const KNOWN: u8 = LOAD | CAPACITY | PRICE | HOURLY | DRAIN | WARM;
 
 /// The snapshot as bytes, after the checks [`decode`] makes.
 pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
@@ -39,6 +40,7 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
         let fields = (r.load.is_some() as u8 * LOAD)
             | (r.capacity.is_some() as u8 * CAPACITY)
             | (r.price.is_some() as u8 * PRICE)
+            | (r.usd_per_hour.is_some() as u8 * HOURLY)
             | (r.drain.is_some() as u8 * DRAIN)
             | (r.warm.is_some() as u8 * WARM);
         out.push(fields);
@@ -54,6 +56,9 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
         if let Some(p) = r.price {
             out.extend_from_slice(&p.usd_per_input_token.to_le_bytes());
             out.extend_from_slice(&p.usd_per_output_token.to_le_bytes());
+        }
+        if let Some(h) = r.usd_per_hour {
+            out.extend_from_slice(&h.to_le_bytes());
         }
         if let Some(d) = r.drain {
             out.extend_from_slice(&d.until_ms.to_le_bytes());
@@ -192,6 +197,9 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
                 usd_per_output_token: f64::from_bits(r.u64("price.output")?),
             });
         }
+        if fields & HOURLY != 0 {
+            report.usd_per_hour = Some(f64::from_bits(r.u64("usd_per_hour")?));
+        }
         if fields & DRAIN != 0 {
             let until_ms = r.u64("drain.until_ms")?;
             let reason = r.u8("drain.reason")?;
@@ -296,6 +304,11 @@ fn check(s: &Snapshot) -> Result<(), Error> {
                 if !(v.is_finite() && (0.0..=MAX_USD_PER_TOKEN).contains(&v)) {
                     return Err(fail(at, field, Problem::NotAPrice));
                 }
+            }
+        }
+        if let Some(h) = r.usd_per_hour {
+            if !(h.is_finite() && (0.0..=MAX_USD_PER_HOUR).contains(&h)) {
+                return Err(fail(at, "usd_per_hour", Problem::NotAnHourlyPrice));
             }
         }
         if let Some(w) = &r.warm {
@@ -410,6 +423,7 @@ mod tests {
                 },
                 Report {
                     name: "us-spot-a100".to_string(),
+                    usd_per_hour: Some(14.2),
                     drain: Some(Drain {
                         until_ms: 1_764_000_120_000,
                         reason: DrainReason::Eviction,
@@ -458,7 +472,9 @@ mod tests {
     #[test]
     fn absurd_figures_are_refused_naming_the_destination_and_field() {
         type Spoil = fn(&mut Report);
-        let cases: [(Spoil, &str); 6] = [
+        let cases: [(Spoil, &str); 8] = [
+            (|r| r.usd_per_hour = Some(f64::INFINITY), "usd_per_hour"),
+            (|r| r.usd_per_hour = Some(-0.5), "usd_per_hour"),
             (
                 |r| {
                     r.price = Some(Price {

@@ -33,17 +33,21 @@ fn report(i: usize) -> impl Strategy<Value = Report> {
         prop::option::of(load),
         prop::option::of(0u32..=1_000_000),
         prop::option::of(price),
+        prop::option::of(0.0..=ace_snapshot::MAX_USD_PER_HOUR),
         prop::option::of(drain),
         prop::option::of(warm),
     )
-        .prop_map(move |(load, capacity, price, drain, warm)| Report {
-            name: format!("dest-{i}"),
-            load,
-            capacity,
-            price,
-            drain,
-            warm,
-        })
+        .prop_map(
+            move |(load, capacity, price, usd_per_hour, drain, warm)| Report {
+                name: format!("dest-{i}"),
+                load,
+                capacity,
+                price,
+                usd_per_hour,
+                drain,
+                warm,
+            },
+        )
 }
 
 fn snapshot() -> impl Strategy<Value = Snapshot> {

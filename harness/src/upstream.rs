@@ -168,6 +168,12 @@ impl Upstream {
         self.shared.max_in_flight.store(0, Ordering::SeqCst);
     }
 
+    /// How many requests it is serving right now (received, response not yet
+    /// written).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
     /// The most requests it has held at once since the last [`clear`](Self::clear).
     pub fn max_in_flight(&self) -> usize {
         self.shared.max_in_flight.load(Ordering::SeqCst)

@@ -11,6 +11,11 @@
 //! - [`upstream::Upstream`] is an in-process HTTP/1.1 server on a free
 //!   loopback port that records every request and can be told to misbehave
 //!   (5xx, 429 with `retry-after`, slow, close the connection).
+//! - [`model_server::ModelServer`] is an upstream that also behaves like
+//!   vLLM for ACE's control service: `GET /metrics` (vLLM's Prometheus
+//!   families, following its real in-flight load or an override) and
+//!   `GET /v1/models` (base models and LoRA adapters), each of which can be
+//!   made to fail.
 //! - [`envoy::EnvoyBuilder`] writes a bootstrap into a temp dir with free
 //!   loopback ports, starts `envoy`, waits for the admin `/ready`, and tears it
 //!   down on drop, printing Envoy's log when the thread is panicking.
@@ -23,6 +28,7 @@
 pub mod client;
 pub mod dylib;
 pub mod envoy;
+pub mod model_server;
 pub mod upstream;
 pub mod wasm;
 

@@ -84,6 +84,32 @@ struct Shared {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     stop: AtomicBool,
+    intercept: Option<Arc<dyn Intercept>>,
+}
+
+/// How an upstream answers a request an [`Intercept`] took over.
+pub(crate) enum Reply {
+    /// As for an inference request with this behaviour.
+    Respond(Behavior),
+    /// Never answer: hold the connection until the peer closes it or the
+    /// upstream stops, then close it.
+    Hang,
+}
+
+/// A crate-internal hook that turns an [`Upstream`] into a richer server
+/// (see [`crate::model_server`]): it answers some requests itself and watches
+/// the inference requests the upstream serves.
+pub(crate) trait Intercept: Send + Sync {
+    /// `Some` if `req` is not an inference request but one this hook answers;
+    /// such a request is neither recorded nor counted in flight.
+    fn intercept(&self, req: &Recorded) -> Option<Reply>;
+    /// An inference request is about to be served; the token goes to
+    /// [`finished`](Self::finished) once its response is written.
+    fn started(&self, req: &Recorded) -> u64;
+    /// The inference request `token` was answered (or its connection closed).
+    fn finished(&self, token: u64);
+    /// [`Upstream::clear`] was called.
+    fn clear(&self);
 }
 
 /// A running upstream server. Stops when dropped.
@@ -105,6 +131,14 @@ impl std::fmt::Debug for Upstream {
 impl Upstream {
     /// Start an upstream named `name` (the name appears in its responses).
     pub fn start(name: &str) -> std::io::Result<Upstream> {
+        Upstream::start_with(name, None)
+    }
+
+    /// Start an upstream whose requests go through `intercept` first.
+    pub(crate) fn start_with(
+        name: &str,
+        intercept: Option<Arc<dyn Intercept>>,
+    ) -> std::io::Result<Upstream> {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
@@ -114,6 +148,7 @@ impl Upstream {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            intercept,
         });
         let s = shared.clone();
         let accept = std::thread::Builder::new()
@@ -162,10 +197,15 @@ impl Upstream {
         lock(&self.shared.requests).len()
     }
 
-    /// Forget the recorded requests (and the in-flight high-water mark).
+    /// Forget the recorded requests (and the in-flight high-water mark; for a
+    /// [`ModelServer`](crate::model_server::ModelServer), its scrape and fetch
+    /// counts too).
     pub fn clear(&self) {
         lock(&self.shared.requests).clear();
         self.shared.max_in_flight.store(0, Ordering::SeqCst);
+        if let Some(i) = &self.shared.intercept {
+            i.clear();
+        }
     }
 
     /// How many requests it is serving right now (received, response not yet
@@ -209,15 +249,47 @@ fn serve(conn: TcpStream, s: &Shared) {
             Ok(Some(r)) => r,
             Ok(None) | Err(_) => return,
         };
+        if let Some(reply) = s.intercept.as_ref().and_then(|i| i.intercept(&req)) {
+            let keep = match reply {
+                Reply::Respond(b) => respond(&mut out, &b, &s.name),
+                Reply::Hang => {
+                    hang(&mut reader, &s.stop);
+                    false
+                }
+            };
+            if !keep {
+                let _ = out.shutdown(Shutdown::Both);
+                return;
+            }
+            continue;
+        }
         let behavior = lock(&s.behavior).clone();
+        let token = s.intercept.as_ref().map(|i| i.started(&req));
         lock(&s.requests).push(req);
         let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         s.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let keep = respond(&mut out, &behavior, &s.name);
+        // The hook hears of the end first, so its count never undercuts ours.
+        if let (Some(i), Some(t)) = (&s.intercept, token) {
+            i.finished(t);
+        }
         s.in_flight.fetch_sub(1, Ordering::SeqCst);
         if !keep {
             let _ = out.shutdown(Shutdown::Both);
             return;
+        }
+    }
+}
+
+/// Read and drop whatever the peer sends until it closes or we stop.
+fn hang(r: &mut BufReader<TcpStream>, stop: &AtomicBool) {
+    let mut buf = [0u8; 256];
+    while !stop.load(Ordering::SeqCst) {
+        match r.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if is_timeout(&e) => continue,
+            Err(_) => return,
         }
     }
 }

@@ -46,8 +46,11 @@ pub struct Config {
     /// The same per latency class (`x-ace-latency-class`), sorted by name:
     /// interactive work values a second more than batch work.
     pub latency_classes: Vec<(String, f64)>,
-    /// Which destinations have which models resident.
+    /// Which destinations have which models resident, as configured (the
+    /// control service's reports replace a destination's list).
     pub warmth: Warmth,
+    /// The control service to poll, if any.
+    pub control: Option<Control>,
     /// Whether responses carry `x-ace-destination`, `x-ace-tier`,
     /// `x-ace-reason` and `x-ace-cost-usd` (off by default: they tell
     /// clients the fleet's internals and prices; the access-log event has
@@ -150,12 +153,20 @@ pub struct Warmth {
 
 impl Warmth {
     fn build(destinations: &[Destination]) -> Warmth {
-        let words = destinations.len().div_ceil(64);
+        Warmth::from_lists(destinations.len(), |i| {
+            destinations.get(i).and_then(|d| d.warm_models.as_deref())
+        })
+    }
+
+    /// The warmth of `n` destinations, destination `i` warm for the models
+    /// `lists(i)` names (`None`: warm for every model).
+    pub fn from_lists<'a>(n: usize, lists: impl Fn(usize) -> Option<&'a [String]>) -> Warmth {
+        let words = n.div_ceil(64);
         let mut always = vec![0u64; words];
         let mut by_model: std::collections::BTreeMap<&str, Vec<u64>> = Default::default();
-        for (i, d) in destinations.iter().enumerate() {
+        for i in 0..n {
             let (w, b) = (i / 64, 1u64 << (i % 64));
-            match &d.warm_models {
+            match lists(i) {
                 None => {
                     if let Some(x) = always.get_mut(w) {
                         *x |= b;
@@ -179,7 +190,7 @@ impl Warmth {
             })
             .collect();
         let mut all = vec![0u64; words];
-        (0..destinations.len()).for_each(|i| {
+        (0..n).for_each(|i| {
             if let Some(x) = all.get_mut(i / 64) {
                 *x |= 1 << (i % 64);
             }
@@ -458,6 +469,116 @@ pub struct PluginConfig {
     /// Attributes read from verified sources instead of headers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attribute_sources: BTreeMap<String, Trusted>,
+    /// The control service to poll for prices, load, capacity, drains and
+    /// warm models (`ace control serve`); none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlSettings>,
+}
+
+/// Polling the control service, as configured (see [`Control`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSettings {
+    /// The Envoy cluster that reaches the control service.
+    pub cluster: String,
+    /// The `:authority` of the request (default: the cluster's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    /// The snapshot's path (default `/v1/snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// How often to poll, ms (default 1,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
+    /// How long one poll may take, ms (default: the interval, at most
+    /// 5,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// How long without an answer before the snapshot is stale, ms
+    /// (default: five intervals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_after_ms: Option<u64>,
+    /// The bearer token the control service expects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// Polling the control service, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Control {
+    /// The Envoy cluster that reaches it.
+    pub cluster: String,
+    /// `:authority`.
+    pub authority: String,
+    /// `:path`.
+    pub path: String,
+    /// Poll period, ms.
+    pub interval_ms: u64,
+    /// Timeout of one poll, ms.
+    pub timeout_ms: u64,
+    /// Age at which a snapshot is stale, ms.
+    pub stale_after_ms: u64,
+    /// The `authorization` header's value, if any.
+    pub authorization: Option<String>,
+}
+
+impl Control {
+    fn validate(s: ControlSettings) -> Result<Control, ConfigError> {
+        if !is_visible_ascii(&s.cluster) {
+            return Err(err(
+                "control.cluster",
+                "must be a non-empty Envoy cluster name of visible ASCII characters",
+            ));
+        }
+        let authority = s.authority.unwrap_or_else(|| s.cluster.clone());
+        if !is_visible_ascii(&authority) {
+            return Err(err("control.authority", "must be visible ASCII, non-empty"));
+        }
+        let path = s.path.unwrap_or_else(|| "/v1/snapshot".to_string());
+        if !path.starts_with('/') || !is_visible_ascii(&path) {
+            return Err(err(
+                "control.path",
+                "must be a path starting with `/`, visible ASCII",
+            ));
+        }
+        let interval_ms = s.interval_ms.unwrap_or(1000);
+        if !(100..=3_600_000).contains(&interval_ms) {
+            return Err(err(
+                "control.interval_ms",
+                "must be between 100 and 3600000 (an hour)",
+            ));
+        }
+        let timeout_ms = s.timeout_ms.unwrap_or(interval_ms.min(5000));
+        if !(10..=60_000).contains(&timeout_ms) {
+            return Err(err("control.timeout_ms", "must be between 10 and 60000"));
+        }
+        let stale_after_ms = s.stale_after_ms.unwrap_or(interval_ms.saturating_mul(5));
+        if stale_after_ms < interval_ms {
+            return Err(err(
+                "control.stale_after_ms",
+                "must be at least control.interval_ms (a snapshot cannot go stale between polls)",
+            ));
+        }
+        let authorization = match s.token {
+            None => None,
+            Some(t) if is_visible_ascii(&t) && !t.contains(' ') => Some(format!("Bearer {t}")),
+            Some(_) => {
+                return Err(err(
+                    "control.token",
+                    "must be a non-empty token of visible ASCII characters without spaces",
+                ))
+            }
+        };
+        Ok(Control {
+            cluster: s.cluster,
+            authority,
+            path,
+            interval_ms,
+            timeout_ms,
+            stale_after_ms,
+            authorization,
+        })
+    }
 }
 
 /// Request-body reading as configured.
@@ -691,7 +812,9 @@ impl Config {
                 "must be between 64 and 16777216 (Envoy buffers at most its per-connection limit anyway)",
             ));
         }
+        let control = raw.control.map(Control::validate).transpose()?;
         Ok(Config {
+            control,
             read_body: raw.body.read,
             max_body_bytes,
             policy,

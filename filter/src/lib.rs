@@ -11,7 +11,8 @@
 //!   steps it runs: parsing the configuration ([`config`]), reading
 //!   attributes ([`attributes`], [`headers`], [`body`]), the steps from
 //!   headers to decision to outcome ([`request`]), token usage in
-//!   responses ([`usage`]) and the event line ([`event`]). No host calls;
+//!   responses ([`usage`]), the event line ([`event`]), and what the
+//!   control service says, checked and applied ([`control`]). No host calls;
 //!   the Envoy dynamic module (`ace-dynamic`) is the other host of this
 //!   layer.
 //! - The proxy-wasm adapter (`wasm`, with [`host`]; [`state`] is its
@@ -28,6 +29,7 @@
 pub mod attributes;
 pub mod body;
 pub mod config;
+pub mod control;
 pub mod event;
 pub mod flow;
 pub mod headers;

@@ -14,15 +14,31 @@
 //! forget that a destination is tripped. The Wasm filter gets the same from
 //! keying its shared-data entry by the fingerprint.
 
-use ace_core::cost::CostModel;
+use crate::published;
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
-use ace_core::health::{Change, HealthPolicy, Outcome};
+use ace_core::health::{Change, Outcome};
+use ace_filter::config::Config;
+use ace_filter::control::Outside;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-/// The process's state of one fleet (see [`FleetState`]), behind its lock.
+/// The process's state of one fleet, behind its lock.
 #[derive(Debug)]
-pub struct Fleet(Mutex<FleetState>);
+pub struct Fleet(Mutex<Inner>);
+
+/// What the lock guards.
+#[derive(Debug)]
+struct Inner {
+    /// Health, load and prices ([`FleetState`]).
+    state: FleetState,
+    /// What the control service said, as the newest configuration reads it.
+    outside: Outside,
+    /// The [`published`] generation `outside` reflects.
+    generation: u64,
+    /// When the newest configuration arrived (staleness counts from here
+    /// until the service is first heard).
+    since_ms: u64,
+}
 
 /// Every live fleet, by configuration fingerprint.
 static REGISTRY: Mutex<Vec<(u64, Weak<Fleet>)>> = Mutex::new(Vec::new());
@@ -34,95 +50,154 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Fleet {
-    /// The fleet for configuration `fingerprint`: the live one if another
-    /// configuration with that destination set has it, else a fresh one
-    /// (every destination healthy and idle). Either way priced with
-    /// `models` at `now`.
-    pub fn shared(
-        fingerprint: u64,
-        models: &[CostModel],
-        policy: &HealthPolicy,
-        now: u64,
-    ) -> Arc<Fleet> {
+    /// The fleet for `cfg`'s destination set ([`Config::fingerprint`]): the
+    /// live one if another configuration with that set has it, else a
+    /// fresh one (every destination healthy and idle). Either way priced
+    /// with `cfg` at `now`, and reading the control service's snapshot
+    /// with `cfg` from the next request on.
+    pub fn shared(cfg: &Config, now: u64) -> Arc<Fleet> {
         let mut registry = lock(&REGISTRY);
         registry.retain(|(_, w)| w.strong_count() > 0);
+        let n = cfg.destinations.len();
         let found = registry
             .iter()
-            .find(|(f, _)| *f == fingerprint)
+            .find(|(f, _)| *f == cfg.fingerprint)
             .and_then(|(_, w)| w.upgrade())
-            .filter(|f| lock(&f.0).len() == models.len());
+            .filter(|f| lock(&f.0).state.len() == n);
         let fleet = found.unwrap_or_else(|| {
-            let fleet = Arc::new(Fleet(Mutex::new(FleetState::new(models.len()))));
-            registry.push((fingerprint, Arc::downgrade(&fleet)));
+            let fleet = Arc::new(Fleet(Mutex::new(Inner {
+                state: FleetState::new(n),
+                outside: Outside::new(cfg),
+                generation: 0,
+                since_ms: now,
+            })));
+            registry.push((cfg.fingerprint, Arc::downgrade(&fleet)));
             fleet
         });
-        lock(&fleet.0).reprice_all(models, policy, now);
+        {
+            let mut f = lock(&fleet.0);
+            f.outside = Outside::new(cfg);
+            f.generation = 0;
+            f.since_ms = now;
+            f.state
+                .live
+                .iter_mut()
+                .for_each(|l| *l = Default::default());
+            f.state.reprice_all(&cfg.models, &cfg.health, now);
+        }
         fleet
     }
 
-    /// Decide at `now` among the `feasible` destinations, and claim a slot
-    /// on the one chosen.
+    /// Decide at `now` among the `feasible` destinations, warm for `model`
+    /// as the control service last said, and claim a slot on the one
+    /// chosen.
     pub fn dispatch(
         &self,
-        models: &[CostModel],
-        policy: &HealthPolicy,
+        cfg: &Config,
         now: u64,
         feasible: &[u64],
-        warm: &[u64],
+        model: Option<&str>,
         req: &Request,
     ) -> Result<Decision, Refusal> {
         let mut f = lock(&self.0);
-        f.advance(models, policy, now);
-        let d = f.decide(feasible, warm, req, now)?;
-        f.reprice(d.index, models, policy, now);
+        f.catch_up(cfg, now);
+        let Inner { state, outside, .. } = &mut *f;
+        state.advance(&cfg.models, &cfg.health, now);
+        let d = state.decide(feasible, outside.warmth.mask(model), req, now)?;
+        state.reprice(d.index, &cfg.models, &cfg.health, now);
         Ok(d)
     }
 
     /// Release destination `d`'s slot and fold in the request's outcome
     /// (`None`: the client went away, blame no one).
-    pub fn settle(
-        &self,
-        models: &[CostModel],
-        policy: &HealthPolicy,
-        d: usize,
-        outcome: Option<Outcome>,
-        now: u64,
-    ) -> Change {
+    pub fn settle(&self, cfg: &Config, d: usize, outcome: Option<Outcome>, now: u64) -> Change {
         let mut f = lock(&self.0);
-        let change = f.settle(d, outcome, policy, now);
-        f.reprice(d, models, policy, now);
+        let change = f.state.settle(d, outcome, &cfg.health, now);
+        f.state.reprice(d, &cfg.models, &cfg.health, now);
         change
     }
 
     /// Requests in flight per destination.
     pub fn in_flight(&self) -> Vec<u32> {
-        lock(&self.0).in_flight.clone()
+        lock(&self.0).state.in_flight.clone()
+    }
+
+    /// Whether the snapshot in force is stale (for the gauge).
+    pub fn stale(&self) -> bool {
+        lock(&self.0).outside.stale
+    }
+}
+
+impl Inner {
+    /// Take what the poller published since the last request: a new
+    /// snapshot, a "not modified", or nothing heard for too long. Two
+    /// atomic loads when nothing changed.
+    fn catch_up(&mut self, cfg: &Config, now: u64) {
+        let Some(control) = &cfg.control else {
+            return;
+        };
+        let mut changed = false;
+        let generation = published::generation();
+        if generation != self.generation {
+            self.generation = generation;
+            if let Some(bytes) = published::snapshot() {
+                match ace_filter::control::decode(cfg, &bytes) {
+                    Ok(resolved) => {
+                        self.outside.accept(resolved, published::heard_ms());
+                        changed = true;
+                    }
+                    Err(e) => log::warn!("{e}; keeping the last good snapshot"),
+                }
+            }
+        }
+        let heard = published::heard_ms();
+        if heard > self.outside.heard_ms {
+            changed |= self.outside.stale;
+            self.outside.heard(heard);
+        }
+        if self.outside.age(control, self.since_ms, now) {
+            changed = true;
+            if self.outside.stale {
+                log::warn!(
+                    "control snapshot is stale: nothing heard from cluster `{}` for over {} ms; \
+                     dropping its load figures, keeping its prices",
+                    control.cluster,
+                    control.stale_after_ms
+                );
+            }
+        }
+        if changed {
+            self.outside.apply_to(&mut self.state, cfg, now);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ace_core::cost::Tier;
 
-    fn models(n: usize) -> Vec<CostModel> {
-        (0..n)
-            .map(|i| CostModel {
-                tier: Tier::Payg,
-                usd_per_input_token: 1e-6 * (i + 1) as f64,
-                usd_per_output_token: 1e-6 * (i + 1) as f64,
-                ..CostModel::default()
-            })
-            .collect()
+    fn config(extra: &str) -> Config {
+        Config::parse(
+            format!(
+                r#"{{"allow_no_policy":true,{extra}"destinations":[
+                {{"name":"a","cluster":"ca","tier":"payg","usd_per_input_token":1e-6,"usd_per_output_token":1e-6}},
+                {{"name":"b","cluster":"cb","tier":"payg","usd_per_input_token":2e-6,"usd_per_output_token":2e-6}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
     }
 
     #[test]
     fn a_trip_seen_once_holds_for_every_configuration_of_that_fleet() {
-        let (m, p) = (models(2), HealthPolicy::default());
-        let a = Fleet::shared(7, &m, &p, 0);
-        let b = Fleet::shared(7, &m, &p, 0);
+        let cfg = config("");
+        let p = cfg.health;
+        let a = Fleet::shared(&cfg, 0);
+        let b = Fleet::shared(&config(r#""response_headers":true,"#), 0);
         assert!(Arc::ptr_eq(&a, &b), "same destination set, same state");
-        let other = Fleet::shared(8, &m, &p, 0);
+        let mut three = config("");
+        three.fingerprint ^= 1;
+        let other = Fleet::shared(&three, 0);
         assert!(!Arc::ptr_eq(&a, &other));
         let req = Request {
             tokens_in: 10,
@@ -131,13 +206,13 @@ mod tests {
         };
         let all = [0b11u64];
         for _ in 0..p.trip_after {
-            let d = a.dispatch(&m, &p, 1, &all, &all, &req).unwrap();
+            let d = a.dispatch(&cfg, 1, &all, None, &req).unwrap();
             assert_eq!(d.index, 0, "the cheaper one until it trips");
-            a.settle(&m, &p, 0, Some(Outcome::Failure { tenant: 0 }), 1);
+            a.settle(&cfg, 0, Some(Outcome::Failure { tenant: 0 }), 1);
         }
-        let d = b.dispatch(&m, &p, 2, &all, &all, &req).unwrap();
+        let d = b.dispatch(&cfg, 2, &all, None, &req).unwrap();
         assert_eq!(d.index, 1, "tripped for the other configuration too");
-        b.settle(&m, &p, 1, None, 2);
+        b.settle(&cfg, 1, None, 2);
         assert_eq!(b.in_flight(), vec![0, 0], "every slot released");
     }
 }

@@ -44,6 +44,7 @@
 )]
 
 pub mod fleet;
+pub mod published;
 
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
@@ -225,7 +226,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         })
         .collect();
     let shared = Shared {
-        fleet: Fleet::shared(config.fingerprint, &config.models, &config.health, now_ms()),
+        fleet: Fleet::shared(config, now_ms()),
         counters,
         setup,
     };
@@ -506,14 +507,14 @@ impl Host for Dynamic<'_> {
         &mut self,
         now_ms: u64,
         feasible: &[u64],
-        warm: &[u64],
+        model: Option<&str>,
         req: &Request,
     ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
         let cfg = &self.shared.setup.config;
         Ok(self
             .shared
             .fleet
-            .dispatch(&cfg.models, &cfg.health, now_ms, feasible, warm, req))
+            .dispatch(cfg, now_ms, feasible, model, req))
     }
 
     fn settle(
@@ -523,10 +524,7 @@ impl Host for Dynamic<'_> {
         now_ms: u64,
     ) -> Result<Change, FleetUnavailable> {
         let cfg = &self.shared.setup.config;
-        Ok(self
-            .shared
-            .fleet
-            .settle(&cfg.models, &cfg.health, d, outcome, now_ms))
+        Ok(self.shared.fleet.settle(cfg, d, outcome, now_ms))
     }
 
     fn can_rerun(&self) -> bool {

@@ -124,13 +124,15 @@ pub trait Host {
     fn count(&mut self, counter: usize, n: u64);
 
     /// Decide at `now_ms` among the `feasible` destinations (the fleet
-    /// priced at `now_ms`) and claim a slot on the one chosen, in the
-    /// fleet's shared state ([`ace_core::fleet::FleetState::decide`]).
+    /// priced at `now_ms`, warm for `model` as the control service last
+    /// said: [`crate::control::Outside`]) and claim a slot on the one
+    /// chosen, in the fleet's shared state
+    /// ([`ace_core::fleet::FleetState::decide`]).
     fn claim(
         &mut self,
         now_ms: u64,
         feasible: &[u64],
-        warm: &[u64],
+        model: Option<&str>,
         req: &Request,
     ) -> Result<Result<Decision, Refusal>, FleetUnavailable>;
 
@@ -471,8 +473,8 @@ impl Flow {
                     *word &= !(1u64 << (d % 64));
                 }
             }
-            let warm = cfg.warmth.mask(event.text(&event.model_requested));
-            host.claim(now, &w.lookup.mask, warm, &req)
+            let model = event.text(&event.model_requested);
+            host.claim(now, &w.lookup.mask, model, &req)
                 .map_err(|_| Stop::Fleet)
         });
         let decision = match decided {

@@ -29,7 +29,8 @@
 //! of the SDK wrappers' panics on statuses they do not expect, and a
 //! failure is logged and answered.
 
-use crate::config::{Config, Trusted};
+use crate::config::{Config, Control, Trusted};
+use crate::control::{self, Answer, Heard, Outside};
 use crate::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use crate::headers::{Pairs, Span};
 use crate::host;
@@ -64,6 +65,10 @@ struct Plugin {
     state_key: String,
     /// This worker's copy of the fleet state (one VM is single-threaded).
     mirror: RefCell<Mirror>,
+    /// What the control service said, as this VM applied it.
+    outside: RefCell<Outside>,
+    /// Polling the control service, when configured.
+    poller: Option<RefCell<Poller>>,
     /// Reused per-request buffers.
     worker: RefCell<Worker>,
     /// The counters, and counts not yet handed to Envoy.
@@ -137,7 +142,13 @@ struct AceRoot {
     plugin: Option<Rc<Plugin>>,
 }
 
-impl Context for AceRoot {}
+impl Context for AceRoot {
+    fn on_http_call_response(&mut self, token: u32, headers: usize, body_size: usize, _: usize) {
+        if let Some(plugin) = &self.plugin {
+            plugin.control_answer(token, headers, body_size, now_ms());
+        }
+    }
+}
 
 impl RootContext for AceRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -153,17 +164,29 @@ impl RootContext for AceRoot {
                 let setup = Setup::new(config);
                 setup.announce(false);
                 let config = &setup.config;
+                let now = now_ms();
+                // Ticks twice per poll interval, so a poll is late by at
+                // most half of one.
+                let period = config.control.as_ref().map_or(TICK_MS, |c| {
+                    let half = u32::try_from(c.interval_ms / 2).unwrap_or(TICK_MS);
+                    TICK_MS.min(half).max(50)
+                });
                 self.plugin = Some(Rc::new(Plugin {
                     metrics: Metrics::define(config),
                     state_key: format!("ace.fleet.{:016x}", config.fingerprint),
                     mirror: RefCell::new(Mirror::new(config.destinations.len())),
+                    outside: RefCell::new(Outside::new(config)),
+                    poller: config
+                        .control
+                        .clone()
+                        .map(|c| RefCell::new(Poller::new(c, config.fingerprint, now))),
                     worker: RefCell::new(Worker::default()),
                     ids: RefCell::new(EventIds::new(request::random_u64())),
                     setup,
                 }));
-                // Hands counts to Envoy, and pays owed in-flight releases
-                // when the worker goes idle.
-                if let Err(s) = host::set_tick_period(TICK_MS) {
+                // Hands counts to Envoy, pays owed in-flight releases when
+                // the worker goes idle, and polls the control service.
+                if let Err(s) = host::set_tick_period(period) {
                     log::warn!("cannot set the tick period: {s:?}");
                 }
                 true
@@ -181,6 +204,7 @@ impl RootContext for AceRoot {
             return;
         };
         plugin.metrics.flush();
+        plugin.tick_control(now_ms());
         // An idle worker pays the in-flight releases it owes.
         if plugin.mirror.borrow().owes() {
             if let Err(s) = plugin.update(now_ms(), |_| (None, ())) {
@@ -278,6 +302,249 @@ impl Plugin {
             }
         }
         Err(Status::CasMismatch)
+    }
+}
+
+/// Polling the control service from this worker: one poll per interval
+/// per Envoy, by whichever worker takes the lease in shared data first;
+/// the answer is stored in shared data for the other workers, which
+/// decode each version once ([`crate::control`] has the rules).
+#[derive(Debug)]
+struct Poller {
+    control: Control,
+    /// Shared-data keys: the lease, what was heard, the snapshot's bytes.
+    lease_key: String,
+    heard_key: String,
+    snapshot_key: String,
+    /// When polling began (staleness counts from here until first heard).
+    started_ms: u64,
+    /// The token of this worker's poll in flight.
+    pending: Option<u32>,
+    /// The last problem logged, so that a lasting one is logged once.
+    problem: Option<String>,
+    /// Counter ids: polls, snapshots taken, errors; gauge ids: the
+    /// snapshot's age (ms) and whether it is stale (0 or 1).
+    polls: u32,
+    snapshots: u32,
+    errors: u32,
+    age_ms: u32,
+    stale: u32,
+}
+
+impl Poller {
+    fn new(control: Control, fingerprint: u64, now_ms: u64) -> Poller {
+        let key = |what: &str| format!("ace.control.{fingerprint:016x}.{what}");
+        let define = |name: &str, counter: bool| {
+            let id = if counter {
+                host::define_counter(name)
+            } else {
+                host::define_gauge(name)
+            };
+            id.unwrap_or_else(|s| {
+                log::warn!("cannot define metric {name}: {s:?}");
+                0
+            })
+        };
+        Poller {
+            lease_key: key("lease"),
+            heard_key: key("heard"),
+            snapshot_key: key("snapshot"),
+            started_ms: now_ms,
+            pending: None,
+            problem: None,
+            polls: define("ace.control.polls", true),
+            snapshots: define("ace.control.snapshots", true),
+            errors: define("ace.control.errors", true),
+            age_ms: define("ace.control.age_ms", false),
+            stale: define("ace.control.stale", false),
+            control,
+        }
+    }
+
+    /// Log `problem` unless it is the one logged last; count it.
+    fn trouble(&mut self, problem: String) {
+        if self.errors != 0 {
+            let _ = host::increment_metric(self.errors, 1);
+        }
+        if self.problem.as_deref() != Some(problem.as_str()) {
+            log::warn!("{problem}");
+            self.problem = Some(problem);
+        }
+    }
+
+    /// A poll went well: the next problem is news again.
+    fn fine(&mut self) {
+        if self.problem.take().is_some() {
+            log::info!("control service `{}` answers again", self.control.cluster);
+        }
+    }
+}
+
+impl Plugin {
+    /// On each tick: take what another worker stored, age the snapshot,
+    /// and poll if this worker wins the lease.
+    fn tick_control(&self, now: u64) {
+        let Some(poller) = &self.poller else {
+            return;
+        };
+        let mut p = poller.borrow_mut();
+        let cfg = &self.setup.config;
+        let mut outside = self.outside.borrow_mut();
+        let mut changed = false;
+        if let Ok((Some(bytes), _)) = host::shared_data(&p.heard_key) {
+            if let Some(heard) = Heard::decode(&bytes) {
+                if outside.version != Some(heard.version) {
+                    match host::shared_data(&p.snapshot_key) {
+                        Ok((Some(snapshot), _)) => match control::decode(cfg, &snapshot) {
+                            Ok(resolved) => {
+                                outside.accept(resolved, heard.at_ms);
+                                changed = true;
+                            }
+                            Err(e) => p.trouble(format!("{e}; keeping the last good snapshot")),
+                        },
+                        Ok((None, _)) => {}
+                        Err(s) => p.trouble(format!("cannot read the control snapshot: {s:?}")),
+                    }
+                } else if heard.at_ms > outside.heard_ms {
+                    changed |= outside.stale;
+                    outside.heard(heard.at_ms);
+                }
+            }
+        }
+        if outside.age(&p.control, p.started_ms, now) {
+            changed = true;
+            if outside.stale {
+                log::warn!(
+                    "control snapshot is stale: nothing heard from cluster `{}` for over {} ms; \
+                     dropping its load figures, keeping its prices",
+                    p.control.cluster,
+                    p.control.stale_after_ms
+                );
+            }
+        }
+        let since = outside.heard_ms.max(p.started_ms);
+        let _ = host::record_metric(p.age_ms, now.saturating_sub(since));
+        let _ = host::record_metric(p.stale, u64::from(outside.stale));
+        if changed {
+            let mut mirror = self.mirror.borrow_mut();
+            outside.apply_to(&mut mirror.state, cfg, now);
+        }
+        drop(outside);
+        if p.pending.is_none() {
+            self.poll(&mut p, now);
+        }
+    }
+
+    /// Poll the control service if the lease is free (one poll per
+    /// interval per Envoy, whichever worker ticks first).
+    fn poll(&self, p: &mut Poller, now: u64) {
+        let Ok((lease, cas)) = host::shared_data(&p.lease_key) else {
+            return;
+        };
+        if !control::lease::is_free(lease.as_deref(), now) {
+            return;
+        }
+        let taken = control::lease::taken(now, p.control.interval_ms);
+        if host::set_shared_data(&p.lease_key, &taken, cas.or(Some(0))).is_err() {
+            return; // another worker took it
+        }
+        let etag = host::shared_data(&p.heard_key)
+            .ok()
+            .and_then(|(b, _)| Heard::decode(&b?))
+            .map(|h| h.etag)
+            .filter(|e| !e.is_empty());
+        let headers = control::poll_headers(&p.control, etag.as_deref());
+        let timeout = u32::try_from(p.control.timeout_ms).unwrap_or(u32::MAX);
+        match host::http_call(&p.control.cluster, &headers, timeout) {
+            Ok(token) => {
+                p.pending = Some(token);
+                let _ = host::increment_metric(p.polls, 1);
+            }
+            Err(s) => {
+                let problem = format!(
+                    "cannot poll the control service through cluster `{}`: {s:?} (is the \
+                     cluster defined in Envoy's configuration?)",
+                    p.control.cluster
+                );
+                p.trouble(problem);
+            }
+        }
+    }
+
+    /// The answer to this worker's poll `token`.
+    fn control_answer(&self, token: u32, headers: usize, body_size: usize, now: u64) {
+        let Some(poller) = &self.poller else {
+            return;
+        };
+        let mut p = poller.borrow_mut();
+        if p.pending != Some(token) {
+            return;
+        }
+        p.pending = None;
+        let status = (headers > 0)
+            .then(|| host::header_pairs(MapType::HttpCallResponseHeaders).ok())
+            .flatten()
+            .and_then(|h| crate::headers::number::<u32>(h.get(":status")));
+        let Some(status) = status else {
+            let problem = format!(
+                "control poll through cluster `{}` failed (no answer within {} ms, or no \
+                 healthy host); keeping the last snapshot",
+                p.control.cluster, p.control.timeout_ms
+            );
+            p.trouble(problem);
+            return;
+        };
+        let body = if status == 200 {
+            host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let cfg = &self.setup.config;
+        let heard = host::shared_data(&p.heard_key)
+            .ok()
+            .and_then(|(b, _)| Heard::decode(&b?))
+            .unwrap_or_default();
+        match control::answer(cfg, status, body) {
+            Ok(Answer::Snapshot {
+                bytes,
+                resolved,
+                etag,
+            }) => {
+                let version = resolved.version;
+                let stored = host::set_shared_data(&p.snapshot_key, &bytes, None).and_then(|()| {
+                    let heard = Heard {
+                        version,
+                        at_ms: now,
+                        etag,
+                    };
+                    host::set_shared_data(&p.heard_key, &heard.encode(), None)
+                });
+                if let Err(s) = stored {
+                    p.trouble(format!("cannot store the control snapshot: {s:?}"));
+                    return;
+                }
+                let _ = host::increment_metric(p.snapshots, 1);
+                p.fine();
+                let mut outside = self.outside.borrow_mut();
+                outside.accept(*resolved, now);
+                outside.apply_to(&mut self.mirror.borrow_mut().state, cfg, now);
+            }
+            Ok(Answer::NotModified) => {
+                let heard = Heard {
+                    at_ms: now,
+                    ..heard
+                };
+                let _ = host::set_shared_data(&p.heard_key, &heard.encode(), None);
+                p.fine();
+                let mut outside = self.outside.borrow_mut();
+                let was_stale = outside.stale;
+                outside.heard(now);
+                if was_stale {
+                    outside.apply_to(&mut self.mirror.borrow_mut().state, cfg, now);
+                }
+            }
+            Err(e) => p.trouble(e.to_string()),
+        }
     }
 }
 
@@ -433,9 +700,11 @@ impl Host for Wasm<'_> {
         &mut self,
         now_ms: u64,
         feasible: &[u64],
-        warm: &[u64],
+        model: Option<&str>,
         req: &Request,
     ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+        let outside = self.plugin.outside.borrow();
+        let warm = outside.warmth.mask(model);
         self.plugin
             .update(now_ms, |m| {
                 match m.state.decide(feasible, warm, req, now_ms) {

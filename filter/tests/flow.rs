@@ -13,6 +13,7 @@ use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use ace_filter::config::{Config, Trusted};
+use ace_filter::control::Outside;
 use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_filter::headers::Pairs;
 use ace_filter::request::Counters;
@@ -108,6 +109,8 @@ struct Mock {
     now: u64,
     ids: u64,
     fleet: FleetState,
+    /// What the control service said (tests apply snapshots to it).
+    outside: Outside,
     setup_models: Vec<ace_core::cost::CostModel>,
     policy: ace_core::health::HealthPolicy,
     counters: Vec<u64>,
@@ -137,6 +140,7 @@ impl Mock {
             now: 1_000,
             ids: 0,
             fleet,
+            outside: Outside::new(cfg),
             setup_models: cfg.models.clone(),
             policy: cfg.health,
             counters: vec![0; Counters::names(cfg).len()],
@@ -241,11 +245,12 @@ impl Host for Mock {
         &mut self,
         now_ms: u64,
         feasible: &[u64],
-        warm: &[u64],
+        model: Option<&str>,
         req: &Request,
     ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
         let (m, p) = (&self.setup_models, &self.policy);
         self.fleet.advance(m, p, now_ms);
+        let warm = self.outside.warmth.mask(model);
         let d = self.fleet.decide(feasible, warm, req, now_ms);
         if let Ok(d) = &d {
             self.fleet.reprice(d.index, m, p, now_ms);

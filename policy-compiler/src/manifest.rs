@@ -121,6 +121,101 @@ pub struct Destination {
     pub attributes: std::collections::BTreeMap<String, Spanned<toml::Value>>,
     /// Cost-curve parameters for dispatch.
     pub cost: Option<Spanned<Cost>>,
+    /// Where the control service (`ace control serve`) pulls this
+    /// destination's live figures from. Absent: it reports nothing of it.
+    pub control: Option<Spanned<Control>>,
+}
+
+/// Engines whose Prometheus metrics the control service can read.
+pub const ENGINES: [&str; 4] = ["vllm", "sglang", "trtllm", "tgi"];
+
+/// Clouds whose spot eviction notices the control service can poll.
+pub const EVICTION_PROVIDERS: [&str; 3] = ["aws", "gcp", "azure"];
+
+/// Where the control service pulls one destination's live figures from
+/// (`[destinations.control]`). Every field is optional; a source left out
+/// is not polled. `control/README.md` describes what each source gives.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Control {
+    /// The model server's base URL, e.g. `http://10.0.0.5:8000`: `metrics`
+    /// and `models` default to its engine's paths under it.
+    pub url: Option<String>,
+    /// The serving engine, one of [`ENGINES`]; it picks the metric names
+    /// and the default metrics path. Default `vllm`.
+    pub engine: Option<String>,
+    /// The Prometheus metrics URL. Default: `url` + `/metrics`
+    /// (`/prometheus/metrics` for `trtllm`).
+    pub metrics: Option<String>,
+    /// The OpenAI-style model list, e.g. `http://10.0.0.5:8000/v1/models`.
+    /// Default: `url` + `/v1/models`.
+    pub models: Option<String>,
+    /// Spot eviction notices to poll.
+    pub eviction: Option<Eviction>,
+    /// The key of its per-token prices in the LiteLLM-format price file
+    /// (per-token tiers: inhouse, reserved, payg).
+    pub price_key: Option<String>,
+    /// The key of its GPU-hour price in the GPU price feed (GPU-hour
+    /// tiers: spot, ondemand); the price is per GPU, times `cost.gpus`.
+    pub gpu_price_key: Option<String>,
+    /// The planner's RT app whose owned GPUs this destination serves
+    /// (`owned[].app` in `ace plan roll --json`).
+    pub plan_app: Option<u32>,
+    /// Concurrent requests one of those GPUs holds; required with
+    /// `plan_app`.
+    pub slots_per_gpu: Option<u32>,
+}
+
+/// A spot eviction notice source.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Eviction {
+    /// One of [`EVICTION_PROVIDERS`].
+    pub provider: String,
+    /// The instance metadata service's base URL. Default: the cloud's
+    /// (`http://169.254.169.254`, GCP `http://metadata.google.internal`).
+    pub url: Option<String>,
+}
+
+impl Control {
+    /// The engine, `vllm` when not given.
+    pub fn engine(&self) -> &str {
+        self.engine.as_deref().unwrap_or("vllm")
+    }
+
+    /// The metrics URL: `metrics`, else `url` and the engine's path.
+    pub fn metrics_url(&self) -> Option<String> {
+        self.metrics.clone().or_else(|| {
+            let path = if self.engine() == "trtllm" {
+                "/prometheus/metrics"
+            } else {
+                "/metrics"
+            };
+            self.url
+                .as_ref()
+                .map(|u| format!("{}{path}", u.trim_end_matches('/')))
+        })
+    }
+
+    /// The model-list URL: `models`, else `url` + `/v1/models`.
+    pub fn models_url(&self) -> Option<String> {
+        self.models.clone().or_else(|| {
+            self.url
+                .as_ref()
+                .map(|u| format!("{}/v1/models", u.trim_end_matches('/')))
+        })
+    }
+}
+
+impl Eviction {
+    /// The metadata service's base URL: `url`, else the cloud's own.
+    pub fn base_url(&self) -> String {
+        match &self.url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None if self.provider == "gcp" => "http://metadata.google.internal".into(),
+            None => "http://169.254.169.254".into(),
+        }
+    }
 }
 
 /// Cost-curve parameters (see the dispatch issue). All optional; the
@@ -339,6 +434,124 @@ fn check_number(
     }
 }
 
+fn check_control(
+    m: &LoadedManifest,
+    d: &Destination,
+    ctl: &Spanned<Control>,
+    out: &mut Vec<Diagnostic>,
+) {
+    let span = ctl.span();
+    let c = ctl.get_ref();
+    let name = d.name.get_ref();
+    let mut bad = |field: &str, problem: String, hint: &str| {
+        out.push(m.diag(
+            span.clone(),
+            format!("destination `{name}`, control field `{field}`: {problem}"),
+            hint,
+        ));
+    };
+    if !ENGINES.contains(&c.engine()) {
+        bad(
+            "engine",
+            format!("`{}` is not a known engine", c.engine()),
+            "use one of `vllm`, `sglang`, `trtllm`, `tgi`",
+        );
+    }
+    let urls = [
+        ("url", c.url.as_deref()),
+        ("metrics", c.metrics.as_deref()),
+        ("models", c.models.as_deref()),
+        (
+            "eviction.url",
+            c.eviction.as_ref().and_then(|e| e.url.as_deref()),
+        ),
+    ];
+    for (field, u) in urls {
+        if let Some(u) = u {
+            if !is_http_url(u) {
+                bad(
+                    field,
+                    format!("`{u}` is not an http:// or https:// URL"),
+                    "give a full URL, e.g. `http://10.0.0.5:8000`",
+                );
+            }
+        }
+    }
+    if let Some(e) = &c.eviction {
+        if !EVICTION_PROVIDERS.contains(&e.provider.as_str()) {
+            bad(
+                "eviction.provider",
+                format!("`{}` is not a known cloud", e.provider),
+                "use one of `aws`, `gcp`, `azure`",
+            );
+        }
+    }
+    let tier = Tier::parse(d.tier.get_ref());
+    for (field, key) in [
+        ("price_key", &c.price_key),
+        ("gpu_price_key", &c.gpu_price_key),
+    ] {
+        if key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            bad(
+                field,
+                "the key is empty".into(),
+                "give the price entry's key",
+            );
+        }
+    }
+    if let Some(t) = tier {
+        if c.price_key.is_some() && t.bills_gpu_hours() {
+            bad(
+                "price_key",
+                format!(
+                    "a `{}` destination is priced by the GPU-hour, not by the token",
+                    t.as_str()
+                ),
+                "use `gpu_price_key` for spot and on-demand destinations",
+            );
+        }
+        if c.gpu_price_key.is_some() && !t.bills_gpu_hours() {
+            bad(
+                "gpu_price_key",
+                format!(
+                    "a `{}` destination is priced by the token, not by the GPU-hour",
+                    t.as_str()
+                ),
+                "use `price_key` for inhouse, reserved and payg destinations",
+            );
+        }
+    }
+    match (c.plan_app, c.slots_per_gpu) {
+        (Some(_), None) => bad(
+            "slots_per_gpu",
+            "missing, and `plan_app` needs it".into(),
+            "give the concurrent requests one GPU holds, e.g. `slots_per_gpu = 8`",
+        ),
+        (None, Some(_)) => bad(
+            "plan_app",
+            "missing, and `slots_per_gpu` is given".into(),
+            "give the planner's RT app this destination serves, or drop `slots_per_gpu`",
+        ),
+        (_, Some(0)) => bad(
+            "slots_per_gpu",
+            "is 0".into(),
+            "give at least 1 (a plan of 0 GPUs already closes the destination)",
+        ),
+        _ => {}
+    }
+}
+
+/// Whether `u` looks like an absolute http(s) URL with a host.
+fn is_http_url(u: &str) -> bool {
+    let rest = u
+        .strip_prefix("http://")
+        .or_else(|| u.strip_prefix("https://"));
+    rest.is_some_and(|r| {
+        let host = r.split(['/', '?', '#']).next().unwrap_or("");
+        !host.is_empty() && !u.chars().any(char::is_whitespace)
+    })
+}
+
 fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     let man = &m.manifest;
@@ -500,6 +713,9 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
                 "omit it or give at least 1",
             ));
         }
+        if let Some(ctl) = &d.control {
+            check_control(m, d, ctl, &mut out);
+        }
         for w in c.warm_models.iter().flatten() {
             if !d.models.iter().any(|mo| mo.get_ref() == w) {
                 out.push(m.diag(
@@ -523,4 +739,85 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    const BASE: &str = r#"
+version = 1
+[[models]]
+id = "m"
+vram_gb = 1
+[[destinations]]
+name = "spot-a"
+cluster = "spot_a"
+provider = "aws"
+tier = "spot"
+jurisdiction = "US"
+region = "us-east-1"
+accelerator = "h100"
+vram_gb = 80
+interconnect = "nvlink"
+models = ["m"]
+"#;
+
+    fn errors(control: &str) -> Vec<String> {
+        let text = format!("{BASE}[destinations.control]\n{control}\n");
+        match parse(Path::new("fleet.toml"), text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_full_control_table_is_accepted_and_resolves_its_urls() {
+        let text = format!(
+            "{BASE}[destinations.control]\nurl = \"http://10.0.0.5:8000/\"\nengine = \"trtllm\"\n\
+             eviction = {{ provider = \"gcp\" }}\ngpu_price_key = \"aws/us-east-1/p5/spot\"\n\
+             plan_app = 2\nslots_per_gpu = 8\n"
+        );
+        let m = parse(Path::new("fleet.toml"), text).unwrap();
+        let d = m.manifest.destinations[0].get_ref();
+        let c = d.control.as_ref().unwrap().get_ref();
+        assert_eq!(
+            c.metrics_url().as_deref(),
+            Some("http://10.0.0.5:8000/prometheus/metrics")
+        );
+        assert_eq!(
+            c.models_url().as_deref(),
+            Some("http://10.0.0.5:8000/v1/models")
+        );
+        assert_eq!(
+            c.eviction.as_ref().unwrap().base_url(),
+            "http://metadata.google.internal"
+        );
+    }
+
+    #[test]
+    fn bad_control_fields_name_the_destination_and_field() {
+        for (control, field) in [
+            ("engine = \"ollama\"", "`engine`"),
+            ("metrics = \"10.0.0.5/metrics\"", "`metrics`"),
+            (
+                "eviction = { provider = \"oracle\" }",
+                "`eviction.provider`",
+            ),
+            ("price_key = \"gpt-4o\"", "`price_key`"),
+            ("plan_app = 1", "`slots_per_gpu`"),
+            ("slots_per_gpu = 4", "`plan_app`"),
+            ("plan_app = 1\nslots_per_gpu = 0", "`slots_per_gpu`"),
+        ] {
+            let e = errors(control);
+            assert_eq!(e.len(), 1, "{control}: {e:?}");
+            assert!(
+                e[0].contains("destination `spot-a`, control field ") && e[0].contains(field),
+                "{control}: {}",
+                e[0]
+            );
+        }
+        let e = errors("colour = \"red\"");
+        assert!(e[0].contains("colour"), "{e:?}");
+    }
 }

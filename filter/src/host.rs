@@ -90,19 +90,6 @@ extern "C" {
     fn increment_metric_raw(id: u32, offset: i64) -> u32;
     #[link_name = "proxy_record_metric"]
     fn record_metric_raw(id: u32, value: u64) -> u32;
-    #[link_name = "proxy_http_call"]
-    fn http_call_raw(
-        upstream: *const u8,
-        upstream_size: usize,
-        headers: *const u8,
-        headers_size: usize,
-        body: *const u8,
-        body_size: usize,
-        trailers: *const u8,
-        trailers_size: usize,
-        timeout_ms: u32,
-        token: *mut u32,
-    ) -> u32;
 }
 
 /// A raw status as a result; numbers the ABI does not define are
@@ -301,35 +288,6 @@ pub fn define_gauge(name: &str) -> Result<u32, Status> {
 pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
     // SAFETY: no pointers.
     check(unsafe { record_metric_raw(id, value) })
-}
-
-/// Send an HTTP request (no body) to Envoy cluster `cluster`; the answer
-/// arrives in the root context's `on_http_call_response` with the
-/// returned token. `BadArgument` means no such cluster (or a missing
-/// `:authority`, `:path` or `:method`).
-pub fn http_call(cluster: &str, headers: &[(&str, &str)], timeout_ms: u32) -> Result<u32, Status> {
-    let headers = Pairs::encode(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
-    let headers = headers.as_bytes();
-    let no_trailers = Pairs::encode(std::iter::empty::<(&[u8], &[u8])>());
-    let no_trailers = no_trailers.as_bytes();
-    let mut token = 0u32;
-    // SAFETY: the slices outlive the call; the host only reads them and
-    // writes one u32 to a valid location.
-    check(unsafe {
-        http_call_raw(
-            cluster.as_ptr(),
-            cluster.len(),
-            headers.as_ptr(),
-            headers.len(),
-            std::ptr::null(),
-            0,
-            no_trailers.as_ptr(),
-            no_trailers.len(),
-            timeout_ms,
-            &mut token,
-        )
-    })?;
-    Ok(token)
 }
 
 /// Add `offset` to metric `id`.

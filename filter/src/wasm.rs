@@ -42,6 +42,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 /// Compare-and-swap attempts before giving up on a shared-state update.
 const CAS_ATTEMPTS: usize = 32;
@@ -204,7 +205,13 @@ impl RootContext for AceRoot {
             return;
         };
         plugin.metrics.flush();
-        plugin.tick_control(now_ms());
+        // The SDK's own call, which registers the token for the answer's
+        // dispatch (statuses other than the ones Envoy documents for it
+        // would panic in the SDK; Envoy gives BadArgument for a missing
+        // cluster, which is handled).
+        plugin.tick_control(now_ms(), |cluster, headers, timeout| {
+            self.dispatch_http_call(cluster, headers, None, vec![], timeout)
+        });
         // An idle worker pays the in-flight releases it owes.
         if plugin.mirror.borrow().owes() {
             if let Err(s) = plugin.update(now_ms(), |_| (None, ())) {
@@ -383,7 +390,11 @@ impl Poller {
 impl Plugin {
     /// On each tick: take what another worker stored, age the snapshot,
     /// and poll if this worker wins the lease.
-    fn tick_control(&self, now: u64) {
+    fn tick_control(
+        &self,
+        now: u64,
+        call: impl FnOnce(&str, Vec<(&str, &str)>, Duration) -> Result<u32, Status>,
+    ) {
         let Some(poller) = &self.poller else {
             return;
         };
@@ -431,13 +442,18 @@ impl Plugin {
         }
         drop(outside);
         if p.pending.is_none() {
-            self.poll(&mut p, now);
+            self.poll(&mut p, now, call);
         }
     }
 
     /// Poll the control service if the lease is free (one poll per
     /// interval per Envoy, whichever worker ticks first).
-    fn poll(&self, p: &mut Poller, now: u64) {
+    fn poll(
+        &self,
+        p: &mut Poller,
+        now: u64,
+        call: impl FnOnce(&str, Vec<(&str, &str)>, Duration) -> Result<u32, Status>,
+    ) {
         let Ok((lease, cas)) = host::shared_data(&p.lease_key) else {
             return;
         };
@@ -454,8 +470,8 @@ impl Plugin {
             .map(|h| h.etag)
             .filter(|e| !e.is_empty());
         let headers = control::poll_headers(&p.control, etag.as_deref());
-        let timeout = u32::try_from(p.control.timeout_ms).unwrap_or(u32::MAX);
-        match host::http_call(&p.control.cluster, &headers, timeout) {
+        let timeout = Duration::from_millis(p.control.timeout_ms);
+        match call(&p.control.cluster, headers, timeout) {
             Ok(token) => {
                 p.pending = Some(token);
                 let _ = host::increment_metric(p.polls, 1);

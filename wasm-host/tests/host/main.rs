@@ -8,6 +8,7 @@ mod common;
 
 mod ace_filter;
 mod ace_filter_props;
+mod control;
 mod examples;
 mod loading;
 mod rules;

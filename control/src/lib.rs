@@ -1,6 +1,570 @@
-//! ace-control: the out-of-band control service.
+//! ace-control: the out-of-band control service (`ace control serve`).
 //!
-//! Nothing lives here yet: the control service is a later issue. The crate
-//! exists so the workspace has the shape the rest of the code grows into
-//! (what each request cost is already in its own crate, `ace-ledger`).
+//! It reads the fleet manifest (the same file `ace plugin-config` reads)
+//! and keeps pulling, per destination, what its `[destinations.control]`
+//! table names: load from the model server's Prometheus metrics
+//! ([`load`]), resident models and adapters ([`models`]), per-token and
+//! GPU-hour prices ([`prices`]), spot eviction notices ([`eviction`], and
+//! pushed ones on `POST /v1/notice`) and owned capacity from the
+//! planner's rolling horizon ([`plan`]). It serves what it knows as an
+//! [`ace_snapshot`] on `GET /v1/snapshot`, with an ETag so that an
+//! unchanged snapshot costs a 304; `control/README.md` is the operator's
+//! guide.
+//!
+//! Entry points: [`start`] (bind, load the inputs, spawn the pollers;
+//! returns the bound address), [`run`] (the same until a shutdown future
+//! completes) and [`fetch`] (a client for one snapshot).
 #![forbid(unsafe_code)]
+
+pub mod eviction;
+pub mod load;
+pub mod models;
+pub mod plan;
+pub mod prices;
+pub mod prom;
+mod server;
+mod state;
+
+use ace_snapshot::Snapshot;
+use state::{Dest, Inputs, Service, Settings, Watched};
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+
+/// An error, as one line naming the input and the fix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error(pub String);
+
+impl Error {
+    fn new(msg: impl Into<String>) -> Error {
+        Error(msg.into())
+    }
+
+    fn http(url: &str, e: reqwest::Error) -> Error {
+        let what = if e.is_timeout() {
+            "timed out".to_string()
+        } else if e.is_connect() {
+            "cannot connect".to_string()
+        } else {
+            // reqwest's chain carries the cause (e.g. the hyper error).
+            let mut s = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(c) = src {
+                s.push_str(": ");
+                s.push_str(&c.to_string());
+                src = c.source();
+            }
+            s
+        };
+        Error(format!("{url}: {what}"))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Where the GPU price feed comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FeedSource {
+    /// A file, re-read when it changes.
+    File(PathBuf),
+    /// An http(s) URL, fetched every interval.
+    Url(String),
+}
+
+impl FeedSource {
+    /// A URL when `s` starts with `http://` or `https://`, else a path.
+    pub fn parse(s: &str) -> FeedSource {
+        if s.starts_with("http://") || s.starts_with("https://") {
+            FeedSource::Url(s.to_string())
+        } else {
+            FeedSource::File(PathBuf::from(s))
+        }
+    }
+}
+
+/// The planner's rolling horizon and its clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanSource {
+    /// The JSON lines of `ace plan roll --json`.
+    pub path: PathBuf,
+    /// When step 0 begins, Unix ms.
+    pub start_ms: u64,
+    /// How long a step lasts.
+    pub step: Duration,
+}
+
+/// Service-wide settings (the command line's flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The fleet manifest (`fleet.toml`).
+    pub manifest: PathBuf,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// How often each source is polled and the snapshot rebuilt.
+    pub interval: Duration,
+    /// After how long without a good scrape a load is stale (default
+    /// three intervals).
+    pub stale_after: Option<Duration>,
+    /// Per-request timeout of every poll (default: the interval).
+    pub timeout: Option<Duration>,
+    /// How long past its eviction time a notice keeps a destination
+    /// drained (default one hour).
+    pub eviction_hold: Duration,
+    /// The bearer token snapshot and notice requests must carry; `None`
+    /// serves anyone (`--insecure-no-auth`).
+    pub token: Option<String>,
+    /// The LiteLLM-format per-token price file.
+    pub prices: Option<PathBuf>,
+    /// The GPU price feed.
+    pub gpu_prices: Option<FeedSource>,
+    /// The planner's rolling horizon.
+    pub plan: Option<PlanSource>,
+}
+
+impl Config {
+    /// A configuration with the defaults: listen on 127.0.0.1:9901, poll
+    /// every second, no token (set one), no price or plan inputs.
+    pub fn new(manifest: PathBuf) -> Config {
+        Config {
+            manifest,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9901)),
+            interval: Duration::from_secs(1),
+            stale_after: None,
+            timeout: None,
+            eviction_hold: Duration::from_secs(3600),
+            token: None,
+            prices: None,
+            gpu_prices: None,
+            plan: None,
+        }
+    }
+}
+
+/// A running service.
+#[derive(Debug)]
+pub struct Running {
+    /// The address it listens on (useful with port 0).
+    pub addr: SocketAddr,
+    tasks: JoinSet<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    /// Stops the pollers and the server.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Runs the service until `shutdown` completes.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let running = start(config).await?;
+    eprintln!("ace control: serving on http://{}", running.addr);
+    shutdown.await;
+    running.stop().await;
+    Ok(())
+}
+
+/// An HTTP client with `timeout` per request (rustls with ring for https).
+pub fn http_client(timeout: Duration) -> Result<reqwest::Client, Error> {
+    // ring, not rustls's default aws-lc-rs: no C/cmake build of aws-lc on
+    // every fresh machine. rustls 0.23.48 deprecates ring's provider for
+    // its lack of post-quantum key exchange; the service's outbound calls
+    // (metrics, metadata, price feeds) stay inside the operator's network.
+    // Only the first install wins; later calls find it installed.
+    #[allow(deprecated)]
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .build()
+        .map_err(|e| Error::new(format!("cannot build the HTTP client: {e}")))
+}
+
+async fn get_bytes(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, Error> {
+    let r = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| Error::http(url, e))?;
+    if !r.status().is_success() {
+        return Err(Error::new(format!("{url}: answered {}", r.status())));
+    }
+    Ok(r.bytes().await.map_err(|e| Error::http(url, e))?.to_vec())
+}
+
+async fn get_text(client: &reqwest::Client, url: &str) -> Result<String, Error> {
+    let b = get_bytes(client, url).await?;
+    String::from_utf8(b).map_err(|_| Error::new(format!("{url}: the body is not UTF-8")))
+}
+
+/// An RFC 3339 time as Unix ms.
+pub fn rfc3339_ms(s: &str) -> Result<u64, String> {
+    let t = chrono::DateTime::parse_from_rfc3339(s.trim())
+        .map_err(|e| format!("`{s}` is not an RFC 3339 time ({e}), e.g. `2026-12-05T10:00:00Z`"))?;
+    u64::try_from(t.timestamp_millis()).map_err(|_| format!("`{s}` is before 1970"))
+}
+
+/// A duration such as `500ms`, `1s`, `2m` or `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: f64 = n.parse().map_err(|_| {
+        format!("`{s}` is not a duration: give a number and a unit, e.g. `1s`, `500ms`, `1h`")
+    })?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("`{s}`: the unit must be ms, s, m or h")),
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        return Err(format!("`{s}` must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The destinations of the manifest at `path`, resolved for polling.
+fn destinations(path: &std::path::Path) -> Result<Vec<Dest>, Error> {
+    let m = ace_policy::manifest::load(path).map_err(|e| Error::new(e.to_string()))?;
+    let resolved = m.resolved();
+    let mut out = Vec::with_capacity(resolved.len());
+    for (r, d) in resolved.into_iter().zip(&m.manifest.destinations) {
+        let c = d
+            .get_ref()
+            .control
+            .as_ref()
+            .map(|c| c.get_ref().clone())
+            .unwrap_or_default();
+        // The manifest loader validated engine and provider names.
+        let engine = load::Engine::parse(c.engine()).unwrap_or(load::Engine::Vllm);
+        let eviction = c
+            .eviction
+            .as_ref()
+            .and_then(|e| eviction::Cloud::parse(&e.provider).map(|cloud| (cloud, e.base_url())));
+        out.push(Dest {
+            name: r.name,
+            gpus: r.gpus,
+            engine,
+            metrics: c.metrics_url(),
+            models: c.models_url(),
+            eviction,
+            price_key: c.price_key.clone(),
+            gpu_price_key: c.gpu_price_key.clone(),
+            plan: c.plan_app.zip(c.slots_per_gpu),
+        });
+    }
+    Ok(out)
+}
+
+/// Loads the manifest and inputs, binds, spawns the pollers and the
+/// server, and returns. Bad inputs at start are errors (the service
+/// refuses to start); inputs that go bad later are logged and the last
+/// good ones kept.
+pub async fn start(config: Config) -> Result<Running, Error> {
+    let dests = destinations(&config.manifest)?;
+    let interval = config.interval;
+    if interval.is_zero() {
+        return Err(Error::new("--interval must be above 0"));
+    }
+    let timeout = config.timeout.unwrap_or(interval);
+    let stale_after = config.stale_after.unwrap_or(interval * 3);
+    if let Some(t) = &config.token {
+        if t.is_empty() {
+            return Err(Error::new(
+                "the token is empty: put a secret in the token file or ACE_CONTROL_TOKEN",
+            ));
+        }
+    }
+    let settings = Settings {
+        stale_after_ms: stale_after.as_millis() as u64,
+        eviction_hold_ms: config.eviction_hold.as_millis() as u64,
+        token: config.token.clone(),
+        plan_clock: config
+            .plan
+            .as_ref()
+            .map(|p| (p.start_ms, (p.step.as_millis() as u64).max(1))),
+    };
+    let client = http_client(timeout)?;
+    let inputs = Inputs {
+        live: vec![Default::default(); dests.len()],
+        ..Inputs::default()
+    };
+    let svc = Arc::new(Service::new(dests, settings, inputs));
+
+    // Files: read once now (a bad file refuses to start), then watched.
+    let mut prices = config.prices.clone().map(Watched::new);
+    if let Some(w) = &mut prices {
+        let bytes = w.changed()?.unwrap_or_default();
+        let t = prices::TokenPrices::parse(&bytes)
+            .map_err(|e| Error::new(format!("--prices {}: {e}", w.path.display())))?;
+        svc.set_token_prices(t, &w.path.display().to_string());
+    }
+    let mut gpu_file = None;
+    let mut gpu_url = None;
+    match config.gpu_prices.clone() {
+        Some(FeedSource::File(p)) => {
+            let mut w = Watched::new(p);
+            let bytes = w.changed()?.unwrap_or_default();
+            let f = prices::GpuPrices::parse(&bytes)
+                .map_err(|e| Error::new(format!("--gpu-prices {}: {e}", w.path.display())))?;
+            svc.set_gpu_prices(f, &w.path.display().to_string());
+            gpu_file = Some(w);
+        }
+        Some(FeedSource::Url(u)) => {
+            let bytes = get_bytes(&client, &u).await.map_err(|e| {
+                Error::new(format!(
+                    "--gpu-prices: {e} (is the feed up? a file path works too)"
+                ))
+            })?;
+            let f = prices::GpuPrices::parse(&bytes)
+                .map_err(|e| Error::new(format!("--gpu-prices {u}: {e}")))?;
+            svc.set_gpu_prices(f, &u);
+            gpu_url = Some(u);
+        }
+        None => {}
+    }
+    let mut plan_file = config.plan.as_ref().map(|p| Watched::new(p.path.clone()));
+    if let Some(w) = &mut plan_file {
+        let bytes = w.changed()?.unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let p = plan::Plan::parse(&text)
+            .map_err(|e| Error::new(format!("--plan {}: {e}", w.path.display())))?;
+        svc.inputs().plan = Some(p);
+    }
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| {
+            Error::new(format!(
+                "cannot listen on {}: {e} (pick another --listen)",
+                config.listen
+            ))
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::new(format!("cannot listen on {}: {e}", config.listen)))?;
+
+    let mut tasks = JoinSet::new();
+    let every = move || {
+        let mut t = tokio::time::interval(interval);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    };
+    for d in 0..svc.dests.len() {
+        let dest = &svc.dests[d];
+        if dest.metrics.is_some() {
+            let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
+            tasks.spawn(async move {
+                loop {
+                    tick.tick().await;
+                    svc.poll_metrics(d, &client).await;
+                }
+            });
+        }
+        if dest.models.is_some() {
+            let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
+            tasks.spawn(async move {
+                loop {
+                    tick.tick().await;
+                    svc.poll_models(d, &client).await;
+                }
+            });
+        }
+        if let Some((cloud, base)) = dest.eviction.clone() {
+            let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
+            let mut poller = eviction::Poller::new(cloud, base);
+            tasks.spawn(async move {
+                loop {
+                    tick.tick().await;
+                    svc.poll_eviction(d, &mut poller, &client).await;
+                }
+            });
+        }
+    }
+    {
+        let (svc, client) = (svc.clone(), client.clone());
+        let mut tick = every();
+        tasks.spawn(async move {
+            loop {
+                tick.tick().await;
+                if let Some(w) = &mut prices {
+                    reread(&svc, "prices", w, |b, name| {
+                        prices::TokenPrices::parse(b).map(|t| svc.set_token_prices(t, name))
+                    });
+                }
+                if let Some(w) = &mut gpu_file {
+                    reread(&svc, "gpu_prices", w, |b, name| {
+                        prices::GpuPrices::parse(b).map(|f| svc.set_gpu_prices(f, name))
+                    });
+                }
+                if let Some(u) = &gpu_url {
+                    let r = match get_bytes(&client, u).await {
+                        Ok(b) => prices::GpuPrices::parse(&b)
+                            .map_err(|e| format!("{u}: {e}"))
+                            .map(|f| {
+                                let same = svc.inputs().gpu_prices.as_ref() == Some(&f);
+                                if !same {
+                                    svc.set_gpu_prices(f, u);
+                                }
+                            }),
+                        Err(e) => Err(e.0),
+                    };
+                    svc.note(
+                        "gpu_prices",
+                        u,
+                        r.as_ref().map(|_| ()).map_err(String::as_str),
+                    );
+                }
+                if let Some(w) = &mut plan_file {
+                    reread(&svc, "plan", w, |b, _| {
+                        plan::Plan::parse(&String::from_utf8_lossy(b)).map(|p| {
+                            svc.inputs().plan = Some(p);
+                        })
+                    });
+                }
+            }
+        });
+    }
+    {
+        let svc = svc.clone();
+        let mut tick = every();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = svc.wake.notified() => {}
+                }
+                svc.publish(state::now_ms());
+            }
+        });
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = server::router(svc.clone());
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = served {
+            eprintln!("ace control: the server stopped: {e}");
+        }
+    });
+    Ok(Running {
+        addr,
+        tasks,
+        stop: Some(stop),
+    })
+}
+
+fn w_name(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+/// Re-reads a watched file if it changed, and notes the outcome.
+fn reread(
+    svc: &Service,
+    source: &'static str,
+    w: &mut Watched,
+    take: impl FnOnce(&[u8], &str) -> Result<(), String>,
+) {
+    let key = w_name(&w.path);
+    let r = match w.changed() {
+        Ok(Some(bytes)) => take(&bytes, &key).map_err(|e| format!("{e}; the last good one stays")),
+        Ok(None) => return,
+        Err(e) => Err(format!("{e}; the last good one stays")),
+    };
+    svc.note(source, &key, r.as_ref().map(|_| ()).map_err(String::as_str));
+}
+
+/// What a snapshot request got.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fetched {
+    /// The snapshot and its ETag.
+    Snapshot(Snapshot, String),
+    /// 304: the snapshot with the ETag sent is still current.
+    NotModified,
+}
+
+/// Fetches and decodes one snapshot from `url` (the service's
+/// `/v1/snapshot`), with a bearer `token` and, if given, `If-None-Match`.
+pub async fn fetch(
+    client: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    etag: Option<&str>,
+) -> Result<Fetched, Error> {
+    let mut req = client.get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(e) = etag {
+        req = req.header(reqwest::header::IF_NONE_MATCH, e);
+    }
+    let r = req.send().await.map_err(|e| Error::http(url, e))?;
+    match r.status().as_u16() {
+        304 => Ok(Fetched::NotModified),
+        401 => Err(Error::new(format!(
+            "{url}: 401 unauthorized: give the service's token (--token-file or ACE_CONTROL_TOKEN)"
+        ))),
+        200 => {
+            let tag = r
+                .headers()
+                .get(reqwest::header::ETAG)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let body = r.bytes().await.map_err(|e| Error::http(url, e))?;
+            let s = ace_snapshot::decode(&body).map_err(|e| Error::new(format!("{url}: {e}")))?;
+            Ok(Fetched::Snapshot(s, tag))
+        }
+        s => Err(Error::new(format!("{url}: answered HTTP {s}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_times() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "1", "s", "0s", "-1s", "1d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:01Z"), Ok(1000));
+        assert_eq!(rfc3339_ms("1970-01-01T01:00:01+01:00"), Ok(1000));
+        assert!(rfc3339_ms("1969-12-31T00:00:00Z").is_err());
+        assert!(rfc3339_ms("tomorrow").unwrap_err().contains("RFC 3339"));
+        assert_eq!(
+            FeedSource::parse("https://x/y"),
+            FeedSource::Url("https://x/y".into())
+        );
+        assert_eq!(
+            FeedSource::parse("feed.json"),
+            FeedSource::File("feed.json".into())
+        );
+    }
+}

@@ -1,0 +1,232 @@
+//! Prices: per-token list prices from a LiteLLM-format price file, and
+//! GPU-hour prices from a feed of timestamped changes.
+//!
+//! **Per-token** (`--prices`): the format of LiteLLM's
+//! `model_prices_and_context_window.json`, an object keyed by model name
+//! (some keys carry a provider prefix, `mistral/mistral-small`), whose
+//! entries give `input_cost_per_token` and `output_cost_per_token` in USD.
+//! A destination's `price_key` is looked up as written, then without its
+//! provider prefix. LiteLLM's file has carried prices as strings; a string
+//! that parses as a number (`"2.5e-06"`) is accepted as that number, any
+//! other string is refused, naming the key and field. Only the entries a
+//! destination names are read, so the thousands of others (and LiteLLM's
+//! `sample_spec`) never stop the service.
+//!
+//! **GPU-hour** (`--gpu-prices`, a file or an http(s) URL):
+//!
+//! ```json
+//! {"prices": [
+//!   {"key": "aws/us-east-1/p5.48xlarge/spot", "usd_per_gpu_hour": 3.1, "from": "2026-12-05T10:00:00Z"},
+//!   {"key": "aws/us-east-1/p5.48xlarge/spot", "usd_per_gpu_hour": 2.7, "from": "2026-12-05T14:00:00Z"}
+//! ]}
+//! ```
+//!
+//! For each key, the latest change whose `from` is at or before now
+//! applies (a change dated in the future takes effect at its time, without
+//! a re-read); a key with no change yet has no price. A destination's
+//! hourly price is its key's per-GPU price times its `cost.gpus`.
+
+use ace_snapshot::{Price, MAX_USD_PER_HOUR, MAX_USD_PER_TOKEN};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+/// A LiteLLM-format price table.
+#[derive(Clone, Debug, Default)]
+pub struct TokenPrices(Map<String, Value>);
+
+impl TokenPrices {
+    /// The table in `body`.
+    pub fn parse(body: &[u8]) -> Result<TokenPrices, String> {
+        match serde_json::from_slice(body) {
+            Ok(Value::Object(map)) => Ok(TokenPrices(map)),
+            Ok(_) => Err(
+                "not a LiteLLM price file: the top level must be an object keyed by model name"
+                    .into(),
+            ),
+            Err(e) => Err(format!("not valid JSON: {e}")),
+        }
+    }
+
+    /// The per-token prices under `key` (or `key` without its provider
+    /// prefix).
+    pub fn price(&self, key: &str) -> Result<Price, String> {
+        let stripped = key.split_once('/').map(|(_, rest)| rest);
+        let (found, entry) = match self.0.get(key) {
+            Some(e) => (key, e),
+            None => match stripped.and_then(|s| self.0.get(s).map(|e| (s, e))) {
+                Some(x) => x,
+                None => {
+                    let suffix = format!("/{key}");
+                    let near: Vec<&str> = self
+                        .0
+                        .keys()
+                        .filter(|k| k.ends_with(&suffix))
+                        .take(3)
+                        .map(String::as_str)
+                        .collect();
+                    return Err(if near.is_empty() {
+                        format!("no entry `{key}` in the price file")
+                    } else {
+                        format!(
+                            "no entry `{key}` in the price file; did you mean `{}`?",
+                            near.join("` or `")
+                        )
+                    });
+                }
+            },
+        };
+        let field = |name: &str| -> Result<f64, String> {
+            let v = entry
+                .get(name)
+                .ok_or_else(|| format!("entry `{found}` has no `{name}`"))?;
+            let x = match v {
+                Value::Number(n) => n.as_f64(),
+                Value::String(s) => s.trim().parse::<f64>().ok(),
+                _ => None,
+            }
+            .ok_or_else(|| format!("entry `{found}`, `{name}` is {v}, not a number"))?;
+            if !(x.is_finite() && (0.0..=MAX_USD_PER_TOKEN).contains(&x)) {
+                return Err(format!(
+                    "entry `{found}`, `{name}` is {x}: a price is USD per token from 0 to {MAX_USD_PER_TOKEN}"
+                ));
+            }
+            Ok(x)
+        };
+        Ok(Price {
+            usd_per_input_token: field("input_cost_per_token")?,
+            usd_per_output_token: field("output_cost_per_token")?,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedFile {
+    prices: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Change {
+    key: String,
+    usd_per_gpu_hour: f64,
+    from: String,
+}
+
+/// A GPU price feed: per key, its changes in time order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuPrices(HashMap<String, Vec<(u64, f64)>>);
+
+impl GpuPrices {
+    /// The feed in `body`; an error names the change and field.
+    pub fn parse(body: &[u8]) -> Result<GpuPrices, String> {
+        let file: FeedFile = serde_json::from_slice(body).map_err(|e| {
+            format!("not a GPU price feed (`{{\"prices\":[{{\"key\",\"usd_per_gpu_hour\",\"from\"}}]}}`): {e}")
+        })?;
+        let mut by_key: HashMap<String, Vec<(u64, f64)>> = HashMap::new();
+        for (i, v) in file.prices.into_iter().enumerate() {
+            let c: Change = serde_json::from_value(v).map_err(|e| format!("`prices[{i}]`: {e}"))?;
+            if c.key.is_empty() {
+                return Err(format!("`prices[{i}].key` is empty"));
+            }
+            let p = c.usd_per_gpu_hour;
+            if !(p.is_finite() && (0.0..=MAX_USD_PER_HOUR).contains(&p)) {
+                return Err(format!(
+                    "`prices[{i}].usd_per_gpu_hour` is {p}: give USD per GPU-hour from 0 to {MAX_USD_PER_HOUR}"
+                ));
+            }
+            let from =
+                crate::rfc3339_ms(&c.from).map_err(|e| format!("`prices[{i}].from`: {e}"))?;
+            by_key.entry(c.key).or_default().push((from, p));
+        }
+        for v in by_key.values_mut() {
+            // Stable: of two changes at one instant, the later listed wins.
+            v.sort_by_key(|&(t, _)| t);
+        }
+        Ok(GpuPrices(by_key))
+    }
+
+    /// Whether the feed has any change for `key`.
+    pub fn has(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// The per-GPU price of `key` at `now_ms`: the latest change at or
+    /// before it.
+    pub fn at(&self, key: &str, now_ms: u64) -> Option<f64> {
+        let v = self.0.get(key)?;
+        let n = v.partition_point(|&(t, _)| t <= now_ms);
+        n.checked_sub(1).map(|i| v[i].1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn litellm_keys_prefixes_and_numeric_strings() {
+        let t = TokenPrices::parse(
+            br#"{"sample_spec":{"input_cost_per_token":"set this"},
+                "gpt-4o":{"input_cost_per_token":2.5e-06,"output_cost_per_token":1e-05,"litellm_provider":"openai"},
+                "mistral/mistral-small":{"input_cost_per_token":"1e-06","output_cost_per_token":" 3e-06 "},
+                "odd":{"input_cost_per_token":"cheap","output_cost_per_token":0},
+                "huge":{"input_cost_per_token":1,"output_cost_per_token":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(t.price("gpt-4o").unwrap().usd_per_input_token, 2.5e-6);
+        assert_eq!(t.price("openai/gpt-4o").unwrap().usd_per_output_token, 1e-5);
+        assert_eq!(
+            t.price("mistral/mistral-small")
+                .unwrap()
+                .usd_per_output_token,
+            3e-6
+        );
+        let e = t.price("mistral-small").unwrap_err();
+        assert!(e.contains("did you mean `mistral/mistral-small`"), "{e}");
+        let e = t.price("odd").unwrap_err();
+        assert!(e.contains("`input_cost_per_token` is \"cheap\""), "{e}");
+        assert!(t.price("huge").unwrap_err().contains("from 0 to"));
+        assert!(TokenPrices::parse(b"[1]").is_err());
+    }
+
+    #[test]
+    fn the_latest_change_at_or_before_now_applies() {
+        let f = GpuPrices::parse(
+            br#"{"prices":[
+              {"key":"k","usd_per_gpu_hour":2.7,"from":"2026-12-05T14:00:00Z"},
+              {"key":"k","usd_per_gpu_hour":3.1,"from":"2026-12-05T10:00:00Z"}]}"#,
+        )
+        .unwrap();
+        let ten = crate::rfc3339_ms("2026-12-05T10:00:00Z").unwrap();
+        let two = crate::rfc3339_ms("2026-12-05T14:00:00Z").unwrap();
+        assert_eq!(f.at("k", ten - 1), None);
+        assert_eq!(f.at("k", ten), Some(3.1));
+        assert_eq!(f.at("k", two - 1), Some(3.1));
+        assert_eq!(f.at("k", two + 5), Some(2.7));
+        assert_eq!(f.at("other", two), None);
+    }
+
+    #[test]
+    fn a_bad_change_is_named() {
+        for (body, want) in [
+            (
+                r#"{"prices":[{"key":"k","usd_per_gpu_hour":-1,"from":"2026-12-05T10:00:00Z"}]}"#,
+                "prices[0].usd_per_gpu_hour",
+            ),
+            (
+                r#"{"prices":[{"key":"k","usd_per_gpu_hour":1,"from":"2026-12-05T10:00:00Z"},{"key":"k","usd_per_gpu_hour":1,"from":"yesterday"}]}"#,
+                "prices[1].from",
+            ),
+            (
+                r#"{"prices":[{"key":"k","usd_per_gpu_hour":"1","from":"2026-12-05T10:00:00Z"}]}"#,
+                "prices[0]",
+            ),
+            (r#"{"price":[]}"#, "not a GPU price feed"),
+        ] {
+            let e = GpuPrices::parse(body.as_bytes()).unwrap_err();
+            assert!(e.contains(want), "{body}: {e}");
+        }
+    }
+}

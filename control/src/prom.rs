@@ -1,0 +1,192 @@
+//! The Prometheus text exposition format (0.0.4, and the sample lines
+//! OpenMetrics shares with it), read into samples.
+//!
+//! Why our own reader: the parser the issue suggested, `prometheus-parse`
+//! 0.2.5 (the newest on crates.io), matches metric names with `\w+`, so it
+//! silently drops every name with a colon, which is every vLLM metric
+//! (`vllm:num_requests_running`) and SGLang's `sglang:` ones; it also
+//! splits label values on commas, and `vllm:lora_requests_info` carries
+//! comma-separated adapter lists. The maintained alternative,
+//! `openmetrics-parser`, is LGPL-3.0, awkward in a statically linked
+//! Apache-2.0 binary. The format is small: a line is a comment (`#`), or
+//! `name{label="value",...} value [timestamp]` with `\\`, `\"` and `\n`
+//! escapes in label values. Like Prometheus, one malformed line fails the
+//! whole scrape, naming the line.
+
+/// One sample: a metric name, its labels and its value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// The metric name, e.g. `vllm:num_requests_running`.
+    pub name: String,
+    /// Its labels, in the order written.
+    pub labels: Vec<(String, String)>,
+    /// Its value (may be NaN or infinite: the format allows them).
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `name`, if the sample has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every sample in `text`, or the first malformed line (1-based) and why.
+pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        out.push(sample(line).map_err(|e| format!("metrics line {}: {e}", i + 1))?);
+    }
+    Ok(out)
+}
+
+fn is_name_start(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '_' || c == ':'
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+}
+
+fn sample(line: &str) -> Result<Sample, String> {
+    let end = line
+        .char_indices()
+        .find(|&(_, c)| !is_name_char(c))
+        .map_or(line.len(), |(i, _)| i);
+    let name = &line[..end];
+    if !name.starts_with(is_name_start) {
+        return Err("expected a metric name".into());
+    }
+    let mut rest = &line[end..];
+    let mut labels = Vec::new();
+    if let Some(r) = rest.strip_prefix('{') {
+        rest = read_labels(r, &mut labels)?;
+    }
+    let mut parts = rest.split_whitespace();
+    let value = parts
+        .next()
+        .ok_or_else(|| format!("`{name}` has no value"))?;
+    let value =
+        number(value).ok_or_else(|| format!("`{name}` has value `{value}`, not a number"))?;
+    if let Some(ts) = parts.next() {
+        if ts.parse::<i64>().is_err() && ts.parse::<f64>().is_err() {
+            return Err(format!("`{name}` has timestamp `{ts}`, not a number"));
+        }
+    }
+    if parts.next().is_some() {
+        return Err(format!("`{name}` has text after its value and timestamp"));
+    }
+    Ok(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// Reads `label="value",...}` and returns what follows the `}`.
+fn read_labels<'a>(mut s: &'a str, out: &mut Vec<(String, String)>) -> Result<&'a str, String> {
+    loop {
+        s = s.trim_start();
+        if let Some(r) = s.strip_prefix('}') {
+            return Ok(r);
+        }
+        let end = s
+            .char_indices()
+            .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(s.len(), |(i, _)| i);
+        let key = &s[..end];
+        if key.is_empty() {
+            return Err("expected a label name or `}`".into());
+        }
+        s = s[end..].trim_start();
+        s = s
+            .strip_prefix('=')
+            .ok_or_else(|| format!("label `{key}` has no `=`"))?
+            .trim_start();
+        s = s
+            .strip_prefix('"')
+            .ok_or_else(|| format!("label `{key}`'s value is not quoted"))?;
+        let mut value = String::new();
+        let mut chars = s.char_indices();
+        let close = loop {
+            match chars.next() {
+                None => return Err(format!("label `{key}`'s value is not closed")),
+                Some((i, '"')) => break i,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c @ ('\\' | '"'))) => value.push(c),
+                    Some((_, c)) => {
+                        value.push('\\');
+                        value.push(c);
+                    }
+                    None => return Err(format!("label `{key}`'s value is not closed")),
+                },
+                Some((_, c)) => value.push(c),
+            }
+        };
+        out.push((key.to_string(), value));
+        s = s[close + 1..].trim_start();
+        if let Some(r) = s.strip_prefix(',') {
+            s = r;
+        } else if !s.starts_with('}') {
+            return Err(format!("expected `,` or `}}` after label `{key}`"));
+        }
+    }
+}
+
+/// A sample value: a float, or Go's `NaN`, `+Inf`, `-Inf`.
+fn number(s: &str) -> Option<f64> {
+    match s {
+        "NaN" => Some(f64::NAN),
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => s.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_colon_names_escapes_and_comma_values() {
+        let text = "# HELP vllm:num_requests_running Running.\n\
+            # TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"} 1.7e+09\n\
+            weird{v=\"q\\\"uote\\\\back\\nline\",} +Inf 1700000000000\n\
+            bare 4\n";
+        let s = parse(text).unwrap();
+        assert_eq!(s.len(), 4);
+        assert_eq!(s[0].name, "vllm:num_requests_running");
+        assert_eq!(s[0].label("model_name"), Some("m"));
+        assert_eq!(s[0].value, 3.0);
+        assert_eq!(s[1].label("running_lora_adapters"), Some("a,b"));
+        assert_eq!(s[1].label("waiting_lora_adapters"), Some(""));
+        assert_eq!(s[2].label("v"), Some("q\"uote\\back\nline"));
+        assert!(s[2].value.is_infinite());
+        assert_eq!(s[3].labels, vec![]);
+    }
+
+    #[test]
+    fn a_malformed_line_fails_the_scrape_naming_it() {
+        for (text, want) in [
+            ("ok 1\n9bad 1\n", "line 2"),
+            ("x{a=\"1\" 2\n", "line 1"),
+            ("x{a=1} 2\n", "not quoted"),
+            ("x abc\n", "not a number"),
+            ("x\n", "no value"),
+            ("x 1 2 3\n", "after its value"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The HTTP side: `GET /v1/snapshot`, `POST /v1/notice`, `GET /metrics`,
+//! `GET /healthz`.
+
+use crate::state::{now_ms, Service};
+use ace_snapshot::{Drain, DrainReason};
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+pub(crate) fn router(svc: Arc<Service>) -> Router {
+    Router::new()
+        .route("/v1/snapshot", get(snapshot))
+        .route("/v1/notice", post(notice))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(svc)
+}
+
+/// Whether the request carries the configured bearer token (always, when
+/// the service runs with `--insecure-no-auth`).
+fn authorized(svc: &Service, headers: &HeaderMap) -> bool {
+    let Some(token) = &svc.settings.token else {
+        return true;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    bool::from(given.as_bytes().ct_eq(token.as_bytes()))
+}
+
+fn unauthorized(svc: &Service) -> Response {
+    svc.counters.unauthorized.fetch_add(1, Ordering::Relaxed);
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a bearer token is required: send `Authorization: Bearer <token>`\n",
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct SnapshotQuery {
+    format: Option<String>,
+}
+
+async fn snapshot(
+    State(svc): State<Arc<Service>>,
+    Query(q): Query<SnapshotQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&svc, &headers) {
+        return unauthorized(&svc);
+    }
+    let p = svc.current();
+    match q.format.as_deref() {
+        None | Some("binary") => {}
+        Some("json") => {
+            svc.counters.ok.fetch_add(1, Ordering::Relaxed);
+            let body = serde_json::to_vec_pretty(&p.snapshot).unwrap_or_default();
+            return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+        }
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("unknown format `{other}`: use `json`, or none for the binary snapshot\n"),
+            )
+                .into_response()
+        }
+    }
+    let etag = HeaderValue::from_str(&p.etag).unwrap_or(HeaderValue::from_static("\"\""));
+    let matches = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().trim_start_matches("W/"))
+        .any(|t| t == "*" || t == p.etag);
+    if matches {
+        svc.counters.not_modified.fetch_add(1, Ordering::Relaxed);
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    svc.counters.ok.fetch_add(1, Ordering::Relaxed);
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::ETAG, etag),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        p.bytes.clone(),
+    )
+        .into_response()
+}
+
+/// A pushed notice, e.g. from a rule on the cloud's interruption events.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Notice {
+    destination: String,
+    /// When the destination may take requests again (RFC 3339); a time
+    /// in the past lifts an earlier pushed notice.
+    until: String,
+    /// `eviction` (default) or `operator`.
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn notice(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes) -> Response {
+    if !authorized(&svc, &headers) {
+        return unauthorized(&svc);
+    }
+    let bad = |msg: String| {
+        svc.note("webhook", "POST /v1/notice", Err(&msg));
+        (StatusCode::BAD_REQUEST, msg + "\n").into_response()
+    };
+    let n: Notice = match serde_json::from_slice(&body) {
+        Ok(n) => n,
+        Err(e) => {
+            return bad(format!(
+                "not a notice (`{{\"destination\",\"until\",\"reason\"}}`): {e}"
+            ))
+        }
+    };
+    let Some(&d) = svc.index.get(&n.destination) else {
+        return bad(format!(
+            "`destination`: `{}` is not in the fleet manifest",
+            n.destination
+        ));
+    };
+    let until_ms = match crate::rfc3339_ms(&n.until) {
+        Ok(t) => t,
+        Err(e) => return bad(format!("`until`: {e}")),
+    };
+    let reason = match n.reason.as_deref() {
+        None | Some("eviction") => DrainReason::Eviction,
+        Some("operator") => DrainReason::Operator,
+        Some(other) => {
+            return bad(format!(
+                "`reason`: `{other}` is not `eviction` or `operator`"
+            ))
+        }
+    };
+    svc.push_notice(d, Drain { until_ms, reason });
+    svc.note("webhook", "POST /v1/notice", Ok(()));
+    let lifted = until_ms <= now_ms();
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({
+            "destination": n.destination,
+            "until_ms": until_ms,
+            "reason": reason.as_str(),
+            "drained": !lifted,
+        })
+        .to_string(),
+    )
+        .into_response()
+}
+
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+async fn metrics(State(svc): State<Arc<Service>>) -> Response {
+    let p = svc.current();
+    let c = &svc.counters;
+    let now = now_ms();
+    let mut o = String::new();
+    let _ = writeln!(o, "# HELP ace_control_snapshot_version The version of the snapshot served now.\n# TYPE ace_control_snapshot_version gauge\nace_control_snapshot_version {}", p.snapshot.version);
+    let _ = writeln!(o, "# HELP ace_control_snapshot_requests_total Snapshot requests by HTTP status.\n# TYPE ace_control_snapshot_requests_total counter");
+    for (code, n) in [
+        ("200", &c.ok),
+        ("304", &c.not_modified),
+        ("401", &c.unauthorized),
+    ] {
+        let _ = writeln!(
+            o,
+            "ace_control_snapshot_requests_total{{code=\"{code}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(o, "# HELP ace_control_scrape_failures_total Failed metrics scrapes per destination.\n# TYPE ace_control_scrape_failures_total counter");
+    for (d, dest) in svc.dests.iter().enumerate() {
+        if dest.metrics.is_some() {
+            let _ = writeln!(
+                o,
+                "ace_control_scrape_failures_total{{destination=\"{}\"}} {}",
+                label(&dest.name),
+                c.scrape_failures[d].load(Ordering::Relaxed)
+            );
+        }
+    }
+    let _ = writeln!(o, "# HELP ace_control_load_stale 1 when a destination's load is stale or was never scraped.\n# TYPE ace_control_load_stale gauge");
+    for dest in svc.dests.iter().filter(|d| d.metrics.is_some()) {
+        let fresh = p
+            .snapshot
+            .reports
+            .iter()
+            .find(|r| r.name == dest.name)
+            .and_then(|r| r.load)
+            .is_some_and(|l| !l.stale);
+        let _ = writeln!(
+            o,
+            "ace_control_load_stale{{destination=\"{}\"}} {}",
+            label(&dest.name),
+            u8::from(!fresh)
+        );
+    }
+    let _ = writeln!(o, "# HELP ace_control_eviction_notice 1 while a destination is drained by an eviction notice.\n# TYPE ace_control_eviction_notice gauge");
+    for r in &p.snapshot.reports {
+        let evicting = r
+            .drain
+            .is_some_and(|d| d.reason == DrainReason::Eviction && d.until_ms > now);
+        if evicting {
+            let _ = writeln!(
+                o,
+                "ace_control_eviction_notice{{destination=\"{}\"}} 1",
+                label(&r.name)
+            );
+        }
+    }
+    let _ = writeln!(o, "# HELP ace_control_eviction_notices_total Eviction notices received (polled or pushed).\n# TYPE ace_control_eviction_notices_total counter\nace_control_eviction_notices_total {}", c.notices.load(Ordering::Relaxed));
+    let _ = writeln!(o, "# HELP ace_control_source_errors_total Failed attempts per source.\n# TYPE ace_control_source_errors_total counter");
+    let errors = c
+        .source_errors
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    for (source, n) in errors {
+        let _ = writeln!(
+            o,
+            "ace_control_source_errors_total{{source=\"{source}\"}} {n}"
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}
+
+async fn healthz(State(svc): State<Arc<Service>>) -> String {
+    format!("ok version {}\n", svc.current().snapshot.version)
+}

@@ -1,0 +1,521 @@
+//! What the service knows, how each source's poll updates it, and how it
+//! becomes a published snapshot.
+//!
+//! Every source writes into [`Inputs`] under one mutex; a publisher turns
+//! them into reports every interval (and at once after a pushed notice).
+//! The snapshot's `version` changes only when the reports change, so an
+//! unchanged fleet is answered 304 by ETag. A new version is
+//! `max(previous + 1, now in Unix ms)`: it grows with every change and
+//! across restarts (as long as the clock does not step back), so a filter
+//! that has seen version `v` from an earlier run of the service never
+//! mistakes a new snapshot for one it has already applied.
+//!
+//! Drains: an eviction notice for time `T` drains the destination until
+//! `T + --eviction-hold` (default one hour). The instance is gone after
+//! `T`, and its metadata service with it, so the poll fails from then on;
+//! a failed poll keeps the notice, and the hold keeps the destination out
+//! of the merit order while it is gone. A replacement instance that
+//! answers "no notice" lifts the drain at once.
+
+use crate::eviction::{self, Answer};
+use crate::load::{self, Engine};
+use crate::plan::{self, Plan};
+use crate::prices::{GpuPrices, TokenPrices};
+use crate::{models, Error};
+use ace_snapshot::{
+    Drain, DrainReason, Load, Price, Report, Snapshot, MAX_SLOTS, MAX_USD_PER_HOUR,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
+
+/// One destination, as the manifest's control table resolves it.
+#[derive(Clone, Debug)]
+pub(crate) struct Dest {
+    pub name: String,
+    pub gpus: u32,
+    pub engine: Engine,
+    pub metrics: Option<String>,
+    pub models: Option<String>,
+    pub eviction: Option<(eviction::Cloud, String)>,
+    pub price_key: Option<String>,
+    pub gpu_price_key: Option<String>,
+    /// (RT app, slots per GPU).
+    pub plan: Option<(u32, u32)>,
+}
+
+/// What the sources said of one destination.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Live {
+    /// The last good load and when it was scraped (Unix ms).
+    pub load: Option<(Load, u64)>,
+    /// The last scrape failed.
+    pub load_failed: bool,
+    pub adapters: Option<Vec<String>>,
+    pub models: Option<Vec<String>>,
+    /// A polled eviction notice: when the instance goes (Unix ms).
+    pub notice: Option<u64>,
+    /// A pushed notice (`POST /v1/notice`).
+    pub pushed: Option<Drain>,
+    /// The last good per-token price.
+    pub price: Option<Price>,
+}
+
+/// Everything the sources have read.
+#[derive(Debug, Default)]
+pub(crate) struct Inputs {
+    pub live: Vec<Live>,
+    pub token_prices: Option<TokenPrices>,
+    pub gpu_prices: Option<GpuPrices>,
+    pub plan: Option<Plan>,
+}
+
+/// A snapshot as served.
+#[derive(Debug)]
+pub(crate) struct Published {
+    pub snapshot: Snapshot,
+    pub bytes: Vec<u8>,
+    pub etag: String,
+}
+
+/// The service's own counters, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub ok: AtomicU64,
+    pub not_modified: AtomicU64,
+    pub unauthorized: AtomicU64,
+    pub notices: AtomicU64,
+    pub scrape_failures: Vec<AtomicU64>,
+    pub source_errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// Service-wide settings, resolved.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub stale_after_ms: u64,
+    pub eviction_hold_ms: u64,
+    pub token: Option<String>,
+    /// (start, step length), Unix ms and ms.
+    pub plan_clock: Option<(u64, u64)>,
+}
+
+/// The running service's shared state.
+#[derive(Debug)]
+pub(crate) struct Service {
+    pub dests: Vec<Dest>,
+    pub index: HashMap<String, usize>,
+    pub settings: Settings,
+    pub inputs: Mutex<Inputs>,
+    pub published: RwLock<Arc<Published>>,
+    problems: Mutex<BTreeMap<String, String>>,
+    pub counters: Counters,
+    pub wake: tokio::sync::Notify,
+}
+
+/// Unix ms now.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere; the data is plain.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Service {
+    pub fn new(dests: Vec<Dest>, settings: Settings, inputs: Inputs) -> Service {
+        let index = dests
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.name.clone(), i))
+            .collect();
+        let empty = Snapshot::default();
+        let bytes = ace_snapshot::encode(&empty).unwrap_or_default();
+        let etag = ace_snapshot::etag(&bytes).unwrap_or_default();
+        let counters = Counters {
+            scrape_failures: dests.iter().map(|_| AtomicU64::new(0)).collect(),
+            ..Counters::default()
+        };
+        Service {
+            dests,
+            index,
+            settings,
+            inputs: Mutex::new(inputs),
+            published: RwLock::new(Arc::new(Published {
+                snapshot: empty,
+                bytes,
+                etag,
+            })),
+            problems: Mutex::new(BTreeMap::new()),
+            counters,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn inputs(&self) -> std::sync::MutexGuard<'_, Inputs> {
+        lock(&self.inputs)
+    }
+
+    pub fn current(&self) -> Arc<Published> {
+        self.published
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records the outcome of one attempt of `source` at `key` (the
+    /// destination and URL, or the file): an error is counted every time
+    /// and logged once per change of message; a recovery is logged once.
+    pub fn note(&self, source: &'static str, key: &str, result: Result<(), &str>) {
+        let mut problems = lock(&self.problems);
+        match result {
+            Err(msg) => {
+                *lock(&self.counters.source_errors)
+                    .entry(source)
+                    .or_insert(0) += 1;
+                if problems.get(key).map(String::as_str) != Some(msg) {
+                    eprintln!("ace control: {source}: {key}: {msg}");
+                    problems.insert(key.to_string(), msg.to_string());
+                }
+            }
+            Ok(()) => {
+                if problems.remove(key).is_some() {
+                    eprintln!("ace control: {source}: {key}: recovered");
+                }
+            }
+        }
+    }
+
+    /// Scrapes destination `d`'s metrics once.
+    pub async fn poll_metrics(&self, d: usize, client: &reqwest::Client) {
+        let Some(url) = &self.dests[d].metrics else {
+            return;
+        };
+        let key = format!("destination `{}` metrics {url}", self.dests[d].name);
+        let got = async {
+            let body = crate::get_text(client, url).await?;
+            load::read(self.dests[d].engine, &body).map_err(Error::new)
+        }
+        .await;
+        let now = now_ms();
+        let mut inputs = self.inputs();
+        let live = &mut inputs.live[d];
+        match got {
+            Ok(f) => {
+                live.load = Some((f.load, now));
+                live.load_failed = false;
+                live.adapters = f.adapters;
+                drop(inputs);
+                self.note("metrics", &key, Ok(()));
+            }
+            Err(e) => {
+                live.load_failed = true;
+                drop(inputs);
+                self.counters.scrape_failures[d].fetch_add(1, Ordering::Relaxed);
+                self.note("metrics", &key, Err(&e.0));
+            }
+        }
+    }
+
+    /// Reads destination `d`'s model list once.
+    pub async fn poll_models(&self, d: usize, client: &reqwest::Client) {
+        let Some(url) = &self.dests[d].models else {
+            return;
+        };
+        let key = format!("destination `{}` models {url}", self.dests[d].name);
+        let got = async {
+            let body = crate::get_bytes(client, url).await?;
+            models::read(&body).map_err(|e| Error::new(format!("{url}: {e}")))
+        }
+        .await;
+        match got {
+            Ok(ids) => {
+                self.inputs().live[d].models = Some(ids);
+                self.note("models", &key, Ok(()));
+            }
+            Err(e) => self.note("models", &key, Err(&e.0)),
+        }
+    }
+
+    /// Polls destination `d`'s eviction notices once.
+    pub async fn poll_eviction(
+        &self,
+        d: usize,
+        poller: &mut eviction::Poller,
+        client: &reqwest::Client,
+    ) {
+        let key = format!(
+            "destination `{}` eviction {}",
+            self.dests[d].name,
+            poller.url()
+        );
+        match poller.poll(client, now_ms()).await {
+            Ok(answer) => {
+                let at = match answer {
+                    Answer::Clear => None,
+                    Answer::Notice { at_ms, what } => Some((at_ms, what)),
+                };
+                let before = std::mem::replace(
+                    &mut self.inputs().live[d].notice,
+                    at.as_ref().map(|(t, _)| *t),
+                );
+                match (&before, &at) {
+                    (None, Some((_, what))) => {
+                        self.counters.notices.fetch_add(1, Ordering::Relaxed);
+                        eprintln!(
+                            "ace control: eviction: destination `{}`: {what}: drained",
+                            self.dests[d].name
+                        );
+                    }
+                    (Some(_), None) => eprintln!(
+                        "ace control: eviction: destination `{}`: the notice is gone: drain lifted",
+                        self.dests[d].name
+                    ),
+                    _ => {}
+                }
+                self.note("eviction", &key, Ok(()));
+            }
+            Err(e) => self.note("eviction", &key, Err(&e.0)),
+        }
+    }
+
+    /// Takes a freshly read price table: each destination's price is
+    /// looked up now; one whose entry is missing or bad keeps its last
+    /// good price.
+    pub fn set_token_prices(&self, t: TokenPrices, source: &str) {
+        let mut results = Vec::new();
+        {
+            let mut inputs = self.inputs();
+            for (d, dest) in self.dests.iter().enumerate() {
+                if let Some(k) = &dest.price_key {
+                    let key = format!("destination `{}` price_key in {source}", dest.name);
+                    match t.price(k) {
+                        Ok(p) => {
+                            inputs.live[d].price = Some(p);
+                            results.push((key, Ok(())));
+                        }
+                        Err(e) => results.push((key, Err(e))),
+                    }
+                }
+            }
+            inputs.token_prices = Some(t);
+        }
+        for (key, r) in results {
+            self.note(
+                "prices",
+                &key,
+                r.as_ref().map(|_| ()).map_err(String::as_str),
+            );
+        }
+    }
+
+    /// Takes a freshly read GPU price feed.
+    pub fn set_gpu_prices(&self, f: GpuPrices, source: &str) {
+        for dest in &self.dests {
+            if let Some(k) = &dest.gpu_price_key {
+                let key = format!("destination `{}` gpu_price_key in {source}", dest.name);
+                let r = if f.has(k) {
+                    Ok(())
+                } else {
+                    Err(format!("no `{k}` in the GPU price feed"))
+                };
+                self.note(
+                    "gpu_prices",
+                    &key,
+                    r.as_ref().map(|_| ()).map_err(String::as_str),
+                );
+            }
+        }
+        self.inputs().gpu_prices = Some(f);
+    }
+
+    /// Takes a `POST /v1/notice`: destination `d` drained as given (a time
+    /// in the past lifts it).
+    pub fn push_notice(&self, d: usize, drain: Drain) {
+        let lifted = drain.until_ms <= now_ms();
+        self.inputs().live[d].pushed = (!lifted).then_some(drain);
+        if !lifted && drain.reason == DrainReason::Eviction {
+            self.counters.notices.fetch_add(1, Ordering::Relaxed);
+        }
+        eprintln!(
+            "ace control: notice: destination `{}`: {} until {} ({})",
+            self.dests[d].name,
+            if lifted { "lifted" } else { "drained" },
+            drain.until_ms,
+            drain.reason.as_str()
+        );
+        self.wake.notify_one();
+    }
+
+    /// The reports the sources give at `now`.
+    pub fn build(&self, now: u64) -> Vec<Report> {
+        let s = &self.settings;
+        let inputs = self.inputs();
+        let step = s
+            .plan_clock
+            .and_then(|(start, len)| plan::current_step(now, start, len));
+        let mut problems: Vec<(&'static str, String, Result<(), String>)> = Vec::new();
+        let mut plan_gap: Option<String> = None;
+        let mut out = Vec::new();
+        for (d, dest) in self.dests.iter().enumerate() {
+            let live = &inputs.live[d];
+            let load = live.load.map(|(l, at)| Load {
+                stale: live.load_failed || now.saturating_sub(at) > s.stale_after_ms,
+                ..l
+            });
+            let capacity = match (dest.plan, &inputs.plan) {
+                (Some((app, slots)), Some(p)) => match step.and_then(|k| p.gpus(k, app)) {
+                    Some(g) => {
+                        let c = u64::from(g) * u64::from(slots);
+                        let key = format!("destination `{}` capacity", dest.name);
+                        if c > u64::from(MAX_SLOTS) {
+                            problems.push((
+                                "plan",
+                                key,
+                                Err(format!("{g} GPUs x {slots} slots is above the snapshot's limit of {MAX_SLOTS}")),
+                            ));
+                            None
+                        } else {
+                            problems.push(("plan", key, Ok(())));
+                            Some(c as u32)
+                        }
+                    }
+                    None => {
+                        plan_gap = Some(match step {
+                            None => "now is before --plan-start: no capacity reported".to_string(),
+                            Some(k) => format!("the plan has no step {k}: no capacity reported; roll the plan further"),
+                        });
+                        None
+                    }
+                },
+                _ => None,
+            };
+            let usd_per_hour = match (&dest.gpu_price_key, &inputs.gpu_prices) {
+                (Some(k), Some(f)) => f.at(k, now).and_then(|p| {
+                    let h = p * f64::from(dest.gpus);
+                    let key = format!("destination `{}` hourly price", dest.name);
+                    if h <= MAX_USD_PER_HOUR {
+                        problems.push(("gpu_prices", key, Ok(())));
+                        Some(h)
+                    } else {
+                        problems.push((
+                            "gpu_prices",
+                            key,
+                            Err(format!("{p} USD x {} GPUs is above the snapshot's limit of {MAX_USD_PER_HOUR} USD per hour", dest.gpus)),
+                        ));
+                        None
+                    }
+                }),
+                _ => None,
+            };
+            let polled = live.notice.map(|at| Drain {
+                until_ms: at.saturating_add(s.eviction_hold_ms),
+                reason: DrainReason::Eviction,
+            });
+            let drain = [polled, live.pushed]
+                .into_iter()
+                .flatten()
+                .filter(|d| d.until_ms > now)
+                .max_by_key(|d| d.until_ms);
+            let warm = live.models.as_ref().map(|m| {
+                let mut w = m.clone();
+                w.extend(live.adapters.iter().flatten().cloned());
+                w.retain(|n| !n.is_empty() && n.len() <= ace_snapshot::MAX_NAME);
+                w.sort();
+                w.dedup();
+                w.truncate(ace_snapshot::MAX_WARM);
+                w
+            });
+            let r = Report {
+                name: dest.name.clone(),
+                load,
+                capacity,
+                price: live.price,
+                usd_per_hour,
+                drain,
+                warm,
+            };
+            if r.load.is_some()
+                || r.capacity.is_some()
+                || r.price.is_some()
+                || r.usd_per_hour.is_some()
+                || r.drain.is_some()
+                || r.warm.is_some()
+            {
+                out.push(r);
+            }
+        }
+        if inputs.plan.is_some() && self.dests.iter().any(|d| d.plan.is_some()) {
+            problems.push(("plan", "plan step".into(), plan_gap.map_or(Ok(()), Err)));
+        }
+        drop(inputs);
+        for (source, key, r) in problems {
+            self.note(source, &key, r.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+        out
+    }
+
+    /// Publishes the reports at `now` as a new version if they changed.
+    pub fn publish(&self, now: u64) {
+        let reports = self.build(now);
+        let current = self.current();
+        if current.snapshot.version != 0 && current.snapshot.reports == reports {
+            return;
+        }
+        let snapshot = Snapshot {
+            version: (current.snapshot.version + 1).max(now),
+            generated_ms: now,
+            reports,
+        };
+        match ace_snapshot::encode(&snapshot) {
+            Ok(bytes) => {
+                let etag = ace_snapshot::etag(&bytes).unwrap_or_default();
+                *self.published.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
+                    snapshot,
+                    bytes,
+                    etag,
+                });
+                self.note("snapshot", "snapshot", Ok(()));
+            }
+            Err(e) => self.note(
+                "snapshot",
+                "snapshot",
+                Err(&format!("not published, the last one stays: {e}")),
+            ),
+        }
+    }
+}
+
+/// A file re-read when its modification time or size changes.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    pub path: PathBuf,
+    stamp: Option<(SystemTime, u64)>,
+}
+
+impl Watched {
+    pub fn new(path: PathBuf) -> Watched {
+        Watched { path, stamp: None }
+    }
+
+    /// The file's bytes if it changed since the last call.
+    pub fn changed(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        let meta = std::fs::metadata(&self.path)
+            .map_err(|e| Error::new(format!("cannot read {}: {e}", self.path.display())))?;
+        let stamp = (
+            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            meta.len(),
+        );
+        if self.stamp == Some(stamp) {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&self.path)
+            .map_err(|e| Error::new(format!("cannot read {}: {e}", self.path.display())))?;
+        self.stamp = Some(stamp);
+        Ok(Some(bytes))
+    }
+}

@@ -6,7 +6,9 @@
 //! (some keys carry a provider prefix, `mistral/mistral-small`), whose
 //! entries give `input_cost_per_token` and `output_cost_per_token` in USD.
 //! A destination's `price_key` is looked up as written, then without its
-//! provider prefix. LiteLLM's file has carried prices as strings; a string
+//! provider prefix, then as the one key that is it with a provider prefix
+//! (`gpt-4o` finds `openai/gpt-4o` when no other provider lists it; when
+//! several do, the error lists them). LiteLLM's file has carried prices as strings; a string
 //! that parses as a number (`"2.5e-06"`) is accepted as that number, any
 //! other string is refused, naming the key and field. Only the entries a
 //! destination names are read, so the thousands of others (and LiteLLM's
@@ -58,21 +60,23 @@ impl TokenPrices {
                 Some(x) => x,
                 None => {
                     let suffix = format!("/{key}");
-                    let near: Vec<&str> = self
+                    let near: Vec<(&String, &Value)> = self
                         .0
-                        .keys()
-                        .filter(|k| k.ends_with(&suffix))
-                        .take(3)
-                        .map(String::as_str)
+                        .iter()
+                        .filter(|(k, _)| k.ends_with(&suffix))
+                        .take(4)
                         .collect();
-                    return Err(if near.is_empty() {
-                        format!("no entry `{key}` in the price file")
-                    } else {
-                        format!(
-                            "no entry `{key}` in the price file; did you mean `{}`?",
-                            near.join("` or `")
-                        )
-                    });
+                    match near[..] {
+                        [(k, e)] => (k.as_str(), e),
+                        [] => return Err(format!("no entry `{key}` in the price file")),
+                        _ => {
+                            let names: Vec<&str> = near.iter().map(|(k, _)| k.as_str()).collect();
+                            return Err(format!(
+                                "no entry `{key}` in the price file, and several with a provider prefix (`{}`): name one in `price_key`",
+                                names.join("`, `")
+                            ));
+                        }
+                    }
                 }
             },
         };
@@ -183,8 +187,18 @@ mod tests {
                 .usd_per_output_token,
             3e-6
         );
-        let e = t.price("mistral-small").unwrap_err();
-        assert!(e.contains("did you mean `mistral/mistral-small`"), "{e}");
+        assert_eq!(t.price("mistral-small").unwrap().usd_per_input_token, 1e-6);
+        let two = TokenPrices::parse(
+            br#"{"a/m":{"input_cost_per_token":0,"output_cost_per_token":0},
+                 "b/m":{"input_cost_per_token":0,"output_cost_per_token":0}}"#,
+        )
+        .unwrap();
+        let e = two.price("m").unwrap_err();
+        assert!(
+            e.contains("several with a provider prefix (`a/m`, `b/m`)"),
+            "{e}"
+        );
+        assert!(two.price("x").unwrap_err().contains("no entry `x`"));
         let e = t.price("odd").unwrap_err();
         assert!(e.contains("`input_cost_per_token` is \"cheap\""), "{e}");
         assert!(t.price("huge").unwrap_err().contains("from 0 to"));

@@ -7,7 +7,7 @@
 //! filter never sees a manifest and the manifest never sees filter fields.
 
 use crate::out;
-use ace_filter::config::{Destination, OnMissing, PluginConfig};
+use ace_filter::config::{ControlSettings, Destination, OnMissing, PluginConfig};
 use anyhow::{anyhow, bail, Context};
 use base64::Engine;
 use serde_json::Value;
@@ -31,10 +31,43 @@ pub struct Args {
     /// Write here instead of standard output.
     #[arg(long, short)]
     out: Option<PathBuf>,
+    /// Poll the control service (`ace control serve`) through this Envoy
+    /// cluster for prices, load, capacity, drains and warm models.
+    #[arg(long, value_name = "CLUSTER")]
+    control_cluster: Option<String>,
+    /// The control service's bearer token, read from this file (with
+    /// `--control-cluster`).
+    #[arg(long, value_name = "FILE", requires = "control_cluster")]
+    control_token_file: Option<PathBuf>,
+    /// How often to poll it, ms (default 1000).
+    #[arg(long, value_name = "MS", requires = "control_cluster")]
+    control_interval_ms: Option<u64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = build(&args.dir, args.restrict, args.read_body)?;
+    let mut config = build(&args.dir, args.restrict, args.read_body)?;
+    if let Some(cluster) = args.control_cluster {
+        let token = match &args.control_token_file {
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .with_context(|| {
+                        format!("cannot read the control token file `{}`", f.display())
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        config["control"] = serde_json::to_value(ControlSettings {
+            cluster,
+            token,
+            interval_ms: args.control_interval_ms,
+            ..ControlSettings::default()
+        })?;
+        // The filter checks it as it will when Envoy loads it.
+        ace_filter::config::Config::parse(config.to_string().as_bytes())
+            .map_err(|e| anyhow!("{e}"))?;
+    }
     let text = serde_json::to_string_pretty(&config)? + "\n";
     match &args.out {
         Some(p) => {

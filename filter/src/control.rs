@@ -97,8 +97,14 @@ pub fn resolve(cfg: &Config, snapshot: &Snapshot) -> Result<Resolved, Rejected> 
         .iter()
         .map(|d| d.warm_models.as_deref())
         .collect();
+    let index: std::collections::HashMap<&str, usize> = cfg
+        .destinations
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.name.as_str(), i))
+        .collect();
     for r in &snapshot.reports {
-        let Some(d) = cfg.destinations.iter().position(|d| d.name == r.name) else {
+        let Some(&d) = index.get(r.name.as_str()) else {
             return Err(Rejected::Unknown {
                 name: r.name.clone(),
             });

@@ -9,6 +9,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod control;
 mod demo;
 mod ledger;
 mod plan;
@@ -40,6 +41,11 @@ enum Command {
     /// Start Envoy with the ACE filter and a few upstreams, send requests,
     /// and print where each went and why.
     Demo(demo::Args),
+    /// The out-of-band control service: `serve` pulls load, warm models,
+    /// prices, spot evictions and planned capacity and serves snapshots;
+    /// `snapshot` fetches and prints one.
+    #[command(subcommand)]
+    Control(control::Command),
     /// Book ACE's access-log events and report costs, savings and
     /// chargeback.
     #[command(subcommand)]
@@ -54,6 +60,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::PluginConfig(a) => plugin::run(a),
         Command::Ledger(c) => ledger::run(c),
+        Command::Control(c) => control::run(c),
     };
     match result {
         Ok(code) => code,

@@ -330,14 +330,21 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             gpu_file = Some(w);
         }
         Some(FeedSource::Url(u)) => {
-            let bytes = get_bytes(&client, &u).await.map_err(|e| {
-                Error::new(format!(
-                    "--gpu-prices: {e} (is the feed up? a file path works too)"
-                ))
-            })?;
-            let f = prices::GpuPrices::parse(&bytes)
-                .map_err(|e| Error::new(format!("--gpu-prices {u}: {e}")))?;
-            svc.set_gpu_prices(f, &u);
+            // A feed that is down at start is retried every interval (the
+            // service is worth running without GPU prices); one that
+            // answers with something else is a configuration error.
+            match get_bytes(&client, &u).await {
+                Ok(bytes) => {
+                    let f = prices::GpuPrices::parse(&bytes)
+                        .map_err(|e| Error::new(format!("--gpu-prices {u}: {e}")))?;
+                    svc.set_gpu_prices(f, &u);
+                }
+                Err(e) => svc.note(
+                    "gpu_prices",
+                    &u,
+                    Err(&format!("{e}; retried every interval")),
+                ),
+            }
             gpu_url = Some(u);
         }
         None => {}

@@ -172,19 +172,21 @@ impl Service {
     /// and logged once per change of message; a recovery is logged once.
     pub fn note(&self, source: &'static str, key: &str, result: Result<(), &str>) {
         let mut problems = lock(&self.problems);
+        let key = format!("{source}: {key}");
+        let key = key.as_str();
         match result {
             Err(msg) => {
                 *lock(&self.counters.source_errors)
                     .entry(source)
                     .or_insert(0) += 1;
                 if problems.get(key).map(String::as_str) != Some(msg) {
-                    eprintln!("ace control: {source}: {key}: {msg}");
+                    eprintln!("ace control: {key}: {msg}");
                     problems.insert(key.to_string(), msg.to_string());
                 }
             }
             Ok(()) => {
                 if problems.remove(key).is_some() {
-                    eprintln!("ace control: {source}: {key}: recovered");
+                    eprintln!("ace control: {key}: recovered");
                 }
             }
         }
@@ -195,10 +197,10 @@ impl Service {
         let Some(url) = &self.dests[d].metrics else {
             return;
         };
-        let key = format!("destination `{}` metrics {url}", self.dests[d].name);
+        let key = format!("destination `{}`", self.dests[d].name);
         let got = async {
             let body = crate::get_text(client, url).await?;
-            load::read(self.dests[d].engine, &body).map_err(Error::new)
+            load::read(self.dests[d].engine, &body).map_err(|e| Error::new(format!("{url}: {e}")))
         }
         .await;
         let now = now_ms();
@@ -226,7 +228,7 @@ impl Service {
         let Some(url) = &self.dests[d].models else {
             return;
         };
-        let key = format!("destination `{}` models {url}", self.dests[d].name);
+        let key = format!("destination `{}`", self.dests[d].name);
         let got = async {
             let body = crate::get_bytes(client, url).await?;
             models::read(&body).map_err(|e| Error::new(format!("{url}: {e}")))
@@ -248,11 +250,7 @@ impl Service {
         poller: &mut eviction::Poller,
         client: &reqwest::Client,
     ) {
-        let key = format!(
-            "destination `{}` eviction {}",
-            self.dests[d].name,
-            poller.url()
-        );
+        let key = format!("destination `{}`", self.dests[d].name);
         match poller.poll(client, now_ms()).await {
             Ok(answer) => {
                 let at = match answer {

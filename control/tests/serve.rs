@@ -654,3 +654,51 @@ async fn bad_inputs_refuse_to_start_naming_them() {
     let e = ace_control::start(config(m)).await.unwrap_err();
     assert!(e.0.contains("fleet.toml"), "{e}");
 }
+
+#[tokio::test]
+async fn a_gpu_price_feed_over_http_is_fetched_every_interval() {
+    let feed = Arc::new(Mutex::new(String::new()));
+    let f = feed.clone();
+    let base = serve(Router::new().route(
+        "/gpu.json",
+        get(move || async move {
+            let body = f.lock().unwrap().clone();
+            if body.is_empty() {
+                (StatusCode::SERVICE_UNAVAILABLE, body)
+            } else {
+                (StatusCode::OK, body)
+            }
+        }),
+    ))
+    .await;
+    let change = |usd: f64| {
+        format!(
+            r#"{{"prices":[{{"key":"gcp/l4/spot","usd_per_gpu_hour":{usd},"from":"2020-01-01T00:00:00Z"}}]}}"#
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &[dest(
+            "spot",
+            "spot",
+            "gpus = 2",
+            "gpu_price_key = \"gcp/l4/spot\"",
+        )],
+    );
+    let mut c = config(m);
+    c.gpu_prices = Some(FeedSource::parse(&format!("{base}/gpu.json")));
+    // The feed is down at start: the service starts, and picks it up.
+    let r = ace_control::start(c).await.unwrap();
+    let hourly = |s: &Snapshot| report(s, "spot").and_then(|r| r.usd_per_hour);
+    assert_eq!(hourly(&snapshot(&r).await.0), None);
+    *feed.lock().unwrap() = change(0.5);
+    wait_for(&r, "the feed's price", |s| hourly(s) == Some(1.0)).await;
+    *feed.lock().unwrap() = change(0.75);
+    wait_for(&r, "the feed's new price", |s| hourly(s) == Some(1.5)).await;
+    // Down again: the last good price stays.
+    feed.lock().unwrap().clear();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hourly(&snapshot(&r).await.0), Some(1.5));
+    r.stop().await;
+}

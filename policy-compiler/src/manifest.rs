@@ -796,6 +796,28 @@ models = ["m"]
     }
 
     #[test]
+    fn json_schema_lists_exactly_the_control_fields() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/fleet.schema.json");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let control = &schema["properties"]["destinations"]["items"]["properties"]["control"];
+        let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+            v.as_object().unwrap().keys().cloned().collect()
+        };
+        let rust = |v: serde_json::Value| keys(&v);
+        assert_eq!(
+            keys(&control["properties"]),
+            rust(serde_json::to_value(Control::default()).unwrap()),
+            "policies/fleet.schema.json and manifest::Control disagree"
+        );
+        assert_eq!(
+            keys(&control["properties"]["eviction"]["properties"]),
+            rust(serde_json::to_value(Eviction::default()).unwrap()),
+            "policies/fleet.schema.json and manifest::Eviction disagree"
+        );
+    }
+
+    #[test]
     fn bad_control_fields_name_the_destination_and_field() {
         for (control, field) in [
             ("engine = \"ollama\"", "`engine`"),

@@ -522,7 +522,30 @@ pub struct Control {
     pub authorization: Option<String>,
 }
 
+/// The configuration of a poller that only polls (the dynamic module's
+/// bootstrap extension): `{"control": {...}}`, the plugin configuration's
+/// `control` object alone.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollerConfig {
+    control: ControlSettings,
+}
+
 impl Control {
+    /// Parse and validate a poller's configuration, `{"control": {...}}`
+    /// (the same fields, defaults and checks as the plugin configuration's
+    /// `control`); an error names the field.
+    pub fn parse_poller(bytes: &[u8]) -> Result<Control, ConfigError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(err(
+                "<root>",
+                "the configuration is empty; expected {\"control\": {\"cluster\": ...}}",
+            ));
+        }
+        let raw: PollerConfig = from_json(bytes)?;
+        Control::validate(raw.control)
+    }
+
     fn validate(s: ControlSettings) -> Result<Control, ConfigError> {
         if !is_visible_ascii(&s.cluster) {
             return Err(err(
@@ -622,6 +645,20 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Deserialize `bytes` (JSON), an error naming the field.
+fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ConfigError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path.is_empty() || path == "." || path == "?" {
+            "<root>".to_string()
+        } else {
+            path
+        };
+        err(field, e.into_inner().to_string())
+    })
+}
+
 fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.into(),
@@ -638,16 +675,7 @@ impl Config {
                 "the configuration is empty; expected a JSON object with `destinations`",
             ));
         }
-        let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let raw: PluginConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path.is_empty() || path == "." || path == "?" {
-                "<root>".to_string()
-            } else {
-                path
-            };
-            err(field, e.into_inner().to_string())
-        })?;
+        let raw: PluginConfig = from_json(bytes)?;
         Self::validate(raw, config_id(bytes).into())
     }
 
@@ -1099,6 +1127,35 @@ mod tests {
             field_of(r#"{"destinations":[{"name":"a","cluster":"c","warm_models":["m",""]}]}"#),
             "destinations[0].warm_models[1]"
         );
+    }
+
+    #[test]
+    fn a_poller_takes_the_control_object_alone() {
+        let c =
+            Control::parse_poller(br#"{"control":{"cluster":"ace_control","interval_ms":500}}"#)
+                .unwrap();
+        assert_eq!(c.cluster, "ace_control");
+        assert_eq!(
+            c.authority, "ace_control",
+            "defaults as in the plugin configuration"
+        );
+        assert_eq!(
+            (c.interval_ms, c.timeout_ms, c.stale_after_ms),
+            (500, 500, 2500)
+        );
+        let field = |json: &str| Control::parse_poller(json.as_bytes()).unwrap_err().field;
+        assert_eq!(field(""), "<root>");
+        assert_eq!(field("{}"), "<root>");
+        assert_eq!(field(r#"{"control":{"cluster":""}}"#), "control.cluster");
+        assert_eq!(
+            field(r#"{"control":{"cluster":"c","interval_ms":5}}"#),
+            "control.interval_ms"
+        );
+        assert_eq!(
+            field(r#"{"control":{"cluster":"c","tokn":"t"}}"#),
+            "control.tokn"
+        );
+        assert_eq!(field(r#"{"control":{"cluster":"c"},"x":1}"#), "x");
     }
 
     #[test]

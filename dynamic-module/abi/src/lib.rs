@@ -17,12 +17,18 @@
 //! read them returns; the wrappers keep them inside a closure or copy them.
 //! [`unused_http_hooks!`] defines the hooks Envoy requires of every HTTP
 //! filter module that neither user needs.
+//!
+//! [`bootstrap`] is the bootstrap-extension side (`envoy.bootstrap.dynamic_modules`):
+//! main-thread timers, HTTP callouts and metrics, for ACE's control poller;
+//! [`unused_bootstrap_hooks!`] defines the bootstrap hooks it does not use.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
     clippy::indexing_slicing
 )]
+
+pub mod bootstrap;
 
 use raw::*;
 use std::ffi::{c_char, c_void};

@@ -33,6 +33,11 @@
 //! `dynamic-module/README.md`). Envoy tears the failed run down inside that
 //! call, so the hook makes it with no reference to the stream held.
 //!
+//! The same library is also the control poller: a bootstrap extension
+//! (`envoy.bootstrap.dynamic_modules`) that fetches the control service's
+//! snapshot once per interval on Envoy's main thread and publishes it to
+//! every fleet ([`poller`], [`published`]).
+//!
 //! A configuration that does not parse is refused (Envoy rejects it and
 //! keeps the last good one) with a log line naming the problem. Nothing
 //! here may panic: a panic would unwind into Envoy, which aborts it.
@@ -44,6 +49,7 @@
 )]
 
 pub mod fleet;
+pub mod poller;
 pub mod published;
 
 use ace_core::dispatch::{Decision, Refusal, Request};

@@ -78,11 +78,7 @@ pub fn http_filter_json(
     config: Option<&str>,
 ) -> serde_json::Value {
     use_search_path(lib);
-    let name = lib
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .map(|s| s.trim_start_matches("lib"))
-        .unwrap_or_default();
+    let name = module_name(lib);
     let mut filter = serde_json::json!({
         "name": "envoy.filters.http.dynamic_modules",
         "typed_config": {
@@ -98,4 +94,39 @@ pub fn http_filter_json(
         });
     }
     filter
+}
+
+/// The bootstrap extension entry (for
+/// [`EnvoyBuilder::bootstrap_extension`](crate::envoy::EnvoyBuilder::bootstrap_extension))
+/// that loads the module at `lib` (as [`build`] returned it) as
+/// `envoy.bootstrap.dynamic_modules` extension `extension_name`, handing
+/// it `config` (a string, as `extension_config`'s `StringValue`). Sets
+/// the search path, as [`http_filter_json`] does.
+pub fn bootstrap_extension_json(
+    lib: &std::path::Path,
+    extension_name: &str,
+    config: &str,
+) -> serde_json::Value {
+    use_search_path(lib);
+    let name = module_name(lib);
+    serde_json::json!({
+        "name": "envoy.bootstrap.dynamic_modules",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.dynamic_modules.v3.DynamicModuleBootstrapExtension",
+            "dynamic_module_config": {"name": name},
+            "extension_name": extension_name,
+            "extension_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": config
+            }
+        }
+    })
+}
+
+/// The name Envoy finds `lib` by (`libNAME.so`: `NAME`).
+fn module_name(lib: &std::path::Path) -> &str {
+    lib.file_stem()
+        .and_then(|s| s.to_str())
+        .map(|s| s.trim_start_matches("lib"))
+        .unwrap_or_default()
 }

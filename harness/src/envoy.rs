@@ -91,6 +91,7 @@ pub struct EnvoyBuilder {
     log_level: String,
     ready_timeout: Duration,
     node: Option<Value>,
+    bootstrap_extensions: Vec<Value>,
 }
 
 impl Default for EnvoyBuilder {
@@ -121,6 +122,7 @@ impl EnvoyBuilder {
             log_level: "info".into(),
             ready_timeout: Duration::from_secs(60),
             node: None,
+            bootstrap_extensions: Vec::new(),
         }
     }
 
@@ -179,6 +181,13 @@ impl EnvoyBuilder {
     /// require, and as an Istio proxy always is.
     pub fn node(mut self, id: &str, cluster: &str) -> EnvoyBuilder {
         self.node = Some(json!({"id": id, "cluster": cluster}));
+        self
+    }
+
+    /// Add a bootstrap extension given as raw Envoy JSON (an entry of the
+    /// bootstrap's `bootstrap_extensions`).
+    pub fn bootstrap_extension(mut self, extension: Value) -> EnvoyBuilder {
+        self.bootstrap_extensions.push(extension);
         self
     }
 
@@ -283,6 +292,9 @@ impl EnvoyBuilder {
         });
         if let Some(node) = &self.node {
             bootstrap["node"] = node.clone();
+        }
+        if !self.bootstrap_extensions.is_empty() {
+            bootstrap["bootstrap_extensions"] = json!(self.bootstrap_extensions);
         }
         if let Some(limit) = self.buffer_limit {
             bootstrap["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] =

@@ -1,0 +1,457 @@
+//! The dynamic module's control poller in a real Envoy 1.40: the same
+//! `libace_dynamic.so` loaded twice, as the HTTP filter and as the
+//! `envoy.bootstrap.dynamic_modules` extension that polls a control
+//! service through cluster `ace_control` on Envoy's main thread.
+//!
+//! The control service here is a fake ([`FakeControl`]): `GET /v1/snapshot`
+//! answers the snapshot it holds (`ace_snapshot::encode`) with its ETag, or
+//! 304 when `If-None-Match` matches, and counts what it serves; it can be
+//! stopped (connections closed, port refused) and started again on the
+//! same port. Two upstreams: `cheap` wins the merit order unless drained.
+
+use ace_harness::client::Request;
+use ace_harness::envoy::{Envoy, EnvoyBuilder};
+use ace_harness::upstream::Upstream;
+use ace_snapshot::{Drain, DrainReason, Report, Snapshot};
+use ace_tests::{ace_dynamic_lib, require_envoy, start, upstream};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const INTERVAL_MS: u64 = 500;
+const STALE_AFTER_MS: u64 = 1500;
+
+/// The `control` object both the filter and the poller take.
+fn control_json() -> serde_json::Value {
+    json!({"cluster": "ace_control", "interval_ms": INTERVAL_MS, "stale_after_ms": STALE_AFTER_MS})
+}
+
+fn filter_config() -> String {
+    json!({
+        "allow_no_policy": true,
+        "control": control_json(),
+        "destinations": [
+            {"name": "cheap", "cluster": "cheap", "tier": "payg",
+             "usd_per_input_token": 1e-6, "usd_per_output_token": 1e-6},
+            {"name": "dear", "cluster": "dear", "tier": "payg",
+             "usd_per_input_token": 2e-6, "usd_per_output_token": 2e-6}
+        ]
+    })
+    .to_string()
+}
+
+/// The poller's metric `name` as Envoy's `/stats` lists it.
+fn stat(name: &str) -> String {
+    format!("dynamicmodulescustom.{name}")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Snapshot `version` with these reports, encoded.
+fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {
+    let s = Snapshot {
+        version,
+        generated_ms: now_ms(),
+        reports,
+    };
+    ace_snapshot::encode(&s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A report draining `name` for a minute.
+fn drained(name: &str) -> Report {
+    Report {
+        name: name.to_string(),
+        drain: Some(Drain {
+            until_ms: now_ms() + 60_000,
+            reason: DrainReason::Operator,
+        }),
+        ..Report::default()
+    }
+}
+
+/// What the fake control service serves and counts (kept across a
+/// restart).
+#[derive(Default)]
+struct Served {
+    snapshot: Mutex<Vec<u8>>,
+    /// Snapshot requests answered (200 or 304).
+    requests: AtomicUsize,
+    /// Of which 304.
+    not_modified: AtomicUsize,
+}
+
+/// A tiny HTTP/1.1 control service on 127.0.0.1 (keep-alive, GET only).
+struct FakeControl {
+    port: u16,
+    served: Arc<Served>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl FakeControl {
+    fn start(served: Arc<Served>, port: u16) -> FakeControl {
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("fake control service on port {port}: {e}"));
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
+        listener
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (served.clone(), stop.clone());
+        let accept = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            while !st.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (s, st) = (s.clone(), st.clone());
+                        conns.push(std::thread::spawn(move || serve(stream, &s, &st)));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            drop(listener);
+            for c in conns {
+                let _ = c.join();
+            }
+        });
+        FakeControl {
+            port,
+            served,
+            stop,
+            threads: vec![accept],
+        }
+    }
+
+    /// Close the port and every connection.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.served.requests.load(Ordering::SeqCst)
+    }
+
+    fn set(&self, bytes: Vec<u8>) {
+        *self
+            .served
+            .snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = bytes;
+    }
+}
+
+impl Drop for FakeControl {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Answer the requests of one connection until it closes or the service
+/// stops.
+fn serve(mut stream: TcpStream, served: &Served, stop: &AtomicBool) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !stop.load(Ordering::SeqCst) {
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            buf.drain(..end + 4);
+            let answer = respond(&head, served);
+            if stream.write_all(&answer).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn respond(head: &str, served: &Served) -> Vec<u8> {
+    let mut lines = head.lines();
+    let path = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("");
+    if path != "/v1/snapshot" {
+        return b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec();
+    }
+    let if_none_match = lines.find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("if-none-match")
+            .then(|| v.trim().to_string())
+    });
+    served.requests.fetch_add(1, Ordering::SeqCst);
+    let body = served
+        .snapshot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let etag = ace_snapshot::etag(&body).unwrap_or_default();
+    if if_none_match.as_deref() == Some(etag.as_str()) {
+        served.not_modified.fetch_add(1, Ordering::SeqCst);
+        return format!("HTTP/1.1 304 Not Modified\r\netag: {etag}\r\n\r\n").into_bytes();
+    }
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\netag: {etag}\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Envoy with ACE as filter and poller, its two upstreams, and the fake
+/// control service serving `first`.
+struct Rig {
+    envoy: Envoy,
+    cheap: Upstream,
+    dear: Upstream,
+    control: FakeControl,
+}
+
+fn rig(concurrency: u32, first: Vec<u8>) -> Rig {
+    require_envoy();
+    let lib = ace_dynamic_lib();
+    let served = Arc::new(Served::default());
+    *served.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = first;
+    let control = FakeControl::start(served, 0);
+    let (cheap, dear) = (upstream("cheap"), upstream("dear"));
+    let poller = json!({"control": control_json()}).to_string();
+    let envoy = start(
+        &EnvoyBuilder::new()
+            .concurrency(concurrency)
+            .bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
+                &lib,
+                "ace_control",
+                &poller,
+            ))
+            .http_filter(ace_harness::dylib::http_filter_json(
+                &lib,
+                "ace",
+                Some(&filter_config()),
+            ))
+            .cluster("cheap", cheap.port())
+            .cluster("dear", dear.port())
+            .cluster("ace_control", control.port),
+    );
+    Rig {
+        envoy,
+        cheap,
+        dear,
+        control,
+    }
+}
+
+impl Rig {
+    /// Send one request; which upstream served it.
+    fn send(&self, i: usize) -> &'static str {
+        let (cheap, dear) = (self.cheap.count(), self.dear.count());
+        let resp = Request::post_json("/v1/chat/completions", &json!({"n": i}))
+            .send(self.envoy.port())
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+        if self.cheap.count() > cheap {
+            "cheap"
+        } else if self.dear.count() > dear {
+            "dear"
+        } else {
+            panic!("request {i} reached neither upstream")
+        }
+    }
+
+    /// Send requests until one lands on `want`, for at most `within`; how
+    /// long it took.
+    fn until_routed_to(&self, want: &str, within: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        let mut i = 0;
+        while t.elapsed() <= within {
+            if self.send(i) == want {
+                return Some(t.elapsed());
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Send requests until one lands on `want`, within two intervals (and
+    /// a margin); how long it took, or fail saying that `what` did not
+    /// happen.
+    fn moves_to(&self, want: &str, what: &str) -> Duration {
+        let within = Duration::from_millis(2 * INTERVAL_MS + 300);
+        self.until_routed_to(want, within)
+            .unwrap_or_else(|| panic!("{what} within {within:?}:\n{}", self.envoy.log()))
+    }
+
+    /// Send requests, each of which must land on `on`, until `done` holds;
+    /// fail if it does not within `within`.
+    fn keep_sending(&self, on: &str, within: Duration, done: impl Fn(&Rig) -> bool) {
+        let t = Instant::now();
+        let mut i = 0;
+        while !done(self) {
+            assert!(
+                t.elapsed() < within,
+                "not done after {within:?}:\n{}",
+                self.envoy.log()
+            );
+            assert_eq!(self.send(i), on, "request {i} went elsewhere");
+            i += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stat(&self, name: &str) -> Option<u64> {
+        self.envoy.stat(&stat(name))
+    }
+
+    /// Wait until the poller has polled at least once.
+    fn wait_first_poll(&self) {
+        let t = Instant::now();
+        while self.control.requests() == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the poller never polled:\n{}",
+                self.envoy.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn exactly_one_poll_per_interval_with_four_workers() {
+    let rig = rig(4, snapshot(1, vec![]));
+    rig.wait_first_poll();
+    let before = rig.control.requests();
+    let window = Duration::from_millis(5_000);
+    std::thread::sleep(window);
+    let polls = rig.control.requests() - before;
+    let expected = (window.as_millis() as u64 / INTERVAL_MS) as usize;
+    eprintln!("{polls} polls in {window:?} at {INTERVAL_MS} ms, 4 workers");
+    assert!(
+        (expected - 1..=expected + 1).contains(&polls),
+        "one poll per interval per Envoy: {polls} in {window:?}, expected {expected}"
+    );
+    // An unchanged snapshot costs a 304: every poll but the first.
+    let (all, not_modified) = (
+        rig.control.requests(),
+        rig.control.served.not_modified.load(Ordering::SeqCst),
+    );
+    assert_eq!(not_modified, all - 1, "{all} polls");
+    let counted = rig.stat("ace.control.polls").unwrap_or(0) as usize;
+    assert!(
+        counted >= all && counted <= all + 1,
+        "ace.control.polls {counted} against {all} served (one may be in flight)"
+    );
+    assert_eq!(rig.stat("ace.control.snapshots"), Some(1));
+    assert_eq!(rig.stat("ace.control.errors"), Some(0));
+}
+
+#[test]
+fn a_drain_moves_traffic_to_the_other_destination_within_two_intervals() {
+    let rig = rig(2, snapshot(1, vec![]));
+    rig.wait_first_poll();
+    for i in 0..3 {
+        assert_eq!(rig.send(i), "cheap", "the merit order's first");
+    }
+    rig.control.set(snapshot(2, vec![drained("cheap")]));
+    let took = rig.moves_to("dear", "the drain did not move traffic");
+    eprintln!("drain took effect after {took:?}");
+    for i in 0..10 {
+        assert_eq!(rig.send(i), "dear", "every worker took the drain");
+    }
+    assert_eq!(rig.stat("ace.control.snapshots"), Some(2));
+}
+
+#[test]
+fn losing_the_service_keeps_traffic_and_raises_the_age_and_a_restart_is_picked_up() {
+    let mut rig = rig(2, snapshot(1, vec![]));
+    rig.wait_first_poll();
+    let port = rig.control.port;
+    let served = rig.control.served.clone();
+    rig.control.stop();
+    // Traffic flows on the last snapshot.
+    let lost = Instant::now();
+    let gone = Duration::from_millis(STALE_AFTER_MS + 2 * INTERVAL_MS);
+    rig.keep_sending("cheap", gone * 2, |_| lost.elapsed() >= gone);
+    let age = rig.stat("ace.control.age_ms").unwrap_or(0);
+    assert!(
+        age > STALE_AFTER_MS,
+        "the age gauge rises while the service is gone: {age} ms"
+    );
+    assert_eq!(rig.stat("ace.control.stale"), Some(1));
+    let errors = rig.stat("ace.control.errors").unwrap_or(0);
+    assert!(errors >= 2, "failed polls counted: {errors}");
+    let log = rig.envoy.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("control poll through cluster `ace_control`"))
+        .count();
+    assert!(
+        (1..errors as usize).contains(&lines),
+        "a lasting problem is logged once, not per poll: {lines} lines for {errors} errors:\n{log}"
+    );
+    // Restarted on the same port with news: picked up, no Envoy restart.
+    *served.snapshot.lock().unwrap_or_else(|p| p.into_inner()) =
+        snapshot(2, vec![drained("cheap")]);
+    rig.control = FakeControl::start(served, port);
+    let took = rig.moves_to("dear", "the restarted service was not picked up");
+    eprintln!("restarted service picked up after {took:?}");
+    std::thread::sleep(Duration::from_millis(INTERVAL_MS + 100));
+    let age = rig.stat("ace.control.age_ms").unwrap_or(u64::MAX);
+    assert!(age <= 2 * INTERVAL_MS, "fresh again: age {age} ms");
+    assert_eq!(rig.stat("ace.control.stale"), Some(0));
+    assert!(rig
+        .envoy
+        .log()
+        .contains("control service answers again through cluster `ace_control`"));
+}
+
+#[test]
+fn a_snapshot_naming_an_unknown_destination_changes_nothing() {
+    let rig = rig(2, snapshot(1, vec![]));
+    rig.wait_first_poll();
+    // Would drain `cheap` if it were taken.
+    rig.control
+        .set(snapshot(2, vec![drained("cheap"), drained("ghost")]));
+    // Each fleet resolves a new snapshot on its next request; the
+    // rejection names the destination, and traffic stays where it was.
+    let within = Duration::from_millis(4 * INTERVAL_MS);
+    rig.keep_sending("cheap", within, |rig| {
+        rig.envoy.log().contains("destination `ghost`")
+    });
+    for i in 0..10 {
+        assert_eq!(
+            rig.send(i),
+            "cheap",
+            "the rejected snapshot changed nothing"
+        );
+    }
+    // The last good one stays; the next good one is taken.
+    rig.control.set(snapshot(3, vec![drained("cheap")]));
+    rig.moves_to("dear", "a good snapshot after a rejected one was not taken");
+}

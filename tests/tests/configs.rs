@@ -41,4 +41,8 @@ fn shipped_dynamic_module_yaml_validates_and_the_module_accepts_its_configuratio
         text.contains("configured 3 destinations"),
         "the module configured itself:\n{text}"
     );
+    assert!(
+        text.contains("control poller: GET /v1/snapshot through cluster `ace_control`"),
+        "the bootstrap extension took its configuration:\n{text}"
+    );
 }

@@ -1,0 +1,373 @@
+//! The control service end to end: a real `ace control serve` (in
+//! process) pulling from vLLM-like model servers, a GCP-shaped eviction
+//! endpoint, a GPU price feed and a planner file, and a real Envoy whose
+//! ACE filter polls it through a cluster. What the service learns moves
+//! traffic; what it cannot change (feasibility) never moves: EU personal
+//! data stays in the EU whatever the prices. Losing the service keeps
+//! traffic flowing and marks the snapshot stale; a restarted one is
+//! picked up without touching Envoy.
+
+use ace_control::{FeedSource, PlanSource};
+use ace_harness::client::{Request, Response};
+use ace_harness::envoy::{Envoy, EnvoyBuilder};
+use ace_harness::model_server::ModelServer;
+use ace_harness::upstream::{Behavior, Upstream};
+use ace_tests::{require_envoy, start, upstream, Filter};
+use serde_json::json;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const TOKEN: &str = "e2e-token";
+const INTERVAL: Duration = Duration::from_millis(500);
+
+/// Three destinations for one model: an owned EU pool (cheapest while it
+/// has room), a US spot pool bought by the GPU-hour, a US API.
+fn fleet_toml(owned: u16, spot: u16, imds: u16) -> String {
+    format!(
+        r#"version = 1
+[request.data_class]
+values = ["public", "personal_eu"]
+[request.latency_class]
+values = ["interactive"]
+[request.tp_degree]
+values = [1]
+[[tenants]]
+id = "globex"
+[[models]]
+id = "llama-3.1-8b"
+vram_gb = 16
+tp_degree = 1
+accelerators = ["h100", "a100", "api"]
+
+[[destinations]]
+name = "eu-owned"
+cluster = "eu_owned"
+pools = ["eu", "inhouse"]
+provider = "inhouse"
+tier = "inhouse"
+jurisdiction = "EU"
+region = "eu-central-1"
+accelerator = "h100"
+vram_gb = 80
+interconnect = "nvlink"
+models = ["llama-3.1-8b"]
+certifications = ["iso27001"]
+[destinations.cost]
+input_usd_per_mtok = 0.05
+output_usd_per_mtok = 0.15
+capacity = 8
+[destinations.control]
+url = "http://127.0.0.1:{owned}"
+plan_app = 0
+slots_per_gpu = 4
+
+[[destinations]]
+name = "us-spot"
+cluster = "us_spot"
+pools = ["us"]
+provider = "cloudco"
+tier = "spot"
+jurisdiction = "US"
+region = "us-east-2"
+accelerator = "a100"
+vram_gb = 80
+interconnect = "nvlink"
+models = ["llama-3.1-8b"]
+certifications = ["soc2"]
+[destinations.cost]
+gpu_hour_usd = 2.0
+gpus = 1
+throughput_tps = 1000
+capacity = 64
+[destinations.control]
+url = "http://127.0.0.1:{spot}"
+eviction = {{ provider = "gcp", url = "http://127.0.0.1:{imds}" }}
+gpu_price_key = "a100-spot"
+
+[[destinations]]
+name = "us-api"
+cluster = "us_api"
+pools = ["us", "api"]
+provider = "openai"
+tier = "payg"
+jurisdiction = "US"
+region = "us-east"
+accelerator = "api"
+vram_gb = 0
+interconnect = "none"
+models = ["llama-3.1-8b"]
+certifications = ["soc2"]
+[destinations.cost]
+input_usd_per_mtok = 2.5
+output_usd_per_mtok = 10.0
+"#
+    )
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+fn gpu_feed(usd_per_gpu_hour: f64) -> String {
+    json!({"prices": [{"key": "a100-spot", "usd_per_gpu_hour": usd_per_gpu_hour,
+                       "from": "2026-01-01T00:00:00Z"}]})
+    .to_string()
+}
+
+fn plan_line(step: u32, owned_gpus: u32) -> String {
+    json!({"step": step, "owned": [{"app": 0, "gpus": owned_gpus}], "started": [],
+           "valid": true, "plan_value": 0.0, "plan_utilization": 0.0})
+    .to_string()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    owned: ModelServer,
+    spot: ModelServer,
+    api: Upstream,
+    imds: Upstream,
+    runtime: tokio::runtime::Runtime,
+    service: Option<ace_control::Running>,
+    config: ace_control::Config,
+}
+
+impl World {
+    fn new() -> World {
+        let owned = ModelServer::start("eu_owned", "llama-3.1-8b").unwrap();
+        let spot = ModelServer::start("us_spot", "llama-3.1-8b").unwrap();
+        let api = upstream("us_api");
+        let imds = upstream("imds");
+        imds.set_behavior(Behavior::Respond {
+            status: 200,
+            headers: vec![],
+            body: b"FALSE".to_vec(),
+        });
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        for f in ["ace.cedarschema", "model_capability.cedar", "eu_residency.cedar"] {
+            std::fs::copy(policies.join(f), dir.join(f)).unwrap();
+        }
+        write(&dir.join("fleet.toml"), &fleet_toml(owned.port(), spot.port(), imds.port()));
+        write(&dir.join("gpu.json"), &gpu_feed(2.0));
+        // Step 0 began an hour ago and lasts two: the owned pool has its
+        // two planned GPUs (8 slots).
+        write(&dir.join("plan.jsonl"), &(plan_line(0, 2) + "\n"));
+        let mut config = ace_control::Config::new(dir.join("fleet.toml"));
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.interval = INTERVAL;
+        config.token = Some(TOKEN.to_string());
+        config.gpu_prices = Some(FeedSource::File(dir.join("gpu.json")));
+        config.plan = Some(PlanSource {
+            path: dir.join("plan.jsonl"),
+            start_ms: now_ms() - 3_600_000,
+            step: Duration::from_secs(7200),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut w = World {
+            _dir: tmp,
+            dir,
+            owned,
+            spot,
+            api,
+            imds,
+            runtime,
+            service: None,
+            config,
+        };
+        w.start_service();
+        // Keep the port: a restart listens where Envoy's cluster points.
+        w.config.listen = w.service.as_ref().unwrap().addr;
+        w
+    }
+
+    fn start_service(&mut self) {
+        let running = self
+            .runtime
+            .block_on(ace_control::start(self.config.clone()))
+            .unwrap_or_else(|e| panic!("ace control serve: {e}"));
+        self.service = Some(running);
+    }
+
+    fn stop_service(&mut self) {
+        if let Some(s) = self.service.take() {
+            self.runtime.block_on(s.stop());
+        }
+    }
+
+    fn control_port(&self) -> u16 {
+        self.config.listen.port()
+    }
+
+    fn envoy(&self, filter: Filter) -> Envoy {
+        require_envoy();
+        let plugin = ace_cli::plugin::build(&self.dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut plugin = plugin;
+        plugin["response_headers"] = json!(true);
+        plugin["control"] = json!({"cluster": "ace_control", "token": TOKEN,
+            "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000});
+        let plugin = plugin;
+        let control = json!({"cluster": "ace_control", "token": TOKEN,
+            "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000});
+        let mut b = EnvoyBuilder::new();
+        if filter == Filter::Dynamic {
+            // The dynamic module polls from Envoy's main thread (its
+            // bootstrap extension); its filter only reads what it
+            // published, so the filter's copy needs no token.
+            let poller = json!({ "control": control }).to_string();
+            b = b.bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
+                &ace_tests::ace_dynamic_lib(),
+                "ace_control",
+                &poller,
+            ));
+        }
+        // The tables decide on the model, so the filter reads the body.
+        let b = filter
+            .add_reading_body(b, &plugin.to_string())
+            .concurrency(2)
+            .cluster("eu_owned", self.owned.port())
+            .cluster("us_spot", self.spot.port())
+            .cluster("us_api", self.api.port())
+            .cluster("ace_control", self.control_port());
+        start(&b)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.stop_service();
+    }
+}
+
+fn ask(envoy: &Envoy, data_class: &str) -> Response {
+    Request::post_json(
+        "/v1/chat/completions",
+        &json!({"model": "llama-3.1-8b", "messages": [], "max_tokens": 16}),
+    )
+    .header("x-ace-tenant", "globex")
+    .header("x-ace-model", "llama-3.1-8b")
+    .header("x-ace-data-class", data_class)
+    .header("x-ace-latency-class", "interactive")
+    .header("x-ace-tp-degree", "1")
+    .send(envoy.port())
+    .unwrap_or_else(|e| panic!("request failed: {e}"))
+}
+
+fn served(r: &Response) -> String {
+    match r.header("x-ace-destination") {
+        Some(d) => d.to_string(),
+        None => format!("refused {}", r.status),
+    }
+}
+
+/// Wait (at most `limit`) until public requests go to `want`.
+fn until_public_goes_to(envoy: &Envoy, want: &str, limit: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let got = served(&ask(envoy, "public"));
+        if got == want {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "public requests still go to {got}, not {want}, after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// EU personal data may only go to `eu-owned`: served there or refused.
+fn eu_data_stays_in_the_eu(envoy: &Envoy) {
+    let r = ask(envoy, "personal_eu");
+    let got = served(&r);
+    assert!(
+        got == "eu-owned" || got.starts_with("refused 503"),
+        "EU personal data went to {got}"
+    );
+}
+
+fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
+    let mut w = World::new();
+    let envoy = w.envoy(filter);
+    let two_polls = 2 * INTERVAL + Duration::from_millis(1500);
+    until_public_goes_to(&envoy, "eu-owned", two_polls);
+    eu_data_stays_in_the_eu(&envoy);
+
+    // A spot price cut below the owned pool's cost: traffic moves within
+    // two poll intervals (plus the service's own file poll).
+    write(&w.dir.join("gpu.json"), &gpu_feed(0.01));
+    until_public_goes_to(&envoy, "us-spot", two_polls + INTERVAL);
+    // The spot pool is now the cheapest destination, and forbidden for EU
+    // personal data: that data stays home.
+    eu_data_stays_in_the_eu(&envoy);
+
+    // An eviction notice on the spot VM: drained at once.
+    w.imds.set_behavior(Behavior::Respond {
+        status: 200,
+        headers: vec![],
+        body: b"TRUE".to_vec(),
+    });
+    until_public_goes_to(&envoy, "eu-owned", two_polls + INTERVAL);
+
+    // The owned pool's queue passes its capacity (the server reports 8
+    // running and 12 waiting): it loses the traffic to the API.
+    w.owned.set_reported_load(8, 12);
+    until_public_goes_to(&envoy, "us-api", two_polls + INTERVAL);
+    eu_data_stays_in_the_eu(&envoy);
+    w.owned.clear_reported_load();
+    until_public_goes_to(&envoy, "eu-owned", two_polls + INTERVAL);
+
+    // The planner hands the owned GPUs to batch work this step: the pool
+    // has no capacity for inference, and EU personal data is refused,
+    // never sent abroad.
+    write(&w.dir.join("plan.jsonl"), &(plan_line(0, 0) + "\n"));
+    until_public_goes_to(&envoy, "us-api", two_polls + INTERVAL);
+    // Every worker takes a new snapshot within one of its ticks (half an
+    // interval): give the others theirs before asking again.
+    std::thread::sleep(INTERVAL);
+    for _ in 0..4 {
+        let r = ask(&envoy, "personal_eu");
+        assert_eq!(served(&r), "refused 503", "{}", r.text());
+    }
+    write(&w.dir.join("plan.jsonl"), &(plan_line(0, 2) + "\n"));
+    until_public_goes_to(&envoy, "eu-owned", two_polls + INTERVAL);
+
+    // The control service dies: traffic keeps flowing on the last
+    // snapshot, and the staleness gauge rises.
+    w.stop_service();
+    std::thread::sleep(Duration::from_millis(3000));
+    for _ in 0..5 {
+        assert_eq!(served(&ask(&envoy, "public")), "eu-owned");
+    }
+    let stale = envoy.stat(&filter.stat("ace.control.stale"));
+    assert_eq!(stale, Some(1), "the stale gauge");
+    assert!(envoy.stat(&filter.stat("ace.control.age_ms")).unwrap_or(0) >= 2000);
+    // Restarted on the same port: picked up, no Envoy restart.
+    w.start_service();
+    let t0 = Instant::now();
+    while envoy.stat(&filter.stat("ace.control.stale")) != Some(0) {
+        assert!(t0.elapsed() < two_polls * 2, "the restarted service was not picked up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    write(&w.dir.join("gpu.json"), &gpu_feed(0.01));
+    w.imds.set_behavior(Behavior::Respond {
+        status: 200,
+        headers: vec![],
+        body: b"FALSE".to_vec(),
+    });
+    until_public_goes_to(&envoy, "us-spot", two_polls * 2);
+    eu_data_stays_in_the_eu(&envoy);
+}
+
+ace_tests::for_each_filter!(the_control_service_moves_traffic_and_never_feasibility);

@@ -152,10 +152,17 @@ impl World {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-        for f in ["ace.cedarschema", "model_capability.cedar", "eu_residency.cedar"] {
+        for f in [
+            "ace.cedarschema",
+            "model_capability.cedar",
+            "eu_residency.cedar",
+        ] {
             std::fs::copy(policies.join(f), dir.join(f)).unwrap();
         }
-        write(&dir.join("fleet.toml"), &fleet_toml(owned.port(), spot.port(), imds.port()));
+        write(
+            &dir.join("fleet.toml"),
+            &fleet_toml(owned.port(), spot.port(), imds.port()),
+        );
         write(&dir.join("gpu.json"), &gpu_feed(2.0));
         // Step 0 began an hour ago and lasts two: the owned pool has its
         // two planned GPUs (8 slots).
@@ -211,8 +218,13 @@ impl World {
     }
 
     fn envoy(&self, filter: Filter) -> Envoy {
+        start(&self.envoy_builder(filter))
+    }
+
+    fn envoy_builder(&self, filter: Filter) -> EnvoyBuilder {
         require_envoy();
-        let plugin = ace_cli::plugin::build(&self.dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
+        let plugin =
+            ace_cli::plugin::build(&self.dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
         let mut plugin = plugin;
         plugin["response_headers"] = json!(true);
         plugin["control"] = json!({"cluster": "ace_control", "token": TOKEN,
@@ -240,7 +252,7 @@ impl World {
             .cluster("us_spot", self.spot.port())
             .cluster("us_api", self.api.port())
             .cluster("ace_control", self.control_port());
-        start(&b)
+        b
     }
 }
 
@@ -357,7 +369,10 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     w.start_service();
     let t0 = Instant::now();
     while envoy.stat(&filter.stat("ace.control.stale")) != Some(0) {
-        assert!(t0.elapsed() < two_polls * 2, "the restarted service was not picked up");
+        assert!(
+            t0.elapsed() < two_polls * 2,
+            "the restarted service was not picked up"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     write(&w.dir.join("gpu.json"), &gpu_feed(0.01));
@@ -370,4 +385,40 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     eu_data_stays_in_the_eu(&envoy);
 }
 
-ace_tests::for_each_filter!(the_control_service_moves_traffic_and_never_feasibility);
+/// Snapshot requests the service has answered, every status together,
+/// from its own `/metrics`.
+fn service_polls(port: u16) -> u64 {
+    let r = Request::get("/metrics")
+        .send(port)
+        .unwrap_or_else(|e| panic!("control /metrics: {e}"));
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with("ace_control_snapshot_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn one_poll_per_interval_per_envoy_with_four_workers(filter: Filter) {
+    let w = World::new();
+    let envoy = {
+        let b = w.envoy_builder(filter).concurrency(4);
+        start(&b)
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let before = service_polls(w.control_port());
+    let window = Duration::from_secs(6);
+    std::thread::sleep(window);
+    let polls = service_polls(w.control_port()) - before;
+    let intervals = (window.as_millis() / INTERVAL.as_millis()) as u64;
+    println!("{filter:?}: {polls} polls in {window:?} at one per {INTERVAL:?}, four workers");
+    assert!(
+        (intervals - 3..=intervals + 1).contains(&polls),
+        "{polls} polls in {intervals} intervals: one per interval per Envoy, not per worker"
+    );
+    assert_eq!(served(&ask(&envoy, "public")), "eu-owned");
+}
+
+ace_tests::for_each_filter!(
+    the_control_service_moves_traffic_and_never_feasibility,
+    one_poll_per_interval_per_envoy_with_four_workers,
+);

@@ -38,7 +38,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "policies/fleet.toml")]
     manifest: PathBuf,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:9901")]
+    #[arg(long, default_value = "127.0.0.1:9911")]
     listen: SocketAddr,
     /// Poll period of every source, e.g. 1s, 500ms.
     #[arg(long, default_value = "1s", value_parser = duration)]
@@ -82,7 +82,7 @@ pub struct ServeArgs {
 /// Arguments of `ace control snapshot`.
 #[derive(Debug, clap::Args)]
 pub struct SnapshotArgs {
-    /// The service's snapshot URL, e.g. http://127.0.0.1:9901/v1/snapshot.
+    /// The service's snapshot URL, e.g. http://127.0.0.1:9911/v1/snapshot.
     #[arg(long)]
     url: String,
     /// File holding the bearer token (else ACE_CONTROL_TOKEN; none sent

@@ -132,12 +132,12 @@ pub struct Config {
 }
 
 impl Config {
-    /// A configuration with the defaults: listen on 127.0.0.1:9901, poll
+    /// A configuration with the defaults: listen on 127.0.0.1:9911, poll
     /// every second, no token (set one), no price or plan inputs.
     pub fn new(manifest: PathBuf) -> Config {
         Config {
             manifest,
-            listen: SocketAddr::from(([127, 0, 0, 1], 9901)),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9911)),
             interval: Duration::from_secs(1),
             stale_after: None,
             timeout: None,

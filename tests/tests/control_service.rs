@@ -245,14 +245,13 @@ impl World {
             ));
         }
         // The tables decide on the model, so the filter reads the body.
-        let b = filter
+        filter
             .add_reading_body(b, &plugin.to_string())
             .concurrency(2)
             .cluster("eu_owned", self.owned.port())
             .cluster("us_spot", self.spot.port())
             .cluster("us_api", self.api.port())
-            .cluster("ace_control", self.control_port());
-        b
+            .cluster("ace_control", self.control_port())
     }
 }
 

@@ -6,8 +6,12 @@
 //! on-demand GPUs and a pay-as-you-go API, then plays four scenes and prints
 //! where each request went and why: a burst that fills each tier to its
 //! knee, a failing owned pool that trips and spills, a throttled reserved
-//! block (429 + retry-after), and recovery after the cool-down. It grows with
-//! the product: what it shows is what ACE does today.
+//! block (429 + retry-after), and recovery after the cool-down; then the
+//! example policies (scene 5) and the control service moving traffic with a
+//! price change and an eviction notice (scene 6). It grows with the
+//! product: what it shows is what ACE does today.
+
+mod control;
 
 use ace_cli::outln;
 use ace_harness::client::{Request, Response};
@@ -244,6 +248,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let served = envoy.wait_access_log(n, Duration::from_secs(10));
     drop(envoy);
     let (policy_config, policy_served) = policy_scene(&module)?;
+    control::scene(&module)?;
     outln!(
         "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
          feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\

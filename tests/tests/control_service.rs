@@ -7,7 +7,6 @@
 //! traffic flowing and marks the snapshot stale; a restarted one is
 //! picked up without touching Envoy.
 
-use ace_control::{FeedSource, PlanSource};
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::model_server::ModelServer;
@@ -20,104 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const TOKEN: &str = "e2e-token";
 const INTERVAL: Duration = Duration::from_millis(500);
 
-/// Three destinations for one model: an owned EU pool (cheapest while it
-/// has room), a US spot pool bought by the GPU-hour, a US API.
-fn fleet_toml(owned: u16, spot: u16, imds: u16) -> String {
-    format!(
-        r#"version = 1
-[request.data_class]
-values = ["public", "personal_eu"]
-[request.latency_class]
-values = ["interactive"]
-[request.tp_degree]
-values = [1]
-[[tenants]]
-id = "globex"
-[[models]]
-id = "llama-3.1-8b"
-vram_gb = 16
-tp_degree = 1
-accelerators = ["h100", "a100", "api"]
-
-[[destinations]]
-name = "eu-owned"
-cluster = "eu_owned"
-pools = ["eu", "inhouse"]
-provider = "inhouse"
-tier = "inhouse"
-jurisdiction = "EU"
-region = "eu-central-1"
-accelerator = "h100"
-vram_gb = 80
-interconnect = "nvlink"
-models = ["llama-3.1-8b"]
-certifications = ["iso27001"]
-[destinations.cost]
-input_usd_per_mtok = 0.05
-output_usd_per_mtok = 0.15
-capacity = 8
-[destinations.control]
-url = "http://127.0.0.1:{owned}"
-plan_app = 0
-slots_per_gpu = 4
-
-[[destinations]]
-name = "us-spot"
-cluster = "us_spot"
-pools = ["us"]
-provider = "cloudco"
-tier = "spot"
-jurisdiction = "US"
-region = "us-east-2"
-accelerator = "a100"
-vram_gb = 80
-interconnect = "nvlink"
-models = ["llama-3.1-8b"]
-certifications = ["soc2"]
-[destinations.cost]
-gpu_hour_usd = 2.0
-gpus = 1
-throughput_tps = 1000
-capacity = 64
-[destinations.control]
-url = "http://127.0.0.1:{spot}"
-eviction = {{ provider = "gcp", url = "http://127.0.0.1:{imds}" }}
-gpu_price_key = "a100-spot"
-
-[[destinations]]
-name = "us-api"
-cluster = "us_api"
-pools = ["us", "api"]
-provider = "openai"
-tier = "payg"
-jurisdiction = "US"
-region = "us-east"
-accelerator = "api"
-vram_gb = 0
-interconnect = "none"
-models = ["llama-3.1-8b"]
-certifications = ["soc2"]
-[destinations.cost]
-input_usd_per_mtok = 2.5
-output_usd_per_mtok = 10.0
-"#
-    )
-}
+use ace_cli::control_fleet::{gpu_feed, plan_line};
 
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-}
-
-fn gpu_feed(usd_per_gpu_hour: f64) -> String {
-    json!({"prices": [{"key": "a100-spot", "usd_per_gpu_hour": usd_per_gpu_hour,
-                       "from": "2026-01-01T00:00:00Z"}]})
-    .to_string()
-}
-
-fn plan_line(step: u32, owned_gpus: u32) -> String {
-    json!({"step": step, "owned": [{"app": 0, "gpus": owned_gpus}], "started": [],
-           "valid": true, "plan_value": 0.0, "plan_utilization": 0.0})
-    .to_string()
 }
 
 fn now_ms() -> u64 {
@@ -152,31 +57,9 @@ impl World {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-        for f in [
-            "ace.cedarschema",
-            "model_capability.cedar",
-            "eu_residency.cedar",
-        ] {
-            std::fs::copy(policies.join(f), dir.join(f)).unwrap();
-        }
-        write(
-            &dir.join("fleet.toml"),
-            &fleet_toml(owned.port(), spot.port(), imds.port()),
-        );
-        write(&dir.join("gpu.json"), &gpu_feed(2.0));
-        // Step 0 began an hour ago and lasts two: the owned pool has its
-        // two planned GPUs (8 slots).
-        write(&dir.join("plan.jsonl"), &(plan_line(0, 2) + "\n"));
-        let mut config = ace_control::Config::new(dir.join("fleet.toml"));
-        config.listen = "127.0.0.1:0".parse().unwrap();
-        config.interval = INTERVAL;
-        config.token = Some(TOKEN.to_string());
-        config.gpu_prices = Some(FeedSource::File(dir.join("gpu.json")));
-        config.plan = Some(PlanSource {
-            path: dir.join("plan.jsonl"),
-            start_ms: now_ms() - 3_600_000,
-            step: Duration::from_secs(7200),
-        });
+        let ports = (owned.port(), spot.port(), imds.port());
+        ace_cli::control_fleet::write(&dir, &policies, ports).unwrap();
+        let config = ace_cli::control_fleet::service_config(&dir, INTERVAL, TOKEN, now_ms());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -342,7 +225,7 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     // The planner hands the owned GPUs to batch work this step: the pool
     // has no capacity for inference, and EU personal data is refused,
     // never sent abroad.
-    write(&w.dir.join("plan.jsonl"), &(plan_line(0, 0) + "\n"));
+    write(&w.dir.join("plan.jsonl"), &plan_line(0, 0));
     until_public_goes_to(&envoy, "us-api", two_polls + INTERVAL);
     // Every worker takes a new snapshot within one of its ticks (half an
     // interval): give the others theirs before asking again.
@@ -351,7 +234,7 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
         let r = ask(&envoy, "personal_eu");
         assert_eq!(served(&r), "refused 503", "{}", r.text());
     }
-    write(&w.dir.join("plan.jsonl"), &(plan_line(0, 2) + "\n"));
+    write(&w.dir.join("plan.jsonl"), &plan_line(0, 2));
     until_public_goes_to(&envoy, "eu-owned", two_polls + INTERVAL);
 
     // The control service dies: traffic keeps flowing on the last

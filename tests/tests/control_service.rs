@@ -165,20 +165,28 @@ fn served(r: &Response) -> String {
     }
 }
 
-/// Wait (at most `limit`) until public requests go to `want`.
-fn until_public_goes_to(envoy: &Envoy, want: &str, limit: Duration) -> Duration {
+/// Wait (at most `limit`) until `data_class` requests go to `want` (or
+/// are refused: `want` = "refused 503") six times in a row: every worker
+/// has the news, not just the first to tick.
+fn until_served(envoy: &Envoy, data_class: &str, want: &str, limit: Duration) -> Duration {
     let t0 = Instant::now();
+    let mut in_a_row = 0;
     loop {
-        let got = served(&ask(envoy, "public"));
-        if got == want {
+        let got = served(&ask(envoy, data_class));
+        in_a_row = if got == want { in_a_row + 1 } else { 0 };
+        if in_a_row == 6 {
             return t0.elapsed();
         }
         assert!(
             t0.elapsed() < limit,
-            "public requests still go to {got}, not {want}, after {limit:?}"
+            "{data_class} requests still go to {got}, not {want}, after {limit:?}"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(30));
     }
+}
+
+fn until_public_goes_to(envoy: &Envoy, want: &str, limit: Duration) -> Duration {
+    until_served(envoy, "public", want, limit)
 }
 
 /// EU personal data may only go to `eu-owned`: served there or refused.
@@ -202,9 +210,17 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     // two poll intervals (plus the service's own file poll).
     write(&w.dir.join("gpu.json"), &gpu_feed(0.01));
     until_public_goes_to(&envoy, "us-spot", two_polls + INTERVAL);
-    // The spot pool is now the cheapest destination, and forbidden for EU
-    // personal data: that data stays home.
-    eu_data_stays_in_the_eu(&envoy);
+    // Then free: the spot pool, forbidden for EU personal data, priced at
+    // zero. That data stays home.
+    write(&w.dir.join("gpu.json"), &gpu_feed(0.0));
+    let t0 = Instant::now();
+    while ask(&envoy, "public").header("x-ace-cost-usd") != Some("0") {
+        assert!(t0.elapsed() < two_polls * 2, "the zero price never arrived");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    for _ in 0..6 {
+        eu_data_stays_in_the_eu(&envoy);
+    }
 
     // An eviction notice on the spot VM: drained at once.
     w.imds.set_behavior(Behavior::Respond {
@@ -227,13 +243,7 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     // never sent abroad.
     write(&w.dir.join("plan.jsonl"), &plan_line(0, 0));
     until_public_goes_to(&envoy, "us-api", two_polls + INTERVAL);
-    // Every worker takes a new snapshot within one of its ticks (half an
-    // interval): give the others theirs before asking again.
-    std::thread::sleep(INTERVAL);
-    for _ in 0..4 {
-        let r = ask(&envoy, "personal_eu");
-        assert_eq!(served(&r), "refused 503", "{}", r.text());
-    }
+    until_served(&envoy, "personal_eu", "refused 503", two_polls);
     write(&w.dir.join("plan.jsonl"), &plan_line(0, 2));
     until_public_goes_to(&envoy, "eu-owned", two_polls + INTERVAL);
 

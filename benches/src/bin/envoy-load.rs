@@ -143,11 +143,13 @@ enum Variant {
     DynFloor,
     Ace,
     AceDyn,
+    AceControl,
+    AceDynControl,
 }
 
 impl Variant {
     /// Every variant, in the order they run and print.
-    const ALL: [Variant; 7] = [
+    const ALL: [Variant; 9] = [
         Variant::Plain,
         Variant::Noop,
         Variant::Minimal,
@@ -155,6 +157,8 @@ impl Variant {
         Variant::DynFloor,
         Variant::Ace,
         Variant::AceDyn,
+        Variant::AceControl,
+        Variant::AceDynControl,
     ];
 
     /// The name `--only` takes.
@@ -167,6 +171,8 @@ impl Variant {
             Variant::DynFloor => "dynfloor",
             Variant::Ace => "ace",
             Variant::AceDyn => "acedyn",
+            Variant::AceControl => "acectl",
+            Variant::AceDynControl => "acedynctl",
         }
     }
 
@@ -180,6 +186,8 @@ impl Variant {
             Variant::DynFloor => "host calls, dynamic module",
             Variant::Ace => "ACE filter",
             Variant::AceDyn => "ACE, dynamic module",
+            Variant::AceControl => "ACE filter, control on",
+            Variant::AceDynControl => "ACE dynamic, control on",
         }
     }
 
@@ -198,6 +206,14 @@ impl Variant {
             }
             Variant::Ace => "ACE's Wasm filter",
             Variant::AceDyn => "ACE as an Envoy dynamic module (ace-dynamic), configured as `ace`",
+            Variant::AceControl => {
+                "`ace` with the control service configured (it answers 304; one poll at start, \
+                 then hourly): the request path's cost of control on requests that do not fetch"
+            }
+            Variant::AceDynControl => {
+                "`acedyn` with the control service configured (its bootstrap poller, 304s, \
+                 hourly)"
+            }
         }
     }
 }
@@ -295,6 +311,22 @@ fn run() -> Result<(), String> {
          "usd_per_input_token": 1e-10, "usd_per_output_token": 1e-10}
     ]})
     .to_string();
+    // The control service for the `*ctl` variants: a stand-in that answers
+    // every poll with 304 (nothing changed), polled hourly, so the measured
+    // requests are ones that do not fetch.
+    let control = Upstream::start("ace_control").map_err(|e| e.to_string())?;
+    control.set_behavior(ace_harness::upstream::Behavior::Respond {
+        status: 304,
+        headers: vec![],
+        body: vec![],
+    });
+    let control_settings = json!({"cluster": "ace_control", "interval_ms": 3_600_000});
+    let ace_control_config = {
+        let mut c: serde_json::Value =
+            serde_json::from_str(&ace_config).map_err(|e| e.to_string())?;
+        c["control"] = control_settings.clone();
+        c.to_string()
+    };
     let ready = std::time::Duration::from_secs(if callgrind.is_some() { 600 } else { 60 });
     let base = || {
         EnvoyBuilder::new()
@@ -399,6 +431,27 @@ fn run() -> Result<(), String> {
                         Some(&ace_config),
                     )),
                 ));
+            }
+            Variant::AceControl => {
+                let b = base().cluster("ace_control", control.port());
+                variants.push((name, b.wasm_filter(&ace, &ace_control_config)));
+            }
+            Variant::AceDynControl => {
+                let lib = ace_harness::dylib::build("ace-dynamic")?;
+                let poller = serde_json::json!({ "control": control_settings }).to_string();
+                let b = base()
+                    .cluster("ace_control", control.port())
+                    .bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
+                        &lib,
+                        "ace_control",
+                        &poller,
+                    ))
+                    .http_filter(ace_harness::dylib::http_filter_json(
+                        &lib,
+                        "ace",
+                        Some(&ace_control_config),
+                    ));
+                variants.push((name, b));
             }
         }
     }

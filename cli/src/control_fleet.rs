@@ -94,6 +94,20 @@ output_usd_per_mtok = 10.0
     )
 }
 
+/// A chat request for the fleet's model from tenant `globex`, with
+/// `data_class` (`public` or `personal_eu`).
+pub fn request(data_class: &str) -> ace_harness::client::Request {
+    ace_harness::client::Request::post_json(
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "llama-3.1-8b", "messages": [], "max_tokens": 16}),
+    )
+    .header("x-ace-tenant", "globex")
+    .header("x-ace-model", "llama-3.1-8b")
+    .header("x-ace-data-class", data_class)
+    .header("x-ace-latency-class", "interactive")
+    .header("x-ace-tp-degree", "1")
+}
+
 /// The GPU price feed with the spot pool's price.
 pub fn gpu_feed(usd_per_gpu_hour: f64) -> String {
     serde_json::json!({"prices": [{"key": "a100-spot", "usd_per_gpu_hour": usd_per_gpu_hour,

@@ -145,17 +145,9 @@ impl Drop for World {
 }
 
 fn ask(envoy: &Envoy, data_class: &str) -> Response {
-    Request::post_json(
-        "/v1/chat/completions",
-        &json!({"model": "llama-3.1-8b", "messages": [], "max_tokens": 16}),
-    )
-    .header("x-ace-tenant", "globex")
-    .header("x-ace-model", "llama-3.1-8b")
-    .header("x-ace-data-class", data_class)
-    .header("x-ace-latency-class", "interactive")
-    .header("x-ace-tp-degree", "1")
-    .send(envoy.port())
-    .unwrap_or_else(|e| panic!("request failed: {e}"))
+    ace_cli::control_fleet::request(data_class)
+        .send(envoy.port())
+        .unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
 fn served(r: &Response) -> String {

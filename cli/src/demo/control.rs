@@ -6,7 +6,7 @@
 use super::Module;
 use ace_cli::control_fleet;
 use ace_cli::outln;
-use ace_harness::client::{Request, Response};
+use ace_harness::client::Response;
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::model_server::ModelServer;
 use ace_harness::upstream::{Behavior, Upstream};
@@ -105,17 +105,9 @@ pub fn scene(module: &Module) -> anyhow::Result<()> {
 }
 
 fn ask(envoy: &Envoy, data_class: &str) -> anyhow::Result<Response> {
-    Request::post_json(
-        "/v1/chat/completions",
-        &json!({"model": "llama-3.1-8b", "messages": []}),
-    )
-    .header("x-ace-tenant", "globex")
-    .header("x-ace-model", "llama-3.1-8b")
-    .header("x-ace-data-class", data_class)
-    .header("x-ace-latency-class", "interactive")
-    .header("x-ace-tp-degree", "1")
-    .send(envoy.port())
-    .context("request")
+    control_fleet::request(data_class)
+        .send(envoy.port())
+        .context("request")
 }
 
 /// Ask until `want` serves a `data_class` request (at most `limit`).

@@ -136,8 +136,19 @@ impl Inner {
         let Some(control) = &cfg.control else {
             return;
         };
-        let mut changed = false;
         let generation = published::generation();
+        let heard = published::heard_ms();
+        // The common case: nothing new, and the snapshot's freshness does
+        // not change now.
+        let o = &self.outside;
+        let since = o.heard_ms.max(self.since_ms);
+        if generation == self.generation
+            && heard <= o.heard_ms
+            && (o.stale || now.saturating_sub(since) <= control.stale_after_ms)
+        {
+            return;
+        }
+        let mut changed = false;
         if generation != self.generation {
             self.generation = generation;
             if let Some(bytes) = published::snapshot() {
@@ -150,7 +161,6 @@ impl Inner {
                 }
             }
         }
-        let heard = published::heard_ms();
         if heard > self.outside.heard_ms {
             changed |= self.outside.stale;
             self.outside.heard(heard);

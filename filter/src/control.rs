@@ -308,7 +308,9 @@ pub mod lease {
         now_ms.saturating_add(interval_ms).to_le_bytes()
     }
 
-    fn until(stored: Option<&[u8]>) -> Option<u64> {
+    /// Until when the lease stored as `stored` is held, ms (`None`: absent
+    /// or damaged, so free).
+    pub fn until(stored: Option<&[u8]>) -> Option<u64> {
         let b: [u8; 8] = stored?.try_into().ok()?;
         Some(u64::from_le_bytes(b))
     }

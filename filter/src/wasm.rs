@@ -325,6 +325,12 @@ struct Poller {
     snapshot_key: String,
     /// When polling began (staleness counts from here until first heard).
     started_ms: u64,
+    /// Until when another worker holds the lease, as last read: no need
+    /// to read it again before then.
+    lease_until: u64,
+    /// When to read the shared record of what was heard next (every half
+    /// interval: a new snapshot reaches this worker within one).
+    next_read_ms: u64,
     /// The token of this worker's poll in flight.
     pending: Option<u32>,
     /// The last problem logged, so that a lasting one is logged once.
@@ -357,6 +363,8 @@ impl Poller {
             heard_key: key("heard"),
             snapshot_key: key("snapshot"),
             started_ms: now_ms,
+            lease_until: 0,
+            next_read_ms: 0,
             pending: None,
             problem: None,
             polls: define("ace.control.polls", true),
@@ -402,7 +410,12 @@ impl Plugin {
         let cfg = &self.setup.config;
         let mut outside = self.outside.borrow_mut();
         let mut changed = false;
-        if let Ok((Some(bytes), _)) = host::shared_data(&p.heard_key) {
+        let read = now >= p.next_read_ms;
+        if read {
+            p.next_read_ms = now.saturating_add(p.control.interval_ms / 2);
+        }
+        let heard = read.then(|| host::shared_data(&p.heard_key));
+        if let Some(Ok((Some(bytes), _))) = heard {
             if let Some(heard) = Heard::decode(&bytes) {
                 if outside.version != Some(heard.version) {
                     match host::shared_data(&p.snapshot_key) {
@@ -454,10 +467,14 @@ impl Plugin {
         now: u64,
         call: impl FnOnce(&str, Vec<(&str, &str)>, Duration) -> Result<u32, Status>,
     ) {
+        if now < p.lease_until {
+            return; // held by another worker, as last read
+        }
         let Ok((lease, cas)) = host::shared_data(&p.lease_key) else {
             return;
         };
         if !control::lease::is_free(lease.as_deref(), now) {
+            p.lease_until = control::lease::until(lease.as_deref()).unwrap_or(0);
             return;
         }
         let taken = control::lease::taken(now, p.control.interval_ms);

@@ -308,8 +308,22 @@ impl EnvoyBuilder {
     }
 
     /// Write the bootstrap, start Envoy, and wait (up to the ready
-    /// timeout, 60 s unless set) for `/ready`.
+    /// timeout, 60 s unless set) for `/ready`. Ports are picked free just
+    /// before Envoy binds them, so another process can take one in
+    /// between: then Envoy cannot bind, and this tries again with new
+    /// ports (three times at most).
     pub fn start(&self) -> Result<Envoy, StartError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.start_once() {
+                Err(e) if attempt < 3 && e.log.contains("Address already in use") => continue,
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(&self) -> Result<Envoy, StartError> {
         let fail = |message: String| StartError {
             message,
             log: String::new(),
@@ -319,8 +333,9 @@ impl EnvoyBuilder {
             .prefix("ace-envoy-")
             .tempdir()
             .map_err(|e| fail(format!("cannot create a temp dir: {e}")))?;
-        let listener_port = crate::free_port().map_err(|e| fail(format!("no free port: {e}")))?;
-        let admin_port = crate::free_port().map_err(|e| fail(format!("no free port: {e}")))?;
+        // Both held until both are known, so they differ.
+        let [listener_port, admin_port] =
+            crate::free_ports().map_err(|e| fail(format!("no free port: {e}")))?;
         let access_log = dir.path().join("access.log");
         let log_path = dir.path().join("envoy.log");
         let config_path = dir.path().join("envoy.json");

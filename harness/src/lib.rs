@@ -48,6 +48,20 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// `N` distinct free ports on 127.0.0.1 (each held until all are found,
+/// so no two are the same; see [`free_port`] for the race with other
+/// processes).
+pub fn free_ports<const N: usize>() -> std::io::Result<[u16; N]> {
+    let held = (0..N)
+        .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0u16; N];
+    for (p, l) in ports.iter_mut().zip(&held) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
 /// First value of header `name` (case-insensitive) among lower-cased pairs.
 pub(crate) fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers

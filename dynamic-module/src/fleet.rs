@@ -165,17 +165,7 @@ impl Inner {
             changed |= self.outside.stale;
             self.outside.heard(heard);
         }
-        if self.outside.age(control, self.since_ms, now) {
-            changed = true;
-            if self.outside.stale {
-                log::warn!(
-                    "control snapshot is stale: nothing heard from cluster `{}` for over {} ms; \
-                     dropping its load figures, keeping its prices",
-                    control.cluster,
-                    control.stale_after_ms
-                );
-            }
-        }
+        changed |= self.outside.age(control, self.since_ms, now);
         if changed {
             self.outside.apply_to(&mut self.state, cfg, now);
         }

@@ -197,11 +197,20 @@ impl Outside {
     /// Whether the snapshot has gone stale by `now_ms` under `control`
     /// (first heard counts from `started_ms`, when polling began). Returns
     /// `true` when this call changed it.
+    /// Going stale is logged once, here, for both hosts.
     pub fn age(&mut self, control: &Control, started_ms: u64, now_ms: u64) -> bool {
         let since = self.heard_ms.max(started_ms);
         let stale = now_ms.saturating_sub(since) > control.stale_after_ms;
         let changed = stale != self.stale;
         self.stale = stale;
+        if changed && stale {
+            log::warn!(
+                "control snapshot is stale: nothing heard from cluster `{}` for over {} ms; \
+                 dropping its load figures, keeping its prices",
+                control.cluster,
+                control.stale_after_ms
+            );
+        }
         changed
     }
 

@@ -435,17 +435,7 @@ impl Plugin {
                 }
             }
         }
-        if outside.age(&p.control, p.started_ms, now) {
-            changed = true;
-            if outside.stale {
-                log::warn!(
-                    "control snapshot is stale: nothing heard from cluster `{}` for over {} ms; \
-                     dropping its load figures, keeping its prices",
-                    p.control.cluster,
-                    p.control.stale_after_ms
-                );
-            }
-        }
+        changed |= outside.age(&p.control, p.started_ms, now);
         let since = outside.heard_ms.max(p.started_ms);
         let _ = host::record_metric(p.age_ms, now.saturating_sub(since));
         let _ = host::record_metric(p.stale, u64::from(outside.stale));

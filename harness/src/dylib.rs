@@ -123,6 +123,17 @@ pub fn bootstrap_extension_json(
     })
 }
 
+/// ACE's control poller: `lib` (`ace-dynamic`) as the bootstrap extension
+/// `ace_control`, polling as `control` (the plugin configuration's
+/// `control` object) says.
+pub fn control_poller_json(
+    lib: &std::path::Path,
+    control: &serde_json::Value,
+) -> serde_json::Value {
+    let config = serde_json::json!({ "control": control }).to_string();
+    bootstrap_extension_json(lib, "ace_control", &config)
+}
+
 /// The name Envoy finds `lib` by (`libNAME.so`: `NAME`).
 fn module_name(lib: &std::path::Path) -> &str {
     lib.file_stem()

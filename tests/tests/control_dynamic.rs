@@ -240,14 +240,12 @@ fn rig(concurrency: u32, first: Vec<u8>) -> Rig {
     *served.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = first;
     let control = FakeControl::start(served, 0);
     let (cheap, dear) = (upstream("cheap"), upstream("dear"));
-    let poller = json!({"control": control_json()}).to_string();
     let envoy = start(
         &EnvoyBuilder::new()
             .concurrency(concurrency)
-            .bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
+            .bootstrap_extension(ace_harness::dylib::control_poller_json(
                 &lib,
-                "ace_control",
-                &poller,
+                &control_json(),
             ))
             .http_filter(ace_harness::dylib::http_filter_json(
                 &lib,

@@ -120,11 +120,9 @@ impl World {
             // The dynamic module polls from Envoy's main thread (its
             // bootstrap extension); its filter only reads what it
             // published, so the filter's copy needs no token.
-            let poller = json!({ "control": control }).to_string();
-            b = b.bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
+            b = b.bootstrap_extension(ace_harness::dylib::control_poller_json(
                 &ace_tests::ace_dynamic_lib(),
-                "ace_control",
-                &poller,
+                &control,
             ));
         }
         // The tables decide on the model, so the filter reads the body.

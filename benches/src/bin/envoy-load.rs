@@ -438,13 +438,11 @@ fn run() -> Result<(), String> {
             }
             Variant::AceDynControl => {
                 let lib = ace_harness::dylib::build("ace-dynamic")?;
-                let poller = serde_json::json!({ "control": control_settings }).to_string();
                 let b = base()
                     .cluster("ace_control", control.port())
-                    .bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
+                    .bootstrap_extension(ace_harness::dylib::control_poller_json(
                         &lib,
-                        "ace_control",
-                        &poller,
+                        &control_settings,
                     ))
                     .http_filter(ace_harness::dylib::http_filter_json(
                         &lib,

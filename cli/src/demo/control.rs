@@ -56,11 +56,8 @@ pub fn scene(module: &Module) -> anyhow::Result<()> {
     let mut builder = EnvoyBuilder::new();
     if let Module::Dynamic(lib) = module {
         // The dynamic module polls from Envoy's main thread.
-        builder = builder.bootstrap_extension(ace_harness::dylib::bootstrap_extension_json(
-            lib,
-            "ace_control",
-            &json!({ "control": control }).to_string(),
-        ));
+        builder =
+            builder.bootstrap_extension(ace_harness::dylib::control_poller_json(lib, &control));
     }
     let envoy = module
         .add(builder, &plugin)

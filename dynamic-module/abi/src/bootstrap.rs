@@ -244,22 +244,8 @@ impl Config {
 
     /// Define a metric without labels through Envoy's `define`.
     fn define(self, define: Define, name: &str) -> Result<usize, u32> {
-        let mut id = 0usize;
-        // SAFETY: a live configuration; no labels; `id` outlives the call.
-        let r = unsafe {
-            define(
-                self,
-                ModuleBuffer::of(name.as_bytes()),
-                std::ptr::null(),
-                0,
-                &mut id,
-            )
-        };
-        if r == 0 {
-            Ok(id)
-        } else {
-            Err(r)
-        }
+        // SAFETY: a live configuration (this handle's contract).
+        unsafe { crate::define_unlabelled(self, define, name) }
     }
 
     /// Change metric `id` (no labels) by `value` through Envoy's `update`.

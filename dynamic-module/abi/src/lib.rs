@@ -272,22 +272,13 @@ impl ConfigHandle {
     /// Define counter `name`; its id for [`Filter::increment_counter`], or
     /// Envoy's error code.
     pub fn define_counter(self, name: &str) -> Result<usize, u32> {
-        let mut id = 0usize;
-        // SAFETY: `self` is live during `config_new`, the only caller; no
-        // labels; `id` outlives the call.
-        let r = unsafe {
-            envoy_dynamic_module_callback_http_filter_config_define_counter(
+        // SAFETY: `self` is live during `config_new`, the only caller.
+        unsafe {
+            define_unlabelled(
                 self,
-                ModuleBuffer::of(name.as_bytes()),
-                std::ptr::null(),
-                0,
-                &mut id,
+                envoy_dynamic_module_callback_http_filter_config_define_counter,
+                name,
             )
-        };
-        if r == 0 {
-            Ok(id)
-        } else {
-            Err(r)
         }
     }
 
@@ -545,6 +536,36 @@ impl Filter {
     /// still live, used only during Envoy's call of that stream's hooks.
     pub unsafe fn from_raw(p: *mut c_void) -> Filter {
         Filter(p)
+    }
+}
+
+/// Define metric `name` without labels through Envoy's `define` callback
+/// (an HTTP filter's or a bootstrap extension's); its id, or Envoy's
+/// error code.
+///
+/// # Safety
+/// `handle` must be live for `define` (the hook that received it has not
+/// returned, or Envoy's lifetime rules for it hold).
+pub(crate) unsafe fn define_unlabelled<H>(
+    handle: H,
+    define: unsafe extern "C" fn(H, ModuleBuffer, *const ModuleBuffer, usize, *mut usize) -> u32,
+    name: &str,
+) -> Result<usize, u32> {
+    let mut id = 0usize;
+    // SAFETY: the caller's contract; no labels; `id` outlives the call.
+    let r = unsafe {
+        define(
+            handle,
+            ModuleBuffer::of(name.as_bytes()),
+            std::ptr::null(),
+            0,
+            &mut id,
+        )
+    };
+    if r == 0 {
+        Ok(id)
+    } else {
+        Err(r)
     }
 }
 

@@ -19,7 +19,15 @@ fn report(i: usize) -> impl Strategy<Value = Report> {
             kv_permille,
             stale,
         });
-    let price = (0.0..=MAX_USD_PER_TOKEN, 0.0..=MAX_USD_PER_TOKEN).prop_map(|(i, o)| Price {
+    let usd = prop_oneof![
+        Just(0.0),
+        Just(-0.0),
+        Just(f64::MIN_POSITIVE),
+        Just(5e-324),
+        Just(MAX_USD_PER_TOKEN),
+        0.0..=MAX_USD_PER_TOKEN
+    ];
+    let price = (usd.clone(), usd).prop_map(|(i, o)| Price {
         usd_per_input_token: i,
         usd_per_output_token: o,
     });
@@ -28,10 +36,18 @@ fn report(i: usize) -> impl Strategy<Value = Report> {
         prop::sample::select(DrainReason::ALL.to_vec()),
     )
         .prop_map(|(until_ms, reason)| Drain { until_ms, reason });
-    let warm = prop::collection::vec("[a-z0-9./:-]{1,40}", 0..6);
+    // Names from one byte to the limit, multi-byte UTF-8 included.
+    let warm = prop::collection::vec(
+        prop_oneof!["[a-z0-9./:-]{1,40}", "\\PC{1,64}", "[é中]{85}"],
+        0..6,
+    );
     (
         prop::option::of(load),
-        prop::option::of(0u32..=1_000_000),
+        prop::option::of(prop_oneof![
+            Just(0u32),
+            Just(ace_snapshot::MAX_SLOTS),
+            0u32..=1_000_000
+        ]),
         prop::option::of(price),
         prop::option::of(0.0..=ace_snapshot::MAX_USD_PER_HOUR),
         prop::option::of(drain),

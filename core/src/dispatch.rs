@@ -399,6 +399,24 @@ pub fn decide(
     warm: &[u64],
     req: &Request,
 ) -> Result<Decision, Refusal> {
+    decide_scaled(slate, feasible, warm, req, &[])
+}
+
+/// [`decide`] where destination `d`'s token prices are multiplied by
+/// `scale[d]` (1 past the slice's end): the price of the model each
+/// destination would serve this request with, relative to the price its
+/// lane holds (model routing: a smaller model costs less per token on the
+/// same destination). The scale moves the rank, the booked cost (the
+/// decision's `per_in`, `per_out` and `marginal_usd`) and the
+/// counterfactual alike; cold loads and queueing delay are the
+/// destination's and are not scaled. Feasibility is `feasible`'s alone.
+pub fn decide_scaled(
+    slate: &Slate,
+    feasible: &[u64],
+    warm: &[u64],
+    req: &Request,
+    scale: &[f64],
+) -> Result<Decision, Refusal> {
     let tin = f64::from(req.tokens_in);
     let tout = f64::from(req.tokens_out);
     let lv = req.latency_usd_per_s;
@@ -440,6 +458,14 @@ pub fn decide(
             for ((((e, pi), po), dl), rk) in lanes {
                 *e = (tin * pi + tout * po + lv * dl) * rk;
             }
+            // Model routing: the token part of each lane at its model's
+            // price (rare: most requests pass no scale).
+            if let Some(sc) = scale.get(base..).filter(|s| !s.is_empty()) {
+                let lanes = out.iter_mut().zip(pi).zip(po).zip(rk).zip(sc);
+                for ((((e, pi), po), rk), s) in lanes {
+                    *e += (tin * pi + tout * po) * (s - 1.0) * rk;
+                }
+            }
         }
         // A model not resident adds its cold load (rank-scaled, like the rest).
         let mut cold = candidates & !warm_word;
@@ -473,8 +499,9 @@ pub fn decide(
             let d = base + b;
             let (ri, ro) = (slate.rest_in.get(d), slate.rest_out.get(d));
             let c = if cold { slate.cold.get(d) } else { Some(&0.0) };
+            let s = scale.get(d).copied().unwrap_or(1.0);
             match (ri, ro, c) {
-                (Some(ri), Some(ro), Some(c)) => tin * ri + tout * ro + c,
+                (Some(ri), Some(ro), Some(c)) => (tin * ri + tout * ro) * s + c,
                 _ => f64::INFINITY,
             }
         };
@@ -514,7 +541,9 @@ pub fn decide(
         rest_out: f64::INFINITY,
     });
     let cold_usd = if warm_best { 0.0 } else { lane.cold };
-    let marginal_usd = tin * lane.per_in + tout * lane.per_out + cold_usd;
+    let s = scale.get(best).copied().unwrap_or(1.0);
+    let (per_in, per_out) = (lane.per_in * s, lane.per_out * s);
+    let marginal_usd = tin * per_in + tout * per_out + cold_usd;
     let reason = if bit(&slate.probe, best) {
         Reason::Probe
     } else if skipped_usd < marginal_usd {
@@ -533,8 +562,8 @@ pub fn decide(
         counterfactual_usd: payg.map(|_| payg_usd),
         counterfactual_index: payg,
         reason,
-        per_in: lane.per_in,
-        per_out: lane.per_out,
+        per_in,
+        per_out,
         cold_usd,
         warm: warm_best,
         overage: lane.per_in != lane.rest_in || lane.per_out != lane.rest_out,
@@ -677,6 +706,30 @@ mod tests {
         let expected = 1000.0 * 1e-6 + 200.0 * 4e-6;
         assert_eq!(d.map(|d| d.counterfactual_usd), Ok(Some(expected)));
         assert_eq!(w.decide(0b10).map(|d| d.counterfactual_usd), Ok(None));
+    }
+
+    #[test]
+    fn a_scale_prices_each_destination_at_its_models_price() {
+        let w = World::new(vec![payg(), reserved(10)]);
+        let slate = w.slate(0);
+        let plain = decide(&slate, &[0b11], &[0b11], &REQ);
+        assert_eq!(plain.map(|d| d.index), Ok(1));
+        // The pay-as-you-go destination serves a model at a hundredth of
+        // its lane's price: now it is the cheaper one, booked at that price.
+        let d = decide_scaled(&slate, &[0b11], &[0b11], &REQ, &[0.001, 1.0]);
+        assert_eq!(d.map(|d| d.index), Ok(0));
+        let expected = (1000.0 * 1e-6 + 200.0 * 4e-6) * 0.001;
+        let close = |x: f64| (x - expected).abs() < 1e-18;
+        let got = d.map(|d| (d.marginal_usd, d.cost_of(1000, 200), d.counterfactual_usd));
+        assert!(
+            got.is_ok_and(|(m, c, f)| close(m) && close(c) && f.is_some_and(close)),
+            "{got:?}"
+        );
+        assert_eq!(
+            decide_scaled(&slate, &[0b10], &[0b11], &REQ, &[0.001]).map(|d| d.index),
+            Ok(1),
+            "a scale never widens the feasible set"
+        );
     }
 
     #[test]

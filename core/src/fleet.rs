@@ -117,6 +117,22 @@ impl FleetState {
         Ok(d)
     }
 
+    /// [`FleetState::decide`] with each destination's token prices scaled
+    /// by `scale` ([`dispatch::decide_scaled`]: model routing).
+    #[inline]
+    pub fn decide_scaled(
+        &mut self,
+        feasible: &[u64],
+        warm: &[u64],
+        scale: &[f64],
+        req: &Request,
+        now_ms: u64,
+    ) -> Result<Decision, Refusal> {
+        let d = dispatch::decide_scaled(&self.slate, feasible, warm, req, scale)?;
+        self.claim(d.index, now_ms);
+        Ok(d)
+    }
+
     /// Claim a slot on destination `d` (not repriced).
     #[inline]
     pub fn claim(&mut self, d: usize, now_ms: u64) {

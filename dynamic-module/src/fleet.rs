@@ -20,6 +20,7 @@ use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};
 use ace_filter::config::Config;
 use ace_filter::control::Outside;
+use ace_filter::routing::Routed;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// The process's state of one fleet, behind its lock.
@@ -99,11 +100,40 @@ impl Fleet {
         model: Option<&str>,
         req: &Request,
     ) -> Result<Decision, Refusal> {
+        self.decide_with(cfg, now, |state, outside| {
+            state.decide(feasible, outside.warmth.mask(model), req, now)
+        })
+    }
+
+    /// [`Fleet::dispatch`] among a request's (destination, model) pairs
+    /// (model routing): each destination warm for, and priced at, the model
+    /// it would serve.
+    pub fn dispatch_routed(
+        &self,
+        cfg: &Config,
+        now: u64,
+        routed: &mut Routed<'_>,
+        req: &Request,
+    ) -> Result<Decision, Refusal> {
+        self.decide_with(cfg, now, |state, outside| {
+            let (feasible, warm, scale) = routed.parts(&outside.warmth);
+            state.decide_scaled(feasible, warm, scale, req, now)
+        })
+    }
+
+    /// Bring the fleet up to `now`, `decide` on it (and claim), and
+    /// reprice the destination chosen.
+    fn decide_with(
+        &self,
+        cfg: &Config,
+        now: u64,
+        decide: impl FnOnce(&mut FleetState, &Outside) -> Result<Decision, Refusal>,
+    ) -> Result<Decision, Refusal> {
         let mut f = lock(&self.0);
         f.catch_up(cfg, now);
         let Inner { state, outside, .. } = &mut *f;
         state.advance(&cfg.models, &cfg.health, now);
-        let d = state.decide(feasible, outside.warmth.mask(model), req, now)?;
+        let d = decide(state, outside)?;
         state.reprice(d.index, &cfg.models, &cfg.health, now);
         Ok(d)
     }

@@ -62,6 +62,7 @@ use ace_filter::config::{Config, Trusted};
 use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_filter::headers::Pairs;
 use ace_filter::request::{self, Counters};
+use ace_filter::routing::Routed;
 use fleet::Fleet;
 use std::cell::RefCell;
 use std::ffi::c_char;
@@ -115,6 +116,9 @@ struct Shared {
     /// Envoy's id per counter ([`Counters`] order); `None` if Envoy refused
     /// to define it.
     counters: Vec<Option<usize>>,
+    /// The response cache's slots (`cache.slots` of them once used), in
+    /// process memory: every worker of this configuration shares them.
+    cache: std::sync::Mutex<Vec<Option<Box<[u8]>>>>,
 }
 
 /// Per-worker buffers, reused so that a warm worker allocates little per
@@ -235,6 +239,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         fleet: Fleet::shared(config, now_ms()),
         counters,
         setup,
+        cache: std::sync::Mutex::new(Vec::new()),
     };
     Arc::into_raw(Arc::new(shared)).cast()
 }
@@ -521,6 +526,70 @@ impl Host for Dynamic<'_> {
             .shared
             .fleet
             .dispatch(cfg, now_ms, feasible, model, req))
+    }
+
+    fn claim_routed(
+        &mut self,
+        now_ms: u64,
+        routed: &mut Routed<'_>,
+        req: &Request,
+    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
+        let cfg = &self.shared.setup.config;
+        Ok(Some(
+            self.shared.fleet.dispatch_routed(cfg, now_ms, routed, req),
+        ))
+    }
+
+    fn can_replace_request_body(&self) -> bool {
+        true
+    }
+
+    fn replace_request_body(&mut self, body: &[u8]) -> bool {
+        // Held: the body is in Envoy's buffer and the headers are not
+        // yet sent.
+        self.envoy.replace_request_body(body)
+            && self.envoy.set_header(
+                HeaderMap::Request,
+                "content-length",
+                &body.len().to_string(),
+            )
+    }
+
+    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
+        let slots = self.shared.cache.lock().unwrap_or_else(|p| p.into_inner());
+        match slots.get(slot as usize) {
+            Some(Some(entry)) => {
+                into.extend_from_slice(entry);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
+        let n = self
+            .shared
+            .setup
+            .config
+            .cache
+            .as_ref()
+            .map_or(0, |c| c.slots as usize);
+        let mut slots = self.shared.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.len() < n {
+            slots.resize(n, None);
+        }
+        match slots.get_mut(slot as usize) {
+            Some(s) => {
+                *s = Some(entry.into());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
+        self.envoy.send(status, content_type, body, "ace_cache_hit");
+        true
     }
 
     fn settle(

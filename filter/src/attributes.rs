@@ -49,6 +49,13 @@ pub fn resolve<'p, V: AsRef<[u8]>>(
     const UNSET: u32 = u32::MAX;
     let attributes = &policy.attributes;
     values.fill(UNSET);
+    // What ACE computes itself (`substituted`, `cached`) starts at false
+    // and is never read from a request.
+    for (i, no) in &policy.computed {
+        if let Some(slot) = values.get_mut(*i) {
+            *slot = *no;
+        }
+    }
     // Each header attribute's first value, to compare a repeat against.
     let mut firsts: [Option<&[u8]>; 8] = [None; 8];
     for (name, value) in headers.iter() {
@@ -58,6 +65,7 @@ pub fn resolve<'p, V: AsRef<[u8]>>(
             // holds them: an exact comparison (vectorised) settles the
             // match, the byte-by-byte one only a name sent otherwise.
             if a.trusted.is_some()
+                || policy.computed.iter().any(|(p, _)| *p == i)
                 || name.len() != header.len()
                 || !(name == header || name.eq_ignore_ascii_case(header))
             {

@@ -22,6 +22,9 @@ pub struct RequestBody {
     pub stream: bool,
     /// Estimated input tokens.
     pub tokens_in: u32,
+    /// Safe to answer from a cache: deterministic sampling (`temperature`
+    /// 0, at most one choice) and no `tools` or `functions`.
+    pub cacheable: bool,
 }
 
 #[derive(Deserialize)]
@@ -34,6 +37,14 @@ struct Wire<'a> {
     max_completion_tokens: Option<serde_json::Value>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    temperature: Option<serde_json::Value>,
+    #[serde(default)]
+    n: Option<serde_json::Value>,
+    #[serde(default)]
+    tools: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    functions: Option<serde::de::IgnoredAny>,
 }
 
 /// Why a body could not be read.
@@ -104,11 +115,17 @@ pub fn scan_request(bytes: &[u8], total_len: usize) -> Result<RequestBody, BodyE
     })?;
     let completion = token_count(&wire.max_completion_tokens, "max_completion_tokens")?;
     let max = token_count(&wire.max_tokens, "max_tokens")?;
+    // Anything else (absent, another number, not a number) may sample.
+    let cacheable = wire.temperature.as_ref().and_then(|t| t.as_f64()) == Some(0.0)
+        && wire.n.as_ref().map_or(Some(1), |n| n.as_u64()) == Some(1)
+        && wire.tools.is_none()
+        && wire.functions.is_none();
     Ok(RequestBody {
         model: wire.model.map(|m| m.into_owned()),
         max_output_tokens: completion.or(max),
         stream: wire.stream.unwrap_or(false),
         tokens_in: estimate_tokens(total_len),
+        cacheable,
     })
 }
 
@@ -126,9 +143,30 @@ mod tests {
                 model: Some("llama-3.1-70b".into()),
                 max_output_tokens: Some(300),
                 stream: true,
-                tokens_in: (b.len() / 4) as u32
+                tokens_in: (b.len() / 4) as u32,
+                cacheable: false,
             })
         );
+        let cacheable = |b: &[u8]| scan_request(b, b.len()).map(|r| r.cacheable);
+        assert_eq!(cacheable(br#"{"model":"m","temperature":0}"#), Ok(true));
+        assert_eq!(
+            cacheable(br#"{"model":"m","temperature":0.0,"n":1}"#),
+            Ok(true)
+        );
+        for not in [
+            &br#"{"model":"m"}"#[..],
+            br#"{"model":"m","temperature":0.2}"#,
+            br#"{"model":"m","temperature":0,"n":2}"#,
+            br#"{"model":"m","temperature":0,"tools":[]}"#,
+            br#"{"model":"m","temperature":0,"functions":[{"name":"f"}]}"#,
+        ] {
+            assert_eq!(
+                cacheable(not),
+                Ok(false),
+                "{}",
+                String::from_utf8_lossy(not)
+            );
+        }
         let b = br#"{"model":"m","max_tokens":10,"max_completion_tokens":20}"#;
         assert_eq!(
             scan_request(b, b.len()).map(|r| r.max_output_tokens),

@@ -91,6 +91,11 @@ pub struct Config {
     /// The operator ran without policy tables on purpose
     /// (`"allow_no_policy": true`): every destination is feasible.
     pub no_policy: bool,
+    /// Model routing: which models may stand in for which, and what each
+    /// costs where (`model_routing`); none when absent.
+    pub routing: Option<crate::routing::Routing>,
+    /// The response cache (`cache`); none when absent.
+    pub cache: Option<crate::cache::Cache>,
 }
 
 impl Config {
@@ -231,6 +236,17 @@ pub struct Policy {
     pub tenant: Option<usize>,
     /// The position of the `model` attribute, if the tables read one.
     pub model: Option<usize>,
+    /// Attributes the filter computes itself, never from a header
+    /// (`substituted`, `cached`): position and the value index of `false`,
+    /// which a request takes until routing or the cache sets it.
+    pub computed: Vec<(usize, u32)>,
+}
+
+impl Policy {
+    /// The value index a computed attribute at position `i` starts at.
+    pub fn computed_default(&self, i: usize) -> Option<u32> {
+        self.computed.iter().find(|(p, _)| *p == i).map(|(_, v)| *v)
+    }
 }
 
 /// Where one table attribute comes from.
@@ -473,6 +489,13 @@ pub struct PluginConfig {
     /// warm models (`ace control serve`); none when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<ControlSettings>,
+    /// Model routing: equivalence classes and per-destination model
+    /// prices ([`crate::routing`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_routing: Option<crate::routing::RoutingSettings>,
+    /// The exact-match response cache ([`crate::cache`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::CacheSettings>,
 }
 
 /// Polling the control service, as configured (see [`Control`]).
@@ -841,7 +864,23 @@ impl Config {
             ));
         }
         let control = raw.control.map(Control::validate).transpose()?;
+        let tables = policy
+            .as_ref()
+            .and_then(|p| ace_core::tables::Tables::load(p.tables).ok());
+        let names: Vec<&str> = raw.destinations.iter().map(|d| d.name.as_str()).collect();
+        let routing = raw
+            .model_routing
+            .as_ref()
+            .map(|r| crate::routing::Routing::build(r, tables.as_ref(), &names))
+            .transpose()?;
+        let cache = raw
+            .cache
+            .as_ref()
+            .map(|c| crate::cache::Cache::build(c, tables.as_ref(), raw.body.read))
+            .transpose()?;
         Ok(Config {
+            routing,
+            cache,
             control,
             read_body: raw.body.read,
             max_body_bytes,
@@ -1014,6 +1053,27 @@ fn load_policy(
     }
     let position = |n: &str| attributes.iter().position(|a| a.name == n);
     let (tenant, model) = (position("tenant"), position("model"));
+    let mut computed = Vec::new();
+    for name in [crate::routing::SUBSTITUTED, crate::cache::CACHED] {
+        let Some(i) = position(name) else { continue };
+        let no = tables.value_index(i as u32, "false");
+        if no == UNKNOWN || tables.value_count(i as u32) != 2 {
+            return Err(err(
+                "tables_base64",
+                format!(
+                    "the tables' `{name}` attribute is not a Bool; ACE sets `{name}` itself, so \
+                     declare it `{name}: Bool` in the context of `dispatch` and recompile"
+                ),
+            ));
+        }
+        if sources.contains_key(name) || defaults.contains_key(name) {
+            return Err(err(
+                format!("attribute_sources.{name}"),
+                format!("`{name}` is computed by ACE, never read from a request; drop it"),
+            ));
+        }
+        computed.push((i, no));
+    }
     let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     Ok(Policy {
         tables: leaked,
@@ -1021,6 +1081,7 @@ fn load_policy(
         on_missing,
         tenant,
         model,
+        computed,
     })
 }
 

@@ -54,9 +54,12 @@ pub struct Event {
     /// `x-ace-latency-class`.
     pub latency_class: Option<Text>,
     /// The model the client asked for (`x-ace-model`, else the body's
-    /// `model`). The line's `model_served` is the same model today: no
-    /// destination substitutes another yet.
+    /// `model`): a model, or a class of models under model routing.
     pub model_requested: Option<Text>,
+    /// The model that served it, when model routing chose another than
+    /// the one named (the line's `model_served` is `model_requested`
+    /// otherwise).
+    pub model_served: Option<Text>,
     /// Destination name, when one was chosen (shared with the
     /// configuration, not copied).
     pub destination: Option<Arc<str>>,
@@ -91,8 +94,11 @@ pub struct Event {
     /// Whether the upstream reported more tokens than the request allowed
     /// (the counts are capped; the excess is not booked).
     pub usage_capped: bool,
-    /// Whether the answer came from ACE's cache (never yet).
+    /// Whether the answer came from ACE's cache.
     pub cached: bool,
+    /// A hit checked against the upstream (reason `cache_check`) whose
+    /// fresh answer said something else than the cached one.
+    pub cache_false_hit: bool,
     /// The request's tenant as a health key (not logged): the tenant
     /// attribute's value index plus one, 1 without tenants.
     pub tenant_key: u32,
@@ -181,7 +187,11 @@ impl Event {
         out.extend_from_slice(b",\"model_requested\":");
         self.opt_text(out, &self.model_requested);
         out.extend_from_slice(b",\"model_served\":");
-        self.opt_text(out, &self.model_requested);
+        if self.model_served.is_some() {
+            self.opt_text(out, &self.model_served);
+        } else {
+            self.opt_text(out, &self.model_requested);
+        }
         out.extend_from_slice(b",\"destination\":");
         opt_string(out, self.destination.as_deref());
         out.extend_from_slice(b",\"tier\":");
@@ -232,9 +242,14 @@ impl Event {
             b",\"usage_capped\":false"
         });
         out.extend_from_slice(if self.cached {
-            b",\"cached\":true}"
+            b",\"cached\":true"
         } else {
-            b",\"cached\":false}"
+            b",\"cached\":false"
+        });
+        out.extend_from_slice(if self.cache_false_hit {
+            b",\"cache_false_hit\":true}"
+        } else {
+            b",\"cache_false_hit\":false}"
         });
     }
 
@@ -466,7 +481,7 @@ mod tests {
              \"model_served\":\"m\",\"destination\":\"owned\",\"tier\":\"inhouse\",\"tokens_in\":10,\
              \"tokens_out\":20,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
              \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\",\
-             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false}"
+             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false}"
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         for k in [

@@ -29,10 +29,12 @@
 //! 6. [`Flow::on_complete`]: the request's one event and its dollars.
 
 use crate::body::{self, RequestBody};
+use crate::cache::{self, Entry, Pending};
 use crate::config::{Config, Trusted};
-use crate::event::{self, Event};
+use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::request::{self, Counters, Lookup, Refused};
+use crate::routing::{self, Routed};
 use crate::usage::UsageScanner;
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
@@ -164,6 +166,60 @@ pub trait Host {
     fn mark_superseded(&mut self, superseded: bool) {
         let _ = superseded;
     }
+
+    /// Whether this host can replace the held request body
+    /// ([`Host::replace_request_body`]). Model routing substitutes a model
+    /// only on a host that can: the upstream serves the model its body
+    /// names.
+    fn can_replace_request_body(&self) -> bool {
+        false
+    }
+
+    /// Replace the whole held request body with `body` (and its
+    /// `content-length`); false if the host could not.
+    fn replace_request_body(&mut self, body: &[u8]) -> bool {
+        let _ = body;
+        false
+    }
+
+    /// Decide among a request's (destination, model) pairs
+    /// ([`crate::routing::Routed::parts`] gives the feasible destinations,
+    /// the warm mask under this host's warmth and each destination's price
+    /// factor: [`ace_core::fleet::FleetState::decide_scaled`]) and claim a
+    /// slot on the one chosen, like [`Host::claim`]. `Ok(None)`: this host
+    /// does not price pairs, and the flow calls [`Host::claim`] on the
+    /// same feasible destinations instead (compliant, each destination at
+    /// its own price).
+    fn claim_routed(
+        &mut self,
+        now_ms: u64,
+        routed: &mut Routed<'_>,
+        req: &Request,
+    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
+        let _ = (now_ms, routed, req);
+        Ok(None)
+    }
+
+    /// The cache entry in `slot` ([`crate::cache`]), appended to `into`;
+    /// false when there is none or this host keeps no cache.
+    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
+        let _ = (slot, into);
+        false
+    }
+
+    /// Store `entry` in `slot`, replacing what it held; false if the host
+    /// could not (or keeps no cache).
+    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
+        let _ = (slot, entry);
+        false
+    }
+
+    /// Answer the request from the cache: `status`, `content_type` and
+    /// `body` as stored; false if the host could not.
+    fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
+        let _ = (status, content_type, body);
+        false
+    }
 }
 
 /// What the adapter tells Envoy after a callback.
@@ -226,6 +282,14 @@ pub struct Worker {
     pub lookup: Lookup,
     /// The event's JSON line, rewritten in place for every write.
     pub event_line: Vec<u8>,
+    /// A request's (destination, model) pairs under model routing.
+    pub pairs: routing::Pairs,
+    /// A cache entry as read.
+    pub entry: Vec<u8>,
+    /// Cache hits on this worker (every `cache.check_every`-th is checked).
+    pub hits: u64,
+    /// Scratch mask.
+    pub scratch: Vec<u64>,
 }
 
 /// `f` on `worker`'s buffers, or on fresh ones if they are in use (a
@@ -269,6 +333,44 @@ pub struct Flow {
     parked: Option<Box<Event>>,
     /// The response's status and latency, while a re-run is asked for.
     answered: Option<(u32, u64)>,
+    /// Model routing's and the cache's business with this request (boxed:
+    /// most requests have none).
+    extra: Option<Box<Extra>>,
+}
+
+/// What model routing and the cache hold for one request.
+#[derive(Debug, Default)]
+struct Extra {
+    /// The price factor of the model named on the counterfactual's
+    /// destination (model routing).
+    counterfactual_scale: Option<f64>,
+    /// A miss to store or a hit to check.
+    cache: Option<Pending>,
+}
+
+/// What routing came to, inside the worker's buffers.
+enum Routing {
+    /// A decision, with the member served when model routing chose one
+    /// other than the model named, and the counterfactual it books
+    /// against (its index, list price and the named model's factor there).
+    Decided(
+        Result<Decision, Refusal>,
+        Option<usize>,
+        Option<Option<Counterfactual>>,
+    ),
+    /// The cache has an answer the request may have (in the worker's
+    /// `entry` buffer).
+    Hit,
+}
+
+/// The counterfactual of a routed request: the cheapest pay-as-you-go
+/// destination the tables allow for the model named, at that model's
+/// price there.
+#[derive(Clone, Copy)]
+struct Counterfactual {
+    index: usize,
+    usd: f64,
+    scale: f64,
 }
 
 /// Why routing stopped before a decision.
@@ -281,6 +383,11 @@ impl Flow {
     /// A new request.
     pub fn new() -> Flow {
         Flow::default()
+    }
+
+    /// The cache's business with this request, if any.
+    fn pending(&mut self) -> Option<&mut Pending> {
+        self.extra.as_deref_mut().and_then(|x| x.cache.as_mut())
     }
 
     /// The decision, once made.
@@ -336,7 +443,7 @@ impl Flow {
             self.body = Some(Vec::new());
             return Verdict::Hold;
         }
-        self.route(setup, worker, host, None, now)
+        self.route(setup, worker, host, now)
     }
 
     /// Request body arrived (`end_of_stream`: the last of it).
@@ -419,14 +526,14 @@ impl Flow {
     ) -> Verdict {
         let now = host.now_ms();
         match body::scan_request(buf, total) {
-            Ok(b) => self.route(setup, worker, host, Some(&b), now),
+            Ok(b) => self.route_with(setup, worker, host, Some((&b, buf)), now),
             Err(e) => {
                 if let Some(refused) = request::body_refusal(&setup.config, &e) {
                     return self.refuse(host, &refused);
                 }
                 // The body only refines the estimate: fall back to its size.
                 self.content_length = Some(total);
-                self.route(setup, worker, host, None, now)
+                self.route(setup, worker, host, now)
             }
         }
     }
@@ -437,9 +544,23 @@ impl Flow {
         setup: &Setup,
         worker: &RefCell<Worker>,
         host: &mut H,
-        body: Option<&RequestBody>,
         now: u64,
     ) -> Verdict {
+        self.route_with(setup, worker, host, None, now)
+    }
+
+    /// [`Flow::route`] with the body read whole, parsed and raw (model
+    /// routing rewrites it; the cache keys on it).
+    fn route_with<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+        read: Option<(&RequestBody, &[u8])>,
+        now: u64,
+    ) -> Verdict {
+        let body = read.map(|(b, _)| b);
+        let raw = read.map(|(_, r)| r);
         let cfg = &setup.config;
         let conflict = self
             .event
@@ -455,6 +576,18 @@ impl Flow {
         };
         let req = request::plan(cfg, event, body, self.content_length, now);
         let body_model = body.and_then(|b| b.model.as_deref());
+        // Model routing only where the body can say the model served.
+        let routing = cfg
+            .routing
+            .as_ref()
+            .filter(|_| raw.is_some() && body_model.is_some() && host.can_replace_request_body());
+        // The cache only for requests safe to answer twice, and never for
+        // ACE's own re-run of a failed request.
+        let cacheable = cfg
+            .cache
+            .as_ref()
+            .filter(|_| excluded.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some());
+        let mut pending: Option<Box<Pending>> = None;
         // Feasibility first (the compiled Cedar tables), then the decision
         // on the shared fleet, with this worker's lookup buffers.
         let decided = with_worker(worker, |w| {
@@ -467,22 +600,102 @@ impl Flow {
                 &mut w.lookup,
             )
             .map_err(Stop::Refused)?;
+            let model = event.text(&event.model_requested);
+            let asked = routing.zip(model).and_then(|(r, m)| r.asked(m));
+            if let (Some(c), Some(raw), Some(tables)) = (cacheable, raw, setup.tables.as_ref()) {
+                let key = cache::key(
+                    &cfg.id,
+                    &w.lookup.values,
+                    event.bytes(&event.tenant),
+                    event.bytes(&event.data_class),
+                    event.headers.get(":path"),
+                    raw,
+                );
+                let slot = c.slot(&key);
+                let found = {
+                    w.entry.clear();
+                    host.cache_get(slot, &mut w.entry)
+                };
+                let hit = found
+                    .then(|| Entry::decode(&w.entry))
+                    .flatten()
+                    .filter(|e| e.key == key && now.saturating_sub(e.created_ms) < c.ttl_ms)
+                    .filter(|e| {
+                        may_serve(
+                            cfg,
+                            tables,
+                            &mut w.lookup,
+                            &mut w.scratch,
+                            c,
+                            routing,
+                            asked,
+                            e,
+                        )
+                    })
+                    .map(|e| e.digest);
+                let mut p = Box::new(Pending {
+                    key,
+                    slot,
+                    ..Pending::default()
+                });
+                match hit {
+                    Some(digest) => {
+                        w.hits = w.hits.wrapping_add(1);
+                        if c.check_every > 0 && w.hits % c.check_every == 0 {
+                            // Checked: answered upstream, then compared.
+                            p.check = Some(digest);
+                        } else {
+                            return Ok(Routing::Hit);
+                        }
+                    }
+                    None => host.count(Counters::CACHE_MISSES, 1),
+                }
+                pending = Some(p);
+            }
+            if let (Some(r), Some(asked), Some(tables)) = (routing, asked, setup.tables.as_ref()) {
+                r.expand(tables, &mut w.lookup.values, asked, &mut w.pairs);
+                // The counterfactual: the model named (a class's reference
+                // model), not substituted, at its price.
+                if asked.member.is_none()
+                    && tables
+                        .feasible(&w.lookup.values, &mut w.lookup.mask)
+                        .is_err()
+                {
+                    w.lookup.mask.fill(0);
+                }
+                let reference = r.reference(asked).map_or(usize::MAX, |m| {
+                    r.members.iter().position(|x| x == m).unwrap_or(usize::MAX)
+                });
+                let cf = counterfactual(cfg, &w.lookup.mask, &req, |d| r.factor(reference, d));
+                if let Some(d) = excluded {
+                    clear_bit(&mut w.pairs.mask, d);
+                }
+                let mut routed = Routed::new(&mut w.pairs, r);
+                let decided = match host.claim_routed(now, &mut routed, &req) {
+                    Ok(Some(d)) => d,
+                    Ok(None) => host
+                        .claim(now, routed.feasible(), model, &req)
+                        .map_err(|_| Stop::Fleet)?,
+                    Err(_) => return Err(Stop::Fleet),
+                };
+                let served = decided
+                    .as_ref()
+                    .ok()
+                    .and_then(|d| w.pairs.member(d.index))
+                    .filter(|m| Some(*m) != asked.member);
+                return Ok(Routing::Decided(decided, served, Some(cf)));
+            }
             if let Some(d) = excluded {
                 // The destination that just failed this request.
-                if let Some(word) = w.lookup.mask.get_mut(d / 64) {
-                    *word &= !(1u64 << (d % 64));
-                }
+                clear_bit(&mut w.lookup.mask, d);
             }
-            let model = event.text(&event.model_requested);
             host.claim(now, &w.lookup.mask, model, &req)
+                .map(|d| Routing::Decided(d, None, None))
                 .map_err(|_| Stop::Fleet)
         });
-        let decision = match decided {
-            Ok(Ok(d)) => d,
-            Ok(Err(refusal)) => {
-                host.count(Counters::NO_DESTINATION, 1);
-                return self.refuse(host, &Refused::no_destination(refusal));
-            }
+        let (decided, served, cf) = match decided {
+            Ok(Routing::Hit) => return self.answer_from_cache(setup, worker, host, routing),
+            Ok(Routing::Decided(d, served, cf)) => (d, served, cf),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
             Err(Stop::Fleet) => {
                 return self.refuse(
@@ -496,7 +709,26 @@ impl Flow {
                 )
             }
         };
+        let mut decision = match decided {
+            Ok(d) => d,
+            Err(refusal) => {
+                host.count(Counters::NO_DESTINATION, 1);
+                return self.refuse(host, &Refused::no_destination(refusal));
+            }
+        };
+        // A routed request books against the model it named (none when
+        // no pay-as-you-go destination may serve that one).
+        if let Some(cf) = cf {
+            decision.counterfactual_index = cf.map(|c| c.index);
+            decision.counterfactual_usd = cf.map(|c| c.usd);
+            self.extra
+                .get_or_insert_with(Box::default)
+                .counterfactual_scale = cf.map(|c| c.scale);
+        }
         self.chosen = Some((decision, now));
+        if let Some(p) = pending {
+            self.extra.get_or_insert_with(Box::default).cache = Some(*p);
+        }
         for (counter, n) in Counters::decided(&decision) {
             host.count(counter, n);
         }
@@ -507,10 +739,37 @@ impl Flow {
             self.settle(setup, host, None, Some(now));
             return self.internal(host, "decision index out of range");
         };
+        if let (Some(m), Some(r)) = (served, routing) {
+            // The upstream serves the model its body names: name the one
+            // chosen. A body that cannot be rewritten never reaches a
+            // destination chosen for another model (fail closed).
+            let name = r.members.get(m).map(|m| m.name.as_str()).unwrap_or("");
+            let rewritten = raw.and_then(|b| routing::rewrite_model(b, name));
+            let done = rewritten.is_some_and(|b| host.replace_request_body(&b));
+            if !done {
+                self.settle(setup, host, None, Some(now));
+                return self.internal(host, "cannot rewrite the request body's model");
+            }
+            if self
+                .event
+                .as_ref()
+                .is_some_and(|e| e.headers.get("x-ace-model").is_some())
+            {
+                host.set_request_header("x-ace-model", name);
+            }
+            host.count(Counters::SUBSTITUTIONS, 1);
+            if let Some(e) = self.event.as_mut() {
+                e.model_served = Some(Text::Owned(name.to_string()));
+            }
+        }
+        let checking = self.pending().is_some_and(|p| p.check.is_some());
         if let Some(e) = self.event.as_mut() {
             request::record(e, cfg, &setup.names, &decision);
             if excluded.is_some() {
                 e.reason = RETRY_REASON;
+            }
+            if checking {
+                e.reason = cache::CHECK_REASON;
             }
             if self.request_done {
                 e.sent_ms = now;
@@ -522,6 +781,73 @@ impl Flow {
         }
         host.clear_route_cache();
         Verdict::Continue
+    }
+
+    /// Answer from the cache entry in the worker's buffer: the stored
+    /// answer, an event booked at near-zero marginal cost against what
+    /// pay-as-you-go would have charged for the model named.
+    fn answer_from_cache<H: Host>(
+        &mut self,
+        setup: &Setup,
+        worker: &RefCell<Worker>,
+        host: &mut H,
+        routing: Option<&crate::routing::Routing>,
+    ) -> Verdict {
+        let cfg = &setup.config;
+        let sent = with_worker(worker, |w| {
+            let entry = Entry::decode(&w.entry)?;
+            let ok = host.send_cached(u32::from(entry.status), entry.content_type, entry.body);
+            ok.then(|| {
+                (
+                    entry.producer,
+                    entry.model.to_string(),
+                    entry.status,
+                    entry.tokens_in,
+                    entry.tokens_out,
+                    entry.estimated,
+                )
+            })
+        });
+        let Some((producer, model, status, tokens_in, tokens_out, estimated)) = sent else {
+            return self.internal(host, "cannot answer from the cache");
+        };
+        host.count(Counters::CACHE_HITS, 1);
+        let Some(e) = self.event.as_mut() else {
+            return Verdict::Answered;
+        };
+        e.destination = setup.names.get(producer).cloned();
+        e.tier = cfg.models.get(producer).map(|m| m.tier.as_str());
+        if e.text(&e.model_requested) != Some(model.as_str()) {
+            e.model_served = Some(Text::Owned(model));
+        }
+        e.cached = true;
+        e.warm = Some(true);
+        e.tokens_in = tokens_in;
+        e.tokens_out = tokens_out;
+        e.tokens_estimated = estimated;
+        e.marginal_usd = 0.0;
+        // What pay-as-you-go would have charged for the model named.
+        let asked = routing.zip(e.text(&e.model_requested)).and_then(|(r, m)| {
+            let a = r.asked(m)?;
+            let reference = r.reference(a)?;
+            r.members
+                .iter()
+                .position(|x| x == reference)
+                .map(|k| (r, k))
+        });
+        let tokens = Request {
+            tokens_in,
+            tokens_out,
+            latency_usd_per_s: 0.0,
+        };
+        let usd = with_worker(worker, |w| {
+            counterfactual(cfg, &w.lookup.mask, &tokens, |d| {
+                asked.map_or(1.0, |(r, k)| r.factor(k, d))
+            })
+        });
+        e.counterfactual_usd = usd.map(|c| c.usd);
+        e.finish(u32::from(status), cache::HIT_REASON);
+        Verdict::Answered
     }
 
     /// Answer locally with `refused`'s JSON error.
@@ -635,6 +961,8 @@ impl Flow {
         };
         let reason = if self.retry_of.is_some() {
             RETRY_REASON
+        } else if self.pending().is_some_and(|p| p.check.is_some()) {
+            cache::CHECK_REASON
         } else {
             decision.reason.as_str()
         };
@@ -646,8 +974,26 @@ impl Flow {
             let sse =
                 host.response_header("content-type", |v| headers::has(v, "text/event-stream"));
             self.usage = Some(UsageScanner::new(sse));
+            if let Some(p) = self.pending() {
+                // Kept as long as it is whole and within the bound.
+                p.storable = true;
+                p.sse = sse;
+                p.content_type = host.response_header("content-type", |v| {
+                    String::from_utf8_lossy(v.unwrap_or(b"application/json")).into_owned()
+                });
+            }
         }
         let cfg = &setup.config;
+        if cfg.response_headers && cfg.routing.is_some() {
+            let served = self
+                .event
+                .as_ref()
+                .and_then(|e| e.text(&e.model_served).or(e.text(&e.model_requested)));
+            if let Some(m) = served {
+                let m = m.to_string();
+                host.set_response_header(request::RESPONSE_MODEL_HEADER, &m);
+            }
+        }
         if cfg.response_headers {
             let mut cost = event::UsdBuffer::default();
             for (k, v) in request::response_headers(cfg, &decision, &mut cost)
@@ -701,19 +1047,88 @@ impl Flow {
     /// Response body arrived (`end_of_stream`: the last of it). Never
     /// holds the response: streams must flow.
     pub fn on_response_body<H: Host>(&mut self, setup: &Setup, host: &mut H, end_of_stream: bool) {
+        let max = setup.config.cache.as_ref().map_or(0, |c| c.max_entry_bytes);
+        let mut capture = self
+            .extra
+            .as_deref_mut()
+            .and_then(|x| x.cache.as_mut())
+            .filter(|p| p.storable);
         let Some(scanner) = self.usage.as_mut() else {
             return;
         };
-        host.response_body(|chunk| scanner.feed(chunk));
+        host.response_body(|chunk| {
+            scanner.feed(chunk);
+            if let Some(p) = capture.as_deref_mut() {
+                if p.body.len().saturating_add(chunk.len()) <= max {
+                    p.body.extend_from_slice(chunk);
+                } else {
+                    // Whole or not at all.
+                    p.storable = false;
+                    p.body = Vec::new();
+                }
+            }
+        });
         if end_of_stream {
             let found = scanner.finish();
             self.usage = None;
             if let (Some(u), Some((decision, _)), Some(e)) =
                 (found, self.chosen, self.event.as_mut())
             {
-                request::book_usage(e, &setup.config, &decision, u, self.max_output);
+                let scale = self
+                    .extra
+                    .as_ref()
+                    .and_then(|x| x.counterfactual_scale)
+                    .unwrap_or(1.0);
+                request::book_usage_scaled(e, &setup.config, &decision, u, self.max_output, scale);
+            }
+            self.store_answer(setup, host);
+        }
+    }
+
+    /// The whole answer to a cacheable request arrived: compare it with
+    /// the hit it checks, if it checks one, and store it.
+    fn store_answer<H: Host>(&mut self, setup: &Setup, host: &mut H) {
+        let taken = self.extra.as_deref_mut().and_then(|x| x.cache.take());
+        let Some(p) = taken.filter(|p| p.storable) else {
+            return;
+        };
+        let (Some((decision, _)), Some(e)) = (self.chosen, self.event.as_mut()) else {
+            return;
+        };
+        let digest = cache::content_digest(&p.body, p.sse);
+        if let Some(check) = p.check {
+            host.count(Counters::CACHE_CHECKS, 1);
+            if check != digest {
+                host.count(Counters::CACHE_FALSE_HITS, 1);
+                e.cache_false_hit = true;
+                log::warn!(
+                    "cache false hit: a checked entry differs from the upstream's answer; replaced"
+                );
             }
         }
+        let model = e
+            .text(&e.model_served)
+            .or(e.text(&e.model_requested))
+            .unwrap_or("");
+        let status = u16::try_from(e.status).unwrap_or(200);
+        let entry = Entry {
+            key: p.key,
+            created_ms: host.now_ms(),
+            producer: decision.index,
+            model,
+            status,
+            content_type: &p.content_type,
+            tokens_in: e.tokens_in,
+            tokens_out: e.tokens_out,
+            estimated: e.tokens_estimated,
+            digest,
+            body: &p.body,
+        };
+        let bytes = entry.encode();
+        if host.cache_put(p.slot, &bytes) {
+            host.count(Counters::CACHE_STORES, 1);
+        }
+        let _ = setup;
     }
 
     /// The request is over (Envoy runs this before its access loggers):
@@ -744,6 +1159,92 @@ impl Flow {
             log::warn!("cannot write the request event");
         }
     }
+}
+
+/// Clear destination `d`'s bit in `mask`.
+fn clear_bit(mask: &mut [u64], d: usize) {
+    if let Some(word) = mask.get_mut(d / 64) {
+        *word &= !(1u64 << (d % 64));
+    }
+}
+
+/// The cheapest pay-as-you-go destination in `mask` for `req`'s tokens,
+/// at its list price times `scale(d)` (the named model's factor there).
+fn counterfactual(
+    cfg: &Config,
+    mask: &[u64],
+    req: &Request,
+    scale: impl Fn(usize) -> f64,
+) -> Option<Counterfactual> {
+    let mut best: Option<Counterfactual> = None;
+    for (d, m) in cfg.models.iter().enumerate() {
+        if !m.tier.is_pay_as_you_go() || !ace_core::dispatch::bit(mask, d) {
+            continue;
+        }
+        let s = scale(d);
+        let usd = m.rest_usd(req.tokens_in, req.tokens_out) * s;
+        if best.is_none_or(|b| usd < b.usd) {
+            best = Some(Counterfactual {
+                index: d,
+                usd,
+                scale: s,
+            });
+        }
+    }
+    best
+}
+
+/// Whether cache entry `e` may answer this request: the destination that
+/// produced it is feasible for the request (its attribute values in
+/// `lookup`), with the model that produced it, `substituted` as that model
+/// is to the one named, and `cached` true. The request's values are left
+/// as they were.
+#[allow(clippy::too_many_arguments)]
+fn may_serve(
+    cfg: &Config,
+    tables: &ace_core::tables::Tables<'_>,
+    lookup: &mut Lookup,
+    scratch: &mut Vec<u64>,
+    cache: &cache::Cache,
+    routing: Option<&crate::routing::Routing>,
+    asked: Option<crate::routing::Asked>,
+    e: &Entry<'_>,
+) -> bool {
+    let Some(policy) = cfg.policy.as_ref() else {
+        return false;
+    };
+    let values = &mut lookup.values;
+    let saved: [Option<(usize, u32)>; 3] = [
+        policy.model,
+        Some(cache.attribute()),
+        routing.map(|r| r.substituted_attribute()),
+    ]
+    .map(|i| i.and_then(|i| values.get(i).map(|v| (i, *v))));
+    if let Some(m) = policy.model {
+        let v = tables.value_index(m as u32, e.model);
+        if let Some(slot) = values.get_mut(m) {
+            *slot = v;
+        }
+    }
+    if let Some(slot) = values.get_mut(cache.attribute()) {
+        *slot = cache.yes();
+    }
+    if let Some(r) = routing {
+        let named = asked.and_then(|a| r.reference(a)).map(|m| m.name.as_str());
+        let substituted = asked.is_some_and(|a| a.member.is_some()) && named != Some(e.model);
+        if let Some(slot) = values.get_mut(r.substituted_attribute()) {
+            *slot = r.substituted_value(substituted);
+        }
+    }
+    scratch.resize(lookup.mask.len(), 0);
+    let allowed =
+        tables.feasible(values, scratch).is_ok() && ace_core::dispatch::bit(scratch, e.producer);
+    for (i, v) in saved.into_iter().flatten() {
+        if let Some(slot) = values.get_mut(i) {
+            *slot = v;
+        }
+    }
+    allowed
 }
 
 /// The answer to a request that arrived before any valid configuration.

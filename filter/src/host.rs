@@ -31,6 +31,14 @@ extern "C" {
         data: *mut *mut u8,
         size: *mut usize,
     ) -> u32;
+    #[link_name = "proxy_set_buffer_bytes"]
+    fn set_buffer_raw(
+        buffer: u32,
+        start: usize,
+        size: usize,
+        data: *const u8,
+        data_size: usize,
+    ) -> u32;
     #[link_name = "proxy_get_header_map_pairs"]
     fn header_pairs_raw(map: u32, data: *mut *mut u8, size: *mut usize) -> u32;
     #[link_name = "proxy_replace_header_map_value"]
@@ -154,6 +162,13 @@ pub fn buffer(kind: BufferType, start: usize, max: usize) -> Result<Vec<u8>, Sta
         Err(Status::NotFound | Status::Empty) => Ok(Vec::new()),
         Err(s) => Err(s),
     }
+}
+
+/// Replace bytes `start..start + size` of buffer `kind` with `data`
+/// (Envoy replaces a prefix from 0, or appends).
+pub fn set_buffer(kind: BufferType, start: usize, size: usize, data: &[u8]) -> Result<(), Status> {
+    // SAFETY: the slice outlives the call; the host only reads it.
+    check(unsafe { set_buffer_raw(kind as u32, start, size, data.as_ptr(), data.len()) })
 }
 
 /// Header map `map`, in one call (see [`crate::headers`]).

@@ -28,12 +28,14 @@
 
 pub mod attributes;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod control;
 pub mod event;
 pub mod flow;
 pub mod headers;
 pub mod request;
+pub mod routing;
 pub mod state;
 pub mod usage;
 

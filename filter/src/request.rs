@@ -25,6 +25,9 @@ pub const RESPONSE_REASON_HEADER: &str = "x-ace-reason";
 pub const RESPONSE_TIER_HEADER: &str = "x-ace-tier";
 /// Response header with the booked (true marginal) cost, USD.
 pub const RESPONSE_COST_HEADER: &str = "x-ace-cost-usd";
+/// Response header naming the model that served the request (model
+/// routing may choose another than the one named).
+pub const RESPONSE_MODEL_HEADER: &str = "x-ace-model-served";
 
 /// What the request headers said, captured while they are readable.
 #[derive(Debug)]
@@ -73,6 +76,7 @@ pub fn capture(cfg: &Config, headers: Pairs, now: u64, event_id: [u8; 32]) -> He
         data_class,
         latency_class,
         model_requested: model,
+        model_served: None,
         destination: None,
         tier: None,
         tokens_in: 0,
@@ -91,6 +95,7 @@ pub fn capture(cfg: &Config, headers: Pairs, now: u64, event_id: [u8; 32]) -> He
         overage: false,
         usage_capped: false,
         cached: false,
+        cache_false_hit: false,
         tenant_key: 0,
         sent_ms: 0,
     };
@@ -495,6 +500,21 @@ pub fn book_usage(
     usage: Usage,
     max_output: Option<u32>,
 ) {
+    book_usage_scaled(event, cfg, decision, usage, max_output, 1.0)
+}
+
+/// [`book_usage`] where the counterfactual destination's list price is
+/// scaled by `counterfactual_scale`: the price factor there of the model
+/// the request named (model routing; the booked prices are the
+/// decision's, already at the served model's).
+pub fn book_usage_scaled(
+    event: &mut Event,
+    cfg: &Config,
+    decision: &Decision,
+    usage: Usage,
+    max_output: Option<u32>,
+    counterfactual_scale: f64,
+) {
     let out_bound = max_output.unwrap_or(u32::MAX).min(cfg.max_context_tokens);
     let input = usage.input.min(cfg.max_context_tokens);
     let output = usage.output.min(out_bound);
@@ -506,7 +526,7 @@ pub fn book_usage(
     let list = decision
         .counterfactual_index
         .and_then(|i| cfg.models.get(i))
-        .map(|m| m.rest_usd(input, output));
+        .map(|m| m.rest_usd(input, output) * counterfactual_scale);
     if let Some(c) = list {
         event.counterfactual_usd = Some(c);
     }
@@ -569,7 +589,20 @@ impl Counters {
     pub const RETRIES: usize = 7;
     /// Requests routed with no policy tables (`allow_no_policy`).
     pub const WITHOUT_POLICY: usize = 8;
-    const FLEET: [&'static str; 9] = [
+    /// Requests served by another model than the one they named.
+    pub const SUBSTITUTIONS: usize = 9;
+    /// Requests answered from the cache.
+    pub const CACHE_HITS: usize = 10;
+    /// Cacheable requests the cache had no answer for.
+    pub const CACHE_MISSES: usize = 11;
+    /// Answers stored in the cache.
+    pub const CACHE_STORES: usize = 12;
+    /// Hits sent upstream as well, to check them.
+    pub const CACHE_CHECKS: usize = 13;
+    /// Checked hits whose fresh answer differed: the false-hit rate is
+    /// this over [`Counters::CACHE_CHECKS`].
+    pub const CACHE_FALSE_HITS: usize = 14;
+    const FLEET: [&'static str; 15] = [
         "ace.requests",
         "ace.no_destination",
         "ace.trips",
@@ -579,6 +612,12 @@ impl Counters {
         "ace.counterfactual_nano_usd",
         "ace.retries",
         "ace.requests_without_policy",
+        "ace.model_substitutions",
+        "ace.cache.hits",
+        "ace.cache.misses",
+        "ace.cache.stores",
+        "ace.cache.checks",
+        "ace.cache.false_hits",
     ];
 
     /// Every counter's name for `cfg`, in position order.
@@ -671,7 +710,7 @@ mod tests {
         assert!(fail
             .and_then(at)
             .is_some_and(|n| n.ends_with("b.tier.payg.failures")));
-        assert_eq!(names.len(), 9 + 6);
+        assert_eq!(names.len(), 15 + 6);
         assert_eq!(at(Counters::RETRIES), Some("ace.retries"));
     }
 

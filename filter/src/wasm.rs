@@ -35,6 +35,7 @@ use crate::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use crate::headers::{Pairs, Span};
 use crate::host;
 use crate::request::{self, Counters, EventIds};
+use crate::routing::Routed;
 use crate::state::{Mirror, Synced};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
@@ -739,6 +740,83 @@ impl Host for Wasm<'_> {
                 log::warn!("cannot read the shared fleet state: {s:?}");
                 FleetUnavailable
             })
+    }
+
+    fn claim_routed(
+        &mut self,
+        now_ms: u64,
+        routed: &mut Routed<'_>,
+        req: &Request,
+    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
+        let outside = self.plugin.outside.borrow();
+        let (feasible, warm, scale) = routed.parts(&outside.warmth);
+        self.plugin
+            .update(now_ms, |m| {
+                match m.state.decide_scaled(feasible, warm, scale, req, now_ms) {
+                    Ok(d) => (Some(d.index), Ok(d)),
+                    Err(r) => (None, Err(r)),
+                }
+            })
+            .map(Some)
+            .map_err(|s| {
+                log::warn!("cannot read the shared fleet state: {s:?}");
+                FleetUnavailable
+            })
+    }
+
+    fn can_replace_request_body(&self) -> bool {
+        true
+    }
+
+    fn replace_request_body(&mut self, body: &[u8]) -> bool {
+        // The request is held with its whole body in Envoy's buffer, and
+        // its headers are not yet sent: both can change.
+        let replaced = host::set_buffer(BufferType::HttpRequestBody, 0, self.body_size, body)
+            .and_then(|()| {
+                let len = body.len().to_string();
+                host::replace_header(MapType::HttpRequestHeaders, "content-length", &len)
+            });
+        match replaced {
+            Ok(()) => true,
+            Err(s) => {
+                log::warn!("cannot replace the request body: {s:?}");
+                false
+            }
+        }
+    }
+
+    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
+        let key = format!(
+            "ace.cache.{:016x}.{slot}",
+            self.plugin.setup.config.fingerprint
+        );
+        match host::shared_data(&key) {
+            Ok((Some(bytes), _)) => {
+                *into = bytes;
+                true
+            }
+            Ok(_) => false,
+            Err(s) => {
+                log::warn!("cannot read the cache: {s:?}");
+                false
+            }
+        }
+    }
+
+    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
+        let key = format!(
+            "ace.cache.{:016x}.{slot}",
+            self.plugin.setup.config.fingerprint
+        );
+        host::set_shared_data(&key, entry, None)
+            .map_err(|s| log::warn!("cannot write the cache: {s:?}"))
+            .is_ok()
+    }
+
+    fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
+        host::send_local_response(status, &[("content-type", content_type)], body)
+            .map_err(|s| log::error!("cannot answer from the cache: {s:?}"))
+            .is_ok()
     }
 
     fn settle(

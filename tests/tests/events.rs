@@ -10,7 +10,7 @@ use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-const FIELDS: [&str; 26] = [
+const FIELDS: [&str; 27] = [
     "schema",
     "event_id",
     "config",
@@ -18,6 +18,7 @@ const FIELDS: [&str; 26] = [
     "overage",
     "usage_capped",
     "cached",
+    "cache_false_hit",
     "request_id",
     "time_ms",
     "tenant",

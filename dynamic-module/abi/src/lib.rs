@@ -219,6 +219,17 @@ pub mod raw {
             kind: u32,
             out: *mut EnvoyBuffer,
         ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_get_body_size(f: Filter, kind: u32) -> usize;
+        pub fn envoy_dynamic_module_callback_http_drain_body(
+            f: Filter,
+            kind: u32,
+            bytes: usize,
+        ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_append_body(
+            f: Filter,
+            kind: u32,
+            data: ModuleBuffer,
+        ) -> bool;
         pub fn envoy_dynamic_module_callback_http_send_response(
             f: Filter,
             status: u32,
@@ -479,13 +490,41 @@ impl Filter {
         }
     }
 
+    /// Replace the held request body (what Envoy buffered so far and the
+    /// chunk this hook received) with `body`; false if Envoy refused.
+    pub fn replace_request_body(self, body: &[u8]) -> bool {
+        let mut ok = true;
+        for kind in [Body::BufferedRequest, Body::ReceivedRequest] {
+            let kind = kind as u32;
+            // SAFETY: `self` is live for this hook; no pointers.
+            let size = unsafe { envoy_dynamic_module_callback_http_get_body_size(self, kind) };
+            if size > 0 {
+                // SAFETY: as above.
+                ok &= unsafe { envoy_dynamic_module_callback_http_drain_body(self, kind, size) };
+            }
+        }
+        // SAFETY: `self` is live; Envoy copies the bytes.
+        ok && unsafe {
+            envoy_dynamic_module_callback_http_append_body(
+                self,
+                Body::ReceivedRequest as u32,
+                ModuleBuffer::of(body),
+            )
+        }
+    }
+
     /// Answer the request locally: `status`, a JSON `body`, and `details`
     /// for Envoy's response-code details (what `%RESPONSE_CODE_DETAILS%`
     /// logs).
     pub fn send_json(self, status: u32, body: &[u8], details: &str) {
+        self.send(status, "application/json", body, details)
+    }
+
+    /// Answer the request locally with `body` of type `content_type`.
+    pub fn send(self, status: u32, content_type: &str, body: &[u8], details: &str) {
         let headers = [ModuleHeader {
             key: ModuleBuffer::of(b"content-type"),
-            value: ModuleBuffer::of(b"application/json"),
+            value: ModuleBuffer::of(content_type.as_bytes()),
         }];
         // SAFETY: `self` is live; Envoy copies headers, body and details.
         unsafe {

@@ -146,9 +146,10 @@ fn run_compile(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         );
     }
     outln!(
-        "wrote {} ({} bytes)",
+        "wrote {} ({} bytes, sha256 {})",
         tables.display(),
-        compiled.bytes.len()
+        compiled.bytes.len(),
+        ace_policy::tables_sha256(&compiled.bytes)
     );
     outln!("wrote {}", dump_path.display());
     outln!("wrote {}", fleet_path.display());

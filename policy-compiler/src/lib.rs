@@ -22,7 +22,10 @@
 //!   shares nothing with the compiler's entity and schema code.
 //! - [`verify`]: tables == oracle, exhaustively or with stated coverage;
 //!   [`explain`]: one request, destination by destination.
-//! - [`dump`]: the tables as text.
+//! - [`dump`]: the tables as text; [`tables_sha256`]: the checksum
+//!   `ace policy compile` prints and the playground shows.
+//! - [`plugin`]: the filter's configuration for the compiled tables and the
+//!   manifest (`ace plugin-config`, the playground's download).
 //!
 //! Every error names its file, line and column and says what to change
 //! ([`error`]).
@@ -40,6 +43,7 @@ pub mod error;
 pub mod explain;
 pub mod manifest;
 pub mod oracle;
+pub mod plugin;
 pub mod project;
 pub mod schema;
 pub mod verify;
@@ -60,6 +64,19 @@ pub const DUMP_FILE: &str = "tables.txt";
 /// Destinations with resolved cost parameters, in table order, for the
 /// filter's configuration.
 pub const FLEET_FILE: &str = "fleet.json";
+
+/// The SHA-256 of a tables file in lowercase hex: what `ace policy compile`
+/// prints and the playground shows, so that tables compiled in either can
+/// be compared (and checked with `sha256sum out/tables.acet`).
+pub fn tables_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    use std::fmt::Write as _;
+    let mut hex = String::with_capacity(64);
+    for b in sha2::Sha256::digest(bytes) {
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
+}
 
 /// Where `ace policy compile DIR` writes the tables.
 pub fn tables_path(dir: &Path) -> PathBuf {

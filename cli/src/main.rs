@@ -13,6 +13,7 @@ mod control;
 mod demo;
 mod ledger;
 mod plan;
+mod playground;
 mod policy;
 
 use ace_cli::plugin;
@@ -50,6 +51,9 @@ enum Command {
     /// chargeback.
     #[command(subcommand)]
     Ledger(ledger::Command),
+    /// Serve the policy playground locally: edit, compile, explain and
+    /// verify Cedar policies in the browser, from the shipped examples.
+    Playground(playground::Args),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::PluginConfig(a) => plugin::run(a),
         Command::Ledger(c) => ledger::run(c),
         Command::Control(c) => control::run(c),
+        Command::Playground(a) => playground::run(a),
     };
     match result {
         Ok(code) => code,

@@ -20,11 +20,14 @@
 //!   loopback ports, starts `envoy`, waits for the admin `/ready`, and tears it
 //!   down on drop, printing Envoy's log when the thread is panicking.
 //! - [`client`] is a small blocking HTTP/1.1 client for talking to Envoy.
+//! - [`chromium::Page`] drives a headless Chromium over the DevTools
+//!   protocol, for tests of the pages ACE serves (the policy playground).
 //!
 //! Nothing here skips: if `envoy` is missing, [`envoy::find_envoy`] returns an
 //! error naming it and the command that installs it.
 #![forbid(unsafe_code)]
 
+pub mod chromium;
 pub mod client;
 pub mod dylib;
 pub mod envoy;

@@ -9,16 +9,7 @@ use ace_ledger::window::Rules;
 use std::process::Command;
 
 fn chromium() -> &'static str {
-    for c in ["chromium", "chromium-browser", "google-chrome"] {
-        if Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return c;
-        }
-    }
-    panic!("no headless Chromium on PATH (tried chromium, chromium-browser, google-chrome): run `make setup` (Debian package `chromium`)");
+    ace_harness::chromium::command().unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

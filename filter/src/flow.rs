@@ -621,7 +621,7 @@ impl Flow {
                     .flatten()
                     .filter(|e| e.key == key && now.saturating_sub(e.created_ms) < c.ttl_ms)
                     .filter(|e| {
-                        may_serve(
+                        cache::may_serve(
                             cfg,
                             tables,
                             &mut w.lookup,
@@ -1192,59 +1192,6 @@ fn counterfactual(
         }
     }
     best
-}
-
-/// Whether cache entry `e` may answer this request: the destination that
-/// produced it is feasible for the request (its attribute values in
-/// `lookup`), with the model that produced it, `substituted` as that model
-/// is to the one named, and `cached` true. The request's values are left
-/// as they were.
-#[allow(clippy::too_many_arguments)]
-fn may_serve(
-    cfg: &Config,
-    tables: &ace_core::tables::Tables<'_>,
-    lookup: &mut Lookup,
-    scratch: &mut Vec<u64>,
-    cache: &cache::Cache,
-    routing: Option<&crate::routing::Routing>,
-    asked: Option<crate::routing::Asked>,
-    e: &Entry<'_>,
-) -> bool {
-    let Some(policy) = cfg.policy.as_ref() else {
-        return false;
-    };
-    let values = &mut lookup.values;
-    let saved: [Option<(usize, u32)>; 3] = [
-        policy.model,
-        Some(cache.attribute()),
-        routing.map(|r| r.substituted_attribute()),
-    ]
-    .map(|i| i.and_then(|i| values.get(i).map(|v| (i, *v))));
-    if let Some(m) = policy.model {
-        let v = tables.value_index(m as u32, e.model);
-        if let Some(slot) = values.get_mut(m) {
-            *slot = v;
-        }
-    }
-    if let Some(slot) = values.get_mut(cache.attribute()) {
-        *slot = cache.yes();
-    }
-    if let Some(r) = routing {
-        let named = asked.and_then(|a| r.reference(a)).map(|m| m.name.as_str());
-        let substituted = asked.is_some_and(|a| a.member.is_some()) && named != Some(e.model);
-        if let Some(slot) = values.get_mut(r.substituted_attribute()) {
-            *slot = r.substituted_value(substituted);
-        }
-    }
-    scratch.resize(lookup.mask.len(), 0);
-    let allowed =
-        tables.feasible(values, scratch).is_ok() && ace_core::dispatch::bit(scratch, e.producer);
-    for (i, v) in saved.into_iter().flatten() {
-        if let Some(slot) = values.get_mut(i) {
-            *slot = v;
-        }
-    }
-    allowed
 }
 
 /// The answer to a request that arrived before any valid configuration.

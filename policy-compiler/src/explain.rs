@@ -46,6 +46,13 @@ pub struct Explained {
     pub verdict: Verdict,
 }
 
+/// Request attributes the filter computes itself and never reads from a
+/// request (`substituted`: model routing served another model of the
+/// class; `cached`: the answer comes from the response cache). A request
+/// to explain that leaves one out takes `false`, as the filter gives a
+/// request served as asked.
+pub const COMPUTED: [&str; 2] = ["substituted", "cached"];
+
 /// Value indices for a JSON request object (`{"tenant": "acme", ...}`):
 /// strings, integers and booleans are looked up by their text; a missing or
 /// unseen value is unknown. Returns the indices and notes about unknowns.
@@ -68,6 +75,12 @@ pub fn request_indices(
     let mut idx = Vec::new();
     for (i, a) in oracle.attributes.iter().enumerate() {
         let text = match obj.get(&a.name) {
+            None if COMPUTED.contains(&a.name.as_str()) => {
+                // What the filter gives a request it serves as asked (not
+                // worth a note: no request carries it).
+                idx.push(t.value_index(i as u32, "false"));
+                continue;
+            }
             None => {
                 notes.push(format!(
                     "`{}` is missing: treated as unknown (fails closed)",

@@ -39,6 +39,21 @@ pub struct Manifest {
     pub models: Vec<Spanned<Model>>,
     /// Destinations, in table (bit) order.
     pub destinations: Vec<Spanned<Destination>>,
+    /// Models that may stand in for each other (model routing).
+    #[serde(default)]
+    pub model_classes: Vec<Spanned<ModelClass>>,
+}
+
+/// An equivalence class of models: a request naming one may be served by
+/// another when policy allows `substituted` and it is cheaper.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelClass {
+    /// The class's name; a request may name it instead of a model.
+    pub name: Spanned<String>,
+    /// Its members, by catalogue id; the first is the reference a request
+    /// naming the class is priced against.
+    pub models: Vec<Spanned<String>>,
 }
 
 /// The finite domain of one request attribute.
@@ -262,6 +277,10 @@ pub struct Cost {
     /// Reserved: US dollars per million tokens past the committed cap.
     /// Default: none (no overage; the cap is hard).
     pub overage_usd_per_mtok: Option<f64>,
+    /// Per served model, its token price relative to this destination's
+    /// (model routing). Default 1 for every model.
+    #[serde(default)]
+    pub model_cost_factors: std::collections::BTreeMap<String, f64>,
 }
 
 /// A destination's cost parameters with every default resolved, as written
@@ -327,6 +346,42 @@ impl LoadedManifest {
     /// A diagnostic at `span` of the manifest.
     pub fn diag(&self, span: std::ops::Range<usize>, message: String, hint: &str) -> Diagnostic {
         Diagnostic::span(&self.path, &self.text, span, message, hint.to_string())
+    }
+
+    /// The model classes (class name to members, reference first) and
+    /// each destination's model cost factors (destination name to model to
+    /// factor, only where some are given): the filter's `model_routing`,
+    /// or `None` when the manifest declares no class.
+    #[allow(clippy::type_complexity)]
+    pub fn model_routing(
+        &self,
+    ) -> Option<(
+        std::collections::BTreeMap<String, Vec<String>>,
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
+    )> {
+        let man = &self.manifest;
+        if man.model_classes.is_empty() {
+            return None;
+        }
+        let classes = man
+            .model_classes
+            .iter()
+            .map(|c| {
+                let c = c.get_ref();
+                let members = c.models.iter().map(|m| m.get_ref().clone()).collect();
+                (c.name.get_ref().clone(), members)
+            })
+            .collect();
+        let factors = man
+            .destinations
+            .iter()
+            .filter_map(|d| {
+                let d = d.get_ref();
+                let f = &d.cost.as_ref()?.get_ref().model_cost_factors;
+                (!f.is_empty()).then(|| (d.name.get_ref().clone(), f.clone()))
+            })
+            .collect();
+        Some((classes, factors))
     }
 
     /// Destinations with every cost default resolved, in table order.
@@ -716,6 +771,27 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
         if let Some(ctl) = &d.control {
             check_control(m, d, ctl, &mut out);
         }
+        for (model, f) in &c.model_cost_factors {
+            if !d.models.iter().any(|mo| mo.get_ref() == model) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!(
+                        "`model_cost_factors` names model `{model}`, which destination `{}` does not serve",
+                        d.name.get_ref()
+                    ),
+                    "list only models in the destination's `models`",
+                ));
+            }
+            if !(f.is_finite() && *f > 0.0 && *f <= 1e6) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!(
+                        "`model_cost_factors` gives `{model}` the factor `{f}`, outside (0, 1e6]"
+                    ),
+                    "a factor is the model's token price over the destination's, e.g. 0.2",
+                ));
+            }
+        }
         for w in c.warm_models.iter().flatten() {
             if !d.models.iter().any(|mo| mo.get_ref() == w) {
                 out.push(m.diag(
@@ -725,6 +801,43 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
                         d.name.get_ref()
                     ),
                     "`warm_models` must be a subset of `models`",
+                ));
+            }
+        }
+    }
+    let mut named = BTreeSet::new();
+    for class in &man.model_classes {
+        let class = class.get_ref();
+        let name = class.name.get_ref();
+        if models.contains(name) || !named.insert(name.clone()) {
+            out.push(m.diag(
+                class.name.span(),
+                format!("model class `{name}` repeats a model or class name"),
+                "a class needs a name of its own: requests may name it instead of a model",
+            ));
+        }
+        if class.models.len() < 2 {
+            out.push(m.diag(
+                class.name.span(),
+                format!("model class `{name}` has fewer than two models"),
+                "list the models that may stand in for each other",
+            ));
+        }
+        for mo in &class.models {
+            if !models.contains(mo.get_ref()) {
+                out.push(m.diag(
+                    mo.span(),
+                    format!(
+                        "model class `{name}` lists `{}`, which is not in the catalogue",
+                        mo.get_ref()
+                    ),
+                    "add it under `[[models]]` or fix the id",
+                ));
+            } else if !named.insert(mo.get_ref().clone()) {
+                out.push(m.diag(
+                    mo.span(),
+                    format!("model `{}` is in two model classes", mo.get_ref()),
+                    "a model may stand in for the models of one class only",
                 ));
             }
         }

@@ -21,9 +21,10 @@ fn example_directory_compiles_and_verifies_exhaustively() {
     assert_eq!(report.requests, report.space);
     assert!(report.known > 0 && report.known < report.requests);
     assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
-    // Seven example policies: one permit factor (model), and forbids keyed
-    // by data_class, tenant, model, tp_degree and nothing.
-    assert_eq!(project.info.len(), 7);
+    // Eleven example policies: one permit factor (model), and forbids keyed
+    // by data_class, tenant, model, tp_degree and nothing, and by the
+    // computed `substituted` and `cached` with tenant or data_class.
+    assert_eq!(project.info.len(), 11);
     let keys: Vec<Vec<String>> = compiled
         .factors
         .iter()

@@ -395,8 +395,14 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         return Ok(());
     }
     // The filter refused nothing: every header attribute was sent with
-    // one value (repeats of the same value aside).
+    // one value (repeats of the same value aside). What ACE computes
+    // itself (`substituted`, `cached`) is never read from a header: a
+    // request served as asked has them false, whatever it sent.
     for (values, a) in h.headers.iter().take(policy.attributes.len()).zip(0..) {
+        if let Some(no) = policy.computed_default(a) {
+            prop_assert_eq!(lookup.values.get(a).copied(), Some(no));
+            continue;
+        }
         let distinct: std::collections::BTreeSet<String> =
             values.iter().map(|v| text(a, *v)).collect();
         prop_assert!(
@@ -409,16 +415,7 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         let decided = lookup.values.get(m).copied().unwrap_or(u32::MAX);
         prop_assert_eq!(decided, tables.value_index(m as u32, name));
     }
-    let policy_h = HealthPolicy::default();
-    let fleet = Fleet {
-        models: &cfg.models[..n],
-        health: &healths[..n],
-        in_flight: &loads[..n],
-        live: &[],
-        policy: &policy_h,
-    };
-    let mut slate = Slate::new(n);
-    slate.refresh(&fleet, 0);
+    let slate = priced(&cfg.models[..n], &healths[..n], &loads[..n]);
     let req = Request {
         tokens_in: 10,
         tokens_out: 10,
@@ -440,4 +437,215 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         );
     }
     Ok(())
+}
+
+/// `models` priced at the given health and loads.
+fn priced(models: &[CostModel], healths: &[Health], loads: &[u32]) -> Slate {
+    let policy = HealthPolicy::default();
+    let fleet = Fleet {
+        models,
+        health: healths,
+        in_flight: loads,
+        live: &[],
+        policy: &policy,
+    };
+    let mut slate = Slate::new(models.len());
+    slate.refresh(&fleet, 0);
+    slate
+}
+
+/// The example configuration with model routing (the manifest's classes
+/// and cost factors) and the response cache on.
+fn routed_config() -> &'static ace_filter::config::Config {
+    static C: OnceLock<ace_filter::config::Config> = OnceLock::new();
+    C.get_or_init(|| {
+        let dir = ace_harness::workspace_root().join("policies");
+        let mut json = ace_cli::plugin::build(&dir, false, true).unwrap_or_else(|e| panic!("{e}"));
+        let (classes, cost_factors) = compiled()
+            .project
+            .manifest
+            .model_routing()
+            .unwrap_or_else(|| panic!("the example manifest declares model classes"));
+        json["model_routing"] =
+            serde_json::json!({"classes": classes, "cost_factors": cost_factors});
+        json["cache"] = serde_json::json!({});
+        ace_filter::config::Config::parse(json.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// Requests served by models routing (destination, model) pairs and
+/// answers from the cache: for random requests naming a class member or a
+/// class (every other attribute random, unknown values included), random
+/// costs, loads and health, the pair the merit order picks is one Cedar
+/// allows for the request with that model and `substituted` as it is; and
+/// a cache entry from a random producer with a random model is served only
+/// where Cedar allows that producer for the request with that model and
+/// `cached` true.
+#[test]
+fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
+    use ace_filter::{cache, request, routing};
+    let c = compiled();
+    let cfg = routed_config();
+    let tables = cfg.tables().unwrap_or_else(|| panic!("no tables"));
+    let n = tables.destination_count();
+    let routing = cfg.routing.as_ref().unwrap_or_else(|| panic!("no routing"));
+    let cache_cfg = cfg.cache.as_ref().unwrap_or_else(|| panic!("no cache"));
+    let policy = cfg.policy.as_ref().unwrap_or_else(|| panic!("no policy"));
+    let attrs = tables.attribute_count();
+    let served = std::cell::Cell::new((0usize, 0usize, 0usize));
+    let strategy = (
+        proptest::collection::vec(0u32..64, attrs),
+        0usize..64,
+        proptest::collection::vec(model(), n),
+        proptest::collection::vec(health(), n),
+        proptest::collection::vec(0u32..20, n),
+        (0usize..64, 0usize..64),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(
+        ProptestConfig::with_cases(512),
+        proptest::test_runner::TestRng::deterministic_rng(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+        ),
+    );
+    let names: Vec<String> = routing
+        .members
+        .iter()
+        .map(|m| m.name.clone())
+        .chain(["chat-large".to_string(), "chat-small".to_string()])
+        .collect();
+    let result = runner.run(
+        &strategy,
+        |(raw, named, models, healths, loads, (producer, made_by))| {
+            // Attribute values: mostly known, sometimes unknown; computed
+            // ones start false, as the filter starts them.
+            let mut values: Vec<u32> = raw
+                .iter()
+                .enumerate()
+                .map(|(a, v)| {
+                    let count = tables.value_count(a as u32);
+                    if *v >= 60 || count == 0 {
+                        0
+                    } else {
+                        v % count + 1
+                    }
+                })
+                .collect();
+            for (i, no) in &policy.computed {
+                values[*i] = *no;
+            }
+            let name = &names[named % names.len()];
+            let asked = routing
+                .asked(name)
+                .unwrap_or_else(|| panic!("{name} is routed"));
+            let m = policy
+                .model
+                .unwrap_or_else(|| panic!("the tables read model"));
+            values[m] = tables.value_index(m as u32, name);
+            let mut lookup = request::Lookup::new(cfg);
+            lookup.values.clone_from(&values);
+            // Cedar's own answer for this request served by `model` on
+            // destination `d`: `None` when it allows, else why not.
+            let allowed = |d: usize, model: &str, substituted: bool, cached: bool| {
+                let mut idx = values.clone();
+                idx[m] = tables.value_index(m as u32, model);
+                idx[routing.substituted_attribute()] = routing.substituted_value(substituted);
+                if cached {
+                    idx[cache_cfg.attribute()] = cache_cfg.yes();
+                }
+                let context = c.project.context(&idx).map_err(TestCaseError::fail)?;
+                let r = c
+                    .project
+                    .request_with(&idx, d, context)
+                    .map_err(TestCaseError::fail)?;
+                Ok::<_, TestCaseError>((!c.project.allows(&r)).then(|| {
+                    format!(
+                        "Cedar denies {} serving {model} for {}",
+                        tables.destination_name(d).unwrap_or("?"),
+                        c.project.describe(&idx)
+                    )
+                }))
+            };
+            // A cache entry from a random producer and model: served only
+            // where Cedar allows it.
+            let entry = cache::Entry {
+                key: [0; 32],
+                created_ms: 0,
+                producer: producer % n,
+                model: &routing.members[made_by % routing.members.len()].name,
+                status: 200,
+                content_type: "application/json",
+                tokens_in: 1,
+                tokens_out: 1,
+                estimated: false,
+                digest: [0; 32],
+                body: b"{}",
+            };
+            let mut scratch = Vec::new();
+            if cache::may_serve(
+                cfg,
+                &tables,
+                &mut lookup,
+                &mut scratch,
+                cache_cfg,
+                Some(routing),
+                Some(asked),
+                &entry,
+            ) {
+                served.set((served.get().0, served.get().1, served.get().2 + 1));
+                let substituted = asked.member.is_some()
+                    && routing.reference(asked).map(|r| r.name.as_str()) != Some(entry.model);
+                let why = allowed(entry.producer, entry.model, substituted, true)?;
+                prop_assert!(why.is_none(), "a cache hit: {}", why.unwrap_or_default());
+            }
+            prop_assert_eq!(
+                &lookup.values,
+                &values,
+                "the cache check leaves the request as it was"
+            );
+            // The pairs, and the merit order over them at the models' prices.
+            let mut pairs = routing::Pairs::default();
+            routing.expand(&tables, &mut lookup.values, asked, &mut pairs);
+            let slate = priced(&models, &healths, &loads);
+            let req = Request {
+                tokens_in: 100,
+                tokens_out: 100,
+                latency_usd_per_s: 0.0,
+            };
+            let decided = ace_core::dispatch::decide_scaled(
+                &slate,
+                &pairs.mask,
+                &[u64::MAX],
+                &req,
+                &pairs.scale,
+            );
+            if let Ok(d) = decided {
+                let member = pairs
+                    .member(d.index)
+                    .ok_or_else(|| TestCaseError::fail("a destination with no model"))?;
+                let served_name = &routing.members[member].name;
+                let (r, sub, h) = served.get();
+                served.set((r + 1, sub + usize::from(asked.member != Some(member)), h));
+                let substituted = asked.member.is_some_and(|a| a != member);
+                let why = allowed(d.index, served_name, substituted, false)?;
+                prop_assert!(why.is_none(), "a routed pair: {}", why.unwrap_or_default());
+                // The booked price is the served model's there.
+                let f = routing.factor(member, d.index);
+                let plain =
+                    ace_core::dispatch::decide(&slate, &[1u64 << d.index], &[u64::MAX], &req)
+                        .map(|p| p.marginal_usd * f)
+                        .unwrap_or(f64::NAN);
+                prop_assert!((plain - d.marginal_usd).abs() <= 1e-12 * plain.abs().max(1.0));
+            }
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let (routed, substituted, hits) = served.get();
+    assert!(
+        routed >= 50 && substituted >= 10 && hits >= 10,
+        "not vacuous: {routed} routed, {substituted} substituted, {hits} cache hits of 512"
+    );
 }

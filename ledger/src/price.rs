@@ -67,8 +67,8 @@ pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError
     let warm = e.warm != Some(false);
     // Past a cap of 0 the core prices a reserved block at its overage.
     let cap = e.overage.then_some(0);
-    let usd = model
-        .marginal_usd(e.tokens_in, e.tokens_out, warm, 0, cap)
+    let tokens = model
+        .marginal_usd(e.tokens_in, e.tokens_out, true, 0, cap)
         .ok_or_else(|| {
             PriceError(format!(
                 "field `overage` is true but {dest:?} in configuration {cfg_id} is {} with no \
@@ -76,12 +76,38 @@ pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError
                 model.tier.as_str()
             ))
         })?;
+    // The served model's price on the destination (model routing), plus
+    // a cold load; an answer from the cache costs nothing at the margin.
+    let served = e.model_served.as_deref().or(e.model_requested.as_deref());
+    let usd = if e.cached {
+        0.0
+    } else {
+        let cold = if warm { 0.0 } else { model.cold_load_usd };
+        tokens * factor(cfg, i, served) + cold
+    };
     let booked = nano(usd, "booked cost")?;
-    let counterfactual = cheapest_payg(e, cfg, e.model_requested.as_deref())?;
-    let served_counterfactual = if e.model_served == e.model_requested {
+    // Against the model named (a class: its reference model), served as
+    // named; then the model served, as served.
+    let named = e.model_requested.as_deref();
+    let reference = cfg
+        .routing
+        .as_ref()
+        .zip(named)
+        .and_then(|(r, n)| r.reference_of(n))
+        .or(named);
+    let counterfactual = cheapest_payg(e, cfg, reference, false)?;
+    let substituted = e.model_served.is_some()
+        && e.model_served != e.model_requested
+        && cfg
+            .routing
+            .as_ref()
+            .zip(named)
+            .and_then(|(r, n)| r.asked(n))
+            .is_some_and(|a| a.member.is_some());
+    let served_counterfactual = if e.model_served == e.model_requested || e.model_served.is_none() {
         counterfactual
     } else {
-        cheapest_payg(e, cfg, e.model_served.as_deref())?
+        cheapest_payg(e, cfg, e.model_served.as_deref(), substituted)?
     };
     Ok(Priced {
         booked,
@@ -94,16 +120,34 @@ fn nano(usd: f64, what: &str) -> Result<Nano, PriceError> {
     money::from_usd(usd).ok_or_else(|| PriceError(format!("the {what} is not a finite amount")))
 }
 
+/// The price factor of `model` on destination `d` (model routing's
+/// `cost_factors`; 1 without them).
+fn factor(cfg: &Config, d: usize, model: Option<&str>) -> f64 {
+    let Some((r, model)) = cfg.routing.as_ref().zip(model) else {
+        return 1.0;
+    };
+    r.members
+        .iter()
+        .position(|m| m.name == model.trim())
+        .map_or(1.0, |k| r.factor(k, d))
+}
+
 /// The cheapest feasible pay-as-you-go list price for `e`'s tokens, with
-/// `model` as the model attribute.
-fn cheapest_payg(e: &Event, cfg: &Config, model: Option<&str>) -> Result<Option<Nano>, PriceError> {
-    let mask = feasible(e, cfg, model);
+/// `model` as the model attribute (at its price there) and `substituted`
+/// as model routing's computed attribute.
+fn cheapest_payg(
+    e: &Event,
+    cfg: &Config,
+    model: Option<&str>,
+    substituted: bool,
+) -> Result<Option<Nano>, PriceError> {
+    let mask = feasible(e, cfg, model, substituted);
     let best = cfg
         .models
         .iter()
         .enumerate()
         .filter(|(i, m)| m.tier.is_pay_as_you_go() && bit(&mask, *i))
-        .map(|(_, m)| m.rest_usd(e.tokens_in, e.tokens_out))
+        .map(|(i, m)| m.rest_usd(e.tokens_in, e.tokens_out) * factor(cfg, i, model))
         .min_by(f64::total_cmp);
     best.map(|usd| nano(usd, "counterfactual")).transpose()
 }
@@ -119,7 +163,8 @@ const MAX_COMBINATIONS: usize = 4096;
 /// The destinations the configuration's tables allow for `e`'s attributes
 /// (every one without tables).
 ///
-/// The event carries tenant, data class, latency class and model; each is
+/// The event carries tenant, data class, latency class and model, and the
+/// computed `substituted` and `cached` follow from it; each is
 /// looked up as the filter does (trimmed; unknown values fail closed; a
 /// missing one takes the configured default, or, where the policy refuses
 /// requests without it, allows nothing, as the filter refused them). An
@@ -127,7 +172,7 @@ const MAX_COMBINATIONS: usize = 4096;
 /// `tp_degree`) is tried at every value it can take, and the feasible sets
 /// are joined: the counterfactual is then the cheapest pay-as-you-go under
 /// any value, a lower bound, so a saving is never overstated.
-fn feasible(e: &Event, cfg: &Config, model: Option<&str>) -> Vec<u64> {
+fn feasible(e: &Event, cfg: &Config, model: Option<&str>, substituted: bool) -> Vec<u64> {
     let words = cfg.destinations.len().div_ceil(64);
     let (Some(tables), Some(policy)) = (cfg.tables(), &cfg.policy) else {
         return cfg.warmth.mask(None).to_vec();
@@ -140,6 +185,10 @@ fn feasible(e: &Event, cfg: &Config, model: Option<&str>) -> Vec<u64> {
             "data_class" => Some(e.data_class.as_deref()),
             "latency_class" => Some(e.latency_class.as_deref()),
             "model" => Some(model),
+            // What the filter computes: the counterfactual is served
+            // fresh, substituted as the caller says.
+            "substituted" => Some(Some(if substituted { "true" } else { "false" })),
+            "cached" => Some(Some("false")),
             _ => None,
         };
         let slot = match values.get_mut(i) {

@@ -170,13 +170,11 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
     for w in windows.values_mut() {
         w.judge(rules);
         let tl = r.by_tenant.entry(w.tenant.clone()).or_default();
-        if w.forfeited.is_some() {
-            r.forfeited.add(&w.savings);
-            tl.forfeited += w.savings.total();
-        } else {
-            r.earned.add(&w.savings);
-            tl.earned += w.savings.total();
-        }
+        let kept = w.kept();
+        r.forfeited.add(&w.lost);
+        tl.forfeited += w.lost.total();
+        r.earned.add(&kept);
+        tl.earned += kept.total();
     }
     r.windows = windows.into_values().collect();
     if r.events == 0 {

@@ -4,14 +4,16 @@
 //! A cheaper fleet that drops requests, misses SLOs or serves wrong cache
 //! hits would show savings it did not earn. So every event falls into the
 //! window `[start, start + window)` of its tenant (`start` a multiple of
-//! the window length since the epoch) and a window forfeits all its
-//! savings, with the reason, when any of these fails:
+//! the window length since the epoch) and a window forfeits its savings,
+//! with the reason, when any of these fails:
 //!
-//! - served fraction `served / events >= min_served`;
+//! - served fraction `served / events >= min_served` (all its savings);
 //! - for each latency class with an SLO, `met / with_slo >= min_slo`
-//!   (a per-class bound overrides the default);
-//! - cache false-hit rate `false_hits / cache_hits <= max_false_hit`
-//!   (vacuous while there are no cache hits).
+//!   (a per-class bound overrides the default; all its savings);
+//! - cache false-hit rate `false_hits / checked <= max_false_hit`, over
+//!   the hits the filter sent upstream as well to check them (reason
+//!   `cache_check`; vacuous while none was checked): its caching savings,
+//!   since a wrong answer from the cache says nothing about the rest.
 
 use crate::row::Row;
 use crate::split::Split;
@@ -59,12 +61,21 @@ pub struct Window {
     /// Per latency class: (met, with an SLO).
     pub slo: BTreeMap<String, (u64, u64)>,
     pub cache_hits: u64,
+    /// Hits checked against the upstream, and how many of them were wrong.
+    pub checked: u64,
     pub false_hits: u64,
     /// Savings before the rule.
     pub savings: Split,
     /// Why its savings are forfeited, if they are.
     pub forfeited: Option<String>,
+    /// What of `savings` the rule takes: all of it, the caching part, or
+    /// nothing.
+    pub lost: Split,
 }
+
+/// The event reason of a cache hit the filter checked against the
+/// upstream (`ace_filter::cache::CHECK_REASON`).
+pub const CHECK_REASON: &str = "cache_check";
 
 /// The window key of `r` under `rules`.
 pub fn key(r: &Row, rules: &Rules) -> (String, i64) {
@@ -85,7 +96,10 @@ impl Window {
             e.1 += 1;
         }
         self.cache_hits += u64::from(r.cached);
-        self.false_hits += u64::from(r.cached && r.cache_false_hit);
+        // A false hit is found by a check (an older writer may mark the
+        // cached row itself): each counts as checked.
+        self.checked += u64::from(r.reason == CHECK_REASON || r.cache_false_hit);
+        self.false_hits += u64::from(r.cache_false_hit);
         self.savings.add(split);
     }
 
@@ -112,15 +126,70 @@ impl Window {
                 ));
             }
         }
-        if self.cache_hits > 0 {
-            let rate = self.false_hits as f64 / self.cache_hits as f64;
+        self.lost = if why.is_empty() {
+            Split::default()
+        } else {
+            self.savings
+        };
+        if self.checked > 0 {
+            let rate = self.false_hits as f64 / self.checked as f64;
             if rate > rules.max_false_hit {
                 why.push(format!(
-                    "cache false-hit rate {rate:.4} ({} of {}) > {}",
-                    self.false_hits, self.cache_hits, rules.max_false_hit
+                    "cache false-hit rate {rate:.4} ({} of {} checked) > {}: caching savings",
+                    self.false_hits, self.checked, rules.max_false_hit
                 ));
+                self.lost.caching = self.savings.caching;
             }
         }
         self.forfeited = (!why.is_empty()).then(|| why.join("; "));
+    }
+
+    /// What the window keeps.
+    pub fn kept(&self) -> Split {
+        let (s, l) = (&self.savings, &self.lost);
+        Split {
+            utilisation: s.utilisation - l.utilisation,
+            arbitrage: s.arbitrage - l.arbitrage,
+            routing: s.routing - l.routing,
+            caching: s.caching - l.caching,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn false_hits_past_the_bound_forfeit_the_caching_savings_only() {
+        let savings = Split {
+            utilisation: 10,
+            arbitrage: 20,
+            routing: 30,
+            caching: 40,
+        };
+        let mut w = Window {
+            events: 100,
+            served: 100,
+            checked: 10,
+            false_hits: 1,
+            savings,
+            ..Window::default()
+        };
+        w.judge(&Rules::default());
+        assert!(w
+            .forfeited
+            .as_deref()
+            .is_some_and(|r| r.contains("false-hit")));
+        assert_eq!(w.lost.total(), 40, "{:?}", w.lost);
+        assert_eq!(w.kept().total() + w.lost.total(), savings.total());
+        // Within the bound: all kept.
+        w.false_hits = 0;
+        w.judge(&Rules::default());
+        assert_eq!((w.forfeited.clone(), w.kept()), (None, savings));
+        // A window that dropped traffic loses everything.
+        w.served = 50;
+        w.judge(&Rules::default());
+        assert_eq!(w.lost, savings);
     }
 }

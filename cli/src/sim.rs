@@ -1,0 +1,357 @@
+//! `ace sim`: run ACE and the gateways' and packers' strategies over the
+//! same fleet and trace, and compare cost, SLO attainment, served
+//! fraction, owned-GPU utilisation and compliance (see the `ace-sim`
+//! crate).
+
+use ace_cli::out;
+use ace_sim::report::{Comparison, PolicyFigures, Setting};
+use ace_sim::slo::Targets;
+use ace_sim::trace::{self, Shape, Trace};
+use ace_sim::{PolicyKind, Simulation};
+use anyhow::{anyhow, bail, Context};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The shared Azure trace, where a checkout of this repository finds it.
+pub const DEFAULT_TRACE: &str = "../shared/traces/AzureLLMInferenceTrace_conv_2023.csv";
+
+/// Arguments of `ace sim`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Policy directory (schema, policies, fleet manifest).
+    #[arg(long, default_value = "policies")]
+    policies: PathBuf,
+    /// Request trace: a CSV with TIMESTAMP, ContextTokens and
+    /// GeneratedTokens columns.
+    #[arg(long, default_value = DEFAULT_TRACE)]
+    trace: PathBuf,
+    /// Use a synthetic trace of this many requests instead (Poisson
+    /// arrivals, Azure-like sizes).
+    #[arg(long, value_name = "N", conflicts_with = "trace")]
+    synthetic: Option<usize>,
+    /// Spread the trace over a day with the diurnal curve, repeated this
+    /// many times (48 copies of the Azure hour: about 930,000 requests).
+    #[arg(long, default_value_t = 48)]
+    copies: u32,
+    /// Replay the trace as recorded, sped up by this factor, instead of
+    /// spreading it over a day.
+    #[arg(long, value_name = "FACTOR")]
+    replay: Option<f64>,
+    /// How many seeds (runs per policy).
+    #[arg(long, default_value_t = 5)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Only these policies (repeatable): ace, all-payg, litellm-simple-shuffle,
+    /// litellm-least-busy, litellm-usage-based, litellm-latency-based,
+    /// litellm-cost-based, priority-gateway, owned-first.
+    #[arg(long = "policy", value_name = "NAME")]
+    policy: Vec<String>,
+    /// The request mix (tenants, classes, models): a TOML file like the
+    /// crate's `mix.toml`, the default.
+    #[arg(long, value_name = "FILE")]
+    mix: Option<PathBuf>,
+    /// SLO targets per latency class, a TOML file (`[[classes]]` with
+    /// class, ttft_ms, e2e_base_ms, e2e_per_token_ms).
+    #[arg(long, value_name = "FILE")]
+    slo: Option<PathBuf>,
+    /// The attainment (and served fraction) a policy must reach in every
+    /// latency class to count as meeting the SLO.
+    #[arg(long, default_value_t = 0.95)]
+    slo_bar: f64,
+    /// Write the comparison as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the charts (SVG) into this directory.
+    #[arg(long, value_name = "DIR")]
+    charts: Option<PathBuf>,
+    /// Write every ACE run's events (the filter's access-log lines, one
+    /// per request) into this directory, with the plugin configuration
+    /// that `ace ledger ingest --config` needs.
+    #[arg(long, value_name = "DIR")]
+    events: Option<PathBuf>,
+    /// Inject this failure instead of the default set (repeatable):
+    /// `DESTINATION:KIND:FROM-TO` with KIND `outage`, `errors=FRACTION` or
+    /// `slowdown=FACTOR` and FROM-TO in minutes into the run, e.g.
+    /// `mistral-eu:outage:0-1440`.
+    #[arg(long = "fault", value_name = "SPEC")]
+    faults: Vec<String>,
+    /// Inject no failures.
+    #[arg(long, conflicts_with = "faults")]
+    no_faults: bool,
+    /// Run ACE without the control service's snapshots.
+    #[arg(long)]
+    no_control: bool,
+    /// Worker threads (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let sim = build(&args)?;
+    let kinds: Vec<PolicyKind> = if args.policy.is_empty() {
+        PolicyKind::ALL.to_vec()
+    } else {
+        args.policy
+            .iter()
+            .map(|n| {
+                PolicyKind::parse(n).ok_or_else(|| {
+                    anyhow!(
+                        "no policy `{n}`; the policies are {}",
+                        PolicyKind::ALL.map(PolicyKind::name).join(", ")
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    let seeds: Vec<u64> = (args.seed..args.seed + args.seeds).collect();
+    if let Some(dir) = &args.events {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create `{}`", dir.display()))?;
+        std::fs::write(dir.join("plugin-config.json"), &sim.config_json)
+            .with_context(|| format!("cannot write into `{}`", dir.display()))?;
+    }
+    let runs = run_all(&sim, &kinds, &seeds, args.events.as_deref(), args.threads)?;
+    let policies = kinds
+        .iter()
+        .zip(runs)
+        .map(|(k, runs)| PolicyFigures::new(k.name(), runs))
+        .collect();
+    let comparison = Comparison {
+        setting: Setting {
+            trace: match args.synthetic {
+                Some(n) => format!("synthetic ({n} requests)"),
+                None => args.trace.display().to_string(),
+            },
+            requests: sim.reqs.len(),
+            seeds,
+            shape: match args.replay {
+                Some(f) => format!("replayed at {f}x"),
+                None => format!("{} copies over a day (diurnal curve)", args.copies),
+            },
+        },
+        policies,
+        slo_bar: args.slo_bar,
+    };
+    out!("{}", comparison.table());
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&comparison)? + "\n";
+        std::fs::write(p, text).with_context(|| format!("cannot write `{}`", p.display()))?;
+    }
+    if let Some(dir) = &args.charts {
+        for f in ace_sim::chart::write_all(&comparison, dir).map_err(|e| anyhow!(e))? {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The simulation `args` describe.
+pub fn build(args: &Args) -> anyhow::Result<Simulation> {
+    let project = ace_policy::load_dir(&args.policies).map_err(|e| anyhow!("{e}"))?;
+    let config = ace_cli::plugin::build_config(&args.policies, false, true)?;
+    let config_json = serde_json::to_vec(&config)?;
+    let trace = match args.synthetic {
+        Some(n) => Trace::synthetic(args.seed, n, 20.0),
+        None => Trace::read(&args.trace).map_err(|e| {
+            anyhow!("{e}").context(if args.trace.as_os_str() == DEFAULT_TRACE {
+                "the default trace is the shared Azure trace next to this checkout; give --trace FILE or --synthetic N"
+            } else {
+                "give a CSV with TIMESTAMP, ContextTokens and GeneratedTokens columns"
+            })
+        })?,
+    };
+    let shape = match args.replay {
+        Some(f) if f.is_finite() && f > 0.0 => Shape::Replay { speedup: f },
+        Some(f) => bail!("--replay {f}: the speed-up must be a number > 0"),
+        None if args.copies == 0 => bail!("--copies must be at least 1"),
+        None => Shape::Day {
+            copies: args.copies,
+        },
+    };
+    let arrivals = trace::arrivals(&trace, shape);
+    let (mix_source, mix_text) = match &args.mix {
+        Some(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).with_context(|| format!("cannot read `{}`", p.display()))?,
+        ),
+        None => (
+            "the default mix".to_string(),
+            ace_sim::mix::DEFAULT.to_string(),
+        ),
+    };
+    let targets = match &args.slo {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read `{}`", p.display()))?;
+            toml::from_str::<Targets>(&text)
+                .with_context(|| format!("`{}` is not an SLO file", p.display()))?
+        }
+        None => Targets::default(),
+    };
+    if !(0.0..=1.0).contains(&args.slo_bar) {
+        bail!("--slo-bar {}: a fraction between 0 and 1", args.slo_bar);
+    }
+    let mut sim = Simulation::new(
+        config_json,
+        &ace_sim::Placement::of(&project),
+        &ace_sim::model_tp(&project),
+        &arrivals,
+        &mix_source,
+        &mix_text,
+        targets,
+        args.seed,
+    )
+    .map_err(|e| anyhow!("{e}"))?;
+    sim.control = !args.no_control;
+    if args.no_faults {
+        sim.faults = Some(Vec::new());
+    } else if !args.faults.is_empty() {
+        let names: Vec<&str> = sim.params.iter().map(|p| p.name.as_str()).collect();
+        sim.faults = Some(
+            args.faults
+                .iter()
+                .map(|f| parse_fault(f, &names))
+                .collect::<anyhow::Result<_>>()?,
+        );
+    }
+    Ok(sim)
+}
+
+/// A `--fault` spec against the fleet's destination `names`.
+fn parse_fault(spec: &str, names: &[&str]) -> anyhow::Result<ace_sim::fleet::Fault> {
+    use ace_sim::fleet::{Fault, FaultKind};
+    let usage = "expected DESTINATION:KIND:FROM-TO, KIND one of outage, errors=FRACTION, slowdown=FACTOR, FROM-TO in minutes";
+    let mut parts = spec.splitn(3, ':');
+    let (Some(dest), Some(kind), Some(span)) = (parts.next(), parts.next(), parts.next()) else {
+        bail!("--fault {spec}: {usage}");
+    };
+    let d = names.iter().position(|n| *n == dest).ok_or_else(|| {
+        anyhow!(
+            "--fault {spec}: no destination `{dest}` in the fleet ({})",
+            names.join(", ")
+        )
+    })?;
+    let kind = match kind.split_once('=') {
+        None if kind == "outage" => FaultKind::Outage,
+        Some(("errors", v)) => match v.parse::<f64>() {
+            Ok(p) if (0.0..=1.0).contains(&p) => FaultKind::Errors(p),
+            _ => bail!("--fault {spec}: errors={v} is not a fraction between 0 and 1"),
+        },
+        Some(("slowdown", v)) => match v.parse::<f64>() {
+            Ok(f) if f.is_finite() && f >= 1.0 => FaultKind::Slowdown(f),
+            _ => bail!("--fault {spec}: slowdown={v} is not a factor >= 1"),
+        },
+        _ => bail!("--fault {spec}: unknown kind `{kind}`; {usage}"),
+    };
+    let (from, to) = span
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .filter(|(a, b)| a < b)
+        .ok_or_else(|| anyhow!("--fault {spec}: `{span}` is not FROM-TO minutes with FROM < TO"))?;
+    Ok(Fault {
+        dest: d,
+        from_ms: from * 60_000,
+        to_ms: to * 60_000,
+        kind,
+    })
+}
+
+/// Every (policy, seed) run, on `threads` threads; per policy, its runs in
+/// seed order (so the output never depends on scheduling).
+pub fn run_all(
+    sim: &Simulation,
+    kinds: &[PolicyKind],
+    seeds: &[u64],
+    events: Option<&std::path::Path>,
+    threads: Option<usize>,
+) -> anyhow::Result<Vec<Vec<ace_sim::metrics::Metrics>>> {
+    let jobs: Vec<(usize, usize)> = (0..kinds.len())
+        .flat_map(|k| (0..seeds.len()).map(move |s| (k, s)))
+        .collect();
+    let total = jobs.len() as u64 * sim.reqs.len() as u64;
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr_with_hz(4),
+    );
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {percent}% {human_pos}/{human_len} simulated requests, eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let done = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<anyhow::Result<ace_sim::metrics::Metrics>>>> =
+        Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let threads = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, jobs.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(k, si)) = jobs.get(i) else { break };
+                let (Some(&kind), Some(&seed)) = (kinds.get(k), seeds.get(si)) else {
+                    break;
+                };
+                // Each run reports how far it is; the bar shows the sum.
+                let reported = std::cell::Cell::new(0u64);
+                let counter = |n: u64| {
+                    let delta = n.saturating_sub(reported.replace(n));
+                    let all = done.fetch_add(delta, Ordering::Relaxed) + delta;
+                    bar.set_position(all);
+                };
+                let result = (|| -> anyhow::Result<ace_sim::metrics::Metrics> {
+                    // Only ACE runs the filter, so only ACE writes its events.
+                    let mut file = match events.filter(|_| kind == PolicyKind::Ace) {
+                        Some(dir) => {
+                            let p = dir.join(format!("{}-seed{seed}.log", kind.name()));
+                            Some(std::io::BufWriter::new(
+                                std::fs::File::create(&p)
+                                    .with_context(|| format!("cannot create `{}`", p.display()))?,
+                            ))
+                        }
+                        None => None,
+                    };
+                    let m = sim
+                        .run(
+                            kind,
+                            seed,
+                            file.as_mut().map(|f| f as &mut dyn Write),
+                            &counter,
+                        )
+                        .map_err(|e| anyhow!("{} seed {seed}: {e}", kind.name()))?;
+                    if let Some(f) = file.as_mut() {
+                        f.flush().context("cannot write the events")?;
+                    }
+                    Ok(m)
+                })();
+                if let Ok(mut r) = results.lock() {
+                    if let Some(slot) = r.get_mut(i) {
+                        *slot = Some(result);
+                    }
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let results = results
+        .into_inner()
+        .map_err(|_| anyhow!("a simulation thread panicked"))?;
+    let mut out: Vec<Vec<ace_sim::metrics::Metrics>> = kinds.iter().map(|_| Vec::new()).collect();
+    for ((k, _), r) in jobs.into_iter().zip(results) {
+        let m = r.ok_or_else(|| anyhow!("a simulation thread stopped early"))??;
+        if let Some(v) = out.get_mut(k) {
+            v.push(m);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,137 @@
+//! `ace sim` as a user runs it: reproducible to the byte, compliant under
+//! total failure, and clear about bad input.
+
+use std::path::Path;
+use std::process::Command;
+
+fn ace(args: &[&str]) -> std::process::Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    Command::new(env!("CARGO_BIN_EXE_ace"))
+        .current_dir(&root)
+        .args(args)
+        .output()
+        .expect("run ace")
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("c.json");
+    let mut all = vec!["sim"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", out.to_str().expect("utf-8")]);
+    let o = ace(&all);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&std::fs::read(&out).expect("json written")).expect("json")
+}
+
+#[test]
+fn the_same_seed_gives_the_same_bytes() {
+    let args = [
+        "sim",
+        "--synthetic",
+        "6000",
+        "--copies",
+        "2",
+        "--seeds",
+        "2",
+        "--threads",
+        "2",
+    ];
+    let a = ace(&args);
+    let b = ace(&args);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(a.stdout, b.stdout, "same seed, same table");
+    let text = String::from_utf8_lossy(&a.stdout);
+    for p in [
+        "ace",
+        "all-payg",
+        "litellm-simple-shuffle",
+        "litellm-least-busy",
+        "litellm-usage-based",
+        "litellm-latency-based",
+        "litellm-cost-based",
+        "priority-gateway",
+        "owned-first",
+    ] {
+        assert!(text.contains(p), "{p} missing:\n{text}");
+    }
+    let c = ace(&[
+        "sim",
+        "--synthetic",
+        "6000",
+        "--copies",
+        "2",
+        "--seeds",
+        "2",
+        "--seed",
+        "9",
+    ]);
+    assert_ne!(a.stdout, c.stdout, "another seed, another run");
+}
+
+#[test]
+fn ace_refuses_rather_than_leaks_when_every_compliant_destination_is_down() {
+    // Every EU destination is out all day: EU personal data has nowhere
+    // compliant to go.
+    let mut args = vec!["--synthetic", "4000", "--copies", "1", "--seeds", "1"];
+    let eu = [
+        "eu-inhouse-h100",
+        "eu-reserved-a100",
+        "eu-spot-l4",
+        "eu-ondemand-h100",
+        "mistral-eu",
+    ];
+    let faults: Vec<String> = eu.iter().map(|d| format!("{d}:outage:0-1440")).collect();
+    for f in &faults {
+        args.extend_from_slice(&["--fault", f]);
+    }
+    let c = json(&args);
+    let policies = c["policies"].as_array().expect("policies");
+    let get = |name: &str| {
+        policies
+            .iter()
+            .find(|p| p["policy"] == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    let ace = get("ace");
+    assert_eq!(ace["violations"]["max"], 0.0, "ACE never leaks");
+    assert!(
+        ace["served"]["mean"].as_f64().unwrap() < 0.99,
+        "ACE refuses what cannot be served compliantly"
+    );
+    let leaks: f64 = policies
+        .iter()
+        .map(|p| p["violations"]["mean"].as_f64().unwrap())
+        .sum();
+    assert!(leaks > 0.0, "the others' violations are shown as they are");
+}
+
+#[test]
+fn bad_input_is_named() {
+    let o = ace(&["sim", "--policy", "nope", "--synthetic", "10"]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("no policy `nope`") && e.contains("litellm-cost-based"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = dir.path().join("t.csv");
+    std::fs::write(
+        &csv,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 00:00:00,12,x\n",
+    )
+    .expect("write");
+    let o = ace(&["sim", "--trace", csv.to_str().expect("utf-8")]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("t.csv:2, column 3"),
+        "{e}"
+    );
+    let o = ace(&["sim", "--synthetic", "10", "--fault", "mars:outage:0-10"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("no destination `mars`"),
+        "{e}"
+    );
+}

@@ -1,0 +1,2 @@
+//! Simulator speed: requests simulated per second, per policy.
+fn main() {}

@@ -1,0 +1,634 @@
+//! The discrete-event loop: arrivals, attempts, first bytes, completions,
+//! retries and the control service's ticks, in time order, for one policy
+//! and one seed.
+//!
+//! The loop owns the fleet ([`Upstream`]s) and the clock; a [`Policy`]
+//! only chooses. Every policy meets the same arrivals, the same failures
+//! and the same evictions (each drawn from its own seeded stream), and is
+//! priced by the same cost curves, so the figures differ only by the
+//! choices made.
+
+use crate::fleet::{Answer, Upstream};
+use crate::metrics::{Metrics, RequestOutcome};
+use crate::mix::Profile;
+use crate::rng::Rng;
+use crate::slo::Targets;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// The run's Unix time at simulated ms 0: 2023-11-16 00:00 UTC, the day
+/// the Azure trace was recorded.
+pub const EPOCH_MS: u64 = 1_700_092_800_000;
+
+/// How often the control service publishes a snapshot, ms.
+pub const CONTROL_INTERVAL_MS: u64 = 1_000;
+
+/// One request of the run.
+#[derive(Clone, Copy, Debug)]
+pub struct Req {
+    /// Arrival, ms into the run.
+    pub at_ms: u64,
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// Output tokens.
+    pub output: u32,
+    /// Its [`Profile`].
+    pub profile: u32,
+}
+
+/// Where a policy sends an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// To this destination.
+    To(usize),
+    /// Nowhere: the client gets this status.
+    Refuse(u16),
+}
+
+/// What a policy does once an attempt answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// The answer goes to the client.
+    Deliver,
+    /// Try again, `after_ms` later, along `route`.
+    Retry {
+        /// Back-off, ms.
+        after_ms: u64,
+        /// Where.
+        route: Route,
+    },
+}
+
+/// What the loop shows a policy.
+#[derive(Debug)]
+pub struct World<'a> {
+    /// Now, ms into the run.
+    pub now: u64,
+    /// The destinations.
+    pub up: &'a [Upstream],
+    /// The requests.
+    pub reqs: &'a [Req],
+    /// Their profiles.
+    pub profiles: &'a [Profile],
+}
+
+impl World<'_> {
+    /// Request `r`.
+    pub fn req(&self, r: u32) -> Req {
+        self.reqs.get(r as usize).copied().unwrap_or(Req {
+            at_ms: 0,
+            prompt: 0,
+            output: 0,
+            profile: 0,
+        })
+    }
+
+    /// Request `r`'s profile.
+    pub fn profile(&self, r: u32) -> Option<&Profile> {
+        self.profiles.get(self.req(r).profile as usize)
+    }
+}
+
+/// A routing strategy under test. Each lives in its own module under
+/// `policy/`, documented against its source.
+pub trait Policy {
+    /// Its name in tables and files.
+    fn name(&self) -> String;
+
+    /// Where request `r`'s first attempt goes.
+    fn route(&mut self, w: &World<'_>, r: u32) -> Route;
+
+    /// Attempt `n` (0-based) of request `r` on `dest` answered `a`;
+    /// `tried` lists the destinations tried so far, this one last.
+    fn answered(
+        &mut self,
+        w: &World<'_>,
+        r: u32,
+        dest: usize,
+        a: &Answer,
+        n: u32,
+        tried: &[usize],
+    ) -> Next {
+        let _ = (w, r, dest, a, n, tried);
+        Next::Deliver
+    }
+
+    /// Request `r`'s last attempt, on `dest`, is over (`ok`: served whole).
+    fn done(&mut self, w: &World<'_>, r: u32, dest: usize, ok: bool) {
+        let _ = (w, r, dest, ok);
+    }
+
+    /// Request `r` was refused without an attempt, or its last attempt
+    /// failed and was delivered: no [`Policy::done`] follows.
+    fn finished_without_service(&mut self, w: &World<'_>, r: u32) {
+        let _ = (w, r);
+    }
+
+    /// The control service's tick (every [`CONTROL_INTERVAL_MS`]).
+    fn tick(&mut self, w: &World<'_>) {
+        let _ = w;
+    }
+
+    /// The events written so far, as JSON lines (drained).
+    fn take_events(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// An attempt's response headers (attempt id, generation).
+    First(u32, u32),
+    /// An attempt's last byte.
+    Done(u32, u32),
+    /// A retry attempt is sent.
+    Send(u32, u32),
+    /// The control tick.
+    Tick,
+    /// Spot evictions take effect.
+    Evict(u16),
+    /// Utilisation sample.
+    Sample,
+}
+
+/// The loop's timed events, in (time, insertion) order.
+#[derive(Debug, Default)]
+struct Timeline {
+    heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+}
+
+impl Timeline {
+    fn push(&mut self, t: u64, e: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((t, self.seq, e)));
+    }
+
+    fn next_time(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    fn pop(&mut self) -> Option<(u64, Ev)> {
+        self.heap.pop().map(|Reverse((t, _, e))| (t, e))
+    }
+}
+
+/// One attempt of a request on a destination.
+#[derive(Clone, Debug, Default)]
+struct Attempt {
+    /// Bumped on reuse, so stale events for a reused slot are ignored.
+    generation: u32,
+    live: bool,
+    req: u32,
+    dest: u16,
+    n: u32,
+    /// Sent (queued or running) and not over.
+    sent: bool,
+    answer: Option<Answer>,
+    /// Cost booked when it started, USD.
+    usd: f64,
+    /// The request's attempts so far, this one last.
+    tried: Vec<usize>,
+    /// Killed by an eviction before its end.
+    broken: bool,
+    /// Holds a running slot on its destination.
+    held_slot: bool,
+}
+
+/// The attempts in flight, in reusable slots.
+#[derive(Debug, Default)]
+struct Attempts {
+    slots: Vec<Attempt>,
+    free: Vec<u32>,
+}
+
+impl Attempts {
+    fn start(&mut self, req: u32, dest: usize, n: u32, tried: Vec<usize>) -> (u32, u32) {
+        let id = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(Attempt::default());
+            (self.slots.len() - 1) as u32
+        });
+        let Some(a) = self.slots.get_mut(id as usize) else {
+            return (id, 0);
+        };
+        let generation = a.generation.wrapping_add(1);
+        *a = Attempt {
+            generation,
+            live: true,
+            req,
+            dest: dest as u16,
+            n,
+            tried,
+            ..Attempt::default()
+        };
+        (id, generation)
+    }
+
+    /// Attempt `id` if it is still generation `g`.
+    fn get(&mut self, id: u32, g: u32) -> Option<&mut Attempt> {
+        self.slots
+            .get_mut(id as usize)
+            .filter(|a| a.live && a.generation == g)
+    }
+
+    fn end(&mut self, id: u32) {
+        if let Some(a) = self.slots.get_mut(id as usize) {
+            a.live = false;
+            a.tried = Vec::new();
+            self.free.push(id);
+        }
+    }
+}
+
+/// What a run needs besides the policy.
+#[derive(Debug)]
+pub struct Run<'a> {
+    /// The fleet, fresh.
+    pub up: Vec<Upstream>,
+    /// Requests, by arrival.
+    pub reqs: &'a [Req],
+    /// Their profiles.
+    pub profiles: &'a [Profile],
+    /// SLO targets.
+    pub targets: &'a Targets,
+    /// The seed (for the fleet's own draws).
+    pub seed: u64,
+    /// Per profile, the cheapest feasible pay-as-you-go destination's
+    /// (input, output) list prices: the counterfactual.
+    pub counterfactual: &'a [Option<(f64, f64)>],
+}
+
+/// The loop's mutable state.
+struct Loop<'a> {
+    up: Vec<Upstream>,
+    reqs: &'a [Req],
+    profiles: &'a [Profile],
+    counterfactual: &'a [Option<(f64, f64)>],
+    rng: Rng,
+    attempts: Attempts,
+    timeline: Timeline,
+    metrics: Metrics,
+    in_system: usize,
+}
+
+impl Run<'_> {
+    /// Run `policy` over every request; the figures, and the policy's
+    /// events through `events` (when given). `progress` is called with
+    /// the number of requests that have arrived, every 1%.
+    pub fn go(
+        self,
+        policy: &mut dyn Policy,
+        mut events: Option<&mut dyn std::io::Write>,
+        progress: &dyn Fn(u64),
+    ) -> std::io::Result<Metrics> {
+        let end = self.reqs.last().map_or(0, |r| r.at_ms);
+        let mut l = Loop {
+            metrics: Metrics::new(&self.up, self.targets, self.reqs.len()),
+            up: self.up,
+            reqs: self.reqs,
+            profiles: self.profiles,
+            counterfactual: self.counterfactual,
+            rng: Rng::fork(self.seed, "fleet-answers"),
+            attempts: Attempts::default(),
+            timeline: Timeline::default(),
+            in_system: 0,
+        };
+        l.timeline.push(0, Ev::Tick);
+        l.timeline.push(0, Ev::Sample);
+        let evictions: Vec<(u64, u16)> =
+            l.up.iter()
+                .enumerate()
+                .flat_map(|(d, u)| u.evictions.iter().map(move |(_, e, _)| (*e, d as u16)))
+                .collect();
+        for (t, d) in evictions {
+            l.timeline.push(t, Ev::Evict(d));
+        }
+        let step = (self.reqs.len() as u64 / 100).max(1);
+        let mut next = 0usize;
+        loop {
+            let arrival = l.reqs.get(next).map(|r| r.at_ms);
+            let take_arrival = match (arrival, l.timeline.next_time()) {
+                (Some(a), Some(t)) => a <= t,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if take_arrival {
+                let now = arrival.unwrap_or(0);
+                let r = next as u32;
+                next += 1;
+                if (next as u64).is_multiple_of(step) {
+                    progress(next as u64);
+                }
+                l.in_system += 1;
+                let route = policy.route(&l.world(now), r);
+                drain(policy, &mut events)?;
+                l.route(policy, &mut events, now, r, 0, Vec::new(), route, 0)?;
+                continue;
+            }
+            let Some((now, ev)) = l.timeline.pop() else {
+                break;
+            };
+            match ev {
+                Ev::Tick => {
+                    policy.tick(&l.world(now));
+                    drain(policy, &mut events)?;
+                    if now <= end {
+                        l.timeline.push(now + CONTROL_INTERVAL_MS, Ev::Tick);
+                    }
+                }
+                Ev::Sample => {
+                    l.metrics.sample(now, &l.up);
+                    if now <= end {
+                        l.timeline.push(now + 60_000, Ev::Sample);
+                    }
+                }
+                Ev::Evict(d) => l.evict(usize::from(d), now),
+                Ev::Send(id, g) => l.send(id, g, now),
+                Ev::First(id, g) => l.first(policy, &mut events, id, g, now)?,
+                Ev::Done(id, g) => l.done(policy, &mut events, id, g, now)?,
+            }
+        }
+        progress(self.reqs.len() as u64);
+        l.metrics.finish(end);
+        Ok(l.metrics)
+    }
+}
+
+impl Loop<'_> {
+    fn world(&self, now: u64) -> World<'_> {
+        World {
+            now,
+            up: &self.up,
+            reqs: self.reqs,
+            profiles: self.profiles,
+        }
+    }
+
+    fn req(&self, r: u32) -> Req {
+        self.world(0).req(r)
+    }
+
+    /// Act on `route` for attempt `n` of request `r`, `after_ms` from now.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &mut self,
+        policy: &mut dyn Policy,
+        events: &mut Option<&mut dyn std::io::Write>,
+        now: u64,
+        r: u32,
+        n: u32,
+        mut tried: Vec<usize>,
+        route: Route,
+        after_ms: u64,
+    ) -> std::io::Result<()> {
+        match route {
+            Route::To(d) if d < self.up.len() => {
+                let req = self.req(r);
+                let allowed = self
+                    .profiles
+                    .get(req.profile as usize)
+                    .is_none_or(|p| p.allows(d));
+                if !allowed {
+                    self.metrics.violation();
+                }
+                tried.push(d);
+                let (id, g) = self.attempts.start(r, d, n, tried);
+                if after_ms == 0 {
+                    self.send(id, g, now);
+                } else {
+                    self.timeline.push(now + after_ms, Ev::Send(id, g));
+                }
+            }
+            _ => {
+                let status = match route {
+                    Route::Refuse(s) => s,
+                    Route::To(_) => 500,
+                };
+                let req = self.req(r);
+                self.in_system -= 1;
+                self.metrics.record(
+                    r,
+                    &req,
+                    self.profiles.get(req.profile as usize),
+                    RequestOutcome::refused(status, now.saturating_sub(req.at_ms)),
+                );
+                policy.finished_without_service(&self.world(now), r);
+                drain(policy, events)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Send attempt `id` at `now`: queue it, or start it.
+    fn send(&mut self, id: u32, g: u32, now: u64) {
+        let Some(a) = self.attempts.get(id, g) else {
+            return;
+        };
+        a.sent = true;
+        let d = usize::from(a.dest);
+        let Some(u) = self.up.get_mut(d) else { return };
+        if u.up(now) && u.must_queue() {
+            u.queue.push_back((id, g));
+            return;
+        }
+        self.admit(id, g, now);
+    }
+
+    /// Attempt `id` starts on its destination at `now`.
+    fn admit(&mut self, id: u32, g: u32, now: u64) {
+        let reqs = self.reqs;
+        let profiles = self.profiles;
+        let Some(a) = self.attempts.get(id, g) else {
+            return;
+        };
+        let d = usize::from(a.dest);
+        let (Some(u), Some(req)) = (self.up.get_mut(d), reqs.get(a.req as usize)) else {
+            return;
+        };
+        let model = profiles
+            .get(req.profile as usize)
+            .map_or("", |p| p.model.as_str());
+        let running_before = u.running;
+        let answer = u.admit(now, req.prompt, req.output, model, &mut self.rng);
+        a.held_slot = crate::fleet::holds_slot(u.p.slots, answer.status);
+        a.usd = if (200..300).contains(&answer.status) {
+            let m = u.cost_at(now);
+            let price = if answer.overage {
+                let o = m.overage_usd_per_token.unwrap_or(0.0);
+                (f64::from(req.prompt) + f64::from(req.output)) * o
+            } else {
+                m.marginal_usd(req.prompt, req.output, true, running_before, None)
+                    .unwrap_or(0.0)
+            };
+            price + if answer.cold { u.p.cold_load_usd } else { 0.0 }
+        } else {
+            0.0
+        };
+        a.answer = Some(answer);
+        self.timeline.push(now + answer.first_ms, Ev::First(id, g));
+        if (200..300).contains(&answer.status) {
+            self.timeline
+                .push(now + answer.done_ms.max(answer.first_ms), Ev::Done(id, g));
+        }
+    }
+
+    /// Attempt `id`'s slot (if it held one) is free at `now`: the next
+    /// waiting attempt starts.
+    fn release(&mut self, id: u32, g: u32, now: u64) {
+        let Some(a) = self.attempts.get(id, g) else {
+            return;
+        };
+        if !std::mem::replace(&mut a.held_slot, false) {
+            return;
+        }
+        let d = usize::from(a.dest);
+        let Some(u) = self.up.get_mut(d) else { return };
+        u.finish();
+        if !u.must_queue() {
+            if let Some((next, ng)) = u.queue.pop_front() {
+                self.admit(next, ng, now);
+            }
+        }
+    }
+
+    /// Destination `d` is evicted at `now`: what runs there breaks, what
+    /// waits there is refused.
+    fn evict(&mut self, d: usize, now: u64) {
+        let queued: Vec<(u32, u32)> = self
+            .up
+            .get_mut(d)
+            .map(|u| u.queue.drain(..).collect())
+            .unwrap_or_default();
+        let running: Vec<(u32, u32)> = self
+            .attempts
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.live && a.sent && usize::from(a.dest) == d && a.answer.is_some())
+            .map(|(i, a)| (i as u32, a.generation))
+            .collect();
+        for (id, g) in queued {
+            if let Some(a) = self.attempts.get(id, g) {
+                a.broken = true;
+                a.answer = Some(Answer::failed(503));
+                self.timeline.push(now, Ev::First(id, g));
+            }
+        }
+        for (id, g) in running {
+            if let Some(a) = self.attempts.get(id, g) {
+                a.broken = true;
+                self.timeline.push(now, Ev::Done(id, g));
+            }
+        }
+    }
+
+    /// Attempt `id`'s response headers arrived.
+    fn first(
+        &mut self,
+        policy: &mut dyn Policy,
+        events: &mut Option<&mut dyn std::io::Write>,
+        id: u32,
+        g: u32,
+        now: u64,
+    ) -> std::io::Result<()> {
+        let Some(a) = self.attempts.get(id, g) else {
+            return Ok(());
+        };
+        let Some(answer) = a.answer else {
+            return Ok(());
+        };
+        let (r, d, n, broken) = (a.req, usize::from(a.dest), a.n, a.broken);
+        let tried = std::mem::take(&mut a.tried);
+        let ok = (200..300).contains(&answer.status);
+        if ok && broken {
+            // Broken before its headers: the Done already queued ends it.
+            if let Some(a) = self.attempts.get(id, g) {
+                a.tried = tried;
+            }
+            return Ok(());
+        }
+        let next = policy.answered(&self.world(now), r, d, &answer, n, &tried);
+        drain(policy, events)?;
+        if ok {
+            self.metrics.first_byte(r, now);
+            if let Some(a) = self.attempts.get(id, g) {
+                a.tried = tried;
+            }
+            return Ok(());
+        }
+        self.release(id, g, now);
+        self.attempts.end(id);
+        match next {
+            Next::Retry { after_ms, route } => {
+                self.route(policy, events, now, r, n + 1, tried, route, after_ms)
+            }
+            Next::Deliver => {
+                let req = self.req(r);
+                self.in_system -= 1;
+                self.metrics.record(
+                    r,
+                    &req,
+                    self.profiles.get(req.profile as usize),
+                    RequestOutcome::failed(answer.status, now.saturating_sub(req.at_ms), d),
+                );
+                policy.finished_without_service(&self.world(now), r);
+                drain(policy, events)
+            }
+        }
+    }
+
+    /// Attempt `id`'s response is over (whole, or broken by an eviction).
+    fn done(
+        &mut self,
+        policy: &mut dyn Policy,
+        events: &mut Option<&mut dyn std::io::Write>,
+        id: u32,
+        g: u32,
+        now: u64,
+    ) -> std::io::Result<()> {
+        let Some(a) = self.attempts.get(id, g) else {
+            return Ok(());
+        };
+        let (r, d, usd, broken) = (a.req, usize::from(a.dest), a.usd, a.broken);
+        let status = a.answer.map_or(0, |x| x.status);
+        self.release(id, g, now);
+        self.attempts.end(id);
+        self.in_system -= 1;
+        let req = self.req(r);
+        let counterfactual = self
+            .counterfactual
+            .get(req.profile as usize)
+            .copied()
+            .flatten()
+            .map(|(i, o)| f64::from(req.prompt) * i + f64::from(req.output) * o);
+        self.metrics.record(
+            r,
+            &req,
+            self.profiles.get(req.profile as usize),
+            RequestOutcome {
+                status,
+                served: !broken,
+                e2e_ms: now.saturating_sub(req.at_ms),
+                dest: Some(d),
+                usd,
+                counterfactual,
+            },
+        );
+        policy.done(&self.world(now), r, d, !broken);
+        drain(policy, events)
+    }
+}
+
+fn drain(
+    policy: &mut dyn Policy,
+    events: &mut Option<&mut dyn std::io::Write>,
+) -> std::io::Result<()> {
+    if let Some(w) = events {
+        let bytes = policy.take_events();
+        if !bytes.is_empty() {
+            w.write_all(&bytes)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,550 @@
+//! The simulated fleet: what each destination does with a request sent to
+//! it, whichever policy sent it.
+//!
+//! Every destination comes from the fleet manifest (tier, capacity, knee,
+//! throughput, prices, models); what the manifest does not say, a
+//! simulation has to assume, and the assumptions are here, in one place,
+//! the same for every policy:
+//!
+//! - **GPU servers** (in-house, reserved, spot, on-demand) batch
+//!   continuously: `capacity` sequences at once, each decoding at a speed
+//!   that falls as the batch fills and falls faster past the knee (the
+//!   manifest's `throughput_tps` is the whole server's at a full batch);
+//!   past the manifest's knee, time to first token climbs on an M/M/1
+//!   shape ([`past_knee_wait_ms`]: new sequences wait for prefill behind
+//!   a full batch); requests beyond the batch wait in a FIFO queue.
+//! - **Reserved blocks** have a tokens-per-minute commitment; past it they
+//!   answer 429 until the minute turns, unless the manifest gives an
+//!   overage price (a PTU spill-over deployment), when they serve on.
+//! - **Spot** servers are evicted as an alternating renewal process (up
+//!   time log-normal with a median of 1 h for 1-2 GPUs, 0.5 h for 4 and
+//!   0.33 h for 8; down time median 0.4 h; `scheduling.md` §4.2), with 2
+//!   minutes' notice in `us-*` regions (AWS) and 30 s elsewhere (GCP,
+//!   Azure). Requests in flight at eviction fail. Their hourly price moves
+//!   as an AR(1) series around the list price.
+//! - **Pay-as-you-go APIs** answer after a log-normal time to first token
+//!   (median 450 ms), decode at 70 tokens/s, and enforce requests- and
+//!   tokens-per-minute limits with 429.
+//! - **Injected failures** ([`Fault`]): 5xx bursts, outages and slowdowns,
+//!   at seeded times.
+//! - A GPU server holds as many models as the manifest lists resident; a
+//!   request for another loads it first (30 s, and its `cold_load_usd`),
+//!   evicting the least recently used.
+
+use crate::rng::Rng;
+use crate::trace::DAY_MS;
+use ace_core::cost::{CostModel, Tier};
+use std::collections::VecDeque;
+
+/// What the simulation assumes of one destination.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Manifest name.
+    pub name: String,
+    /// Tier.
+    pub tier: Tier,
+    /// Concurrent sequences (GPU servers); `None` for an API.
+    pub slots: Option<u32>,
+    /// Time per output token per sequence at a full batch, ms.
+    pub tpot_full_ms: f64,
+    /// Prompt tokens per second the server prefills.
+    pub prefill_tps: f64,
+    /// Utilisation past which decoding slows faster.
+    pub knee: f64,
+    /// Reserved: tokens per minute committed (`None`: no cap).
+    pub tpm_cap: Option<u64>,
+    /// Reserved: serves past the cap at an overage price.
+    pub overage: bool,
+    /// Spot: its eviction process.
+    pub spot: Option<SpotProcess>,
+    /// API: requests and tokens per minute before 429.
+    pub api_limits: Option<(u32, u64)>,
+    /// In the EU (for the gateways' region rules).
+    pub eu: bool,
+    /// Certified for PHI (a BAA).
+    pub baa: bool,
+    /// Models it serves.
+    pub models: Vec<String>,
+    /// Models resident at the start.
+    pub warm: Vec<String>,
+    /// Cold-load cost, USD.
+    pub cold_load_usd: f64,
+    /// The cost curve (the filter's).
+    pub cost: CostModel,
+}
+
+/// A spot server's eviction statistics.
+#[derive(Clone, Copy, Debug)]
+pub struct SpotProcess {
+    /// Notice before eviction, ms.
+    pub notice_ms: u64,
+    /// Median up time, ms.
+    pub up_median_ms: f64,
+    /// Median down time, ms.
+    pub down_median_ms: f64,
+}
+
+/// An injected failure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fault {
+    /// Destination index.
+    pub dest: usize,
+    /// From, ms into the run.
+    pub from_ms: u64,
+    /// To, ms.
+    pub to_ms: u64,
+    /// What goes wrong.
+    pub kind: FaultKind,
+}
+
+/// The kinds of injected failure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FaultKind {
+    /// This fraction of requests answer 500.
+    Errors(f64),
+    /// Nothing answers (connection refused: 503).
+    Outage,
+    /// Everything takes this many times longer.
+    Slowdown(f64),
+}
+
+/// Pay-as-you-go time to first token: median, ms, and log-normal shape.
+pub const API_TTFT_MS: (f64, f64) = (450.0, 0.5);
+/// Pay-as-you-go decode time per token, ms (70 tokens/s).
+pub const API_TPOT_MS: f64 = 1000.0 / 70.0;
+/// Pay-as-you-go limits per minute: requests, tokens.
+pub const API_LIMITS: (u32, u64) = (10_000, 20_000_000);
+/// A GPU server's prefill speed, prompt tokens per second.
+pub const PREFILL_TPS: f64 = 12_000.0;
+/// Per-sequence decode speed at a full batch when the manifest gives no
+/// throughput, tokens/s.
+pub const DEFAULT_SEQ_TPS: f64 = 25.0;
+/// Time to load a model that is not resident, ms.
+pub const COLD_LOAD_MS: u64 = 30_000;
+
+/// How much slower a sequence decodes at utilisation `u` than alone,
+/// relative: rises gently with the batch, steeply past the knee.
+pub fn slowdown(u: f64, knee: f64) -> f64 {
+    let past = ((u - knee) / (1.0 - knee).max(0.01)).max(0.0);
+    1.0 + 0.5 * u.min(1.0) + 1.5 * past.min(1.0)
+}
+
+/// A GPU server's extra time to first token past its knee, per unit of
+/// M/M/1 queue: new sequences wait for prefill behind a full batch.
+pub const KNEE_WAIT_MS: f64 = 250.0;
+
+/// Extra time to first token at utilisation `u` past `knee`, ms: the
+/// M/M/1 shape measured from the knee (the manifest's knee is where the
+/// operator measured latency to start climbing; the filter prices the same
+/// shape), capped at utilisation 0.99.
+pub fn past_knee_wait_ms(u: f64, knee: f64) -> f64 {
+    if u <= knee {
+        return 0.0;
+    }
+    let wait = |r: f64| {
+        let r = r.min(0.99);
+        r / (1.0 - r)
+    };
+    (wait(u) - wait(knee)) * KNEE_WAIT_MS
+}
+
+/// What a destination answers an attempt: the status, and when the first
+/// byte and the last arrive after admission.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// Time to first byte (response headers), ms after the attempt.
+    pub first_ms: u64,
+    /// Time to the end of the response, ms after the attempt.
+    pub done_ms: u64,
+    /// `retry-after`, s (429).
+    pub retry_after_s: Option<u32>,
+    /// Whether a model had to be loaded first.
+    pub cold: bool,
+    /// Whether a reserved block served past its commitment.
+    pub overage: bool,
+}
+
+impl Answer {
+    /// A failure answered at once.
+    pub fn failed(status: u16) -> Answer {
+        Answer {
+            status,
+            first_ms: 0,
+            done_ms: 0,
+            retry_after_s: None,
+            cold: false,
+            overage: false,
+        }
+    }
+}
+
+/// One destination's state during a run.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// Its parameters.
+    pub p: Params,
+    /// Sequences running.
+    pub running: u32,
+    /// Attempts waiting for a slot (id, generation).
+    pub queue: VecDeque<(u32, u32)>,
+    /// Current minute and its usage: requests, tokens.
+    minute: u64,
+    minute_requests: u32,
+    minute_tokens: u64,
+    prev_minute_tokens: u64,
+    /// Spot: (notice, eviction, return) times, ms.
+    pub evictions: Vec<(u64, u64, u64)>,
+    /// Spot: hourly price multipliers.
+    pub price_factor: Vec<f64>,
+    /// Models resident now, and when each was last used.
+    pub resident: Vec<String>,
+    last_used: Vec<u64>,
+    /// Faults on this destination.
+    pub faults: Vec<Fault>,
+}
+
+impl Upstream {
+    /// A fresh destination for a run of `days` days seeded by `rng`.
+    pub fn new(p: Params, rng: &mut Rng, days: u64) -> Upstream {
+        let horizon = DAY_MS * days.max(1);
+        let mut evictions = Vec::new();
+        if let Some(s) = p.spot {
+            let mut t = rng.log_normal(s.up_median_ms, 1.2);
+            while (t as u64) < horizon {
+                let evict = t as u64;
+                let back = evict + rng.log_normal(s.down_median_ms, 1.0).max(60_000.0) as u64;
+                evictions.push((evict.saturating_sub(s.notice_ms), evict, back));
+                t = back as f64 + rng.log_normal(s.up_median_ms, 1.2);
+            }
+        }
+        let mut price_factor = Vec::new();
+        if p.tier == Tier::Spot {
+            let mut m: f64 = 1.0;
+            for _ in 0..(horizon / 3_600_000 + 1) {
+                price_factor.push(m);
+                m = (1.0 + 0.7 * (m - 1.0) + 0.08 * rng.normal()).clamp(0.6, 1.8);
+            }
+        }
+        Upstream {
+            resident: p.warm.clone(),
+            last_used: vec![0; p.warm.len()],
+            p,
+            running: 0,
+            queue: VecDeque::new(),
+            minute: u64::MAX,
+            minute_requests: 0,
+            minute_tokens: 0,
+            prev_minute_tokens: 0,
+            evictions,
+            price_factor,
+            faults: Vec::new(),
+        }
+    }
+
+    /// Requests in the server: running and waiting (what its metrics
+    /// report).
+    pub fn load(&self) -> u32 {
+        self.running + self.queue.len() as u32
+    }
+
+    /// A committed block's use of its commitment over the last minute at
+    /// `now` (what Azure reports as PTU utilisation), 0 without a
+    /// commitment.
+    pub fn commitment_used(&self, now: u64) -> f64 {
+        let Some(cap) = self.p.tpm_cap.filter(|c| *c > 0) else {
+            return 0.0;
+        };
+        let minute = now / 60_000;
+        let into = (now % 60_000) as f64 / 60_000.0;
+        let (cur, prev) = if minute == self.minute {
+            (self.minute_tokens, self.prev_minute_tokens)
+        } else if minute == self.minute.wrapping_add(1) {
+            (0, self.minute_tokens)
+        } else {
+            (0, 0)
+        };
+        (cur as f64 + prev as f64 * (1.0 - into)) / cap as f64
+    }
+
+    /// Whether it answers at all at `now` (not evicted, no outage).
+    pub fn up(&self, now: u64) -> bool {
+        !self
+            .evictions
+            .iter()
+            .any(|(_, e, b)| (*e..*b).contains(&now))
+            && self
+                .fault(now, |k| matches!(k, FaultKind::Outage))
+                .is_none()
+    }
+
+    /// An eviction notice in force at `now`: until when it will be gone.
+    pub fn notice(&self, now: u64) -> Option<u64> {
+        self.evictions
+            .iter()
+            .find(|(n, _, b)| (*n..*b).contains(&now))
+            .map(|(_, _, b)| *b)
+    }
+
+    /// The spot price factor at `now`.
+    pub fn price_factor(&self, now: u64) -> f64 {
+        self.price_factor
+            .get((now / 3_600_000) as usize)
+            .copied()
+            .unwrap_or(1.0)
+    }
+
+    /// The cost curve as priced at `now` (spot prices move).
+    pub fn cost_at(&self, now: u64) -> CostModel {
+        let mut m = self.p.cost;
+        m.usd_per_gpu_hour *= self.price_factor(now);
+        m
+    }
+
+    fn fault(&self, now: u64, f: impl Fn(&FaultKind) -> bool) -> Option<FaultKind> {
+        self.faults
+            .iter()
+            .find(|x| (x.from_ms..x.to_ms).contains(&now) && f(&x.kind))
+            .map(|x| x.kind)
+    }
+
+    /// Whether an attempt arriving now must wait for a slot.
+    pub fn must_queue(&self) -> bool {
+        self.p.slots.is_some_and(|s| self.running >= s)
+    }
+
+    /// Admit an attempt for `prompt` + `output` tokens of `model` at `now`
+    /// (`waited_ms` in the queue first): what it will answer. A 2xx
+    /// holds a running slot until `done_ms`; anything else frees it at
+    /// `first_ms` (the caller calls [`Upstream::finish`] either way).
+    pub fn admit(
+        &mut self,
+        now: u64,
+        prompt: u32,
+        output: u32,
+        model: &str,
+        rng: &mut Rng,
+    ) -> Answer {
+        let fail = |status: u16, after: u64, retry: Option<u32>| Answer {
+            status,
+            first_ms: after,
+            done_ms: after,
+            retry_after_s: retry,
+            cold: false,
+            overage: false,
+        };
+        if !self.up(now) {
+            return fail(503, 5, None);
+        }
+        let minute = now / 60_000;
+        if minute != self.minute {
+            self.prev_minute_tokens = if minute == self.minute.wrapping_add(1) {
+                self.minute_tokens
+            } else {
+                0
+            };
+            self.minute = minute;
+            self.minute_requests = 0;
+            self.minute_tokens = 0;
+        }
+        let tokens = u64::from(prompt) + u64::from(output);
+        let to_next_minute = (60 - (now / 1000) % 60).max(1) as u32;
+        let mut overage = false;
+        if let Some((rpm, tpm)) = self.p.api_limits {
+            if self.minute_requests >= rpm || self.minute_tokens + tokens > tpm {
+                return fail(429, 20, Some(to_next_minute));
+            }
+        }
+        if let Some(cap) = self.p.tpm_cap {
+            if self.minute_tokens + tokens > cap {
+                if self.p.overage {
+                    overage = true;
+                } else {
+                    return fail(429, 10, Some(to_next_minute));
+                }
+            }
+        }
+        self.minute_requests += 1;
+        self.minute_tokens += tokens;
+        let slow = match self.fault(now, |k| matches!(k, FaultKind::Slowdown(_))) {
+            Some(FaultKind::Slowdown(f)) => f,
+            _ => 1.0,
+        };
+        if let Some(FaultKind::Errors(p)) = self.fault(now, |k| matches!(k, FaultKind::Errors(_))) {
+            if rng.chance(p) {
+                return fail(500, (50.0 * slow) as u64, None);
+            }
+        }
+        let out = f64::from(output);
+        let (ttft, tpot, cold) = match self.p.slots {
+            None => {
+                let ttft = rng.log_normal(API_TTFT_MS.0, API_TTFT_MS.1);
+                (ttft, API_TPOT_MS, false)
+            }
+            Some(slots) => {
+                self.running += 1;
+                let u = f64::from(self.running) / f64::from(slots.max(1));
+                let rel = slowdown(u, self.p.knee) / slowdown(1.0, self.p.knee);
+                let tpot = self.p.tpot_full_ms * rel;
+                let prefill = f64::from(prompt) / self.p.prefill_tps * 1000.0 * (1.0 + u);
+                let cold = self.touch(model, now);
+                let load = if cold { COLD_LOAD_MS as f64 } else { 0.0 };
+                let wait = past_knee_wait_ms(u, self.p.knee);
+                (30.0 + prefill + wait + load, tpot, cold)
+            }
+        };
+        let first = (ttft * slow).max(1.0);
+        Answer {
+            status: 200,
+            first_ms: first as u64,
+            done_ms: (first + out * tpot * slow) as u64,
+            retry_after_s: None,
+            cold,
+            overage,
+        }
+    }
+
+    /// `model` is used at `now`: whether it had to be loaded. A server
+    /// holds as many models as the manifest lists resident (at least
+    /// one); loading another evicts the least recently used.
+    fn touch(&mut self, model: &str, now: u64) -> bool {
+        if let Some(i) = self.resident.iter().position(|m| m == model) {
+            if let Some(t) = self.last_used.get_mut(i) {
+                *t = now;
+            }
+            return false;
+        }
+        let room = self.p.warm.len().max(1);
+        if self.resident.len() >= room {
+            let lru = self
+                .last_used
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, t)| **t)
+                .map_or(0, |(i, _)| i);
+            if lru < self.resident.len() {
+                self.resident.remove(lru);
+                self.last_used.remove(lru);
+            }
+        }
+        self.resident.push(model.to_string());
+        self.last_used.push(now);
+        true
+    }
+
+    /// An attempt that held a slot is over.
+    pub fn finish(&mut self) {
+        self.running = self.running.saturating_sub(1);
+    }
+}
+
+/// Whether a destination of tier `tier` holds a running slot for a
+/// non-2xx answer (never: failures free it at once).
+pub fn holds_slot(slots: Option<u32>, status: u16) -> bool {
+    slots.is_some() && (200..300).contains(&status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(slots: u32) -> Params {
+        Params {
+            name: "g".into(),
+            tier: Tier::InHouse,
+            slots: Some(slots),
+            tpot_full_ms: 40.0,
+            prefill_tps: PREFILL_TPS,
+            knee: 0.8,
+            tpm_cap: None,
+            overage: false,
+            spot: None,
+            api_limits: None,
+            eu: false,
+            baa: false,
+            models: vec!["m".into()],
+            warm: vec!["m".into()],
+            cold_load_usd: 0.0,
+            cost: CostModel::default(),
+        }
+    }
+
+    #[test]
+    fn decoding_slows_as_the_batch_fills_and_faster_past_the_knee() {
+        let mut u = Upstream::new(gpu(10), &mut Rng::new(1), 1);
+        let mut rng = Rng::new(2);
+        let alone = u.admit(0, 100, 100, "m", &mut rng);
+        for _ in 0..7 {
+            u.admit(0, 100, 100, "m", &mut rng);
+        }
+        let at_knee = u.admit(0, 100, 100, "m", &mut rng);
+        let full = u.admit(0, 100, 100, "m", &mut rng);
+        let d = |a: Answer| a.done_ms - a.first_ms;
+        assert!(
+            d(alone) < d(at_knee) && d(at_knee) < d(full),
+            "{alone:?} {at_knee:?} {full:?}"
+        );
+        assert_eq!(
+            d(full),
+            4000,
+            "a full batch decodes at the manifest's throughput"
+        );
+        assert!(u.must_queue());
+        u.finish();
+        assert!(!u.must_queue());
+    }
+
+    #[test]
+    fn a_reserved_block_answers_429_past_its_commitment_unless_it_has_overage() {
+        let mut p = gpu(100);
+        p.tier = Tier::Reserved;
+        p.tpm_cap = Some(1000);
+        let mut u = Upstream::new(p.clone(), &mut Rng::new(1), 1);
+        let mut rng = Rng::new(2);
+        assert_eq!(u.admit(1000, 400, 100, "m", &mut rng).status, 200);
+        assert_eq!(u.admit(1000, 400, 100, "m", &mut rng).status, 200);
+        let a = u.admit(1000, 1, 0, "m", &mut rng);
+        assert_eq!((a.status, a.retry_after_s), (429, Some(59)));
+        assert_eq!(
+            u.admit(61_000, 400, 100, "m", &mut rng).status,
+            200,
+            "a new minute"
+        );
+        p.overage = true;
+        let mut u = Upstream::new(p, &mut Rng::new(1), 1);
+        u.admit(0, 900, 0, "m", &mut rng);
+        let a = u.admit(0, 900, 0, "m", &mut rng);
+        assert_eq!((a.status, a.overage), (200, true));
+    }
+
+    #[test]
+    fn spot_servers_are_evicted_with_notice_and_come_back() {
+        let mut p = gpu(4);
+        p.tier = Tier::Spot;
+        p.spot = Some(SpotProcess {
+            notice_ms: 120_000,
+            up_median_ms: 3_600_000.0,
+            down_median_ms: 1_440_000.0,
+        });
+        let u = Upstream::new(p, &mut Rng::new(5), 1);
+        assert!(!u.evictions.is_empty(), "a day has evictions");
+        let (n, e, b) = u.evictions[0];
+        assert_eq!(e - n, 120_000);
+        assert!(u.up(n) && u.notice(n) == Some(b));
+        assert!(!u.up(e) && u.up(b));
+        assert_eq!(u.price_factor.len(), 25);
+    }
+
+    #[test]
+    fn a_cold_model_is_loaded_and_evicts_the_least_recently_used() {
+        let mut u = Upstream::new(gpu(4), &mut Rng::new(1), 1);
+        let mut rng = Rng::new(2);
+        let a = u.admit(0, 10, 10, "other", &mut rng);
+        assert!(a.cold && a.first_ms >= COLD_LOAD_MS);
+        let b = u.admit(1, 10, 10, "other", &mut rng);
+        assert!(!b.cold);
+        assert_eq!(u.resident, vec!["other".to_string()], "room for one model");
+        assert!(u.admit(2, 10, 10, "m", &mut rng).cold, "swapped back");
+    }
+}

@@ -1,0 +1,436 @@
+//! ace-sim: does one merit order over all capacity beat each tool
+//! optimising its own rung? A deterministic discrete-event simulation of
+//! a fleet serving a real request trace, run once per policy on the same
+//! arrivals, failures and evictions.
+//!
+//! The pieces, each in its own module:
+//!
+//! - [`trace`]: the requests (the Azure LLM inference trace, any CSV with
+//!   its columns, or a synthetic one) and the day they are spread over;
+//! - [`mix`]: who sends them (tenants, data and latency classes, models),
+//!   checked against the fleet manifest, with the Cedar feasible set of
+//!   every combination as the compliance oracle;
+//! - [`fleet`]: what each destination does with a request (continuous
+//!   batching, commitments, evictions, APIs, injected failures);
+//! - [`engine`]: the event loop, the same for every policy;
+//! - [`policy`]: ACE (the filter's own request flow) and the strategies
+//!   it is compared with;
+//! - [`metrics`], [`slo`], [`report`]: the figures, per run and over seeds.
+//!
+//! Same inputs and seed, same bytes out: every random draw comes from a
+//! seeded stream of its own ([`rng`]), nothing reads the clock, and runs in
+//! parallel threads are gathered in a fixed order.
+
+pub mod chart;
+pub mod engine;
+pub mod fleet;
+pub mod metrics;
+pub mod mix;
+pub mod policy;
+pub mod report;
+pub mod rng;
+pub mod slo;
+pub mod trace;
+
+use ace_core::cost::Tier;
+use ace_filter::config::Config;
+use engine::{Policy, Req, Run};
+use fleet::{Fault, FaultKind, Params, SpotProcess, Upstream};
+use metrics::Metrics;
+use mix::{Mix, Profile};
+use policy::litellm::Strategy;
+use rng::Rng;
+use slo::Targets;
+use trace::{Row, DAY_MS};
+
+/// The policies `ace sim` compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// ACE through the filter's flow.
+    Ace,
+    /// Everything to pay-as-you-go.
+    AllPayg,
+    /// LiteLLM's router with one strategy.
+    LiteLlm(Strategy),
+    /// A priority-fallback gateway.
+    Priority,
+    /// Owned GPUs first, overflow to pay-as-you-go.
+    OwnedFirst,
+}
+
+impl PolicyKind {
+    /// Every policy, in table order.
+    pub const ALL: [PolicyKind; 9] = [
+        PolicyKind::Ace,
+        PolicyKind::AllPayg,
+        PolicyKind::LiteLlm(Strategy::SimpleShuffle),
+        PolicyKind::LiteLlm(Strategy::LeastBusy),
+        PolicyKind::LiteLlm(Strategy::UsageBased),
+        PolicyKind::LiteLlm(Strategy::LatencyBased),
+        PolicyKind::LiteLlm(Strategy::CostBased),
+        PolicyKind::Priority,
+        PolicyKind::OwnedFirst,
+    ];
+
+    /// Its name in tables, files and `--policy`.
+    pub fn name(self) -> String {
+        match self {
+            PolicyKind::Ace => "ace".into(),
+            PolicyKind::AllPayg => "all-payg".into(),
+            PolicyKind::LiteLlm(s) => format!("litellm-{}", s.as_str()),
+            PolicyKind::Priority => "priority-gateway".into(),
+            PolicyKind::OwnedFirst => "owned-first".into(),
+        }
+    }
+
+    /// The policy named `s`.
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        PolicyKind::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// A simulation's inputs, checked: the fleet, the requests, the targets.
+#[derive(Debug)]
+pub struct Simulation {
+    /// The filter configuration (ACE runs it as is).
+    pub config_json: Vec<u8>,
+    /// The fleet as the simulation models it.
+    pub params: Vec<Params>,
+    /// The requests, by arrival.
+    pub reqs: Vec<Req>,
+    /// Their profiles.
+    pub profiles: Vec<Profile>,
+    /// SLO targets.
+    pub targets: Targets,
+    /// Per profile, the cheapest feasible pay-as-you-go list prices.
+    pub counterfactual: Vec<Option<(f64, f64)>>,
+    /// Injected failures; `None`: the default set, drawn per seed.
+    pub faults: Option<Vec<Fault>>,
+    /// Whether ACE gets the control service's snapshots.
+    pub control: bool,
+}
+
+/// What the manifest says of a destination beyond its cost curve.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// Name.
+    pub name: String,
+    /// Jurisdiction.
+    pub jurisdiction: String,
+    /// Region.
+    pub region: String,
+    /// Certifications.
+    pub certifications: Vec<String>,
+    /// Models served.
+    pub models: Vec<String>,
+    /// Resident models.
+    pub warm: Vec<String>,
+    /// GPUs.
+    pub gpus: u32,
+    /// Tokens per second at a full batch.
+    pub throughput_tps: f64,
+}
+
+impl Placement {
+    /// Every destination of a policy project, in table order.
+    pub fn of(project: &ace_policy::Project) -> Vec<Placement> {
+        let raw = &project.manifest.manifest.destinations;
+        project
+            .manifest
+            .resolved()
+            .into_iter()
+            .map(|d| Placement {
+                certifications: raw
+                    .get(d.index)
+                    .map(|r| r.get_ref().certifications.clone())
+                    .unwrap_or_default(),
+                name: d.name,
+                jurisdiction: d.jurisdiction,
+                region: d.region,
+                models: d.models,
+                warm: d.warm_models,
+                gpus: d.gpus,
+                throughput_tps: d.throughput_tps,
+            })
+            .collect()
+    }
+}
+
+/// A simulation's inputs that cannot be used, named.
+#[derive(Debug)]
+pub struct SimError(pub String);
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// The model catalogue's tensor-parallel degrees.
+pub fn model_tp(project: &ace_policy::Project) -> Vec<(String, u32)> {
+    project
+        .manifest
+        .manifest
+        .models
+        .iter()
+        .map(|m| {
+            let m = m.get_ref();
+            (
+                m.id.get_ref().clone(),
+                u32::try_from(*m.tp_degree.get_ref()).unwrap_or(1),
+            )
+        })
+        .collect()
+}
+
+impl Simulation {
+    /// Check and assemble a simulation: `config_json` the filter
+    /// configuration `ace plugin-config` writes for the fleet, `places`
+    /// its destinations as the manifest has them, `arrivals` the requests,
+    /// the mix (`mix_source` names it in errors) drawn with `seed`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config_json: Vec<u8>,
+        places: &[Placement],
+        models_tp: &[(String, u32)],
+        arrivals: &[Row],
+        mix_source: &str,
+        mix_text: &str,
+        targets: Targets,
+        seed: u64,
+    ) -> Result<Simulation, SimError> {
+        let cfg = Config::parse(&config_json)
+            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+        if places.len() != cfg.destinations.len() {
+            return Err(SimError(format!(
+                "the manifest has {} destinations and the filter configuration {}: regenerate the configuration with `ace plugin-config`",
+                places.len(),
+                cfg.destinations.len()
+            )));
+        }
+        let params = params(&cfg, places)?;
+        let mut mix = Mix::new(mix_source, mix_text, &cfg, models_tp).map_err(|e| SimError(e.0))?;
+        let mut rng = Rng::fork(seed, "mix");
+        let reqs: Vec<Req> = arrivals
+            .iter()
+            .map(|r| Req {
+                at_ms: r.at_ms,
+                prompt: r.prompt,
+                output: r.output,
+                profile: mix.draw(&mut rng),
+            })
+            .collect();
+        let profiles = mix.profiles;
+        let counterfactual = profiles
+            .iter()
+            .map(|p| {
+                params
+                    .iter()
+                    .enumerate()
+                    .filter(|(d, x)| x.tier == Tier::Payg && p.allows(*d))
+                    .map(|(_, x)| x.cost.rest_prices())
+                    .min_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1)))
+            })
+            .collect();
+        Ok(Simulation {
+            config_json,
+            params,
+            reqs,
+            profiles,
+            targets,
+            counterfactual,
+            faults: None,
+            control: true,
+        })
+    }
+
+    /// The fleet of seed `seed`: evictions, prices and faults drawn.
+    pub fn fleet(&self, seed: u64) -> Vec<Upstream> {
+        let days = self.reqs.last().map_or(1, |r| r.at_ms / DAY_MS + 1);
+        let mut up: Vec<Upstream> = self
+            .params
+            .iter()
+            .map(|p| {
+                Upstream::new(
+                    p.clone(),
+                    &mut Rng::fork(seed, &format!("dest/{}", p.name)),
+                    days,
+                )
+            })
+            .collect();
+        let faults = match &self.faults {
+            Some(f) => f.clone(),
+            None => default_faults(&self.params, &mut Rng::fork(seed, "faults")),
+        };
+        for f in faults {
+            if let Some(u) = up.get_mut(f.dest) {
+                u.faults.push(f);
+            }
+        }
+        up
+    }
+
+    /// A fresh `kind` policy for seed `seed`; `events`: keep its events.
+    pub fn policy(
+        &self,
+        kind: PolicyKind,
+        seed: u64,
+        events: bool,
+    ) -> Result<Box<dyn Policy + Send>, SimError> {
+        let up = self.fleet(seed);
+        let listed = policy::listed(&up, &self.profiles);
+        Ok(match kind {
+            PolicyKind::Ace => {
+                let mut cfg = Config::parse(&self.config_json)
+                    .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+                // The dynamic module's re-run: what a failure costs a
+                // request on the build that can.
+                cfg.retry_next = true;
+                Box::new(policy::ace::Ace::new(cfg, events, self.control))
+            }
+            PolicyKind::AllPayg => Box::new(policy::payg::AllPayg::new(listed)),
+            PolicyKind::LiteLlm(s) => Box::new(policy::litellm::LiteLlm::new(s, listed, seed)),
+            PolicyKind::Priority => Box::new(policy::priority::PriorityGateway::new(listed, seed)),
+            PolicyKind::OwnedFirst => Box::new(policy::packer::OwnedFirst::new(listed)),
+        })
+    }
+
+    /// Run `kind` with seed `seed`; its events to `events` when given.
+    pub fn run(
+        &self,
+        kind: PolicyKind,
+        seed: u64,
+        events: Option<&mut dyn std::io::Write>,
+        progress: &dyn Fn(u64),
+    ) -> Result<Metrics, SimError> {
+        let mut p = self.policy(kind, seed, events.is_some())?;
+        Run {
+            up: self.fleet(seed),
+            reqs: &self.reqs,
+            profiles: &self.profiles,
+            targets: &self.targets,
+            seed,
+            counterfactual: &self.counterfactual,
+        }
+        .go(p.as_mut(), events, progress)
+        .map_err(|e| SimError(format!("cannot write events: {e}")))
+    }
+}
+
+/// The fleet as simulated, from the configuration and the manifest.
+fn params(cfg: &Config, places: &[Placement]) -> Result<Vec<Params>, SimError> {
+    cfg.destinations
+        .iter()
+        .zip(places)
+        .zip(&cfg.models)
+        .map(|((d, p), m)| {
+            if d.name != p.name {
+                return Err(SimError(format!(
+                    "destination {} is `{}` in the filter configuration and `{}` in the manifest: regenerate the configuration with `ace plugin-config`",
+                    p.name, d.name, p.name
+                )));
+            }
+            let gpu = d.tier != Tier::Payg;
+            let slots = gpu.then_some(d.capacity.max(1));
+            let seq_tps = match d.tier {
+                Tier::Spot | Tier::OnDemand => d.tokens_per_second / f64::from(d.capacity.max(1)),
+                _ => fleet::DEFAULT_SEQ_TPS,
+            }
+            .max(1.0);
+            let tpot_full_ms = 1000.0 / seq_tps;
+            // A commitment sized to the block's slots at a typical request
+            // (1,150 prompt and 210 output tokens, the Azure trace's means).
+            let tpm_cap = (d.tier == Tier::Reserved).then(|| {
+                let seconds = 0.3 + 210.0 * tpot_full_ms / 1000.0;
+                (f64::from(d.capacity.max(1)) * 60.0 / seconds * 1360.0) as u64
+            });
+            let spot = (d.tier == Tier::Spot).then(|| SpotProcess {
+                notice_ms: if p.region.starts_with("us-") { 120_000 } else { 30_000 },
+                up_median_ms: match p.gpus {
+                    0..=2 => 3_600_000.0,
+                    3..=4 => 1_800_000.0,
+                    _ => 1_200_000.0,
+                },
+                down_median_ms: 1_440_000.0,
+            });
+            Ok(Params {
+                name: d.name.clone(),
+                tier: d.tier,
+                slots,
+                tpot_full_ms,
+                prefill_tps: fleet::PREFILL_TPS,
+                knee: d.knee,
+                tpm_cap,
+                overage: d.overage_usd_per_token.is_some(),
+                spot,
+                api_limits: (!gpu).then_some(fleet::API_LIMITS),
+                eu: p.jurisdiction == "EU",
+                baa: p.certifications.iter().any(|c| c == "hipaa_baa"),
+                models: p.models.clone(),
+                warm: p.warm.clone(),
+                cold_load_usd: d.cold_load_usd,
+                cost: *m,
+            })
+        })
+        .collect()
+}
+
+/// The failures injected when none are given: a 5xx burst on the largest
+/// owned server (30% for 15 minutes), an outage of the cheapest API (20
+/// minutes) and a 3x slowdown of a reserved block (30 minutes), each at a
+/// seeded time between 09:00 and 18:00.
+pub fn default_faults(params: &[Params], rng: &mut Rng) -> Vec<Fault> {
+    let mut at = |minutes: u64| {
+        let from = 9 * 3_600_000 + (rng.uniform() * 9.0 * 3_600_000.0) as u64;
+        (from, from + minutes * 60_000)
+    };
+    let mut out = Vec::new();
+    let largest_owned = params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.tier == Tier::InHouse)
+        .max_by_key(|(i, p)| (p.slots.unwrap_or(0), usize::MAX - i))
+        .map(|(i, _)| i);
+    if let Some(d) = largest_owned {
+        let (from_ms, to_ms) = at(15);
+        out.push(Fault {
+            dest: d,
+            from_ms,
+            to_ms,
+            kind: FaultKind::Errors(0.3),
+        });
+    }
+    let cheapest_api = params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.tier == Tier::Payg)
+        .min_by(|a, b| {
+            let c = |p: &Params| {
+                let (i, o) = p.cost.rest_prices();
+                i + o
+            };
+            c(a.1).total_cmp(&c(b.1))
+        })
+        .map(|(i, _)| i);
+    if let Some(d) = cheapest_api {
+        let (from_ms, to_ms) = at(20);
+        out.push(Fault {
+            dest: d,
+            from_ms,
+            to_ms,
+            kind: FaultKind::Outage,
+        });
+    }
+    if let Some(d) = params.iter().position(|p| p.tier == Tier::Reserved) {
+        let (from_ms, to_ms) = at(30);
+        out.push(Fault {
+            dest: d,
+            from_ms,
+            to_ms,
+            kind: FaultKind::Slowdown(3.0),
+        });
+    }
+    out
+}

@@ -1,0 +1,285 @@
+//! One run's figures, gathered as the run goes (nothing per request is
+//! kept but its time to first token).
+
+use crate::fleet::Upstream;
+use crate::mix::Profile;
+use crate::slo::Targets;
+use ace_core::cost::Tier;
+use serde::Serialize;
+
+/// How one request ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestOutcome {
+    /// The status the client got.
+    pub status: u16,
+    /// Served whole.
+    pub served: bool,
+    /// Arrival to last byte, ms.
+    pub e2e_ms: u64,
+    /// Where its last attempt went.
+    pub dest: Option<usize>,
+    /// What it cost, USD.
+    pub usd: f64,
+    /// What the cheapest feasible pay-as-you-go destination would have
+    /// charged, USD (`None`: none is feasible).
+    pub counterfactual: Option<f64>,
+}
+
+impl RequestOutcome {
+    /// Refused without service (`after_ms` after arrival).
+    pub fn refused(status: u16, after_ms: u64) -> RequestOutcome {
+        RequestOutcome {
+            status,
+            served: false,
+            e2e_ms: after_ms,
+            dest: None,
+            usd: 0.0,
+            counterfactual: None,
+        }
+    }
+
+    /// Failed at `dest`.
+    pub fn failed(status: u16, after_ms: u64, dest: usize) -> RequestOutcome {
+        RequestOutcome {
+            dest: Some(dest),
+            ..RequestOutcome::refused(status, after_ms)
+        }
+    }
+}
+
+/// Per latency class.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassFigures {
+    /// The class.
+    pub class: String,
+    /// Requests.
+    pub requests: u64,
+    /// Served and met the first-token target.
+    pub ttft_met: u64,
+    /// Served and met the end-to-end target.
+    pub e2e_met: u64,
+    /// Served and met both.
+    pub met: u64,
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    /// Requests.
+    pub requests: u64,
+    /// Served whole (2xx, not broken by an eviction).
+    pub served: u64,
+    /// What was spent, USD (the tiers' marginal costs).
+    pub cost_usd: f64,
+    /// What all pay-as-you-go would have charged for the served requests
+    /// that had a feasible pay-as-you-go destination, USD.
+    pub counterfactual_usd: f64,
+    /// What this run spent on those same requests, USD.
+    pub cost_with_counterfactual_usd: f64,
+    /// Spend per tier (Tier::ALL order), USD.
+    pub cost_by_tier: [f64; 5],
+    /// Served requests per tier.
+    pub served_by_tier: [u64; 5],
+    /// Served requests per destination (manifest order).
+    pub served_by_destination: Vec<(String, u64)>,
+    /// Per latency class.
+    pub classes: Vec<ClassFigures>,
+    /// Attempts sent to a destination the Cedar tables forbid for the
+    /// request (each one sent data where policy says it may not go).
+    pub violations: u64,
+    /// Requests refused or failed, by status.
+    pub failed_by_status: std::collections::BTreeMap<u16, u64>,
+    /// Owned (in-house) GPU utilisation, per hour of the run: running
+    /// sequences over slots, averaged over the hour's minutes.
+    pub owned_utilisation: Vec<f64>,
+    #[serde(skip)]
+    util_sum: Vec<(f64, u32)>,
+    #[serde(skip)]
+    owned_slots: f64,
+    #[serde(skip)]
+    owned: Vec<bool>,
+    #[serde(skip)]
+    tiers: Vec<Tier>,
+    #[serde(skip)]
+    ttft: Vec<u32>,
+    #[serde(skip)]
+    targets: Targets,
+}
+
+impl Metrics {
+    /// Empty figures for a fleet and `requests` requests.
+    pub fn new(up: &[Upstream], targets: &Targets, requests: usize) -> Metrics {
+        let owned: Vec<bool> = up
+            .iter()
+            .map(|u| u.p.tier == Tier::InHouse && u.p.slots.is_some())
+            .collect();
+        Metrics {
+            classes: targets
+                .classes
+                .iter()
+                .map(|c| ClassFigures {
+                    class: c.class.clone(),
+                    ..ClassFigures::default()
+                })
+                .collect(),
+            owned_slots: up
+                .iter()
+                .zip(&owned)
+                .filter(|(_, o)| **o)
+                .map(|(u, _)| f64::from(u.p.slots.unwrap_or(0)))
+                .sum(),
+            owned,
+            tiers: up.iter().map(|u| u.p.tier).collect(),
+            served_by_destination: up.iter().map(|u| (u.p.name.clone(), 0)).collect(),
+            ttft: vec![u32::MAX; requests],
+            targets: targets.clone(),
+            ..Metrics::default()
+        }
+    }
+
+    /// Request `r`'s first byte reached the client at `now`.
+    pub fn first_byte(&mut self, r: u32, now: u64) {
+        if let Some(t) = self.ttft.get_mut(r as usize) {
+            *t = u32::try_from(now).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// An attempt went to a destination the tables forbid.
+    pub fn violation(&mut self) {
+        self.violations += 1;
+    }
+
+    /// Request `r` is over.
+    pub fn record(
+        &mut self,
+        r: u32,
+        req: &crate::engine::Req,
+        profile: Option<&Profile>,
+        o: RequestOutcome,
+    ) {
+        self.requests += 1;
+        let class = profile.map_or(usize::MAX, |p| self.targets.index(&p.latency_class));
+        let first = self
+            .ttft
+            .get(r as usize)
+            .filter(|t| **t != u32::MAX)
+            .map(|t| u64::from(*t).saturating_sub(req.at_ms));
+        let served = o.served && (200..300).contains(&o.status);
+        self.cost_usd += o.usd;
+        if let Some(d) = o.dest {
+            if let Some(t) = self.tiers.get(d) {
+                if let Some(c) = self.cost_by_tier.get_mut(t.position()) {
+                    *c += o.usd;
+                }
+                if served {
+                    if let Some(c) = self.served_by_tier.get_mut(t.position()) {
+                        *c += 1;
+                    }
+                    if let Some((_, c)) = self.served_by_destination.get_mut(d) {
+                        *c += 1;
+                    }
+                }
+            }
+        }
+        if served {
+            self.served += 1;
+            if let Some(c) = o.counterfactual {
+                self.counterfactual_usd += c;
+                self.cost_with_counterfactual_usd += o.usd;
+            }
+        } else {
+            *self.failed_by_status.entry(o.status).or_default() += 1;
+        }
+        let (ttft_ok, e2e_ok) = self.targets.met(class, first, o.e2e_ms, req.output);
+        if let Some(c) = self.classes.get_mut(class) {
+            c.requests += 1;
+            if served {
+                c.ttft_met += u64::from(ttft_ok);
+                c.e2e_met += u64::from(e2e_ok);
+                c.met += u64::from(ttft_ok && e2e_ok);
+            }
+        }
+    }
+
+    /// Sample owned utilisation at `now`.
+    pub fn sample(&mut self, now: u64, up: &[Upstream]) {
+        if self.owned_slots <= 0.0 {
+            return;
+        }
+        let running: f64 = up
+            .iter()
+            .zip(&self.owned)
+            .filter(|(_, o)| **o)
+            .map(|(u, _)| f64::from(u.running))
+            .sum();
+        let hour = (now / 3_600_000) as usize;
+        if self.util_sum.len() <= hour {
+            self.util_sum.resize(hour + 1, (0.0, 0));
+        }
+        if let Some(h) = self.util_sum.get_mut(hour) {
+            h.0 += running / self.owned_slots;
+            h.1 += 1;
+        }
+    }
+
+    /// The run is over.
+    pub fn finish(&mut self, _end: u64) {
+        self.owned_utilisation = self
+            .util_sum
+            .iter()
+            .map(|(s, n)| if *n > 0 { s / f64::from(*n) } else { 0.0 })
+            .collect();
+        self.ttft = Vec::new();
+    }
+
+    /// Served requests over all requests.
+    pub fn served_fraction(&self) -> f64 {
+        ratio(self.served, self.requests)
+    }
+
+    /// Requests that met both targets over all requests (every class).
+    pub fn slo_attainment(&self) -> f64 {
+        let met: u64 = self.classes.iter().map(|c| c.met).sum();
+        ratio(met, self.requests)
+    }
+
+    /// Class `class`'s attainment (both targets).
+    pub fn class_attainment(&self, class: &str) -> Option<f64> {
+        self.classes
+            .iter()
+            .find(|c| c.class == class && c.requests > 0)
+            .map(|c| ratio(c.met, c.requests))
+    }
+
+    /// Mean owned utilisation over the run.
+    pub fn mean_owned_utilisation(&self) -> f64 {
+        if self.owned_utilisation.is_empty() {
+            return 0.0;
+        }
+        self.owned_utilisation.iter().sum::<f64>() / self.owned_utilisation.len() as f64
+    }
+
+    /// Requests that met their SLO per dollar spent.
+    pub fn goodput_per_usd(&self) -> f64 {
+        let met: u64 = self.classes.iter().map(|c| c.met).sum();
+        met as f64 / self.cost_usd.max(1e-9)
+    }
+
+    /// Spend over what all pay-as-you-go would have charged, for the
+    /// requests that had a feasible pay-as-you-go destination.
+    pub fn cost_vs_counterfactual(&self) -> f64 {
+        if self.counterfactual_usd > 0.0 {
+            self.cost_with_counterfactual_usd / self.counterfactual_usd
+        } else {
+            0.0
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}

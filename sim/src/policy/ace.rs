@@ -1,0 +1,599 @@
+//! ACE, through the very code the filter runs: each request goes through
+//! [`ace_filter::flow::Flow`] (capture, the compiled Cedar tables, the
+//! merit-order decision on the fleet state, the response's health
+//! outcome, usage, the event) over a simulated [`Host`], exactly as the
+//! Wasm filter and the dynamic module drive it inside Envoy. There is no
+//! second implementation of ACE's choices to drift from the first.
+//!
+//! The host plays the dynamic module's part (`retry_next`: a failed
+//! request is run again, once, without the destination that failed) with
+//! one process-wide [`FleetState`], and the control service's: every
+//! [`CONTROL_INTERVAL_MS`](crate::engine::CONTROL_INTERVAL_MS) it publishes a snapshot of the simulated fleet
+//! (each GPU server's running and waiting requests, spot prices, eviction
+//! notices as drains, resident models), which goes through the wire format
+//! and [`ace_filter::control::decode`] into the fleet state, as a poll
+//! would. Requests are sent as clients send them: the attribute headers
+//! and an OpenAI-style streamed chat body; answers come back as a model
+//! server's (status, `text/event-stream`, a final usage chunk).
+
+use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
+use crate::fleet::Answer;
+use ace_core::dispatch::{Decision, Refusal, Request};
+use ace_core::fleet::FleetState;
+use ace_core::health::{Change, Outcome};
+use ace_filter::config::{Config, Trusted};
+use ace_filter::control::Outside;
+use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_filter::headers::Pairs;
+use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// The simulated Envoy around the flow.
+#[derive(Debug)]
+struct SimHost {
+    now_ms: u64,
+    ids: u64,
+    fleet: FleetState,
+    outside: Outside,
+    /// The request headers of the callback in progress.
+    headers: Vec<(String, String)>,
+    /// The request body chunk of the callback in progress.
+    chunk: Vec<u8>,
+    /// The response headers of the callback in progress.
+    response: Vec<(&'static str, String)>,
+    /// The response body chunk in progress.
+    response_chunk: Vec<u8>,
+    /// The last local reply's status.
+    reply: Option<u32>,
+    /// Event lines written.
+    events: Vec<u8>,
+    /// Whether events are kept.
+    keep_events: bool,
+}
+
+impl SimHost {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The host during one callback: its state and the configuration.
+#[derive(Debug)]
+struct Envoy<'a> {
+    h: &'a mut SimHost,
+    cfg: &'a Config,
+}
+
+impl Host for Envoy<'_> {
+    fn now_ms(&mut self) -> u64 {
+        self.h.now_ms
+    }
+
+    fn next_event_id(&mut self) -> [u8; 32] {
+        self.h.ids += 1;
+        ace_filter::request::event_id(0x51, self.h.ids)
+    }
+
+    fn request_headers(&mut self) -> Pairs {
+        Pairs::encode(
+            self.h
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_bytes(), v.as_bytes())),
+        )
+    }
+
+    fn remove_request_header(&mut self, name: &str) -> bool {
+        self.h.headers.retain(|(k, _)| k != name);
+        true
+    }
+
+    fn set_request_header(&mut self, name: &str, value: &str) -> bool {
+        self.remove_request_header(name);
+        self.h.headers.push((name.to_string(), value.to_string()));
+        true
+    }
+
+    fn clear_route_cache(&mut self) {}
+
+    fn request_body(&mut self, into: &mut Vec<u8>, room: usize) -> usize {
+        let take = room.min(self.h.chunk.len());
+        into.extend_from_slice(self.h.chunk.get(..take).unwrap_or_default());
+        self.h.chunk.len()
+    }
+
+    fn trusted(&mut self, _source: &Trusted) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+        f(self
+            .h
+            .response
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_bytes()))
+    }
+
+    fn set_response_header(&mut self, _name: &str, _value: &str) {}
+
+    fn response_body(&mut self, mut f: impl FnMut(&[u8])) {
+        f(&self.h.response_chunk);
+    }
+
+    fn send_local(&mut self, status: u32, _body: &[u8], _details: &str) -> bool {
+        self.h.reply = Some(status);
+        true
+    }
+
+    fn envoy_response_code(&mut self) -> Option<u32> {
+        None
+    }
+
+    fn write_event(&mut self, line: &[u8]) -> bool {
+        if self.h.keep_events {
+            self.h.events.extend_from_slice(line);
+            self.h.events.push(b'\n');
+        }
+        true
+    }
+
+    fn count(&mut self, _counter: usize, _n: u64) {}
+
+    fn claim(
+        &mut self,
+        now_ms: u64,
+        feasible: &[u64],
+        model: Option<&str>,
+        req: &Request,
+    ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+        let cfg = self.cfg;
+        let h = &mut *self.h;
+        h.fleet.advance(&cfg.models, &cfg.health, now_ms);
+        let warm = h.outside.warmth.mask(model);
+        let d = h.fleet.decide(feasible, warm, req, now_ms);
+        if let Ok(d) = &d {
+            h.fleet.reprice(d.index, &cfg.models, &cfg.health, now_ms);
+        }
+        Ok(d)
+    }
+
+    fn settle(
+        &mut self,
+        d: usize,
+        outcome: Option<Outcome>,
+        now_ms: u64,
+    ) -> Result<Change, FleetUnavailable> {
+        let cfg = self.cfg;
+        let h = &mut *self.h;
+        let change = h.fleet.settle(d, outcome, &cfg.health, now_ms);
+        h.fleet.reprice(d, &cfg.models, &cfg.health, now_ms);
+        Ok(change)
+    }
+
+    fn can_rerun(&self) -> bool {
+        self.cfg.retry_next
+    }
+
+    fn replayable(&mut self, _bytes: usize) -> bool {
+        true
+    }
+}
+
+/// One request's flows: the first run and, after a failure, ACE's re-run.
+#[derive(Debug, Default)]
+struct InFlight {
+    flows: Vec<Flow>,
+    /// Response headers reached the flow in progress.
+    answered: bool,
+}
+
+/// ACE over the simulated fleet.
+#[derive(Debug)]
+pub struct Ace {
+    setup: Setup,
+    worker: RefCell<Worker>,
+    host: Option<SimHost>,
+    flows: HashMap<u32, InFlight>,
+    /// Destination index of each configured cluster name.
+    clusters: HashMap<String, usize>,
+    version: u64,
+    /// Padding for request bodies (a prompt's bytes).
+    pad: String,
+    control: bool,
+    body: Vec<u8>,
+}
+
+/// Bytes per prompt token in a request body (English text runs about 4).
+pub const BYTES_PER_TOKEN: usize = 4;
+
+impl Ace {
+    /// ACE with the filter configuration `cfg`; `events`: keep the event
+    /// lines; `control`: publish snapshots (off: the fleet state sees only
+    /// ACE's own requests, as without a control service).
+    pub fn new(cfg: Config, events: bool, control: bool) -> Ace {
+        let setup = Setup::new(cfg);
+        let cfg = &setup.config;
+        let mut fleet = FleetState::new(cfg.destinations.len());
+        fleet.reprice_all(&cfg.models, &cfg.health, EPOCH_MS);
+        let host = SimHost {
+            now_ms: EPOCH_MS,
+            ids: 0,
+            fleet,
+            outside: Outside::new(cfg),
+            headers: Vec::new(),
+            chunk: Vec::new(),
+            response: Vec::new(),
+            response_chunk: Vec::new(),
+            reply: None,
+            events: Vec::new(),
+            keep_events: events,
+        };
+        let clusters = cfg
+            .destinations
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.cluster.clone(), i))
+            .collect();
+        Ace {
+            worker: RefCell::new(Worker::default()),
+            host: Some(host),
+            flows: HashMap::new(),
+            clusters,
+            version: 0,
+            pad: "x".repeat(64 * 1024),
+            control,
+            body: Vec::new(),
+            setup,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.setup.config
+    }
+
+    /// Run `f` on the host at `now` (ms into the run).
+    fn with_host<R>(
+        &mut self,
+        now: u64,
+        f: impl FnOnce(&Setup, &RefCell<Worker>, &mut Envoy<'_>) -> R,
+    ) -> Option<R> {
+        let h = self.host.as_mut()?;
+        h.now_ms = EPOCH_MS + now;
+        let mut envoy = Envoy {
+            h,
+            cfg: &self.setup.config,
+        };
+        Some(f(&self.setup, &self.worker, &mut envoy))
+    }
+
+    /// The request headers and body of request `r`, as a client sends it.
+    fn request(&mut self, w: &World<'_>, r: u32) {
+        let req = w.req(r);
+        let Some(p) = w.profile(r) else { return };
+        let prompt = (req.prompt as usize * BYTES_PER_TOKEN).min(self.pad.len());
+        self.body.clear();
+        self.body.extend_from_slice(b"{\"model\":\"");
+        self.body.extend_from_slice(p.model.as_bytes());
+        self.body.extend_from_slice(
+            b"\",\"stream\":true,\"max_tokens\":1024,\"messages\":[{\"role\":\"user\",\"content\":\"",
+        );
+        self.body
+            .extend_from_slice(self.pad.get(..prompt).unwrap_or_default().as_bytes());
+        self.body.extend_from_slice(b"\"}]}");
+        if let Some(h) = self.host.as_mut() {
+            h.headers.clear();
+            h.headers.extend(p.headers.iter().cloned());
+            h.headers
+                .push(("content-type".into(), "application/json".into()));
+            h.headers
+                .push(("content-length".into(), self.body.len().to_string()));
+            h.headers
+                .push((":path".into(), "/v1/chat/completions".into()));
+            h.headers.push((":method".into(), "POST".into()));
+        }
+    }
+
+    /// Run the request path of a new flow for the current headers and
+    /// body: where it goes.
+    fn run_request(&mut self, now: u64) -> (Flow, Route) {
+        let body = std::mem::take(&mut self.body);
+        let out = self.with_host(now, |setup, worker, host| {
+            host.h.reply = None;
+            let mut flow = Flow::new();
+            let mut v = flow.on_request_headers(setup, worker, host, body.is_empty());
+            if v == Verdict::Hold {
+                host.h.chunk.clear();
+                host.h.chunk.extend_from_slice(&body);
+                v = flow.on_request_body(setup, worker, host, true);
+            }
+            let to = match v {
+                Verdict::Answered => Err(host.h.reply.unwrap_or(500) as u16),
+                _ => Ok(host
+                    .h
+                    .header(&setup.config.destination_header)
+                    .map(str::to_string)),
+            };
+            (flow, to)
+        });
+        self.body = body;
+        match out {
+            Some((flow, Ok(Some(cluster)))) => {
+                let route = self
+                    .clusters
+                    .get(&cluster)
+                    .map_or(Route::Refuse(500), |d| Route::To(*d));
+                (flow, route)
+            }
+            Some((flow, Err(status))) => (flow, Route::Refuse(status)),
+            Some((flow, Ok(None))) => (flow, Route::Refuse(500)),
+            None => (Flow::new(), Route::Refuse(500)),
+        }
+    }
+
+    /// Finish every flow of request `r` (its event is written).
+    fn complete(&mut self, now: u64, r: u32) {
+        let Some(f) = self.flows.remove(&r) else {
+            return;
+        };
+        self.with_host(now, |setup, worker, host| {
+            for mut flow in f.flows {
+                flow.on_complete(setup, worker, host);
+            }
+        });
+    }
+
+    /// The snapshot the control service would publish now.
+    fn snapshot(&mut self, w: &World<'_>) -> Snapshot {
+        self.version += 1;
+        let cfg = &self.setup.config;
+        let reports =
+            w.up.iter()
+                .zip(&cfg.destinations)
+                .map(|(u, d)| Report {
+                    name: d.name.clone(),
+                    load: u.p.slots.map(|slots| Load {
+                        // A committed block reports its use of the commitment
+                        // as load (Azure's PTU utilisation).
+                        running: u
+                            .running
+                            .max((u.commitment_used(w.now) * f64::from(slots)).ceil() as u32),
+                        waiting: u.queue.len() as u32,
+                        kv_permille: 0,
+                        stale: false,
+                    }),
+                    usd_per_hour: (d.usd_per_gpu_hour > 0.0)
+                        .then(|| d.usd_per_gpu_hour * u.price_factor(w.now)),
+                    drain: u.notice(w.now).map(|until| Drain {
+                        until_ms: EPOCH_MS + until,
+                        reason: DrainReason::Eviction,
+                    }),
+                    warm: u.p.slots.map(|_| u.resident.clone()),
+                    ..Report::default()
+                })
+                .collect();
+        Snapshot {
+            version: self.version,
+            generated_ms: EPOCH_MS + w.now,
+            reports,
+        }
+    }
+}
+
+impl Policy for Ace {
+    fn name(&self) -> String {
+        "ace".into()
+    }
+
+    fn route(&mut self, w: &World<'_>, r: u32) -> Route {
+        self.request(w, r);
+        let (flow, route) = self.run_request(w.now);
+        match route {
+            Route::To(_) => {
+                self.flows.insert(
+                    r,
+                    InFlight {
+                        flows: vec![flow],
+                        answered: false,
+                    },
+                );
+            }
+            Route::Refuse(_) => {
+                self.flows.insert(
+                    r,
+                    InFlight {
+                        flows: vec![flow],
+                        answered: true,
+                    },
+                );
+                self.complete(w.now, r);
+            }
+        }
+        route
+    }
+
+    fn answered(
+        &mut self,
+        w: &World<'_>,
+        r: u32,
+        _d: usize,
+        a: &Answer,
+        _n: u32,
+        _tried: &[usize],
+    ) -> Next {
+        let Some(mut f) = self.flows.remove(&r) else {
+            return Next::Deliver;
+        };
+        let status = a.status;
+        let verdict = self.with_host(w.now, |setup, _worker, host| {
+            host.h.response.clear();
+            host.h.response.push((":status", status.to_string()));
+            host.h
+                .response
+                .push(("content-type", "text/event-stream".into()));
+            if status != 503 || a.first_ms > 5 {
+                // Answered by the upstream (a refused connection is not).
+                host.h
+                    .response
+                    .push(("x-envoy-upstream-service-time", a.first_ms.to_string()));
+            }
+            if let Some(s) = a.retry_after_s {
+                host.h.response.push(("retry-after", s.to_string()));
+            }
+            f.flows.last_mut().map_or(Verdict::Continue, |flow| {
+                flow.on_response_headers(setup, host)
+            })
+        });
+        f.answered = true;
+        if verdict != Some(Verdict::Rerun) {
+            self.flows.insert(r, f);
+            if !(200..300).contains(&status) {
+                // Failed and delivered: the request ends now.
+                self.complete(w.now, r);
+            }
+            return Next::Deliver;
+        }
+        // ACE runs it again without the destination that failed: the
+        // headers now carry its mark, the body is replayed.
+        self.request_body_again(w, r);
+        let (flow, route) = self.run_request(w.now);
+        f.flows.push(flow);
+        f.answered = false;
+        self.flows.insert(r, f);
+        if let Route::Refuse(_) = route {
+            self.complete(w.now, r);
+        }
+        Next::Retry { after_ms: 0, route }
+    }
+
+    fn done(&mut self, w: &World<'_>, r: u32, _d: usize, ok: bool) {
+        let req = w.req(r);
+        let Some(mut f) = self.flows.remove(&r) else {
+            return;
+        };
+        let answered = f.answered;
+        self.with_host(w.now, |setup, _worker, host| {
+            let Some(flow) = f.flows.last_mut() else { return };
+            if !answered {
+                // Reset before its headers (an eviction): Envoy answers 503.
+                host.h.response.clear();
+                host.h.response.push((":status", "503".into()));
+                flow.on_response_headers(setup, host);
+                return;
+            }
+            if ok {
+                host.h.response_chunk.clear();
+                host.h.response_chunk.extend_from_slice(
+                    format!(
+                        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{}}}}}\n\ndata: [DONE]\n\n",
+                        req.prompt, req.output
+                    )
+                    .as_bytes(),
+                );
+                flow.on_response_body(setup, host, true);
+            }
+        });
+        self.flows.insert(r, f);
+        self.complete(w.now, r);
+    }
+
+    fn finished_without_service(&mut self, w: &World<'_>, r: u32) {
+        self.complete(w.now, r);
+    }
+
+    fn tick(&mut self, w: &World<'_>) {
+        if !self.control {
+            return;
+        }
+        let snapshot = self.snapshot(w);
+        let resolved = ace_snapshot::encode(&snapshot)
+            .ok()
+            .and_then(|bytes| ace_filter::control::decode(&self.setup.config, &bytes).ok());
+        let Some(resolved) = resolved else { return };
+        let cfg = &self.setup.config;
+        if let Some(h) = self.host.as_mut() {
+            let now = EPOCH_MS + w.now;
+            h.outside.accept(resolved, now);
+            h.outside.apply_to(&mut h.fleet, cfg, now);
+        }
+    }
+
+    fn take_events(&mut self) -> Vec<u8> {
+        self.host
+            .as_mut()
+            .map(|h| std::mem::take(&mut h.events))
+            .unwrap_or_default()
+    }
+}
+
+impl Ace {
+    /// Restore request `r`'s body for a re-run (its headers, with ACE's
+    /// mark, are still the host's).
+    fn request_body_again(&mut self, w: &World<'_>, r: u32) {
+        let mark = self
+            .host
+            .as_ref()
+            .and_then(|h| h.header(ace_filter::flow::RETRY_HEADER).map(str::to_string));
+        self.request(w, r);
+        if let (Some(m), Some(h)) = (mark, self.host.as_mut()) {
+            h.headers
+                .push((ace_filter::flow::RETRY_HEADER.to_string(), m));
+        }
+    }
+}
+
+/// One request of a decision log recorded in front of a real Envoy: what
+/// the client sent, when ACE decided, and what the upstream answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// When ACE decided, Unix ms (the event's `time_ms`).
+    pub time_ms: u64,
+    /// The request headers as the client sent them.
+    pub headers: Vec<(String, String)>,
+    /// The request body.
+    pub body: Vec<u8>,
+    /// The status the upstream answered (0: refused by ACE, not sent).
+    pub status: u16,
+    /// Time to response headers, ms (the event's `latency_ms`).
+    pub latency_ms: u64,
+}
+
+/// Replay `log` through ACE with configuration `cfg`, one request after
+/// another, each answered as recorded: the destination ACE chooses for
+/// each (`None`: refused). A simulation of ACE is faithful to Envoy's
+/// exactly when these equal the recorded choices.
+pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Option<String>> {
+    let mut ace = Ace::new(cfg, false, false);
+    log.iter()
+        .map(|rec| {
+            let now = rec.time_ms.saturating_sub(EPOCH_MS);
+            if let Some(h) = ace.host.as_mut() {
+                h.headers.clone_from(&rec.headers);
+            }
+            ace.body.clone_from(&rec.body);
+            let (mut flow, route) = ace.run_request(now);
+            let chosen = match route {
+                Route::To(d) => ace.setup.config.destinations.get(d).map(|x| x.name.clone()),
+                Route::Refuse(_) => None,
+            };
+            let status = rec.status;
+            ace.with_host(now + rec.latency_ms, |setup, worker, host| {
+                if chosen.is_some() {
+                    host.h.response.clear();
+                    host.h.response.push((":status", status.to_string()));
+                    host.h
+                        .response
+                        .push(("x-envoy-upstream-service-time", rec.latency_ms.to_string()));
+                    flow.on_response_headers(setup, host);
+                }
+                flow.on_complete(setup, worker, host);
+            });
+            chosen
+        })
+        .collect()
+}

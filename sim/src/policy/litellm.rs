@@ -1,0 +1,277 @@
+//! LiteLLM's router, as its documentation describes it
+//! (docs.litellm.ai, "Router - Load Balancing" and "Retries, fallbacks
+//! and cooldowns", 2026):
+//!
+//! - **Deployments** of a model group: every listed destination serving
+//!   the model, with `max_parallel_requests` set to a GPU server's slots,
+//!   `rpm`/`tpm` to an API's limits and a reserved block's commitment, and
+//!   `input_cost_per_token`/`output_cost_per_token` to the tier's price at
+//!   rest. A deployment at its limits is filtered out before the strategy.
+//! - **Strategies** ([`Strategy`]): `simple-shuffle` (uniform random: no
+//!   weights configured), `least-busy` (fewest in flight), `usage-based-
+//!   routing-v2` (lowest tokens this minute that stays under its limits),
+//!   `latency-based-routing` (lowest mean time to first token over the
+//!   last 10 answers; untried first) and `cost-based-routing` (lowest
+//!   input + output cost per token).
+//! - **Reliability**: `num_retries` 2, each retry re-picking without the
+//!   deployments that failed, immediately when another deployment is
+//!   available and otherwise after the `retry-after` header (up to 60 s) or
+//!   0.5 s doubling; a deployment is cooled down for 5 s on a 429, and on
+//!   other failures once it has failed 3 times and half its requests this
+//!   minute. With no deployment left the router answers 429 ("no
+//!   deployments available").
+//! - **Residency**: region-based routing keeps `personal_eu` requests on EU
+//!   deployments; LiteLLM has no place for the other rules.
+
+use super::{list_price, retryable, Candidates, Rules};
+use crate::engine::{Next, Policy, Route, World};
+use crate::fleet::Answer;
+use crate::rng::Rng;
+use std::collections::VecDeque;
+
+/// LiteLLM's routing strategies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// `simple-shuffle`.
+    SimpleShuffle,
+    /// `least-busy`.
+    LeastBusy,
+    /// `usage-based-routing-v2`.
+    UsageBased,
+    /// `latency-based-routing`.
+    LatencyBased,
+    /// `cost-based-routing`.
+    CostBased,
+}
+
+impl Strategy {
+    /// Every strategy.
+    pub const ALL: [Strategy; 5] = [
+        Strategy::SimpleShuffle,
+        Strategy::LeastBusy,
+        Strategy::UsageBased,
+        Strategy::LatencyBased,
+        Strategy::CostBased,
+    ];
+
+    /// Its name in LiteLLM's configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::SimpleShuffle => "simple-shuffle",
+            Strategy::LeastBusy => "least-busy",
+            Strategy::UsageBased => "usage-based",
+            Strategy::LatencyBased => "latency-based",
+            Strategy::CostBased => "cost-based",
+        }
+    }
+}
+
+/// Retries per request.
+pub const NUM_RETRIES: u32 = 2;
+/// Cool-down, ms.
+pub const COOLDOWN_MS: u64 = 5_000;
+/// Failures in a minute before a non-429 failure cools a deployment.
+pub const ALLOWED_FAILS: u32 = 3;
+
+#[derive(Clone, Debug, Default)]
+struct Deployment {
+    in_flight: u32,
+    cooldown_until: u64,
+    minute: u64,
+    requests: u32,
+    tokens: u64,
+    fails: u32,
+    latencies: VecDeque<f64>,
+}
+
+/// LiteLLM's router with one strategy.
+#[derive(Debug)]
+pub struct LiteLlm {
+    strategy: Strategy,
+    candidates: Candidates,
+    deployments: Vec<Deployment>,
+    rng: Rng,
+}
+
+impl LiteLlm {
+    /// `strategy` over the destinations in `listed`.
+    pub fn new(strategy: Strategy, listed: Vec<bool>, seed: u64) -> LiteLlm {
+        let n = listed.len();
+        LiteLlm {
+            strategy,
+            candidates: Candidates::new(
+                Rules {
+                    eu_personal_data: true,
+                    phi_needs_baa: false,
+                },
+                listed,
+            ),
+            deployments: vec![Deployment::default(); n],
+            rng: Rng::fork(seed, strategy.as_str()),
+        }
+    }
+
+    fn minute(&mut self, d: usize, now: u64) -> Option<&mut Deployment> {
+        let x = self.deployments.get_mut(d)?;
+        let m = now / 60_000;
+        if x.minute != m {
+            x.minute = m;
+            x.requests = 0;
+            x.tokens = 0;
+            x.fails = 0;
+        }
+        Some(x)
+    }
+
+    fn pick(&mut self, w: &World<'_>, r: u32, skip: &[usize]) -> Option<usize> {
+        let now = w.now;
+        let req = w.req(r);
+        let tokens = u64::from(req.prompt) + u64::from(req.output);
+        let c: Vec<usize> = self.candidates.of(w, r).to_vec();
+        let mut open: Vec<usize> = Vec::with_capacity(c.len());
+        for d in c {
+            if skip.contains(&d) {
+                continue;
+            }
+            let Some(u) = w.up.get(d) else { continue };
+            let (slots, api, tpm_cap) = (u.p.slots, u.p.api_limits, u.p.tpm_cap);
+            let Some(x) = self.minute(d, now) else {
+                continue;
+            };
+            if x.cooldown_until > now {
+                continue;
+            }
+            if slots.is_some_and(|s| x.in_flight >= s) {
+                continue;
+            }
+            if let Some((rpm, tpm)) = api {
+                if x.requests >= rpm || x.tokens + tokens > tpm {
+                    continue;
+                }
+            }
+            if tpm_cap.is_some_and(|cap| x.tokens + tokens > cap) {
+                continue;
+            }
+            open.push(d);
+        }
+        if open.is_empty() {
+            return None;
+        }
+        let deps = &self.deployments;
+        let get = |d: usize| deps.get(d).cloned().unwrap_or_default();
+        Some(match self.strategy {
+            Strategy::SimpleShuffle => *open.get(self.rng.below(open.len()))?,
+            Strategy::LeastBusy => *open.iter().min_by_key(|d| (get(**d).in_flight, **d))?,
+            Strategy::UsageBased => *open.iter().min_by_key(|d| (get(**d).tokens, **d))?,
+            Strategy::LatencyBased => *open.iter().min_by(|a, b| {
+                let mean = |d: usize| {
+                    let l = &deps.get(d).map(|x| x.latencies.clone()).unwrap_or_default();
+                    if l.is_empty() {
+                        0.0
+                    } else {
+                        l.iter().sum::<f64>() / l.len() as f64
+                    }
+                };
+                mean(**a).total_cmp(&mean(**b)).then(a.cmp(b))
+            })?,
+            Strategy::CostBased => *open.iter().min_by(|a, b| {
+                let cost = |d: usize| {
+                    w.up.get(d).map_or(f64::MAX, |u| {
+                        let (i, o) = list_price(u);
+                        i + o
+                    })
+                };
+                cost(**a).total_cmp(&cost(**b)).then(a.cmp(b))
+            })?,
+        })
+    }
+
+    fn sent(&mut self, w: &World<'_>, r: u32, d: usize) -> Route {
+        let req = w.req(r);
+        if let Some(x) = self.minute(d, w.now) {
+            x.in_flight += 1;
+            x.requests += 1;
+            x.tokens += u64::from(req.prompt) + u64::from(req.output);
+        }
+        Route::To(d)
+    }
+}
+
+impl Policy for LiteLlm {
+    fn name(&self) -> String {
+        format!("litellm-{}", self.strategy.as_str())
+    }
+
+    fn route(&mut self, w: &World<'_>, r: u32) -> Route {
+        match self.pick(w, r, &[]) {
+            Some(d) => self.sent(w, r, d),
+            None => Route::Refuse(429),
+        }
+    }
+
+    fn answered(
+        &mut self,
+        w: &World<'_>,
+        r: u32,
+        d: usize,
+        a: &Answer,
+        n: u32,
+        tried: &[usize],
+    ) -> Next {
+        let now = w.now;
+        let ok = (200..300).contains(&a.status);
+        if let Some(x) = self.minute(d, now) {
+            if ok {
+                x.latencies.push_back(a.first_ms as f64);
+                if x.latencies.len() > 10 {
+                    x.latencies.pop_front();
+                }
+                return Next::Deliver;
+            }
+            x.in_flight = x.in_flight.saturating_sub(1);
+            x.fails += 1;
+            if a.status == 429
+                || (x.fails >= ALLOWED_FAILS && f64::from(x.fails) >= 0.5 * f64::from(x.requests))
+            {
+                x.cooldown_until = now + COOLDOWN_MS;
+            }
+        }
+        if n >= NUM_RETRIES || !retryable(a.status) {
+            return Next::Deliver;
+        }
+        match self.pick(w, r, tried) {
+            Some(d2) => Next::Retry {
+                after_ms: 0,
+                route: self.sent(w, r, d2),
+            },
+            None => {
+                // Nothing else is open: LiteLLM sleeps, then tries the
+                // group again (perhaps the same deployment).
+                let wait = match a.retry_after_s {
+                    Some(s) if s <= 60 => u64::from(s) * 1000,
+                    _ => 500 << n.min(4),
+                };
+                let later = World {
+                    now: now + wait,
+                    ..*w
+                };
+                match self.pick(&later, r, &[]) {
+                    Some(d2) => Next::Retry {
+                        after_ms: wait,
+                        route: self.sent(&later, r, d2),
+                    },
+                    None => Next::Retry {
+                        after_ms: wait,
+                        route: Route::Refuse(429),
+                    },
+                }
+            }
+        }
+    }
+
+    fn done(&mut self, _w: &World<'_>, _r: u32, d: usize, _ok: bool) {
+        if let Some(x) = self.deployments.get_mut(d) {
+            x.in_flight = x.in_flight.saturating_sub(1);
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Owned first: a GPU packer's view (Run:ai, KAI scheduler). Requests fill
+//! the owned GPUs that serve their model to 100% of their slots, blind to
+//! the knee, to spot, reserved and on-demand capacity and to price; what
+//! does not fit overflows to the cheapest pay-as-you-go API through a
+//! gateway (EU personal data to the EU). No retries: a packer places work,
+//! it does not resend it.
+
+use super::{cheapest_payg, Candidates, Rules};
+use crate::engine::{Policy, Route, World};
+use ace_core::cost::Tier;
+
+/// The owned-first packer.
+#[derive(Debug)]
+pub struct OwnedFirst {
+    candidates: Candidates,
+    in_flight: Vec<u32>,
+}
+
+impl OwnedFirst {
+    /// Over the destinations in `listed`.
+    pub fn new(listed: Vec<bool>) -> OwnedFirst {
+        let n = listed.len();
+        OwnedFirst {
+            candidates: Candidates::new(
+                Rules {
+                    eu_personal_data: true,
+                    phi_needs_baa: false,
+                },
+                listed,
+            ),
+            in_flight: vec![0; n],
+        }
+    }
+}
+
+impl Policy for OwnedFirst {
+    fn name(&self) -> String {
+        "owned-first".into()
+    }
+
+    fn route(&mut self, w: &World<'_>, r: u32) -> Route {
+        let in_flight = &self.in_flight;
+        let c = self.candidates.of(w, r);
+        let owned = c
+            .iter()
+            .copied()
+            .filter(|d| {
+                w.up.get(*d).is_some_and(|u| {
+                    u.p.tier == Tier::InHouse
+                        && u.p
+                            .slots
+                            .is_some_and(|s| in_flight.get(*d).copied().unwrap_or(0) < s)
+                })
+            })
+            .min_by_key(|d| (in_flight.get(*d).copied().unwrap_or(0), *d));
+        let route = match owned.or_else(|| cheapest_payg(w, r, c, &[])) {
+            Some(d) => Route::To(d),
+            None => Route::Refuse(503),
+        };
+        if let Route::To(d) = route {
+            if let Some(n) = self.in_flight.get_mut(d) {
+                *n += 1;
+            }
+        }
+        route
+    }
+
+    fn answered(
+        &mut self,
+        _w: &World<'_>,
+        _r: u32,
+        d: usize,
+        a: &crate::fleet::Answer,
+        _n: u32,
+        _tried: &[usize],
+    ) -> crate::engine::Next {
+        if !(200..300).contains(&a.status) {
+            if let Some(n) = self.in_flight.get_mut(d) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        crate::engine::Next::Deliver
+    }
+
+    fn done(&mut self, _w: &World<'_>, _r: u32, d: usize, _ok: bool) {
+        if let Some(n) = self.in_flight.get_mut(d) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! All pay-as-you-go: every request to the cheapest API that serves its
+//! model (list prices), one retry on the next cheapest after a 429 or a
+//! 5xx. The counterfactual every saving is measured against, run as a
+//! strategy so its latency and failures are measured too. Residency as a
+//! LiteLLM-fronted deployment expresses it (EU personal data to EU APIs).
+
+use super::{cheapest_payg, retryable, Candidates, Rules};
+use crate::engine::{Next, Policy, Route, World};
+use crate::fleet::Answer;
+
+/// The all-pay-as-you-go strategy.
+#[derive(Debug)]
+pub struct AllPayg {
+    candidates: Candidates,
+}
+
+impl AllPayg {
+    /// Over the destinations in `listed`.
+    pub fn new(listed: Vec<bool>) -> AllPayg {
+        AllPayg {
+            candidates: Candidates::new(
+                Rules {
+                    eu_personal_data: true,
+                    phi_needs_baa: false,
+                },
+                listed,
+            ),
+        }
+    }
+}
+
+impl Policy for AllPayg {
+    fn name(&self) -> String {
+        "all-payg".into()
+    }
+
+    fn route(&mut self, w: &World<'_>, r: u32) -> Route {
+        let c = self.candidates.of(w, r);
+        cheapest_payg(w, r, c, &[]).map_or(Route::Refuse(503), Route::To)
+    }
+
+    fn answered(
+        &mut self,
+        w: &World<'_>,
+        r: u32,
+        _d: usize,
+        a: &Answer,
+        n: u32,
+        tried: &[usize],
+    ) -> Next {
+        if n >= 1 || !retryable(a.status) {
+            return Next::Deliver;
+        }
+        let c = self.candidates.of(w, r);
+        match cheapest_payg(w, r, c, tried) {
+            Some(d) => Next::Retry {
+                after_ms: 0,
+                route: Route::To(d),
+            },
+            None => Next::Deliver,
+        }
+    }
+}

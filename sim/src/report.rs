@@ -1,0 +1,284 @@
+//! The comparison over seeds: mean and spread per policy, as a terminal
+//! table and as JSON, and the verdict on the goals.
+
+use crate::metrics::Metrics;
+use serde::Serialize;
+
+/// A figure over seeds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Spread {
+    /// Mean.
+    pub mean: f64,
+    /// Sample standard deviation (0 for one seed).
+    pub sd: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// Over `values`.
+    pub fn of(values: &[f64]) -> Spread {
+        let n = values.len() as f64;
+        if values.is_empty() {
+            return Spread::default();
+        }
+        let mean = values.iter().sum::<f64>() / n;
+        let var = if values.len() > 1 {
+            values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)
+        } else {
+            0.0
+        };
+        Spread {
+            mean,
+            sd: var.sqrt(),
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
+/// One policy over every seed.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyFigures {
+    /// The policy.
+    pub policy: String,
+    /// Total cost, USD.
+    pub cost_usd: Spread,
+    /// Cost over the all-pay-as-you-go counterfactual of the same served
+    /// requests.
+    pub cost_vs_payg: Spread,
+    /// Served fraction.
+    pub served: Spread,
+    /// SLO attainment, all classes.
+    pub slo: Spread,
+    /// SLO attainment per latency class.
+    pub slo_by_class: Vec<(String, Spread)>,
+    /// Mean owned-GPU utilisation.
+    pub owned_utilisation: Spread,
+    /// Owned utilisation per hour, mean over seeds.
+    pub owned_utilisation_by_hour: Vec<f64>,
+    /// SLO-met requests per USD.
+    pub goodput_per_usd: Spread,
+    /// Compliance violations (attempts to forbidden destinations).
+    pub violations: Spread,
+    /// Cost by tier, mean over seeds, USD (inhouse, reserved, spot,
+    /// ondemand, payg).
+    pub cost_by_tier: [f64; 5],
+    /// Every seed's run.
+    pub runs: Vec<Metrics>,
+}
+
+impl PolicyFigures {
+    /// The figures of `policy` over `runs`.
+    pub fn new(policy: String, runs: Vec<Metrics>) -> PolicyFigures {
+        let s = |f: &dyn Fn(&Metrics) -> f64| Spread::of(&runs.iter().map(f).collect::<Vec<_>>());
+        let classes: Vec<String> = runs
+            .first()
+            .map(|m| {
+                m.classes
+                    .iter()
+                    .filter(|c| c.requests > 0)
+                    .map(|c| c.class.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let hours = runs
+            .iter()
+            .map(|m| m.owned_utilisation.len())
+            .max()
+            .unwrap_or(0);
+        let n = runs.len().max(1) as f64;
+        let mut cost_by_tier = [0.0; 5];
+        for m in &runs {
+            for (t, c) in cost_by_tier.iter_mut().zip(m.cost_by_tier) {
+                *t += c / n;
+            }
+        }
+        PolicyFigures {
+            cost_usd: s(&|m| m.cost_usd),
+            cost_vs_payg: s(&|m| m.cost_vs_counterfactual()),
+            served: s(&|m| m.served_fraction()),
+            slo: s(&|m| m.slo_attainment()),
+            slo_by_class: classes
+                .iter()
+                .map(|c| (c.clone(), s(&|m| m.class_attainment(c).unwrap_or(0.0))))
+                .collect(),
+            owned_utilisation: s(&|m| m.mean_owned_utilisation()),
+            owned_utilisation_by_hour: (0..hours)
+                .map(|h| {
+                    runs.iter()
+                        .map(|m| m.owned_utilisation.get(h).copied().unwrap_or(0.0))
+                        .sum::<f64>()
+                        / n
+                })
+                .collect(),
+            goodput_per_usd: s(&|m| m.goodput_per_usd()),
+            violations: s(&|m| m.violations as f64),
+            cost_by_tier,
+            policy,
+            runs,
+        }
+    }
+}
+
+/// What the simulation was asked to do, for the report's header.
+#[derive(Clone, Debug, Serialize)]
+pub struct Setting {
+    /// The trace.
+    pub trace: String,
+    /// Requests per run.
+    pub requests: usize,
+    /// Seeds.
+    pub seeds: Vec<u64>,
+    /// How the trace was shaped.
+    pub shape: String,
+}
+
+/// The whole comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// The setting.
+    pub setting: Setting,
+    /// Per policy.
+    pub policies: Vec<PolicyFigures>,
+    /// The SLO bar a policy must clear to count as meeting the targets.
+    pub slo_bar: f64,
+}
+
+impl Comparison {
+    /// Whether `p` met the SLO targets: attainment at or above the bar in
+    /// every latency class and a served fraction at or above it too.
+    pub fn meets_slo(&self, p: &PolicyFigures) -> bool {
+        p.served.mean >= self.slo_bar && p.slo_by_class.iter().all(|(_, s)| s.mean >= self.slo_bar)
+    }
+
+    /// The figures of policy `name`.
+    pub fn get(&self, name: &str) -> Option<&PolicyFigures> {
+        self.policies.iter().find(|p| p.policy == name)
+    }
+
+    /// The terminal table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let classes: Vec<String> = self
+            .policies
+            .first()
+            .map(|p| p.slo_by_class.iter().map(|(c, _)| c.clone()).collect())
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{} requests per run, {} seed(s), {}\n\n",
+            self.setting.requests,
+            self.setting.seeds.len(),
+            self.setting.shape
+        ));
+        let mut header = format!(
+            "{:<24} {:>12} {:>9} {:>8} {:>8}",
+            "policy", "cost USD", "vs payg", "served", "SLO"
+        );
+        for c in &classes {
+            header.push_str(&format!(" {:>11}", truncate(c, 11)));
+        }
+        header.push_str(&format!(
+            " {:>9} {:>11} {:>10}\n",
+            "owned %", "SLO-met/$", "violations"
+        ));
+        out.push_str(&header);
+        for p in &self.policies {
+            let mark = if self.meets_slo(p) { ' ' } else { '*' };
+            let mut line = format!(
+                "{:<24} {:>12} {:>8.1}% {:>7.2}% {:>7.2}%",
+                format!("{}{}", p.policy, mark),
+                format!("{:.0} ±{:.0}", p.cost_usd.mean, p.cost_usd.sd),
+                p.cost_vs_payg.mean * 100.0,
+                p.served.mean * 100.0,
+                p.slo.mean * 100.0,
+            );
+            for (_, s) in &p.slo_by_class {
+                line.push_str(&format!(" {:>10.2}%", s.mean * 100.0));
+            }
+            line.push_str(&format!(
+                " {:>8.1}% {:>11.0} {:>10.0}\n",
+                p.owned_utilisation.mean * 100.0,
+                p.goodput_per_usd.mean,
+                p.violations.mean
+            ));
+            out.push_str(&line);
+        }
+        out.push_str(&format!(
+            "\n* below the SLO bar: served and every class's attainment at least {:.0}%\n",
+            self.slo_bar * 100.0
+        ));
+        out.push_str("vs payg: cost over what the cheapest feasible pay-as-you-go API would have charged for the same served requests\n");
+        out.push_str("violations: attempts sent to a destination the compiled Cedar policies forbid for the request\n");
+        for line in self.verdict() {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The goals, checked: ACE cheapest among the policies meeting the
+    /// SLO; at least 20% cheaper than LiteLLM's cost-based routing at
+    /// equal or better attainment; at least 50% cheaper than all
+    /// pay-as-you-go; no violation.
+    pub fn verdict(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let Some(ace) = self.get("ace") else {
+            return out;
+        };
+        let compliant: Vec<&PolicyFigures> =
+            self.policies.iter().filter(|p| self.meets_slo(p)).collect();
+        let cheapest = compliant
+            .iter()
+            .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean))
+            .map(|p| p.policy.as_str());
+        out.push(format!(
+            "goal: ACE cheapest of those meeting the SLO bar: {} (cheapest: {})",
+            yes(cheapest == Some("ace")),
+            cheapest.unwrap_or("none")
+        ));
+        if let Some(l) = self.get("litellm-cost-based") {
+            let saving = 1.0 - ace.cost_usd.mean / l.cost_usd.mean.max(1e-12);
+            out.push(format!(
+                "goal: >= 20% cheaper than litellm-cost-based at equal or better SLO: {} ({:.1}% cheaper; SLO {:.2}% vs {:.2}%)",
+                yes(saving >= 0.2 && ace.slo.mean >= l.slo.mean),
+                saving * 100.0,
+                ace.slo.mean * 100.0,
+                l.slo.mean * 100.0
+            ));
+        }
+        let vs = 1.0 - ace.cost_vs_payg.mean;
+        out.push(format!(
+            "goal: >= 50% cheaper than all pay-as-you-go: {} ({:.1}% cheaper than the counterfactual",
+            yes(vs >= 0.5),
+            vs * 100.0
+        ) + &match self.get("all-payg") {
+            Some(p) => format!(
+                "; {:.1}% cheaper than the all-payg run, which served {:.2}%)",
+                (1.0 - ace.cost_usd.mean / p.cost_usd.mean.max(1e-12)) * 100.0,
+                p.served.mean * 100.0
+            ),
+            None => ")".into(),
+        });
+        out.push(format!(
+            "goal: ACE has no compliance violation: {} ({} in all runs)",
+            yes(ace.runs.iter().all(|m| m.violations == 0)),
+            ace.runs.iter().map(|m| m.violations).sum::<u64>()
+        ));
+        out
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    s.get(..n.min(s.len())).unwrap_or(s)
+}

@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup wasm dynamic demo test lint docs fuzz-check fmt bench clean
+.PHONY: setup wasm dynamic demo playground test lint docs fuzz-check fmt bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -23,6 +23,11 @@ dynamic: setup
 # fresh machine does not compile HiGHS first.
 demo: setup
 	$(CARGO) run -q -p ace-cli --no-default-features --bin ace -- demo
+
+# The policy playground: build the page (wasm32-unknown-unknown) and serve it
+# on http://127.0.0.1:9920/ (playground/README.md).
+playground: setup
+	$(CARGO) run -q -p ace-cli --no-default-features --bin ace -- playground
 
 # Formatting, lints with warnings denied, the docs and the fuzz targets
 # (both cheap once clippy has checked the dependencies), then every test

@@ -13,6 +13,7 @@ mod control;
 mod demo;
 mod ledger;
 mod plan;
+mod playground;
 mod policy;
 mod sim;
 
@@ -51,6 +52,9 @@ enum Command {
     /// chargeback.
     #[command(subcommand)]
     Ledger(ledger::Command),
+    /// Serve the policy playground locally: edit, compile, explain and
+    /// verify Cedar policies in the browser, from the shipped examples.
+    Playground(playground::Args),
     /// Simulate a fleet serving a request trace under ACE and the
     /// gateways' and packers' strategies, and compare cost, SLO, served
     /// fraction, utilisation and compliance.
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::PluginConfig(a) => plugin::run(a),
         Command::Ledger(c) => ledger::run(c),
         Command::Control(c) => control::run(c),
+        Command::Playground(a) => playground::run(a),
         Command::Sim(a) => sim::run(a),
     };
     match result {

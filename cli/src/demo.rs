@@ -7,11 +7,13 @@
 //! where each request went and why: a burst that fills each tier to its
 //! knee, a failing owned pool that trips and spills, a throttled reserved
 //! block (429 + retry-after), and recovery after the cool-down; then the
-//! example policies (scene 5) and the control service moving traffic with a
-//! price change and an eviction notice (scene 6). It grows with the
-//! product: what it shows is what ACE does today.
+//! example policies (scene 5), the control service moving traffic with a
+//! price change and an eviction notice (scene 6), and model routing and
+//! the response cache under the example policies (scene 7). It grows with
+//! the product: what it shows is what ACE does today.
 
 mod control;
+mod routing;
 
 use ace_cli::outln;
 use ace_harness::client::{Request, Response};
@@ -249,6 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     drop(envoy);
     let (policy_config, policy_served) = policy_scene(&module)?;
     control::scene(&module)?;
+    let (routing_config, routing_served) = routing::scene(&module)?;
     outln!(
         "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
          feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\
@@ -259,8 +262,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     crate::ledger::demo_summary(&[
         ("scenes 1-4", &fleet_config(), &served),
         ("scene 5", &policy_config, &policy_served),
+        ("scene 7", &routing_config, &routing_served),
     ])?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Envoy with ACE under `config`, logging its events, in front of one
+/// local upstream per destination of `config` (named after it).
+fn fleet_envoy(module: &Module, config: &Value) -> anyhow::Result<(Envoy, Vec<Upstream>)> {
+    let mut builder = module.add(
+        EnvoyBuilder::new().access_log_line(module.event_log_line()),
+        config,
+    );
+    let mut ups = Vec::new();
+    for d in config["destinations"].as_array().into_iter().flatten() {
+        let name = d["name"].as_str().unwrap_or("?");
+        let up = Upstream::start(name).with_context(|| format!("starting upstream {name}"))?;
+        builder = builder.cluster(d["cluster"].as_str().unwrap_or("?"), up.port());
+        ups.push(up);
+    }
+    let envoy = builder.start().map_err(|e| anyhow!("{e}"))?;
+    Ok((envoy, ups))
 }
 
 /// Scene 5: the shipped example policies (`policies/`), compiled into the
@@ -285,18 +307,7 @@ fn policy_scene(module: &Module) -> anyhow::Result<(Value, Vec<String>)> {
             .find(|d| d.name.as_ref() == name)
             .map_or("?".to_string(), |d| d.jurisdiction.clone())
     };
-    let mut builder = module.add(
-        EnvoyBuilder::new().access_log_line(module.event_log_line()),
-        &config,
-    );
-    let mut ups = Vec::new();
-    for d in config["destinations"].as_array().into_iter().flatten() {
-        let name = d["name"].as_str().unwrap_or("?");
-        let up = Upstream::start(name).with_context(|| format!("starting upstream {name}"))?;
-        builder = builder.cluster(d["cluster"].as_str().unwrap_or("?"), up.port());
-        ups.push(up);
-    }
-    let envoy = builder.start().map_err(|e| anyhow!("{e}"))?;
+    let (envoy, ups) = fleet_envoy(module, &config)?;
     let ask = |tenant: &str, class: &str, model: &str| -> anyhow::Result<Response> {
         Request::post_json("/v1/chat/completions", &json!({"model": model}))
             .header("x-ace-tenant", tenant)

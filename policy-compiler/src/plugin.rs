@@ -101,5 +101,14 @@ pub fn plugin_config(
             })
             .collect();
     }
+    // Model routing where the manifest declares classes: the tables decide
+    // who may be served another model (`substituted`); the filter refuses
+    // classes without that attribute, naming the fix.
+    if let Some((classes, cost_factors)) = project.manifest.model_routing() {
+        config.model_routing = Some(ace_filter::routing::RoutingSettings {
+            classes,
+            cost_factors,
+        });
+    }
     Ok(config)
 }

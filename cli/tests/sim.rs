@@ -135,3 +135,50 @@ fn bad_input_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn the_ledger_books_a_simulation_as_it_books_envoy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = dir.path().join("events");
+    let o = ace(&[
+        "sim",
+        "--synthetic",
+        "2000",
+        "--copies",
+        "1",
+        "--seeds",
+        "1",
+        "--policy",
+        "ace",
+        "--events",
+        events.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = events.join("ace-seed1.log");
+    let lines = std::fs::read_to_string(&log).expect("events written");
+    assert_eq!(
+        lines.lines().count(),
+        2000,
+        "one event per simulated request"
+    );
+    let store = dir.path().join("ledger.sqlite");
+    let o = ace(&[
+        "ledger",
+        "ingest",
+        "--store",
+        store.to_str().expect("utf-8"),
+        "--config",
+        events.join("plugin-config.json").to_str().expect("utf-8"),
+        log.to_str().expect("utf-8"),
+    ]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        text.contains("2000 events booked") && text.contains(" 0 malformed"),
+        "{text}"
+    );
+}

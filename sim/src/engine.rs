@@ -41,7 +41,8 @@ pub struct Req {
 pub enum Route {
     /// To this destination.
     To(usize),
-    /// Nowhere: the client gets this status.
+    /// Nowhere: the proxy answers with this status itself (a refusal, or
+    /// a 2xx from ACE's response cache).
     Refuse(u16),
 }
 
@@ -407,12 +408,15 @@ impl Loop<'_> {
                 };
                 let req = self.req(r);
                 self.in_system -= 1;
-                self.metrics.record(
-                    r,
-                    &req,
-                    self.profiles.get(req.profile as usize),
-                    RequestOutcome::refused(status, now.saturating_sub(req.at_ms)),
-                );
+                let mut outcome = RequestOutcome::refused(status, now.saturating_sub(req.at_ms));
+                if (200..300).contains(&status) {
+                    // Answered by the proxy itself: a cache hit, served at
+                    // no marginal cost.
+                    outcome.served = true;
+                    self.metrics.first_byte(r, now);
+                }
+                self.metrics
+                    .record(r, &req, self.profiles.get(req.profile as usize), outcome);
                 policy.finished_without_service(&self.world(now), r);
                 drain(policy, events)?;
             }

@@ -25,6 +25,7 @@ use ace_filter::config::{Config, Trusted};
 use ace_filter::control::Outside;
 use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_filter::headers::Pairs;
+use ace_filter::routing::Routed;
 use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -50,6 +51,13 @@ struct SimHost {
     events: Vec<u8>,
     /// Whether events are kept.
     keep_events: bool,
+    /// The body the upstream receives when the flow replaced it (model
+    /// routing).
+    served_body: Option<Vec<u8>>,
+    /// The response cache, by slot (the dynamic module's, in memory).
+    cache: HashMap<u32, Vec<u8>>,
+    /// The last answer came from the cache.
+    cached: bool,
 }
 
 impl SimHost {
@@ -175,6 +183,53 @@ impl Host for Envoy<'_> {
         Ok(change)
     }
 
+    fn claim_routed(
+        &mut self,
+        now_ms: u64,
+        routed: &mut Routed<'_>,
+        req: &Request,
+    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
+        let cfg = self.cfg;
+        let h = &mut *self.h;
+        h.fleet.advance(&cfg.models, &cfg.health, now_ms);
+        let (feasible, warm, scale) = routed.parts(&h.outside.warmth);
+        let d = h.fleet.decide_scaled(feasible, warm, scale, req, now_ms);
+        if let Ok(d) = &d {
+            h.fleet.reprice(d.index, &cfg.models, &cfg.health, now_ms);
+        }
+        Ok(Some(d))
+    }
+
+    fn can_replace_request_body(&self) -> bool {
+        true
+    }
+
+    fn replace_request_body(&mut self, body: &[u8]) -> bool {
+        self.h.served_body = Some(body.to_vec());
+        self.set_request_header("content-length", &body.len().to_string())
+    }
+
+    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
+        match self.h.cache.get(&slot) {
+            Some(entry) => {
+                into.extend_from_slice(entry);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
+        self.h.cache.insert(slot, entry.to_vec());
+        true
+    }
+
+    fn send_cached(&mut self, status: u32, _content_type: &str, _body: &[u8]) -> bool {
+        self.h.reply = Some(status);
+        self.h.cached = true;
+        true
+    }
+
     fn can_rerun(&self) -> bool {
         self.cfg.retry_next
     }
@@ -232,6 +287,9 @@ impl Ace {
             reply: None,
             events: Vec::new(),
             keep_events: events,
+            served_body: None,
+            cache: HashMap::new(),
+            cached: false,
         };
         let clusters = cfg
             .destinations

@@ -1,0 +1,161 @@
+//! The simulator's ACE is the filter's ACE: a decision log recorded in
+//! front of a real Envoy (the example fleet, both builds, upstreams that
+//! fail and throttle for a while) replayed through `ace_sim`'s ACE policy,
+//! request by request with the recorded times and answers, gives the same
+//! destination for every request.
+
+use ace_harness::client::Request;
+use ace_harness::envoy::EnvoyBuilder;
+use ace_harness::upstream::Behavior;
+use ace_sim::policy::ace::{replay, Recorded};
+use ace_tests::{require_envoy, start, upstream, Filter};
+use serde_json::Value;
+use std::time::Duration;
+
+/// A request as sent: its headers and body.
+type Sent = (Vec<(String, String)>, Vec<u8>);
+
+/// (tenant, data class, latency class, model, tp degree)
+const MIX: [(&str, &str, &str, &str, &str); 10] = [
+    ("globex", "public", "interactive", "llama-3.1-8b", "1"),
+    ("acme-health", "phi", "interactive", "llama-3.1-70b", "2"),
+    ("northbank", "personal_eu", "standard", "llama-3.1-70b", "2"),
+    ("eu-gov", "personal_eu", "batch", "mistral-small", "1"),
+    ("globex", "internal", "interactive", "gpt-4o-mini", "1"),
+    ("initech", "confidential", "standard", "qwen2.5-72b", "2"),
+    ("research-lab", "public", "batch", "llama-3.1-405b", "8"),
+    (
+        "northbank",
+        "confidential",
+        "interactive",
+        "llama-3.1-8b",
+        "1",
+    ),
+    ("acme-health", "internal", "standard", "llama-3.1-8b", "1"),
+    ("initech", "internal", "interactive", "llama-3.1-8b", "1"),
+];
+
+fn decisions_replay_identically(filter: Filter) {
+    require_envoy();
+    let dir = ace_harness::workspace_root().join("policies");
+    let config = ace_cli::plugin::build(&dir, false, true).unwrap_or_else(|e| panic!("{e:#}"));
+    let text = config.to_string();
+    let mut b = filter.event_log(filter.add_reading_body(EnvoyBuilder::new(), &text));
+    let mut ups = Vec::new();
+    for d in config["destinations"].as_array().into_iter().flatten() {
+        let (name, cluster) = (
+            d["name"].as_str().unwrap_or(""),
+            d["cluster"].as_str().unwrap_or(""),
+        );
+        let u = upstream(name);
+        b = b.cluster(cluster, u.port());
+        ups.push((name.to_string(), u));
+    }
+    let envoy = start(&b);
+    let set = |name: &str, behavior: Behavior| {
+        for (n, u) in &ups {
+            if n == name {
+                u.set_behavior(behavior.clone());
+            }
+        }
+    };
+    let mut sent: Vec<Sent> = Vec::new();
+    let n = 120;
+    for i in 0..n {
+        // A phase where the cheap owned and reserved capacity fails or
+        // throttles, so that health moves the choices.
+        match i {
+            30 => {
+                set("us-inhouse-h100", Behavior::Status(503));
+                set(
+                    "eu-reserved-a100",
+                    Behavior::RateLimited { retry_after_s: 2 },
+                );
+            }
+            60 => {
+                set("us-inhouse-h100", Behavior::Ok);
+                set("eu-reserved-a100", Behavior::Ok);
+                set("eu-inhouse-h100", Behavior::Status(500));
+            }
+            90 => set("eu-inhouse-h100", Behavior::Ok),
+            _ => {}
+        }
+        let (tenant, dc, lc, model, tp) = MIX[i % MIX.len()];
+        let body = serde_json::json!({
+            "model": model,
+            "max_tokens": 64 + 32 * (i % 7),
+            "messages": [{"role": "user", "content": "x".repeat(200 * (i % 11))}],
+        });
+        let headers: Vec<(String, String)> = [
+            ("x-ace-tenant", tenant),
+            ("x-ace-data-class", dc),
+            ("x-ace-latency-class", lc),
+            ("x-ace-tp-degree", tp),
+            ("x-ace-model", model),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let mut r = Request::post_json("/v1/chat/completions", &body);
+        for (k, v) in &headers {
+            r = r.header(k, v);
+        }
+        let bytes = body.to_string().into_bytes();
+        r.send(envoy.port())
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let mut all = headers;
+        all.push(("content-type".into(), "application/json".into()));
+        all.push(("content-length".into(), bytes.len().to_string()));
+        sent.push((all, bytes));
+    }
+    let lines = envoy.wait_access_log(n, Duration::from_secs(20));
+    assert_eq!(lines.len(), n, "one event per request");
+    let events: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let log: Vec<Recorded> = events
+        .iter()
+        .zip(&sent)
+        .map(|(e, (headers, body))| Recorded {
+            time_ms: e["time_ms"].as_u64().unwrap_or(0),
+            headers: headers.clone(),
+            body: body.clone(),
+            status: e["status"].as_u64().unwrap_or(0) as u16,
+            latency_ms: e["latency_ms"].as_u64().unwrap_or(0),
+        })
+        .collect();
+    let recorded: Vec<Option<String>> = events
+        .iter()
+        .map(|e| e["destination"].as_str().map(str::to_string))
+        .collect();
+    let failures = events
+        .iter()
+        .filter(|e| e["status"].as_u64() != Some(200))
+        .count();
+    assert!(failures > 0, "the run had failures for health to act on");
+    let cfg = ace_filter::config::Config::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let replayed = replay(cfg, &log);
+    for (i, (r, s)) in recorded.iter().zip(&replayed).enumerate() {
+        assert_eq!(
+            r, s,
+            "request {i}: Envoy chose {r:?}, the simulator {s:?} ({})",
+            lines[i]
+        );
+    }
+    let distinct: std::collections::BTreeSet<_> = recorded.iter().flatten().collect();
+    assert!(
+        distinct.len() >= 4,
+        "the log exercises several destinations: {distinct:?}"
+    );
+}
+
+#[test]
+fn wasm_decisions_replay_identically_in_the_simulator() {
+    decisions_replay_identically(Filter::Wasm);
+}
+
+#[test]
+fn dynamic_module_decisions_replay_identically_in_the_simulator() {
+    decisions_replay_identically(Filter::Dynamic);
+}

@@ -145,11 +145,19 @@ enum Variant {
     AceDyn,
     AceControl,
     AceDynControl,
+    AcePolicy,
+    AceRoute,
+    AceHit,
+    AceCheck,
+    AceDynPolicy,
+    AceDynRoute,
+    AceDynHit,
+    AceDynCheck,
 }
 
 impl Variant {
     /// Every variant, in the order they run and print.
-    const ALL: [Variant; 9] = [
+    const ALL: [Variant; 17] = [
         Variant::Plain,
         Variant::Noop,
         Variant::Minimal,
@@ -159,6 +167,14 @@ impl Variant {
         Variant::AceDyn,
         Variant::AceControl,
         Variant::AceDynControl,
+        Variant::AcePolicy,
+        Variant::AceRoute,
+        Variant::AceHit,
+        Variant::AceCheck,
+        Variant::AceDynPolicy,
+        Variant::AceDynRoute,
+        Variant::AceDynHit,
+        Variant::AceDynCheck,
     ];
 
     /// The name `--only` takes.
@@ -173,6 +189,14 @@ impl Variant {
             Variant::AceDyn => "acedyn",
             Variant::AceControl => "acectl",
             Variant::AceDynControl => "acedynctl",
+            Variant::AcePolicy => "acepol",
+            Variant::AceRoute => "aceroute",
+            Variant::AceHit => "acehit",
+            Variant::AceCheck => "acecheck",
+            Variant::AceDynPolicy => "acedynpol",
+            Variant::AceDynRoute => "acedynroute",
+            Variant::AceDynHit => "acedynhit",
+            Variant::AceDynCheck => "acedyncheck",
         }
     }
 
@@ -188,7 +212,31 @@ impl Variant {
             Variant::AceDyn => "ACE, dynamic module",
             Variant::AceControl => "ACE filter, control on",
             Variant::AceDynControl => "ACE dynamic, control on",
+            Variant::AcePolicy => "ACE, example policies",
+            Variant::AceRoute => "ACE, model routing",
+            Variant::AceHit => "ACE, cache hit",
+            Variant::AceCheck => "ACE, cache check",
+            Variant::AceDynPolicy => "dynamic, example policies",
+            Variant::AceDynRoute => "dynamic, model routing",
+            Variant::AceDynHit => "dynamic, cache hit",
+            Variant::AceDynCheck => "dynamic, cache check",
         }
+    }
+
+    /// Whether it is driven with the example fleet's request
+    /// ([`FLEET_BODY`], [`FLEET_HEADERS`]) instead of [`BODY`].
+    fn fleet_request(self) -> bool {
+        matches!(
+            self,
+            Variant::AcePolicy
+                | Variant::AceRoute
+                | Variant::AceHit
+                | Variant::AceCheck
+                | Variant::AceDynPolicy
+                | Variant::AceDynRoute
+                | Variant::AceDynHit
+                | Variant::AceDynCheck
+        )
     }
 
     /// What `--help` says about it.
@@ -214,6 +262,24 @@ impl Variant {
                 "`acedyn` with the control service configured (its bootstrap poller, 304s, \
                  hourly)"
             }
+            Variant::AcePolicy => {
+                "ACE's Wasm filter with the example fleet and policies (`ace plugin-config \
+                 policies/`) without model routing, sent a deterministic request for gpt-4o \
+                 (the reference for the next three)"
+            }
+            Variant::AceRoute => {
+                "`acepol` with the manifest's model routing: every request served by another \
+                 model, its body rewritten"
+            }
+            Variant::AceHit => "`acepol` with the response cache: every request a hit",
+            Variant::AceCheck => {
+                "`acepol` with the response cache checking every hit: a lookup, the upstream, \
+                 the comparison and a store per request (a miss's whole cost, and more)"
+            }
+            Variant::AceDynPolicy => "`acepol` as a dynamic module",
+            Variant::AceDynRoute => "`aceroute` as a dynamic module",
+            Variant::AceDynHit => "`acehit` as a dynamic module",
+            Variant::AceDynCheck => "`acecheck` as a dynamic module",
         }
     }
 }
@@ -372,7 +438,7 @@ fn run() -> Result<(), String> {
         }
         let mut rows = Vec::new();
         for (name, builder) in variants {
-            let running = bench.start(name, &builder)?;
+            let running = bench.start(name, &builder, false)?;
             rows.push(bench.run(&running)?);
         }
         if let Some(base) = rows.first() {
@@ -451,13 +517,37 @@ fn run() -> Result<(), String> {
                     ));
                 variants.push((name, b));
             }
+            Variant::AcePolicy | Variant::AceRoute | Variant::AceHit | Variant::AceCheck => {
+                let config = fleet_config(v)?;
+                let b = fleet_clusters(base(), up.port());
+                variants.push((name, b.wasm_filter_reading_body(&ace, &config)));
+            }
+            Variant::AceDynPolicy
+            | Variant::AceDynRoute
+            | Variant::AceDynHit
+            | Variant::AceDynCheck => {
+                let lib = ace_harness::dylib::build("ace-dynamic")?;
+                let config = fleet_config(v)?;
+                let b = fleet_clusters(base(), up.port());
+                variants.push((
+                    name,
+                    b.http_filter(ace_harness::dylib::http_filter_json(
+                        &lib,
+                        "ace",
+                        Some(&config),
+                    )),
+                ));
+            }
         }
     }
     // Every variant runs at once (only one is loaded at a time), so the
     // rounds can alternate quickly without restarting Envoy.
     let running = variants
         .into_iter()
-        .map(|(name, builder)| bench.start(name.into(), &builder))
+        .map(|(name, builder)| {
+            let fleet = o.variants().any(|v| v.label() == name && v.fleet_request());
+            bench.start(name.into(), &builder, fleet)
+        })
         .collect::<Result<Vec<_>, String>>()?;
     let mut rounds: Vec<Vec<Row>> = Vec::new();
     for round in 0..o.rounds {
@@ -659,21 +749,21 @@ impl Bench {
     }
 
     /// Drive Envoy on `port` for `secs`: wrk, or h2load at the fixed rate.
-    fn load(&self, port: u16, secs: u32) -> Result<Stats, String> {
+    fn load(&self, port: u16, secs: u32, fleet: bool) -> Result<Stats, String> {
         match self.rate {
-            Some(rate) => h2load(port, secs, self.conns, rate),
-            None => wrk(port, secs, self.conns),
+            Some(rate) => h2load(port, secs, self.conns, rate, fleet),
+            None => wrk(port, secs, self.conns, fleet),
         }
     }
 
     /// Start Envoy (pinned, if pinning) and warm it up.
-    fn start(&self, name: String, builder: &EnvoyBuilder) -> Result<Running, String> {
+    fn start(&self, name: String, builder: &EnvoyBuilder, fleet: bool) -> Result<Running, String> {
         let envoy = builder.start().map_err(|e| e.to_string())?;
         if let Some(cpus) = &self.pin {
             pin(envoy.pid(), cpus)?;
         }
-        let _warm = self.load(envoy.port(), 2)?;
-        Ok(Running { name, envoy })
+        let _warm = self.load(envoy.port(), 2, fleet)?;
+        Ok(Running { name, envoy, fleet })
     }
 
     /// Measure one run of a started variant and print its row.
@@ -684,7 +774,7 @@ impl Bench {
             callgrind_control("-z", envoy.pid())?;
         }
         let before = envoy.cpu_time();
-        let stats = self.load(envoy.port(), self.secs)?;
+        let stats = self.load(envoy.port(), self.secs, r.fleet)?;
         let cpu_us = match (before, envoy.cpu_time()) {
             (Some(a), Some(b)) if stats.requests > 0 => {
                 b.saturating_sub(a).as_secs_f64() * 1e6 / stats.requests as f64
@@ -739,6 +829,8 @@ impl Bench {
 struct Running {
     name: String,
     envoy: ace_harness::envoy::Envoy,
+    /// Driven with the example fleet's request.
+    fleet: bool,
 }
 
 /// Prepare `--callgrind`: a wrapper that starts the Envoy binary under
@@ -860,11 +952,76 @@ fn stop_probe(probe: Option<std::process::Child>) {
 /// The request body every run sends.
 const BODY: &str = r#"{"model":"llama-3.1-70b","max_tokens":128,"messages":[{"role":"user","content":"Summarise the quarterly report in three bullet points, please, for the board."}]}"#;
 
-/// wrk's script: a POST of [`BODY`].
-fn wrk_script() -> String {
-    format!(
-        "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.body = '{BODY}'\n"
-    )
+/// The example fleet's request (the `acepol` family): a deterministic chat
+/// completion for gpt-4o, which the manifest's class `chat-large` lets a
+/// cheaper model serve, from a tenant opted in to the cache.
+const FLEET_BODY: &str = r#"{"model":"gpt-4o","temperature":0,"max_tokens":128,"messages":[{"role":"user","content":"Summarise the quarterly report in three bullet points, please, for the board."}]}"#;
+
+/// Its policy headers.
+const FLEET_HEADERS: [(&str, &str); 4] = [
+    ("x-ace-tenant", "globex"),
+    ("x-ace-data-class", "public"),
+    ("x-ace-latency-class", "interactive"),
+    ("x-ace-tp-degree", "1"),
+];
+
+/// wrk's script: a POST of [`BODY`], or of the example fleet's request.
+fn wrk_script(fleet: bool) -> String {
+    let mut script = String::from(
+        "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\n",
+    );
+    if fleet {
+        for (k, v) in FLEET_HEADERS {
+            script.push_str(&format!("wrk.headers[\"{k}\"] = \"{v}\"\n"));
+        }
+    }
+    script.push_str(&format!(
+        "wrk.body = '{}'\n",
+        if fleet { FLEET_BODY } else { BODY }
+    ));
+    script
+}
+
+/// The example fleet's plugin configuration for variant `v`: the
+/// manifest's model routing only for the routing variants, the cache only
+/// for the cache ones (checking every hit for `*check`).
+fn fleet_config(v: Variant) -> Result<String, String> {
+    let dir = ace_harness::workspace_root().join("policies");
+    let project = ace_policy::load_dir(&dir).map_err(|e| e.to_string())?;
+    let compiled = ace_policy::compile(&project).map_err(|e| e.to_string())?;
+    let mut config = ace_policy::plugin::plugin_config(&project, &compiled, false, true)
+        .map_err(|e| e.to_string())?;
+    if !matches!(v, Variant::AceRoute | Variant::AceDynRoute) {
+        config.model_routing = None;
+    }
+    let check = match v {
+        Variant::AceHit | Variant::AceDynHit => Some(0.0),
+        Variant::AceCheck | Variant::AceDynCheck => Some(1.0),
+        _ => None,
+    };
+    let mut json = serde_json::to_value(&config).map_err(|e| e.to_string())?;
+    if let Some(f) = check {
+        json["cache"] = json!({"check_fraction": f});
+    }
+    Ok(json.to_string())
+}
+
+/// `b` with every cluster of the example fleet, all to the upstream on
+/// `port`.
+fn fleet_clusters(b: EnvoyBuilder, port: u16) -> EnvoyBuilder {
+    let dir = ace_harness::workspace_root().join("policies");
+    let Ok(project) = ace_policy::load_dir(&dir) else {
+        return b;
+    };
+    let clusters: Vec<String> = project
+        .manifest
+        .resolved()
+        .into_iter()
+        .map(|d| d.cluster)
+        // `base()` has these already.
+        .filter(|c| !["owned", "reserved", "payg"].contains(&c.as_str()))
+        .collect();
+    clusters.iter().fold(b, |b, c| b.cluster(c, port))
 }
 
 /// Write `contents` to `name` in this process's scratch directory.
@@ -876,8 +1033,9 @@ fn scratch_file(name: &str, contents: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-fn wrk(port: u16, secs: u32, conns: u32) -> Result<Stats, String> {
-    let script = scratch_file("post.lua", &wrk_script())?;
+fn wrk(port: u16, secs: u32, conns: u32, fleet: bool) -> Result<Stats, String> {
+    let name = if fleet { "fleet.lua" } else { "post.lua" };
+    let script = scratch_file(name, &wrk_script(fleet))?;
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -905,8 +1063,17 @@ fn wrk(port: u16, secs: u32, conns: u32) -> Result<Stats, String> {
 /// per second in all, whatever the answers' latency, so p50 is the time a
 /// request takes rather than the queue a closed loop builds. Percentiles
 /// come from h2load's per-request log.
-fn h2load(port: u16, secs: u32, conns: u32, rate: u32) -> Result<Stats, String> {
-    let body = scratch_file("body.json", BODY)?;
+fn h2load(port: u16, secs: u32, conns: u32, rate: u32, fleet: bool) -> Result<Stats, String> {
+    let body = if fleet {
+        scratch_file("fleet.json", FLEET_BODY)?
+    } else {
+        scratch_file("body.json", BODY)?
+    };
+    let headers: Vec<String> = FLEET_HEADERS
+        .iter()
+        .filter(|_| fleet)
+        .flat_map(|(k, v)| ["-H".to_string(), format!("{k}: {v}")])
+        .collect();
     // Each run starts from an empty log.
     let log = scratch_file("requests.tsv", "")?;
     let per_conn = f64::from(rate) / f64::from(conns.max(1));
@@ -921,6 +1088,7 @@ fn h2load(port: u16, secs: u32, conns: u32, rate: u32) -> Result<Stats, String> 
             "-d",
         ])
         .arg(&body)
+        .args(&headers)
         .arg("--log-file")
         .arg(&log)
         .arg(format!("http://127.0.0.1:{port}/v1/chat/completions"))

@@ -841,6 +841,30 @@ impl Flow {
             latency_usd_per_s: 0.0,
         };
         let usd = with_worker(worker, |w| {
+            // A class named: priced against its reference model, as the
+            // ledger prices it (the mask so far is for the class's name,
+            // which no table knows).
+            let class = asked.filter(|(r, k)| {
+                e.text(&e.model_requested)
+                    .and_then(|m| r.asked(m))
+                    .is_some_and(|a| a.member.is_none())
+                    && r.members.get(*k).is_some()
+            });
+            if let (Some((r, k)), Some(m), Some(tables)) = (
+                class,
+                cfg.policy.as_ref().and_then(|p| p.model),
+                setup.tables.as_ref(),
+            ) {
+                if let (Some(slot), Some(member)) = (w.lookup.values.get_mut(m), r.members.get(k)) {
+                    *slot = member.value;
+                }
+                if tables
+                    .feasible(&w.lookup.values, &mut w.lookup.mask)
+                    .is_err()
+                {
+                    w.lookup.mask.fill(0);
+                }
+            }
             counterfactual(cfg, &w.lookup.mask, &tokens, |d| {
                 asked.map_or(1.0, |(r, k)| r.factor(k, d))
             })

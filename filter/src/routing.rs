@@ -525,6 +525,163 @@ fn string_end(body: &[u8], start: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use ace_core::tables::{
+        encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec,
+    };
+    use base64::Engine;
+
+    /// Two destinations serving models `a` and `b`; `computed` names the
+    /// Bool attributes the tables have besides `model`.
+    fn config(computed: &[&str], extra: &str) -> Result<Config, crate::config::ConfigError> {
+        let mut attributes = vec![AttributeSpec {
+            name: "model".into(),
+            values: vec!["a".into(), "b".into()],
+        }];
+        for c in computed {
+            attributes.push(AttributeSpec {
+                name: c.to_string(),
+                values: vec!["false".into(), "true".into()],
+            });
+        }
+        let spec = TableSpec {
+            destinations: vec![
+                DestinationSpec {
+                    name: "d0".into(),
+                    cluster: "c0".into(),
+                },
+                DestinationSpec {
+                    name: "d1".into(),
+                    cluster: "c1".into(),
+                },
+            ],
+            attributes,
+            factors: vec![FactorSpec {
+                kind: FactorKind::Permit,
+                attributes: vec![0],
+                rows: vec![0, 0b01, 0b10],
+            }],
+        };
+        let b64 = base64::engine::general_purpose::STANDARD
+            .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")));
+        Config::parse(
+            format!(
+                r#"{{"destinations":[{{"name":"d0","cluster":"c0"}},{{"name":"d1","cluster":"c1"}}],
+                    "tables_base64":"{b64}","body":{{"read":true}}{extra}}}"#
+            )
+            .as_bytes(),
+        )
+    }
+
+    fn refused(computed: &[&str], extra: &str) -> (String, String) {
+        match config(computed, extra) {
+            Ok(_) => ("accepted".into(), String::new()),
+            Err(e) => (e.field, e.message),
+        }
+    }
+
+    #[test]
+    fn configurations_that_cannot_route_or_cache_safely_are_refused_naming_the_fix() {
+        let classes = r#","model_routing":{"classes":{"c":["a","b"]}}"#;
+        assert!(config(&["substituted"], classes).is_ok());
+        let (field, message) = refused(&[], classes);
+        assert_eq!(field, "model_routing");
+        assert!(message.contains("substituted: Bool"), "{message}");
+        let unknown = r#","model_routing":{"classes":{"c":["a","zz"]}}"#;
+        assert_eq!(
+            refused(&["substituted"], unknown).0,
+            "model_routing.classes.c[1]"
+        );
+        let twice = r#","model_routing":{"classes":{"c":["a","b"],"e":["b","a"]}}"#;
+        assert_eq!(refused(&["substituted"], twice).0, "model_routing.classes");
+        let named_like_a_model = r#","model_routing":{"classes":{"a":["a","b"]}}"#;
+        assert_eq!(
+            refused(&["substituted"], named_like_a_model).0,
+            "model_routing.classes.a"
+        );
+        let factor =
+            r#","model_routing":{"classes":{"c":["a","b"]},"cost_factors":{"nope":{"a":0.5}}}"#;
+        assert_eq!(
+            refused(&["substituted"], factor).0,
+            "model_routing.cost_factors.nope"
+        );
+        let zero = r#","model_routing":{"classes":{"c":["a","b"]},"cost_factors":{"d0":{"a":0}}}"#;
+        assert_eq!(
+            refused(&["substituted"], zero).0,
+            "model_routing.cost_factors.d0.a"
+        );
+        let (field, message) = refused(&[], r#","cache":{}"#);
+        assert_eq!(field, "cache");
+        assert!(message.contains("cached: Bool"), "{message}");
+        assert!(config(&["cached"], r#","cache":{}"#).is_ok());
+        assert_eq!(
+            refused(&["cached"], r#","cache":{"check_fraction":2}"#).0,
+            "cache.check_fraction"
+        );
+    }
+
+    #[test]
+    fn a_client_cannot_set_what_ace_computes() {
+        let cfg = config(&["substituted", "cached"], "").unwrap_or_else(|e| panic!("{e}"));
+        let (tables, policy) = (cfg.tables().unwrap(), cfg.policy.as_ref().unwrap());
+        let sent: [(&[u8], &[u8]); 4] = [
+            (b"x-ace-model", b"a"),
+            (b"x-ace-substituted", b"true"),
+            (b"x-ace-substituted", b"false"),
+            (b"x-ace-cached", b"true"),
+        ];
+        let headers = crate::headers::Pairs::encode(sent);
+        let mut values = vec![0u32; 3];
+        let resolved = crate::attributes::resolve(
+            &tables,
+            policy,
+            &headers,
+            None,
+            crate::attributes::no_trusted,
+            &mut values,
+        );
+        assert!(
+            resolved.is_ok(),
+            "never a conflict: the headers are not read"
+        );
+        assert_eq!(values[1], policy.computed_default(1).unwrap());
+        assert_eq!(values[2], policy.computed_default(2).unwrap());
+    }
+
+    #[test]
+    fn pairs_pick_the_cheapest_model_each_destination_may_serve() {
+        let cfg = config(
+            &["substituted"],
+            r#","model_routing":{"classes":{"c":["a","b"]},"cost_factors":{"d1":{"b":0.5}}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (tables, routing) = (cfg.tables().unwrap(), cfg.routing.as_ref().unwrap());
+        let mut values = vec![0u32; 2];
+        let mut pairs = Pairs::default();
+        // Named `a`: d0 serves a, d1 serves the substitute b at half price.
+        routing.expand(
+            &tables,
+            &mut values,
+            routing.asked("a").unwrap(),
+            &mut pairs,
+        );
+        assert_eq!(pairs.mask, [0b11]);
+        assert_eq!((pairs.member(0), pairs.member(1)), (Some(0), Some(1)));
+        assert_eq!(pairs.scale, [1.0, 0.5]);
+        assert_eq!(
+            values,
+            [routing.members[0].value, routing.substituted_value(false)]
+        );
+        // The class: the same pairs, none a substitution.
+        routing.expand(
+            &tables,
+            &mut values,
+            routing.asked("c").unwrap(),
+            &mut pairs,
+        );
+        assert_eq!(pairs.mask, [0b11]);
+        assert_eq!(routing.asked("zz"), None);
+    }
 
     #[test]
     fn the_model_is_rewritten_and_nothing_else() {

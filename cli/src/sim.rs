@@ -46,7 +46,7 @@ pub struct Args {
     /// The first seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Only these policies (repeatable): ace, all-payg, litellm-simple-shuffle,
+    /// Only these policies (repeatable): ace, ace-no-model-routing, all-payg, litellm-simple-shuffle,
     /// litellm-least-busy, litellm-usage-based, litellm-latency-based,
     /// litellm-cost-based, priority-gateway, owned-first.
     #[arg(long = "policy", value_name = "NAME")]
@@ -311,7 +311,9 @@ pub fn run_all(
                 };
                 let result = (|| -> anyhow::Result<ace_sim::metrics::Metrics> {
                     // Only ACE runs the filter, so only ACE writes its events.
-                    let mut file = match events.filter(|_| kind == PolicyKind::Ace) {
+                    let mut file = match events
+                        .filter(|_| matches!(kind, PolicyKind::Ace | PolicyKind::AceNoRouting))
+                    {
                         Some(dir) => {
                             let p = dir.join(format!("{}-seed{seed}.log", kind.name()));
                             Some(std::io::BufWriter::new(

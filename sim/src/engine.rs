@@ -134,6 +134,13 @@ pub trait Policy {
     fn take_events(&mut self) -> Vec<u8> {
         Vec::new()
     }
+
+    /// The model the attempt just routed for request `r` is served by,
+    /// when the policy substituted one for the model asked for.
+    fn served_model(&self, r: u32) -> Option<&str> {
+        let _ = r;
+        None
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -194,6 +201,8 @@ struct Attempt {
     broken: bool,
     /// Holds a running slot on its destination.
     held_slot: bool,
+    /// The model served, when not the one asked for.
+    model: Option<String>,
 }
 
 /// The attempts in flight, in reusable slots.
@@ -386,15 +395,22 @@ impl Loop<'_> {
         match route {
             Route::To(d) if d < self.up.len() => {
                 let req = self.req(r);
-                let allowed = self
-                    .profiles
-                    .get(req.profile as usize)
-                    .is_none_or(|p| p.allows(d));
+                let served = policy.served_model(r).map(str::to_string);
+                let allowed =
+                    self.profiles
+                        .get(req.profile as usize)
+                        .is_none_or(|p| match &served {
+                            Some(m) => p.allows_serving(d, m),
+                            None => p.allows(d),
+                        });
                 if !allowed {
                     self.metrics.violation();
                 }
                 tried.push(d);
                 let (id, g) = self.attempts.start(r, d, n, tried);
+                if let Some(a) = self.attempts.get(id, g) {
+                    a.model = served;
+                }
                 if after_ms == 0 {
                     self.send(id, g, now);
                 } else {
@@ -450,9 +466,12 @@ impl Loop<'_> {
         let (Some(u), Some(req)) = (self.up.get_mut(d), reqs.get(a.req as usize)) else {
             return;
         };
-        let model = profiles
-            .get(req.profile as usize)
-            .map_or("", |p| p.model.as_str());
+        let model = match &a.model {
+            Some(m) => m.as_str(),
+            None => profiles
+                .get(req.profile as usize)
+                .map_or("", |p| p.model.as_str()),
+        };
         let running_before = u.running;
         let answer = u.admit(now, req.prompt, req.output, model, &mut self.rng);
         a.held_slot = crate::fleet::holds_slot(u.p.slots, answer.status);

@@ -48,6 +48,9 @@ use trace::{Row, DAY_MS};
 pub enum PolicyKind {
     /// ACE through the filter's flow.
     Ace,
+    /// ACE without model routing (the manifest's model classes ignored):
+    /// dispatch alone, the requested model only.
+    AceNoRouting,
     /// Everything to pay-as-you-go.
     AllPayg,
     /// LiteLLM's router with one strategy.
@@ -60,8 +63,9 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in table order.
-    pub const ALL: [PolicyKind; 9] = [
+    pub const ALL: [PolicyKind; 10] = [
         PolicyKind::Ace,
+        PolicyKind::AceNoRouting,
         PolicyKind::AllPayg,
         PolicyKind::LiteLlm(Strategy::SimpleShuffle),
         PolicyKind::LiteLlm(Strategy::LeastBusy),
@@ -76,6 +80,7 @@ impl PolicyKind {
     pub fn name(self) -> String {
         match self {
             PolicyKind::Ace => "ace".into(),
+            PolicyKind::AceNoRouting => "ace-no-model-routing".into(),
             PolicyKind::AllPayg => "all-payg".into(),
             PolicyKind::LiteLlm(s) => format!("litellm-{}", s.as_str()),
             PolicyKind::Priority => "priority-gateway".into(),
@@ -282,8 +287,18 @@ impl Simulation {
         let up = self.fleet(seed);
         let listed = policy::listed(&up, &self.profiles);
         Ok(match kind {
-            PolicyKind::Ace => {
-                let mut cfg = Config::parse(&self.config_json)
+            PolicyKind::Ace | PolicyKind::AceNoRouting => {
+                let bytes = if kind == PolicyKind::AceNoRouting {
+                    let mut v: serde_json::Value = serde_json::from_slice(&self.config_json)
+                        .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("model_routing");
+                    }
+                    serde_json::to_vec(&v).map_err(|e| SimError(e.to_string()))?
+                } else {
+                    self.config_json.clone()
+                };
+                let mut cfg = Config::parse(&bytes)
                     .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
                 // The dynamic module's re-run: what a failure costs a
                 // request on the build that can.

@@ -84,12 +84,28 @@ pub struct Profile {
     /// The destinations the compiled Cedar tables allow for it: the
     /// oracle every policy's choices are checked against.
     pub feasible: Vec<u64>,
+    /// Per catalogue model, the destinations the tables allow when that
+    /// model is served in place of the one asked for (`substituted`
+    /// true): the oracle for model routing.
+    pub substitutes: Vec<(String, Vec<u64>)>,
 }
 
 impl Profile {
     /// Whether the tables allow destination `d` for it.
     pub fn allows(&self, d: usize) -> bool {
         ace_core::dispatch::bit(&self.feasible, d)
+    }
+
+    /// Whether the tables allow destination `d` to serve it with model
+    /// `served` (the model asked for, or one substituted for it).
+    pub fn allows_serving(&self, d: usize, served: &str) -> bool {
+        if served == self.model {
+            return self.allows(d);
+        }
+        self.substitutes
+            .iter()
+            .find(|(m, _)| m == served)
+            .is_some_and(|(_, mask)| ace_core::dispatch::bit(mask, d))
     }
 
     /// The value of attribute `name`.
@@ -265,6 +281,7 @@ impl Mix {
             model,
             headers: Vec::new(),
             feasible: vec![!0u64; self.destinations.div_ceil(64)],
+            substitutes: Vec::new(),
         };
         p.headers = self
             .headers
@@ -276,21 +293,41 @@ impl Mix {
             // What the mix does not set: a flag the filter sets itself (a
             // cache hit, a substituted model) is false for the request as
             // sent; anything else takes the configured default.
-            let values: Vec<u32> = (0..t.attribute_count() as u32)
-                .map(|a| match t.attribute_name(a).and_then(|n| p.value(n)) {
-                    Some(v) => t.value_index(a, &v),
-                    None => match t.value_index(a, "false") {
-                        0 => self.defaults.get(a as usize).copied().unwrap_or(0),
-                        f => f,
-                    },
-                })
+            let lookup = |model: Option<&str>| {
+                let values: Vec<u32> = (0..t.attribute_count() as u32)
+                    .map(|a| {
+                        let name = t.attribute_name(a);
+                        let value = match (name, model) {
+                            (Some("model"), Some(m)) => Some(m.to_string()),
+                            (Some("substituted"), Some(_)) => Some("true".to_string()),
+                            (Some(n), _) => p.value(n),
+                            (None, _) => None,
+                        };
+                        match value {
+                            Some(v) => t.value_index(a, &v),
+                            None => match t.value_index(a, "false") {
+                                0 => self.defaults.get(a as usize).copied().unwrap_or(0),
+                                f => f,
+                            },
+                        }
+                    })
+                    .collect();
+                let mut mask = vec![0u64; t.words()];
+                if t.feasible(&values, &mut mask).is_err() {
+                    mask.fill(0);
+                }
+                mask
+            };
+            let feasible = lookup(None);
+            let mut models: Vec<&String> = self.tp.keys().collect();
+            models.sort();
+            let substitutes = models
+                .into_iter()
+                .filter(|m| **m != p.model)
+                .map(|m| (m.clone(), lookup(Some(m))))
                 .collect();
-            let mut mask = vec![0u64; t.words()];
-            if t.feasible(&values, &mut mask).is_ok() {
-                p.feasible = mask;
-            } else {
-                p.feasible = vec![0; t.words()];
-            }
+            p.feasible = feasible;
+            p.substitutes = substitutes;
         } else {
             // No tables: every destination is allowed, but only those that
             // exist.

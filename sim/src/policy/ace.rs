@@ -254,6 +254,8 @@ pub struct Ace {
     worker: RefCell<Worker>,
     host: Option<SimHost>,
     flows: HashMap<u32, InFlight>,
+    /// The model each request in flight is served by, when substituted.
+    served: HashMap<u32, String>,
     /// Destination index of each configured cluster name.
     clusters: HashMap<String, usize>,
     version: u64,
@@ -301,6 +303,7 @@ impl Ace {
             worker: RefCell::new(Worker::default()),
             host: Some(host),
             flows: HashMap::new(),
+            served: HashMap::new(),
             clusters,
             version: 0,
             pad: "x".repeat(64 * 1024),
@@ -396,6 +399,7 @@ impl Ace {
 
     /// Finish every flow of request `r` (its event is written).
     fn complete(&mut self, now: u64, r: u32) {
+        self.served.remove(&r);
         let Some(f) = self.flows.remove(&r) else {
             return;
         };
@@ -451,6 +455,7 @@ impl Policy for Ace {
     fn route(&mut self, w: &World<'_>, r: u32) -> Route {
         self.request(w, r);
         let (flow, route) = self.run_request(w.now);
+        self.note_served(r);
         match route {
             Route::To(_) => {
                 self.flows.insert(
@@ -520,6 +525,7 @@ impl Policy for Ace {
         // headers now carry its mark, the body is replayed.
         self.request_body_again(w, r);
         let (flow, route) = self.run_request(w.now);
+        self.note_served(r);
         f.flows.push(flow);
         f.answered = false;
         self.flows.insert(r, f);
@@ -581,6 +587,10 @@ impl Policy for Ace {
         }
     }
 
+    fn served_model(&self, r: u32) -> Option<&str> {
+        self.served.get(&r).map(String::as_str)
+    }
+
     fn take_events(&mut self) -> Vec<u8> {
         self.host
             .as_mut()
@@ -590,6 +600,25 @@ impl Policy for Ace {
 }
 
 impl Ace {
+    /// Remember the model request `r` is served by when the flow
+    /// substituted one (it rewrote the body), for the simulated upstream.
+    fn note_served(&mut self, r: u32) {
+        let body = self.host.as_mut().and_then(|h| h.served_body.take());
+        let model = body.and_then(|b| {
+            serde_json::from_slice::<serde_json::Value>(&b)
+                .ok()
+                .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string))
+        });
+        match model {
+            Some(m) => {
+                self.served.insert(r, m);
+            }
+            None => {
+                self.served.remove(&r);
+            }
+        }
+    }
+
     /// Restore request `r`'s body for a re-run (its headers, with ACE's
     /// mark, are still the host's).
     fn request_body_again(&mut self, w: &World<'_>, r: u32) {

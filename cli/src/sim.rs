@@ -69,9 +69,10 @@ pub struct Args {
     /// Draw the charts (SVG) into this directory.
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
-    /// Write every ACE run's events (the filter's access-log lines, one
-    /// per request) into this directory, with the plugin configuration
-    /// that `ace ledger ingest --config` needs.
+    /// Write every run's events (the filter's access-log line format, one
+    /// per request; ACE's written by the filter's own code) into this
+    /// directory, with the plugin configuration that `ace ledger ingest
+    /// --config` needs.
     #[arg(long, value_name = "DIR")]
     events: Option<PathBuf>,
     /// Inject this failure instead of the default set (repeatable):
@@ -310,10 +311,7 @@ pub fn run_all(
                     bar.set_position(all);
                 };
                 let result = (|| -> anyhow::Result<ace_sim::metrics::Metrics> {
-                    // Only ACE runs the filter, so only ACE writes its events.
-                    let mut file = match events
-                        .filter(|_| matches!(kind, PolicyKind::Ace | PolicyKind::AceNoRouting))
-                    {
+                    let mut file = match events {
                         Some(dir) => {
                             let p = dir.join(format!("{}-seed{seed}.log", kind.name()));
                             Some(std::io::BufWriter::new(

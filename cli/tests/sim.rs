@@ -150,6 +150,8 @@ fn the_ledger_books_a_simulation_as_it_books_envoy() {
         "1",
         "--policy",
         "ace",
+        "--policy",
+        "litellm-cost-based",
         "--events",
         events.to_str().expect("utf-8"),
     ]);
@@ -162,23 +164,29 @@ fn the_ledger_books_a_simulation_as_it_books_envoy() {
         "one event per simulated request"
     );
     let store = dir.path().join("ledger.sqlite");
-    let o = ace(&[
-        "ledger",
-        "ingest",
-        "--store",
-        store.to_str().expect("utf-8"),
-        "--config",
-        events.join("plugin-config.json").to_str().expect("utf-8"),
-        log.to_str().expect("utf-8"),
-    ]);
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(
-        text.contains("2000 events booked") && text.contains(" 0 malformed"),
-        "{text}"
-    );
+    let config = events.join("plugin-config.json");
+    // ACE's lines (the filter's own code) and a gateway's (the simulator's,
+    // same fields) are booked alike.
+    for log in [log, events.join("litellm-cost-based-seed1.log")] {
+        let o = ace(&[
+            "ledger",
+            "ingest",
+            "--store",
+            store.to_str().expect("utf-8"),
+            "--config",
+            config.to_str().expect("utf-8"),
+            log.to_str().expect("utf-8"),
+        ]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            text.contains("2000 events booked") && text.contains(" 0 malformed"),
+            "{}: {text}",
+            log.display()
+        );
+    }
 }

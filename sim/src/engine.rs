@@ -135,6 +135,12 @@ pub trait Policy {
         Vec::new()
     }
 
+    /// Whether the policy writes its own events ([`Policy::take_events`]);
+    /// the loop writes one for every request of a policy that does not.
+    fn writes_events(&self) -> bool {
+        false
+    }
+
     /// The model the attempt just routed for request `r` is served by,
     /// when the policy substituted one for the model asked for.
     fn served_model(&self, r: u32) -> Option<&str> {
@@ -266,6 +272,9 @@ pub struct Run<'a> {
     /// Per profile, the cheapest feasible pay-as-you-go destination's
     /// (input, output) list prices: the counterfactual.
     pub counterfactual: &'a [Option<(f64, f64)>],
+    /// The configuration id events name, the destination names, and the
+    /// first half of every event id.
+    pub event_names: (std::sync::Arc<str>, Vec<std::sync::Arc<str>>, u64),
 }
 
 /// The loop's mutable state.
@@ -279,6 +288,69 @@ struct Loop<'a> {
     timeline: Timeline,
     metrics: Metrics,
     in_system: usize,
+    /// Events the loop writes for a policy that writes none.
+    events: Option<EventWriter>,
+}
+
+/// Writes the filter's event line for a request a policy other than ACE
+/// decided, so that the ledger reads every run alike.
+struct EventWriter {
+    id_prefix: u64,
+    config: std::sync::Arc<str>,
+    names: Vec<std::sync::Arc<str>>,
+    tiers: Vec<&'static str>,
+    slo_ms: Vec<Option<u64>>,
+    buf: Vec<u8>,
+    line: Vec<u8>,
+}
+
+impl EventWriter {
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &mut self,
+        r: u32,
+        req: &Req,
+        profile: Option<&Profile>,
+        o: &RequestOutcome,
+        ttft_ms: Option<u64>,
+        served_model: Option<&str>,
+    ) {
+        use ace_filter::event::{Event, Text, SCHEMA};
+        let text = |s: Option<&str>| s.map(Text::from);
+        let d = o.dest;
+        let id = ace_filter::request::event_id(self.id_prefix, u64::from(r));
+        let latency_ms = ttft_ms.unwrap_or(o.e2e_ms);
+        let slo_ms = d.and_then(|d| self.slo_ms.get(d).copied().flatten());
+        let ok = (200..300).contains(&o.status) && o.served;
+        let e = Event {
+            schema: SCHEMA,
+            event_id: id,
+            config: self.config.clone(),
+            time_ms: EPOCH_MS + req.at_ms,
+            tenant: text(profile.map(|p| p.tenant.as_str())),
+            data_class: text(profile.map(|p| p.data_class.as_str())),
+            latency_class: text(profile.map(|p| p.latency_class.as_str())),
+            model_requested: text(profile.map(|p| p.model.as_str())),
+            model_served: text(served_model.or(profile.map(|p| p.model.as_str()))),
+            destination: d.and_then(|d| self.names.get(d).cloned()),
+            tier: d.and_then(|d| self.tiers.get(d).copied()),
+            tokens_in: req.prompt,
+            tokens_out: if ok { req.output } else { 0 },
+            tokens_estimated: false,
+            status: u32::from(o.status),
+            latency_ms,
+            slo_ms,
+            slo_met: slo_ms.map(|s| ok && latency_ms <= s),
+            marginal_usd: o.usd,
+            counterfactual_usd: o.counterfactual,
+            reason: if d.is_some() { "simulated" } else { "refused" },
+            warm: d.map(|_| true),
+            ..Event::default()
+        };
+        e.write_json(&mut self.line);
+        self.buf.extend_from_slice(&self.line);
+        self.buf.push(b'\n');
+    }
 }
 
 impl Run<'_> {
@@ -292,6 +364,15 @@ impl Run<'_> {
         progress: &dyn Fn(u64),
     ) -> std::io::Result<Metrics> {
         let end = self.reqs.last().map_or(0, |r| r.at_ms);
+        let writer = (events.is_some() && !policy.writes_events()).then(|| EventWriter {
+            config: self.event_names.0.clone(),
+            names: self.event_names.1.clone(),
+            id_prefix: self.event_names.2,
+            tiers: self.up.iter().map(|u| u.p.tier.as_str()).collect(),
+            slo_ms: self.up.iter().map(|u| u.p.slo_ms).collect(),
+            buf: Vec::new(),
+            line: Vec::new(),
+        });
         let mut l = Loop {
             metrics: Metrics::new(&self.up, self.targets, self.reqs.len()),
             up: self.up,
@@ -302,6 +383,7 @@ impl Run<'_> {
             attempts: Attempts::default(),
             timeline: Timeline::default(),
             in_system: 0,
+            events: writer,
         };
         l.timeline.push(0, Ev::Tick);
         l.timeline.push(0, Ev::Sample);
@@ -332,7 +414,7 @@ impl Run<'_> {
                 }
                 l.in_system += 1;
                 let route = policy.route(&l.world(now), r);
-                drain(policy, &mut events)?;
+                l.drain(policy, &mut events)?;
                 l.route(policy, &mut events, now, r, 0, Vec::new(), route, 0)?;
                 continue;
             }
@@ -342,7 +424,7 @@ impl Run<'_> {
             match ev {
                 Ev::Tick => {
                     policy.tick(&l.world(now));
-                    drain(policy, &mut events)?;
+                    l.drain(policy, &mut events)?;
                     if now <= end {
                         l.timeline.push(now + CONTROL_INTERVAL_MS, Ev::Tick);
                     }
@@ -366,6 +448,40 @@ impl Run<'_> {
 }
 
 impl Loop<'_> {
+    /// Request `r` is over: its figures, and its event when the loop
+    /// writes them.
+    fn finish_request(
+        &mut self,
+        r: u32,
+        req: &Req,
+        outcome: RequestOutcome,
+        served_model: Option<&str>,
+    ) {
+        let profile = self.profiles.get(req.profile as usize);
+        if let Some(w) = self.events.as_mut() {
+            let ttft = self.metrics.ttft(r, req);
+            w.write(r, req, profile, &outcome, ttft, served_model);
+        }
+        self.metrics.record(r, req, profile, outcome);
+    }
+
+    /// Hand the events written so far (the policy's or the loop's) to
+    /// `events`.
+    fn drain(
+        &mut self,
+        policy: &mut dyn Policy,
+        events: &mut Option<&mut dyn std::io::Write>,
+    ) -> std::io::Result<()> {
+        drain(policy, events)?;
+        if let (Some(w), Some(out)) = (self.events.as_mut(), events.as_mut()) {
+            if !w.buf.is_empty() {
+                out.write_all(&w.buf)?;
+                w.buf.clear();
+            }
+        }
+        Ok(())
+    }
+
     fn world(&self, now: u64) -> World<'_> {
         World {
             now,
@@ -431,10 +547,9 @@ impl Loop<'_> {
                     outcome.served = true;
                     self.metrics.first_byte(r, now);
                 }
-                self.metrics
-                    .record(r, &req, self.profiles.get(req.profile as usize), outcome);
+                self.finish_request(r, &req, outcome, None);
                 policy.finished_without_service(&self.world(now), r);
-                drain(policy, events)?;
+                self.drain(policy, events)?;
             }
         }
         Ok(())
@@ -572,7 +687,7 @@ impl Loop<'_> {
             return Ok(());
         }
         let next = policy.answered(&self.world(now), r, d, &answer, n, &tried);
-        drain(policy, events)?;
+        self.drain(policy, events)?;
         if ok {
             self.metrics.first_byte(r, now);
             if let Some(a) = self.attempts.get(id, g) {
@@ -589,14 +704,14 @@ impl Loop<'_> {
             Next::Deliver => {
                 let req = self.req(r);
                 self.in_system -= 1;
-                self.metrics.record(
+                self.finish_request(
                     r,
                     &req,
-                    self.profiles.get(req.profile as usize),
                     RequestOutcome::failed(answer.status, now.saturating_sub(req.at_ms), d),
+                    None,
                 );
                 policy.finished_without_service(&self.world(now), r);
-                drain(policy, events)
+                self.drain(policy, events)
             }
         }
     }
@@ -614,6 +729,7 @@ impl Loop<'_> {
             return Ok(());
         };
         let (r, d, usd, broken) = (a.req, usize::from(a.dest), a.usd, a.broken);
+        let served_model = a.model.clone();
         let status = a.answer.map_or(0, |x| x.status);
         self.release(id, g, now);
         self.attempts.end(id);
@@ -625,10 +741,9 @@ impl Loop<'_> {
             .copied()
             .flatten()
             .map(|(i, o)| f64::from(req.prompt) * i + f64::from(req.output) * o);
-        self.metrics.record(
+        self.finish_request(
             r,
             &req,
-            self.profiles.get(req.profile as usize),
             RequestOutcome {
                 status,
                 served: !broken,
@@ -637,9 +752,10 @@ impl Loop<'_> {
                 usd,
                 counterfactual,
             },
+            served_model.as_deref(),
         );
         policy.done(&self.world(now), r, d, !broken);
-        drain(policy, events)
+        self.drain(policy, events)
     }
 }
 

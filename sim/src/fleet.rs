@@ -69,6 +69,8 @@ pub struct Params {
     pub warm: Vec<String>,
     /// Cold-load cost, USD.
     pub cold_load_usd: f64,
+    /// Its SLO, ms (time to response headers), from the configuration.
+    pub slo_ms: Option<u64>,
     /// The cost curve (the filter's).
     pub cost: CostModel,
 }
@@ -466,6 +468,7 @@ mod tests {
             models: vec!["m".into()],
             warm: vec!["m".into()],
             cold_load_usd: 0.0,
+            slo_ms: None,
             cost: CostModel::default(),
         }
     }

@@ -303,7 +303,12 @@ impl Simulation {
                 // The dynamic module's re-run: what a failure costs a
                 // request on the build that can.
                 cfg.retry_next = true;
-                Box::new(policy::ace::Ace::new(cfg, events, self.control))
+                Box::new(policy::ace::Ace::with_run(
+                    cfg,
+                    events,
+                    self.control,
+                    run_id(kind, seed),
+                ))
             }
             PolicyKind::AllPayg => Box::new(policy::payg::AllPayg::new(listed)),
             PolicyKind::LiteLlm(s) => Box::new(policy::litellm::LiteLlm::new(s, listed, seed)),
@@ -321,7 +326,10 @@ impl Simulation {
         progress: &dyn Fn(u64),
     ) -> Result<Metrics, SimError> {
         let mut p = self.policy(kind, seed, events.is_some())?;
+        let cfg = Config::parse(&self.config_json)
+            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
         Run {
+            event_names: (cfg.id.clone(), cfg.names(), run_id(kind, seed)),
             up: self.fleet(seed),
             reqs: &self.reqs,
             profiles: &self.profiles,
@@ -332,6 +340,15 @@ impl Simulation {
         .go(p.as_mut(), events, progress)
         .map_err(|e| SimError(format!("cannot write events: {e}")))
     }
+}
+
+/// The first half of the event ids of `kind`'s run with `seed`: distinct
+/// per run, so that runs booked into one ledger never share an id.
+pub fn run_id(kind: PolicyKind, seed: u64) -> u64 {
+    let h = kind.name().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    h ^ seed.rotate_left(32)
 }
 
 /// The fleet as simulated, from the configuration and the manifest.
@@ -386,6 +403,7 @@ fn params(cfg: &Config, places: &[Placement]) -> Result<Vec<Params>, SimError> {
                 models: p.models.clone(),
                 warm: p.warm.clone(),
                 cold_load_usd: d.cold_load_usd,
+                slo_ms: d.slo_ms,
                 cost: *m,
             })
         })

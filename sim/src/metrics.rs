@@ -144,6 +144,15 @@ impl Metrics {
         }
     }
 
+    /// Request `r`'s time to first byte, ms after its arrival, if one
+    /// arrived.
+    pub fn ttft(&self, r: u32, req: &crate::engine::Req) -> Option<u64> {
+        self.ttft
+            .get(r as usize)
+            .filter(|t| **t != u32::MAX)
+            .map(|t| u64::from(*t).saturating_sub(req.at_ms))
+    }
+
     /// An attempt went to a destination the tables forbid.
     pub fn violation(&mut self) {
         self.violations += 1;

@@ -34,6 +34,9 @@ use std::collections::HashMap;
 #[derive(Debug)]
 struct SimHost {
     now_ms: u64,
+    /// The first half of every event id: this run's (policy and seed), so
+    /// that runs booked into one ledger never share an id.
+    id_prefix: u64,
     ids: u64,
     fleet: FleetState,
     outside: Outside,
@@ -83,7 +86,7 @@ impl Host for Envoy<'_> {
 
     fn next_event_id(&mut self) -> [u8; 32] {
         self.h.ids += 1;
-        ace_filter::request::event_id(0x51, self.h.ids)
+        ace_filter::request::event_id(self.h.id_prefix, self.h.ids)
     }
 
     fn request_headers(&mut self) -> Pairs {
@@ -273,12 +276,18 @@ impl Ace {
     /// lines; `control`: publish snapshots (off: the fleet state sees only
     /// ACE's own requests, as without a control service).
     pub fn new(cfg: Config, events: bool, control: bool) -> Ace {
+        Ace::with_run(cfg, events, control, 0)
+    }
+
+    /// [`Ace::new`] for run `run` (its event ids start with it).
+    pub fn with_run(cfg: Config, events: bool, control: bool, run: u64) -> Ace {
         let setup = Setup::new(cfg);
         let cfg = &setup.config;
         let mut fleet = FleetState::new(cfg.destinations.len());
         fleet.reprice_all(&cfg.models, &cfg.health, EPOCH_MS);
         let host = SimHost {
             now_ms: EPOCH_MS,
+            id_prefix: run,
             ids: 0,
             fleet,
             outside: Outside::new(cfg),
@@ -585,6 +594,10 @@ impl Policy for Ace {
             h.outside.accept(resolved, now);
             h.outside.apply_to(&mut h.fleet, cfg, now);
         }
+    }
+
+    fn writes_events(&self) -> bool {
+        true
     }
 
     fn served_model(&self, r: u32) -> Option<&str> {

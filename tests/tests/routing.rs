@@ -336,8 +336,52 @@ fn checked_hits_count_false_hits(filter: Filter) {
     );
 }
 
+fn streams_are_cached_whole_or_not_at_all(filter: Filter) {
+    let mut cfg = config(0.0);
+    cfg["cache"]["max_entry_bytes"] = json!(1024);
+    let fleet = Fleet::start(filter, &cfg);
+    let sse = |body: &str| Behavior::Respond {
+        status: 200,
+        headers: vec![("content-type".into(), "text/event-stream".into())],
+        body: body.as_bytes().to_vec(),
+    };
+    let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"Par\"}}]}\n\n\
+                  data: {\"choices\":[{\"delta\":{\"content\":\"is\"}}]}\n\ndata: [DONE]\n\n";
+    fleet.small.set_behavior(sse(stream));
+    let ask = |content: &str| {
+        let mut body = deterministic(content);
+        body["stream"] = json!(true);
+        fleet.send("acme", "public", &body)
+    };
+    let first = ask("stream it");
+    assert_eq!(first.status, 200);
+    let again = ask("stream it");
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        fleet.small.count(),
+        1,
+        "the whole stream was stored and replayed"
+    );
+    assert_eq!(again.text(), stream);
+    assert_eq!(again.header("content-type"), Some("text/event-stream"));
+    // A stream past the bound is not stored at all.
+    let long = format!(
+        "{}data: [DONE]\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"xxxxxxxxxxxxxxxx\"}}]}\n\n".repeat(40)
+    );
+    fleet.small.set_behavior(sse(&long));
+    assert_eq!(ask("a long one").status, 200);
+    assert_eq!(ask("a long one").status, 200);
+    assert_eq!(
+        fleet.small.count(),
+        3,
+        "too long to store: both went upstream"
+    );
+}
+
 for_each_filter!(
     a_class_is_served_by_the_cheapest_permitted_model,
     a_repeated_deterministic_request_is_served_from_cache_for_its_tenant_only,
     checked_hits_count_false_hits,
+    streams_are_cached_whole_or_not_at_all,
 );

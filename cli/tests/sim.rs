@@ -29,7 +29,7 @@ fn the_same_seed_gives_the_same_bytes() {
     let args = [
         "sim",
         "--synthetic",
-        "6000",
+        "1500",
         "--copies",
         "2",
         "--seeds",
@@ -58,7 +58,7 @@ fn the_same_seed_gives_the_same_bytes() {
     let c = ace(&[
         "sim",
         "--synthetic",
-        "6000",
+        "1500",
         "--copies",
         "2",
         "--seeds",
@@ -73,7 +73,7 @@ fn the_same_seed_gives_the_same_bytes() {
 fn ace_refuses_rather_than_leaks_when_every_compliant_destination_is_down() {
     // Every EU destination is out all day: EU personal data has nowhere
     // compliant to go.
-    let mut args = vec!["--synthetic", "4000", "--copies", "1", "--seeds", "1"];
+    let mut args = vec!["--synthetic", "2000", "--copies", "1", "--seeds", "1"];
     let eu = [
         "eu-inhouse-h100",
         "eu-reserved-a100",
@@ -143,7 +143,7 @@ fn the_ledger_books_a_simulation_as_it_books_envoy() {
     let o = ace(&[
         "sim",
         "--synthetic",
-        "2000",
+        "1000",
         "--copies",
         "1",
         "--seeds",
@@ -160,7 +160,7 @@ fn the_ledger_books_a_simulation_as_it_books_envoy() {
     let lines = std::fs::read_to_string(&log).expect("events written");
     assert_eq!(
         lines.lines().count(),
-        2000,
+        1000,
         "one event per simulated request"
     );
     let store = dir.path().join("ledger.sqlite");
@@ -184,7 +184,7 @@ fn the_ledger_books_a_simulation_as_it_books_envoy() {
             String::from_utf8_lossy(&o.stderr)
         );
         assert!(
-            text.contains("2000 events booked") && text.contains(" 0 malformed"),
+            text.contains("1000 events booked") && text.contains(" 0 malformed"),
             "{}: {text}",
             log.display()
         );

@@ -287,7 +287,6 @@ struct Loop<'a> {
     attempts: Attempts,
     timeline: Timeline,
     metrics: Metrics,
-    in_system: usize,
     /// Events the loop writes for a policy that writes none.
     events: Option<EventWriter>,
 }
@@ -382,7 +381,6 @@ impl Run<'_> {
             rng: Rng::fork(self.seed, "fleet-answers"),
             attempts: Attempts::default(),
             timeline: Timeline::default(),
-            in_system: 0,
             events: writer,
         };
         l.timeline.push(0, Ev::Tick);
@@ -412,7 +410,6 @@ impl Run<'_> {
                 if (next as u64).is_multiple_of(step) {
                     progress(next as u64);
                 }
-                l.in_system += 1;
                 let route = policy.route(&l.world(now), r);
                 l.drain(policy, &mut events)?;
                 l.route(policy, &mut events, now, r, 0, Vec::new(), route, 0)?;
@@ -539,7 +536,6 @@ impl Loop<'_> {
                     Route::To(_) => 500,
                 };
                 let req = self.req(r);
-                self.in_system -= 1;
                 let mut outcome = RequestOutcome::refused(status, now.saturating_sub(req.at_ms));
                 if (200..300).contains(&status) {
                     // Answered by the proxy itself: a cache hit, served at
@@ -703,7 +699,6 @@ impl Loop<'_> {
             }
             Next::Deliver => {
                 let req = self.req(r);
-                self.in_system -= 1;
                 self.finish_request(
                     r,
                     &req,
@@ -733,7 +728,6 @@ impl Loop<'_> {
         let status = a.answer.map_or(0, |x| x.status);
         self.release(id, g, now);
         self.attempts.end(id);
-        self.in_system -= 1;
         let req = self.req(r);
         let counterfactual = self
             .counterfactual

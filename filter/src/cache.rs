@@ -416,7 +416,6 @@ pub fn may_serve(
     allowed
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

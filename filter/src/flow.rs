@@ -576,11 +576,14 @@ impl Flow {
         };
         let req = request::plan(cfg, event, body, self.content_length, now);
         let body_model = body.and_then(|b| b.model.as_deref());
-        // Model routing only where the body can say the model served.
-        let routing = cfg
-            .routing
-            .as_ref()
-            .filter(|_| raw.is_some() && body_model.is_some() && host.can_replace_request_body());
+        // Model routing only where the body can say the model served: read
+        // whole, naming a model, on a host that can replace it, and not
+        // ended by trailers (Envoy has passed the body on by then, and a
+        // rewrite could only be appended).
+        let trailers = self.trailers;
+        let routing = cfg.routing.as_ref().filter(|_| {
+            raw.is_some() && body_model.is_some() && !trailers && host.can_replace_request_body()
+        });
         // The cache only for requests safe to answer twice, and never for
         // ACE's own re-run of a failed request.
         let cacheable = cfg

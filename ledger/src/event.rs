@@ -80,8 +80,9 @@ pub struct Event {
     /// Served from cache.
     #[serde(default)]
     pub cached: bool,
-    /// A cache hit later found wrong (no writer yet: caching does not
-    /// exist; the window rule reads it when it does).
+    /// A cache hit the filter checked against the upstream (reason
+    /// `cache_check`) whose fresh answer differed: a false hit, which the
+    /// window rule counts.
     #[serde(default)]
     pub cache_false_hit: bool,
 }

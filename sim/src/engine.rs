@@ -439,7 +439,7 @@ impl Run<'_> {
             }
         }
         progress(self.reqs.len() as u64);
-        l.metrics.finish(end);
+        l.metrics.finish();
         Ok(l.metrics)
     }
 }

@@ -441,8 +441,9 @@ impl Upstream {
     }
 }
 
-/// Whether a destination of tier `tier` holds a running slot for a
-/// non-2xx answer (never: failures free it at once).
+/// Whether an answer with `status` holds a running slot on a destination
+/// with `slots` (a GPU server's 2xx does until its last byte; an API holds
+/// none, and a failure frees its slot at once).
 pub fn holds_slot(slots: Option<u32>, status: u16) -> bool {
     slots.is_some() && (200..300).contains(&status)
 }

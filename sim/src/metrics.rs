@@ -231,8 +231,9 @@ impl Metrics {
         }
     }
 
-    /// The run is over.
-    pub fn finish(&mut self, _end: u64) {
+    /// The run is over: hourly utilisation averaged, per-request state
+    /// dropped.
+    pub fn finish(&mut self) {
         self.owned_utilisation = self
             .util_sum
             .iter()

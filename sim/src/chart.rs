@@ -4,9 +4,10 @@
 use crate::report::Comparison;
 use ace_core::cost::Tier;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::{Path, PathBuf};
 
-const COLORS: [RGBColor; 9] = [
+const COLORS: [RGBColor; 12] = [
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xff, 0x7f, 0x0e),
@@ -16,6 +17,9 @@ const COLORS: [RGBColor; 9] = [
     RGBColor(0xe3, 0x77, 0xc2),
     RGBColor(0x7f, 0x7f, 0x7f),
     RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x00, 0x00, 0x80),
+    RGBColor(0x99, 0x99, 0x00),
 ];
 
 fn color(i: usize) -> RGBColor {
@@ -86,7 +90,7 @@ fn frontier(c: &Comparison, path: &Path) -> Result<(), String> {
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::MiddleRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
@@ -158,27 +162,46 @@ fn by_tier(c: &Comparison, path: &Path) -> Result<(), String> {
     let mut chart = ChartBuilder::on(&root)
         .caption("Cost by tier (mean over seeds)", ("sans-serif", 20))
         .margin(20)
-        .x_label_area_size(90)
+        .x_label_area_size(150)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n as f64, 0.0..max)
+        .build_cartesian_2d((0..n.saturating_sub(1)).into_segmented(), 0.0..max)
         .map_err(&e)?;
     let names: Vec<String> = c.policies.iter().map(|p| p.policy.clone()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| names.get(x.floor() as usize).cloned().unwrap_or_default())
+        .x_label_formatter(&|_| String::new())
         .y_desc("USD")
         .draw()
         .map_err(&e)?;
+    // The policy names, one per bar, written downwards from the axis
+    // (the mesh centres rotated labels on the axis, hiding half of each).
+    let style = TextStyle::from(
+        ("sans-serif", 12)
+            .into_font()
+            .transform(FontTransform::Rotate90),
+    )
+    .pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, name) in names.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(SegmentValue::CenterOf(i), 0.0));
+        root.draw(&Text::new(name.clone(), (x, y + 8), style.clone()))
+            .map_err(&e)?;
+    }
     for (t, tier) in Tier::ALL.iter().enumerate() {
         let col = color(t + 1);
         chart
             .draw_series(c.policies.iter().enumerate().map(|(i, p)| {
                 let below: f64 = p.cost_by_tier.iter().take(t).sum();
                 let top = below + p.cost_by_tier.get(t).copied().unwrap_or(0.0);
-                let x = i as f64;
-                Rectangle::new([(x + 0.15, below), (x + 0.85, top)], col.filled())
+                let mut bar = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(i), below),
+                        (SegmentValue::Exact(i + 1), top),
+                    ],
+                    col.filled(),
+                );
+                bar.set_margin(0, 0, 8, 8);
+                bar
             }))
             .map_err(&e)?
             .label(tier.as_str())

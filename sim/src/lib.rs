@@ -251,6 +251,31 @@ impl Simulation {
         })
     }
 
+    /// The model classes of the configuration's model routing (each
+    /// class's models, the reference first): what a gateway operator
+    /// writes as fallbacks.
+    pub fn model_classes(&self) -> Vec<Vec<String>> {
+        serde_json::from_slice::<serde_json::Value>(&self.config_json)
+            .ok()
+            .and_then(|v| {
+                v.get("model_routing")?
+                    .get("classes")?
+                    .as_object()
+                    .map(|o| {
+                        o.values()
+                            .filter_map(|c| {
+                                c.as_array().map(|a| {
+                                    a.iter()
+                                        .filter_map(|m| m.as_str().map(str::to_string))
+                                        .collect()
+                                })
+                            })
+                            .collect()
+                    })
+            })
+            .unwrap_or_default()
+    }
+
     /// The fleet of seed `seed`: evictions, prices and faults drawn.
     pub fn fleet(&self, seed: u64) -> Vec<Upstream> {
         let days = self.reqs.last().map_or(1, |r| r.at_ms / DAY_MS + 1);
@@ -311,7 +336,12 @@ impl Simulation {
                 ))
             }
             PolicyKind::AllPayg => Box::new(policy::payg::AllPayg::new(listed)),
-            PolicyKind::LiteLlm(s) => Box::new(policy::litellm::LiteLlm::new(s, listed, seed)),
+            PolicyKind::LiteLlm(s) => Box::new(policy::litellm::LiteLlm::new(
+                s,
+                listed,
+                seed,
+                &self.model_classes(),
+            )),
             PolicyKind::Priority => Box::new(policy::priority::PriorityGateway::new(listed, seed)),
             PolicyKind::OwnedFirst => Box::new(policy::packer::OwnedFirst::new(listed)),
         })

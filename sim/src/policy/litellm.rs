@@ -13,6 +13,12 @@
 //!   `latency-based-routing` (lowest mean time to first token over the
 //!   last 10 answers; untried first) and `cost-based-routing` (lowest
 //!   input + output cost per token).
+//! - **Fallbacks**: once a model group has failed `num_retries` times, the
+//!   next group in its `fallbacks` list, as an operator would write them
+//!   from the manifest's model classes (each class's other models, in
+//!   order). LiteLLM knows nothing of who may be served another model: a
+//!   fallback for a tenant whose policy forbids substitution is counted as
+//!   a violation.
 //! - **Reliability**: `num_retries` 2, each retry re-picking without the
 //!   deployments that failed, immediately when another deployment is
 //!   available and otherwise after the `retry-after` header (up to 60 s) or
@@ -91,13 +97,29 @@ pub struct LiteLlm {
     candidates: Candidates,
     deployments: Vec<Deployment>,
     rng: Rng,
+    /// `fallbacks`: per model, the model groups to try once its own has
+    /// failed `NUM_RETRIES` times (the manifest's model classes, in order).
+    fallbacks: std::collections::HashMap<String, Vec<String>>,
+    /// Requests that fell back: the model group now tried, and the attempt
+    /// number at which it started.
+    falling_back: std::collections::HashMap<u32, (String, u32)>,
+    listed: Vec<bool>,
 }
 
 impl LiteLlm {
     /// `strategy` over the destinations in `listed`.
-    pub fn new(strategy: Strategy, listed: Vec<bool>, seed: u64) -> LiteLlm {
+    pub fn new(
+        strategy: Strategy,
+        listed: Vec<bool>,
+        seed: u64,
+        classes: &[Vec<String>],
+    ) -> LiteLlm {
         let n = listed.len();
+        let fallbacks = fallback_chains(classes);
         LiteLlm {
+            fallbacks,
+            falling_back: Default::default(),
+            listed: listed.clone(),
             strategy,
             candidates: Candidates::new(
                 Rules {
@@ -127,7 +149,10 @@ impl LiteLlm {
         let now = w.now;
         let req = w.req(r);
         let tokens = u64::from(req.prompt) + u64::from(req.output);
-        let c: Vec<usize> = self.candidates.of(w, r).to_vec();
+        let c: Vec<usize> = match self.falling_back.get(&r) {
+            Some((model, _)) => fallback_candidates(w, r, model, &self.listed),
+            None => self.candidates.of(w, r).to_vec(),
+        };
         let mut open: Vec<usize> = Vec::with_capacity(c.len());
         for d in c {
             if skip.contains(&d) {
@@ -186,6 +211,34 @@ impl LiteLlm {
         })
     }
 
+    /// Request `r`'s model group is exhausted after attempt `n`: the next
+    /// fallback group with an open deployment, or 429.
+    fn fall_back(&mut self, w: &World<'_>, r: u32, n: u32) -> Next {
+        let Some(profile) = w.profile(r) else {
+            return Next::Deliver;
+        };
+        let chain = self
+            .fallbacks
+            .get(&profile.model)
+            .cloned()
+            .unwrap_or_default();
+        let current = self.falling_back.get(&r).map(|(m, _)| m.clone());
+        let start = current
+            .as_ref()
+            .and_then(|m| chain.iter().position(|x| x == m).map(|i| i + 1))
+            .unwrap_or(0);
+        for model in chain.iter().skip(start) {
+            self.falling_back.insert(r, (model.clone(), n + 1));
+            if let Some(d) = self.pick(w, r, &[]) {
+                return Next::Retry {
+                    after_ms: 0,
+                    route: self.sent(w, r, d),
+                };
+            }
+        }
+        Next::Deliver
+    }
+
     fn sent(&mut self, w: &World<'_>, r: u32, d: usize) -> Route {
         let req = w.req(r);
         if let Some(x) = self.minute(d, w.now) {
@@ -236,8 +289,12 @@ impl Policy for LiteLlm {
                 x.cooldown_until = now + COOLDOWN_MS;
             }
         }
-        if n >= NUM_RETRIES || !retryable(a.status) {
+        if !retryable(a.status) {
             return Next::Deliver;
+        }
+        let in_group = self.falling_back.get(&r).map_or(n, |(_, first)| n - first);
+        if in_group >= NUM_RETRIES {
+            return self.fall_back(w, r, n);
         }
         match self.pick(w, r, tried) {
             Some(d2) => Next::Retry {
@@ -260,18 +317,75 @@ impl Policy for LiteLlm {
                         after_ms: wait,
                         route: self.sent(&later, r, d2),
                     },
-                    None => Next::Retry {
-                        after_ms: wait,
-                        route: Route::Refuse(429),
-                    },
+                    None => self.fall_back(w, r, n),
                 }
             }
         }
     }
 
-    fn done(&mut self, _w: &World<'_>, _r: u32, d: usize, _ok: bool) {
+    fn served_model(&self, r: u32) -> Option<&str> {
+        self.falling_back.get(&r).map(|(m, _)| m.as_str())
+    }
+
+    fn finished_without_service(&mut self, _w: &World<'_>, r: u32) {
+        self.falling_back.remove(&r);
+    }
+
+    fn done(&mut self, _w: &World<'_>, r: u32, d: usize, _ok: bool) {
+        self.falling_back.remove(&r);
         if let Some(x) = self.deployments.get_mut(d) {
             x.in_flight = x.in_flight.saturating_sub(1);
         }
+    }
+}
+
+/// Per model, the other models of its classes in class order: the
+/// `fallbacks` an operator writes from the manifest's model classes.
+pub fn fallback_chains(classes: &[Vec<String>]) -> std::collections::HashMap<String, Vec<String>> {
+    let mut fallbacks: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for class in classes {
+        for m in class {
+            let entry = fallbacks.entry(m.clone()).or_default();
+            for x in class {
+                if x != m && !entry.contains(x) {
+                    entry.push(x.clone());
+                }
+            }
+        }
+    }
+    fallbacks
+}
+
+/// Request `r`'s deployments for fallback model `model` (a rare path: not
+/// cached).
+fn fallback_candidates(w: &World<'_>, r: u32, model: &str, listed: &[bool]) -> Vec<usize> {
+    let Some(profile) = w.profile(r) else {
+        return Vec::new();
+    };
+    let mut p = profile.clone();
+    p.model = model.to_string();
+    let rules = Rules {
+        eu_personal_data: true,
+        phi_needs_baa: false,
+    };
+    w.up.iter()
+        .enumerate()
+        .filter(|(d, u)| listed.get(*d).copied().unwrap_or(false) && super::passes(rules, &p, u))
+        .map(|(d, _)| d)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallbacks_are_each_models_classmates_in_order() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let chains = fallback_chains(&[s(&["big", "mid", "small"]), s(&["mid", "other"])]);
+        assert_eq!(chains["big"], s(&["mid", "small"]));
+        assert_eq!(chains["mid"], s(&["big", "small", "other"]));
+        assert_eq!(chains["other"], s(&["mid"]));
+        assert!(fallback_chains(&[]).is_empty());
     }
 }

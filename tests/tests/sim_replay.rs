@@ -2,12 +2,12 @@
 //! front of a real Envoy (the example fleet, both builds, upstreams that
 //! fail and throttle for a while) replayed through `ace_sim`'s ACE policy,
 //! request by request with the recorded times and answers, gives the same
-//! destination for every request.
+//! destination, and the same substituted model, for every request.
 
 use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Behavior;
-use ace_sim::policy::ace::{replay, Recorded};
+use ace_sim::policy::ace::{replay, Recorded, Replayed};
 use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::Value;
 use std::time::Duration;
@@ -125,9 +125,14 @@ fn decisions_replay_identically(filter: Filter) {
             latency_ms: e["latency_ms"].as_u64().unwrap_or(0),
         })
         .collect();
-    let recorded: Vec<Option<String>> = events
+    let recorded: Vec<Replayed> = events
         .iter()
-        .map(|e| e["destination"].as_str().map(str::to_string))
+        .map(|e| Replayed {
+            destination: e["destination"].as_str().map(str::to_string),
+            substituted: (e["model_served"] != e["model_requested"])
+                .then(|| e["model_served"].as_str().map(str::to_string))
+                .flatten(),
+        })
         .collect();
     let failures = events
         .iter()
@@ -143,7 +148,14 @@ fn decisions_replay_identically(filter: Filter) {
             lines[i]
         );
     }
-    let distinct: std::collections::BTreeSet<_> = recorded.iter().flatten().collect();
+    let distinct: std::collections::BTreeSet<_> = recorded
+        .iter()
+        .filter_map(|r| r.destination.as_ref())
+        .collect();
+    assert!(
+        recorded.iter().any(|r| r.substituted.is_some()),
+        "the log has model-routed requests"
+    );
     assert!(
         distinct.len() >= 4,
         "the log exercises several destinations: {distinct:?}"

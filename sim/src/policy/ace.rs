@@ -663,11 +663,21 @@ pub struct Recorded {
     pub latency_ms: u64,
 }
 
+/// What ACE chose for one replayed request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replayed {
+    /// The destination (`None`: refused).
+    pub destination: Option<String>,
+    /// The model served in place of the one named, when ACE substituted
+    /// one (`None`: the model named).
+    pub substituted: Option<String>,
+}
+
 /// Replay `log` through ACE with configuration `cfg`, one request after
-/// another, each answered as recorded: the destination ACE chooses for
-/// each (`None`: refused). A simulation of ACE is faithful to Envoy's
-/// exactly when these equal the recorded choices.
-pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Option<String>> {
+/// another, each answered as recorded: what ACE chooses for each. A
+/// simulation of ACE is faithful to Envoy's exactly when these equal the
+/// recorded choices.
+pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Replayed> {
     let mut ace = Ace::new(cfg, false, false);
     log.iter()
         .map(|rec| {
@@ -677,6 +687,8 @@ pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Option<String>> {
             }
             ace.body.clone_from(&rec.body);
             let (mut flow, route) = ace.run_request(now);
+            ace.note_served(0);
+            let substituted = ace.served.remove(&0);
             let chosen = match route {
                 Route::To(d) => ace.setup.config.destinations.get(d).map(|x| x.name.clone()),
                 Route::Refuse(_) => None,
@@ -693,7 +705,10 @@ pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Option<String>> {
                 }
                 flow.on_complete(setup, worker, host);
             });
-            chosen
+            Replayed {
+                destination: chosen,
+                substituted,
+            }
         })
         .collect()
 }

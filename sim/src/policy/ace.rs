@@ -79,6 +79,24 @@ struct Envoy<'a> {
     cfg: &'a Config,
 }
 
+impl Envoy<'_> {
+    /// Bring the fleet up to `now_ms`, `decide` on it (and claim), and
+    /// reprice the destination chosen: what the dynamic module's fleet
+    /// does for both kinds of claim.
+    fn decide(
+        &mut self,
+        now_ms: u64,
+        decide: impl FnOnce(&mut FleetState, &Outside) -> Result<Decision, Refusal>,
+    ) -> Result<Decision, Refusal> {
+        let cfg = self.cfg;
+        let h = &mut *self.h;
+        h.fleet.advance(&cfg.models, &cfg.health, now_ms);
+        let d = decide(&mut h.fleet, &h.outside)?;
+        h.fleet.reprice(d.index, &cfg.models, &cfg.health, now_ms);
+        Ok(d)
+    }
+}
+
 impl Host for Envoy<'_> {
     fn now_ms(&mut self) -> u64 {
         self.h.now_ms
@@ -162,15 +180,9 @@ impl Host for Envoy<'_> {
         model: Option<&str>,
         req: &Request,
     ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
-        let cfg = self.cfg;
-        let h = &mut *self.h;
-        h.fleet.advance(&cfg.models, &cfg.health, now_ms);
-        let warm = h.outside.warmth.mask(model);
-        let d = h.fleet.decide(feasible, warm, req, now_ms);
-        if let Ok(d) = &d {
-            h.fleet.reprice(d.index, &cfg.models, &cfg.health, now_ms);
-        }
-        Ok(d)
+        Ok(self.decide(now_ms, |fleet, outside| {
+            fleet.decide(feasible, outside.warmth.mask(model), req, now_ms)
+        }))
     }
 
     fn settle(
@@ -192,15 +204,10 @@ impl Host for Envoy<'_> {
         routed: &mut Routed<'_>,
         req: &Request,
     ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
-        let cfg = self.cfg;
-        let h = &mut *self.h;
-        h.fleet.advance(&cfg.models, &cfg.health, now_ms);
-        let (feasible, warm, scale) = routed.parts(&h.outside.warmth);
-        let d = h.fleet.decide_scaled(feasible, warm, scale, req, now_ms);
-        if let Ok(d) = &d {
-            h.fleet.reprice(d.index, &cfg.models, &cfg.health, now_ms);
-        }
-        Ok(Some(d))
+        Ok(Some(self.decide(now_ms, |fleet, outside| {
+            let (feasible, warm, scale) = routed.parts(&outside.warmth);
+            fleet.decide_scaled(feasible, warm, scale, req, now_ms)
+        })))
     }
 
     fn can_replace_request_body(&self) -> bool {
@@ -613,16 +620,21 @@ impl Policy for Ace {
 }
 
 impl Ace {
+    /// The model the flow substituted in the request just routed (it
+    /// rewrote the body), if it did.
+    fn take_substituted(&mut self) -> Option<String> {
+        let body = self.host.as_mut()?.served_body.take()?;
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()?
+            .get("model")?
+            .as_str()
+            .map(str::to_string)
+    }
+
     /// Remember the model request `r` is served by when the flow
-    /// substituted one (it rewrote the body), for the simulated upstream.
+    /// substituted one, for the simulated upstream.
     fn note_served(&mut self, r: u32) {
-        let body = self.host.as_mut().and_then(|h| h.served_body.take());
-        let model = body.and_then(|b| {
-            serde_json::from_slice::<serde_json::Value>(&b)
-                .ok()
-                .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string))
-        });
-        match model {
+        match self.take_substituted() {
             Some(m) => {
                 self.served.insert(r, m);
             }
@@ -687,8 +699,7 @@ pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Replayed> {
             }
             ace.body.clone_from(&rec.body);
             let (mut flow, route) = ace.run_request(now);
-            ace.note_served(0);
-            let substituted = ace.served.remove(&0);
+            let substituted = ace.take_substituted();
             let chosen = match route {
                 Route::To(d) => ace.setup.config.destinations.get(d).map(|x| x.name.clone()),
                 Route::Refuse(_) => None,

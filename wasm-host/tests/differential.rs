@@ -109,10 +109,7 @@ impl Guest {
             Guest::Wat(name, text) => {
                 let bytes = wat::parse_str(common::wat_guest(text))
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
-                let path = std::env::temp_dir().join(format!(
-                    "ace-differential-{}-{name}.wasm",
-                    std::process::id()
-                ));
+                let path = temp_file(&format!("{name}.wasm"));
                 std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 path
             }
@@ -376,6 +373,18 @@ fn no_response() -> client::Response {
     }
 }
 
+/// A path of its own in the temporary directory. Tests run in parallel and
+/// share case and guest names, so a name alone is not enough: a shared one
+/// let one test delete the body file another was still sending.
+fn temp_file(name: &str) -> std::path::PathBuf {
+    static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    std::env::temp_dir().join(format!(
+        "ace-differential-{}-{}-{name}",
+        std::process::id(),
+        MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ))
+}
+
 /// What `nghttp` sends besides the case's headers (`user-agent` replaced,
 /// as its default names its version).
 const NGHTTP_HEADERS: &[(&str, &str)] = &[
@@ -391,11 +400,7 @@ const NGHTTP_HEADERS: &[(&str, &str)] = &[
 /// before the first and the second HEADERS frame; the body is printed
 /// right before each DATA frame's line, `length` bytes of it).
 fn send_h2(port: u16, c: &Case) -> (client::Response, Vec<(String, String)>) {
-    let body_file = std::env::temp_dir().join(format!(
-        "ace-differential-{}-h2-body-{}",
-        std::process::id(),
-        c.name.replace(' ', "-")
-    ));
+    let body_file = temp_file(&format!("h2-body-{}", c.name.replace(' ', "-")));
     let mut cmd = std::process::Command::new("nghttp");
     cmd.arg("-v")
         .arg("--timeout=10s")

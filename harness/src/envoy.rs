@@ -92,6 +92,7 @@ pub struct EnvoyBuilder {
     ready_timeout: Duration,
     node: Option<Value>,
     bootstrap_extensions: Vec<Value>,
+    template: Option<Value>,
 }
 
 impl Default for EnvoyBuilder {
@@ -123,6 +124,23 @@ impl EnvoyBuilder {
             ready_timeout: Duration::from_secs(60),
             node: None,
             bootstrap_extensions: Vec::new(),
+            template: None,
+        }
+    }
+
+    /// Run a whole bootstrap of your own (a shipped `envoy.yaml`, parsed)
+    /// instead of the one this builder writes, changed only where it must
+    /// be to run here: the first listener and the admin listen on
+    /// 127.0.0.1 at this Envoy's ports, every file access log writes to
+    /// this Envoy's access log, and each cluster added with
+    /// [`EnvoyBuilder::cluster`] replaces the template's cluster of that
+    /// name. Filters, routes, access-log formats and filters are the
+    /// template's: the builder's own settings for those are not used, so
+    /// that what runs is what the file says.
+    pub fn from_template(bootstrap: Value) -> EnvoyBuilder {
+        EnvoyBuilder {
+            template: Some(bootstrap),
+            ..EnvoyBuilder::new()
         }
     }
 
@@ -250,6 +268,9 @@ impl EnvoyBuilder {
 
     /// The bootstrap this builder would write, for given ports and access log path.
     pub fn bootstrap(&self, listener_port: u16, admin_port: u16, access_log: &Path) -> Value {
+        if let Some(template) = &self.template {
+            return self.template_bootstrap(template, listener_port, admin_port, access_log);
+        }
         let mut filters = self.http_filters.clone();
         filters.push(json!({
             "name": "envoy.filters.http.router",
@@ -305,6 +326,60 @@ impl EnvoyBuilder {
                 ["typed_config"]["access_log"][0]["filter"] = filter.clone();
         }
         bootstrap
+    }
+
+    /// [`EnvoyBuilder::from_template`]'s bootstrap.
+    fn template_bootstrap(
+        &self,
+        template: &Value,
+        listener_port: u16,
+        admin_port: u16,
+        access_log: &Path,
+    ) -> Value {
+        let mut b = template.clone();
+        let local =
+            |port: u16| json!({"socket_address": {"address": "127.0.0.1", "port_value": port}});
+        b["admin"]["address"] = local(admin_port);
+        if let Some(l) = b
+            .pointer_mut("/static_resources/listeners/0")
+            .and_then(Value::as_object_mut)
+        {
+            l.insert("address".into(), local(listener_port));
+        }
+        let managers = b
+            .pointer_mut("/static_resources/listeners")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.get_mut("filter_chains")?.as_array_mut())
+            .flatten()
+            .filter_map(|c| c.get_mut("filters")?.as_array_mut())
+            .flatten()
+            .filter_map(|f| f.get_mut("typed_config"));
+        for manager in managers {
+            for log in manager
+                .get_mut("access_log")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(path) = log.pointer_mut("/typed_config/path") {
+                    *path = json!(access_log.to_string_lossy());
+                }
+            }
+        }
+        if let Some(clusters) = b
+            .pointer_mut("/static_resources/clusters")
+            .and_then(Value::as_array_mut)
+        {
+            for mine in &self.clusters {
+                match clusters.iter_mut().find(|c| c["name"] == mine["name"]) {
+                    Some(c) => *c = mine.clone(),
+                    None => clusters.push(mine.clone()),
+                }
+            }
+        }
+        b
     }
 
     /// Write the bootstrap, start Envoy, and wait (up to the ready

@@ -88,6 +88,7 @@ pub struct EnvoyBuilder {
     log_format: Value,
     access_log_filter: Option<Value>,
     buffer_limit: Option<u32>,
+    route_fields: serde_json::Map<String, Value>,
     log_level: String,
     ready_timeout: Duration,
     node: Option<Value>,
@@ -111,6 +112,7 @@ impl EnvoyBuilder {
             concurrency: 2,
             access_log_filter: None,
             buffer_limit: None,
+            route_fields: serde_json::Map::new(),
             log_format: json!({"json_format": {
                 "start_time": "%START_TIME%",
                 "method": "%REQ(:METHOD)%",
@@ -260,6 +262,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Set a field of the route itself (beside its `match` and `route`),
+    /// e.g. `per_request_buffer_limit_bytes`.
+    pub fn route_field(mut self, key: &str, value: Value) -> EnvoyBuilder {
+        self.route_fields.insert(key.to_string(), value);
+        self
+    }
+
     /// Envoy's log level (default `info`).
     pub fn log_level(mut self, level: &str) -> EnvoyBuilder {
         self.log_level = level.into();
@@ -276,6 +285,10 @@ impl EnvoyBuilder {
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
         }));
+        let mut route = json!({"match": {"prefix": "/"}, "route": self.route});
+        for (k, v) in &self.route_fields {
+            route[k] = v.clone();
+        }
         let mut bootstrap = json!({
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
             "static_resources": {
@@ -301,7 +314,7 @@ impl EnvoyBuilder {
                                 "virtual_hosts": [{
                                     "name": "all",
                                     "domains": ["*"],
-                                    "routes": [{"match": {"prefix": "/"}, "route": self.route}]
+                                    "routes": [route]
                                 }]
                             },
                             "http_filters": filters

@@ -93,7 +93,7 @@ pub use message::{Request, Response, UpstreamRequest};
 pub use module::FilterModule;
 pub use process::{MetricValue, Process, Responder};
 pub use state::{LocalResponse, LogEntry, StreamInfo};
-pub use vm::{HttpStream, Vm, VmBuilder};
+pub use vm::{HttpStream, Vm, VmBuilder, DEFAULT_BUFFER_LIMIT};
 /// The wasmtime this crate uses, e.g. to build an engine with fuel for
 /// [`FilterModule::with_engine`].
 pub use wasmtime;

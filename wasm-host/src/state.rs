@@ -6,7 +6,7 @@
 
 use crate::abi::{LogLevel, MetricType};
 use crate::headers::Headers;
-use crate::http_call::{CallRequest, CallResponse};
+use crate::http_call::{CallRequest, CallResponse, CallResult};
 use crate::process::Process;
 use std::collections::{BTreeMap, HashMap};
 use wasmtime::{Memory, StoreLimits, TypedFunc};
@@ -151,6 +151,8 @@ pub(crate) struct StreamState {
     pub access_log_phase: bool,
     pub local_response: Option<LocalResponse>,
     pub closed: bool,
+    /// The response body the filter held outgrew the buffer limit.
+    pub response_overflow: bool,
     /// Number of request-header mutations (each clears Envoy's route cache
     /// for ABI 0.2.1 modules).
     pub request_header_mutations: u32,
@@ -222,6 +224,10 @@ pub(crate) struct VmState {
     pub next_tick_ns: Option<u64>,
     pub next_token: u32,
     pub pending_calls: BTreeMap<u32, CallRequest>,
+    /// Pending callouts' timeouts: token → when (elapsed ns) it times out.
+    pub call_deadlines: BTreeMap<u32, u64>,
+    /// Answers of clusters with latency: token → (when, answer).
+    pub call_answers: BTreeMap<u32, (u64, CallResult)>,
     /// The callout response being delivered (`on_http_call_response`).
     pub call_response: Option<CallResponse>,
     pub status: (u32, Vec<u8>),
@@ -269,6 +275,8 @@ impl VmState {
             next_tick_ns: None,
             next_token: 1,
             pending_calls: BTreeMap::new(),
+            call_deadlines: BTreeMap::new(),
+            call_answers: BTreeMap::new(),
             call_response: None,
             status: (0, Vec::new()),
             metrics: HashMap::new(),

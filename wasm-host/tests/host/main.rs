@@ -10,6 +10,7 @@ mod ace_filter;
 mod ace_filter_props;
 mod control;
 mod examples;
+mod limits;
 mod loading;
 mod rules;
 mod shared;

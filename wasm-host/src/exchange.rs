@@ -68,6 +68,18 @@ fn flow(s: &HttpStream<'_>, out: &mut Exchange, end: bool) -> Flow {
     Flow::Go
 }
 
+/// [`flow`], once a request that only a gRPC call with a deadline holds
+/// has seen that deadline pass: Envoy's timer fires, and the virtual clock
+/// jumps there instead of the test waiting.
+fn settled_flow(s: &mut HttpStream<'_>, out: &mut Exchange, end: bool) -> Result<Flow, Error> {
+    while end && s.request_paused() && !s.closed() && s.local_response().is_none() {
+        if !s.vm().fire_next_grpc_deadline()? {
+            break;
+        }
+    }
+    Ok(flow(s, out, end))
+}
+
 fn uuid(vm: &Vm, id: u32) -> String {
     // Deterministic per VM and stream: tests must be reproducible.
     let a = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ vm.memory_size() as u64;
@@ -138,10 +150,13 @@ impl Vm {
         }
         let has_body = !request.body.is_empty();
         let has_trailers = !request.trailers.is_empty();
+        if !request.dynamic_metadata.is_empty() {
+            s.update_info(|i| i.dynamic_metadata.merge(&request.dynamic_metadata))?;
+        }
         s.send_request_headers(headers, !has_body && !has_trailers)?;
 
         // Decoding: headers, then body, then trailers.
-        let mut decoded = flow(&s, out, !has_body && !has_trailers || !allow_stop);
+        let mut decoded = settled_flow(&mut s, out, !has_body && !has_trailers || !allow_stop)?;
         if matches!(decoded, Flow::Go) && has_body {
             // After a stop-all was resumed, Envoy delivers what it buffered at
             // once, end of stream included. Otherwise its HTTP/1 codec hands
@@ -164,19 +179,19 @@ impl Vm {
             for (i, chunk) in chunks.into_iter().enumerate() {
                 let end = i == last && !has_trailers && !split_end;
                 s.send_request_body(chunk, end)?;
-                decoded = flow(&s, out, end);
+                decoded = settled_flow(&mut s, out, end)?;
                 if !matches!(decoded, Flow::Go) {
                     break;
                 }
             }
             if matches!(decoded, Flow::Go) && split_end {
                 s.send_request_body(b"", true)?;
-                decoded = flow(&s, out, true);
+                decoded = settled_flow(&mut s, out, true)?;
             }
         }
         if matches!(decoded, Flow::Go) && has_trailers {
             s.send_request_trailers(request.trailers)?;
-            decoded = flow(&s, out, true);
+            decoded = settled_flow(&mut s, out, true)?;
         }
 
         let reply = match decoded {

@@ -20,6 +20,12 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "differential/extras.rs"]
+mod extras;
+#[path = "differential/grpc.rs"]
+mod grpc;
+#[path = "differential/metadata.rs"]
+mod metadata;
 
 use ace_harness::client;
 use ace_harness::envoy::{wasm_filter_json, EnvoyBuilder};
@@ -150,6 +156,8 @@ struct Observed {
     body: String,
     trailers: Vec<(String, String)>,
     upstreams: Vec<Seen>,
+    /// What each compared gRPC cluster received ([`extras::Extras::grpc`]).
+    grpc: Vec<extras::GrpcSeen>,
 }
 
 #[derive(Debug, PartialEq, Clone)]
@@ -257,8 +265,9 @@ fn upstream_response(name: &str, b: &Behavior) -> Response {
     r
 }
 
-fn run_in_envoy(group: &Group) -> Vec<Observed> {
+fn run_in_envoy(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
     let wasm = group.package.wasm_file();
+    let grpc = extras.start_grpc_upstreams();
     let upstreams: Vec<(String, Upstream)> = group
         .clusters
         .iter()
@@ -272,7 +281,7 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
     if group.allow_stop_iteration {
         filter["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
     }
-    let mut b = EnvoyBuilder::new().http_filter(filter);
+    let mut b = extras.envoy(EnvoyBuilder::new(), &grpc).http_filter(filter);
     for (name, u) in &upstreams {
         // HTTP/1 upstreams with trailers on (chunked bodies carry them).
         b = b.cluster_json(json!({
@@ -310,6 +319,7 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
             for (_, u) in &upstreams {
                 u.clear();
             }
+            extras::clear_grpc(&grpc);
             let (r, trailers) = if c.h2 {
                 send_h2(envoy.port(), c)
             } else {
@@ -336,6 +346,7 @@ fn run_in_envoy(group: &Group) -> Vec<Observed> {
                 body: String::from_utf8_lossy(&r.body).into_owned(),
                 trailers: normalize(trailers),
                 upstreams: seen,
+                grpc: extras.grpc_seen_in_envoy(&grpc),
             }
         })
         .collect();
@@ -527,7 +538,7 @@ fn h1_seen(
     }
 }
 
-fn run_on_host(group: &Group) -> Vec<Observed> {
+fn run_on_host(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
     let module = group.package.module();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let mut builder = Vm::builder(&module)
@@ -541,6 +552,8 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
             ..StreamInfo::default()
         })
         .configuration(group.configuration);
+    let grpc_seen: extras::GrpcLog = Arc::default();
+    builder = extras.host(builder, &grpc_seen);
     let behaviors: BTreeMap<String, Behavior> = group
         .clusters
         .iter()
@@ -579,6 +592,7 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
         .iter()
         .map(|c| {
             seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            grpc_seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
             ordered.store(c.ordered, Ordering::SeqCst);
             let mut req = Request::new(c.method, c.path).authority("ace.test");
             if c.h2 {
@@ -630,6 +644,7 @@ fn run_on_host(group: &Group) -> Vec<Observed> {
                 body: r.text(),
                 trailers: normalize(r.trailers.to_vec()),
                 upstreams: ups,
+                grpc: extras::sorted(&grpc_seen),
             }
         })
         .collect()
@@ -660,13 +675,19 @@ fn describe(e: &Observed, h: &Observed) -> String {
         format!("{:?}", e.upstreams),
         format!("{:?}", h.upstreams),
     );
+    field("grpc", format!("{:?}", e.grpc), format!("{:?}", h.grpc));
     out
 }
 
 /// Runs a group both ways and asserts every scenario matches.
 fn differential(group: Group) {
-    let envoy = run_in_envoy(&group);
-    let host = run_on_host(&group);
+    differential_with(group, &extras::Extras::default());
+}
+
+/// [`differential`] with gRPC clusters or dynamic metadata.
+fn differential_with(group: Group, extras: &extras::Extras) {
+    let envoy = run_in_envoy(&group, extras);
+    let host = run_on_host(&group, extras);
     let mut failures = Vec::new();
     for ((c, e), h) in group.cases.iter().zip(&envoy).zip(&host) {
         if e == h {

@@ -19,6 +19,16 @@ impl Vm {
             .elapsed_ns
             .saturating_add(by.as_nanos() as u64);
         loop {
+            // gRPC deadlines first when they fall before the next tick.
+            if let Some(due) = self.next_grpc_deadline().filter(|d| *d <= target) {
+                let tick = self.store.data().next_tick_ns;
+                if tick.is_none_or(|t| due < t) {
+                    self.store.data_mut().elapsed_ns = due;
+                    self.expire_grpc(due)?;
+                    self.settle()?;
+                    continue;
+                }
+            }
             let s = self.store.data();
             match s.next_tick_ns {
                 Some(due) if due <= target => {
@@ -99,7 +109,8 @@ impl Vm {
                 let s = self.store.data();
                 s.process.take_ready(s.vm_instance)
             };
-            if auto.is_empty() && ready.is_empty() {
+            let grpc = self.settle_grpc()?;
+            if auto.is_empty() && ready.is_empty() && !grpc {
                 return Ok(());
             }
             for (token, behaviour, request) in auto {
@@ -119,7 +130,7 @@ impl Vm {
         }
     }
 
-    fn apply_deferred(&mut self) {
+    pub(super) fn apply_deferred(&mut self) {
         let deferred = std::mem::take(&mut self.store.data_mut().deferred);
         for d in deferred {
             let streams = &mut self.store.data_mut().streams;

@@ -14,6 +14,7 @@ mod builder;
 mod call;
 mod events;
 mod exports;
+mod grpc;
 mod stream;
 
 pub use builder::VmBuilder;

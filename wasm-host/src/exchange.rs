@@ -109,22 +109,30 @@ impl Vm {
         upstream: impl FnMut(&UpstreamRequest) -> Option<Response>,
     ) -> Result<Exchange, Error> {
         let mut out = Exchange::default();
+        let grpc = is_grpc(&request.headers);
         match self.exchange_into(&mut out, route, request, upstream) {
             Ok(()) => Ok(out),
             Err(Error::Trap { callback, message }) => {
-                self.fail_closed(&mut out, format!("{callback}: {message}"));
+                self.fail_closed(&mut out, grpc, format!("{callback}: {message}"));
                 Ok(out)
             }
             Err(Error::Failed(why)) => {
-                self.fail_closed(&mut out, why);
+                self.fail_closed(&mut out, grpc, why);
                 Ok(out)
             }
             Err(e) => Err(e),
         }
     }
 
-    fn fail_closed(&self, out: &mut Exchange, why: String) {
-        let mut r = Response::new(503).header("content-length", "0");
+    /// Envoy's `failStream`: a local 503 with gRPC status UNAVAILABLE
+    /// (which a gRPC client gets as a trailers-only response).
+    fn fail_closed(&self, out: &mut Exchange, grpc: bool, why: String) {
+        let mut r = match grpc {
+            true => Response::new(200)
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "14"),
+            false => Response::new(503).header("content-length", "0"),
+        };
         r.headers.add("date", http_date(self.now()));
         r.headers.add("server", "envoy");
         out.response = Some(r);
@@ -198,7 +206,7 @@ impl Vm {
             Flow::Stop => None,
             Flow::Local(l) => {
                 s.update_info(|i| i.response_code_details = Some(l.details.clone()))?;
-                Some(local_response_headers(&l))
+                Some(local_response_headers(&s, &l))
             }
             Flow::Go => {
                 let cluster = match route {
@@ -239,7 +247,29 @@ impl Vm {
 }
 
 /// The headers Envoy's `sendLocalReply` builds for a filter's local reply.
-fn local_response_headers(l: &LocalResponse) -> Response {
+/// To a gRPC request (`content-type: application/grpc...`) it is a
+/// trailers-only gRPC response: `:status` 200, the filter's gRPC status
+/// (or the HTTP status mapped to one), the body as `grpc-message`.
+fn local_response_headers(s: &HttpStream<'_>, l: &LocalResponse) -> Response {
+    if is_grpc(s.request_headers()) {
+        let mut r = Response::new(200);
+        for (k, v) in l.headers.pairs() {
+            r.headers.add(k, v);
+        }
+        r.headers.set("content-type", "application/grpc");
+        if !r.headers.contains("grpc-status") {
+            let code = l
+                .grpc_status
+                .map_or_else(|| http_to_grpc(l.status), |g| g as u32);
+            r.headers.add("grpc-status", code.to_string());
+        }
+        let text = String::from_utf8_lossy(&l.body);
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        if !text.is_empty() {
+            r.headers.add("grpc-message", percent_encode(text));
+        }
+        return r;
+    }
     let mut r = Response::new(u16::try_from(l.status).unwrap_or(500));
     for (k, v) in l.headers.pairs() {
         r.headers.add(k, v);
@@ -252,6 +282,39 @@ fn local_response_headers(l: &LocalResponse) -> Response {
     }
     r.body = l.body.clone();
     r
+}
+
+/// Envoy's `Grpc::Common::isGrpcRequestHeaders`: the local replies to
+/// such a request are gRPC responses.
+fn is_grpc(h: &Headers) -> bool {
+    h.get("content-type")
+        .is_some_and(|t| t.starts_with("application/grpc"))
+}
+
+/// Envoy's `Grpc::Utility::httpToGrpcStatus`.
+fn http_to_grpc(status: u32) -> u32 {
+    match status {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502..=504 => 14,
+        _ => 2,
+    }
+}
+
+/// gRPC's percent-encoding of `grpc-message`: bytes outside printable
+/// ASCII, and `%`, as `%XX`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (b' '..=b'~').contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Encoding: the response passes through the filter's response callbacks.
@@ -353,7 +416,7 @@ fn check_encode(
         if local_before.as_ref() != Some(l) {
             // A local reply while encoding replaces the response outright.
             out.local_reply = Some(l.clone());
-            let mut r = local_response_headers(l);
+            let mut r = local_response_headers(s, l);
             finish_headers(s, &mut r.headers);
             out.response = Some(r);
             return true;

@@ -28,6 +28,11 @@
 //!   upstream observed ([`Exchange`]).
 //! - [`Process`]: shared data (with CAS), shared queues, metrics and
 //!   clusters shared by several VMs.
+//! - gRPC clusters ([`Process::add_grpc_cluster_with`]): a server
+//!   function from [`GrpcEvent`]s to [`GrpcReply`]s, or driven by hand
+//!   ([`Vm::reply_grpc`]); Envoy's statuses for resets and timeouts.
+//! - [`Metadata`]: dynamic metadata set before the filter runs, read
+//!   through `get_property(["metadata", ...])` as Envoy serialises it.
 //! - [`abi`]: statuses, enums and the pair serialization.
 //!
 //! ## Design notes

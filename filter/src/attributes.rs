@@ -58,16 +58,20 @@ pub fn resolve<'p, V: AsRef<[u8]>>(
     }
     // Each header attribute's first value, to compare a repeat against.
     let mut firsts: [Option<&[u8]>; 8] = [None; 8];
+    let reads = &policy.from_headers;
     for (name, value) in headers.iter() {
-        for (i, (slot, a)) in values.iter_mut().zip(attributes).enumerate() {
+        if !reads.may_carry(name.len()) {
+            continue;
+        }
+        for &i in &reads.positions {
+            let (Some(slot), Some(a)) = (values.get_mut(i), attributes.get(i)) else {
+                continue;
+            };
             let header = a.header.as_bytes();
             // Envoy hands names over in lower case, as the configuration
             // holds them: an exact comparison (vectorised) settles the
             // match, the byte-by-byte one only a name sent otherwise.
-            if a.trusted.is_some()
-                || policy.computed.iter().any(|(p, _)| *p == i)
-                || name.len() != header.len()
-                || !(name == header || name.eq_ignore_ascii_case(header))
+            if name.len() != header.len() || !(name == header || name.eq_ignore_ascii_case(header))
             {
                 continue;
             }
@@ -134,6 +138,15 @@ mod tests {
     }
 
     fn try_config(on_missing: &str, defaults: &str) -> Result<Config, crate::config::ConfigError> {
+        try_config_sourced(on_missing, defaults, "{}")
+    }
+
+    /// With `attribute_sources` as given (JSON).
+    fn try_config_sourced(
+        on_missing: &str,
+        defaults: &str,
+        sources: &str,
+    ) -> Result<Config, crate::config::ConfigError> {
         let spec = TableSpec {
             destinations: vec![DestinationSpec {
                 name: "a".into(),
@@ -159,7 +172,7 @@ mod tests {
         let json = format!(
             r#"{{"destinations":[{{"name":"a","cluster":"a"}}],"tables_base64":"{b64}",
                 "on_missing_attribute":"{on_missing}","attribute_defaults":{defaults},
-                "body":{{"read":true}}}}"#
+                "attribute_sources":{sources},"body":{{"read":true}}}}"#
         );
         Config::parse(json.as_bytes())
     }
@@ -244,14 +257,16 @@ mod tests {
 
     #[test]
     fn a_verified_source_replaces_the_header() {
-        let mut c = config("reject", "{}");
+        let c = try_config_sourced(
+            "reject",
+            "{}",
+            r#"{"data_class": {"metadata": {"namespace": "jwt", "path": ["data_class"]}}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let source = Trusted::Metadata {
             namespace: "jwt".into(),
             path: vec!["data_class".into()],
         };
-        if let Some(p) = c.policy.as_mut() {
-            p.attributes[0].trusted = Some(source.clone());
-        }
         let p = c.policy.as_ref().unwrap();
         let t = Tables::load(p.tables).unwrap();
         let mut v = [9u32; 2];

@@ -240,6 +240,28 @@ pub struct Policy {
     /// (`substituted`, `cached`): position and the value index of `false`,
     /// which a request takes until routing or the cache sets it.
     pub computed: Vec<(usize, u32)>,
+    /// The attributes read from request headers (neither verified nor
+    /// computed), for the one pass over a request's headers.
+    pub from_headers: HeaderAttributes,
+}
+
+/// The attributes a request's headers carry, indexed for the pass over
+/// the headers that resolves them: a header whose name has none of their
+/// lengths (most of a request's) is passed over after one bit test.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderAttributes {
+    /// Bit `n` set: some attribute's header name is `n` bytes long (bit 63:
+    /// 63 bytes or more).
+    pub lengths: u64,
+    /// Their positions among the tables' attributes.
+    pub positions: Vec<usize>,
+}
+
+impl HeaderAttributes {
+    /// Whether a header name of `len` bytes may carry an attribute.
+    pub fn may_carry(&self, len: usize) -> bool {
+        self.lengths & (1 << len.min(63)) != 0
+    }
 }
 
 impl Policy {
@@ -1074,6 +1096,13 @@ fn load_policy(
         }
         computed.push((i, no));
     }
+    let mut from_headers = HeaderAttributes::default();
+    for (i, a) in attributes.iter().enumerate() {
+        if a.trusted.is_none() && !computed.iter().any(|(p, _)| *p == i) {
+            from_headers.lengths |= 1 << a.header.len().min(63);
+            from_headers.positions.push(i);
+        }
+    }
     let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     Ok(Policy {
         tables: leaked,
@@ -1082,6 +1111,7 @@ fn load_policy(
         tenant,
         model,
         computed,
+        from_headers,
     })
 }
 

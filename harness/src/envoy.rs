@@ -88,10 +88,12 @@ pub struct EnvoyBuilder {
     log_format: Value,
     access_log_filter: Option<Value>,
     buffer_limit: Option<u32>,
+    route_fields: serde_json::Map<String, Value>,
     log_level: String,
     ready_timeout: Duration,
     node: Option<Value>,
     bootstrap_extensions: Vec<Value>,
+    template: Option<Value>,
 }
 
 impl Default for EnvoyBuilder {
@@ -110,6 +112,7 @@ impl EnvoyBuilder {
             concurrency: 2,
             access_log_filter: None,
             buffer_limit: None,
+            route_fields: serde_json::Map::new(),
             log_format: json!({"json_format": {
                 "start_time": "%START_TIME%",
                 "method": "%REQ(:METHOD)%",
@@ -123,6 +126,23 @@ impl EnvoyBuilder {
             ready_timeout: Duration::from_secs(60),
             node: None,
             bootstrap_extensions: Vec::new(),
+            template: None,
+        }
+    }
+
+    /// Run a whole bootstrap of your own (a shipped `envoy.yaml`, parsed)
+    /// instead of the one this builder writes, changed only where it must
+    /// be to run here: the first listener and the admin listen on
+    /// 127.0.0.1 at this Envoy's ports, every file access log writes to
+    /// this Envoy's access log, and each cluster added with
+    /// [`EnvoyBuilder::cluster`] replaces the template's cluster of that
+    /// name. Filters, routes, access-log formats and filters are the
+    /// template's: the builder's own settings for those are not used, so
+    /// that what runs is what the file says.
+    pub fn from_template(bootstrap: Value) -> EnvoyBuilder {
+        EnvoyBuilder {
+            template: Some(bootstrap),
+            ..EnvoyBuilder::new()
         }
     }
 
@@ -242,6 +262,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Set a field of the route itself (beside its `match` and `route`),
+    /// e.g. `per_request_buffer_limit_bytes`.
+    pub fn route_field(mut self, key: &str, value: Value) -> EnvoyBuilder {
+        self.route_fields.insert(key.to_string(), value);
+        self
+    }
+
     /// Envoy's log level (default `info`).
     pub fn log_level(mut self, level: &str) -> EnvoyBuilder {
         self.log_level = level.into();
@@ -250,11 +277,18 @@ impl EnvoyBuilder {
 
     /// The bootstrap this builder would write, for given ports and access log path.
     pub fn bootstrap(&self, listener_port: u16, admin_port: u16, access_log: &Path) -> Value {
+        if let Some(template) = &self.template {
+            return self.template_bootstrap(template, listener_port, admin_port, access_log);
+        }
         let mut filters = self.http_filters.clone();
         filters.push(json!({
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
         }));
+        let mut route = json!({"match": {"prefix": "/"}, "route": self.route});
+        for (k, v) in &self.route_fields {
+            route[k] = v.clone();
+        }
         let mut bootstrap = json!({
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
             "static_resources": {
@@ -280,7 +314,7 @@ impl EnvoyBuilder {
                                 "virtual_hosts": [{
                                     "name": "all",
                                     "domains": ["*"],
-                                    "routes": [{"match": {"prefix": "/"}, "route": self.route}]
+                                    "routes": [route]
                                 }]
                             },
                             "http_filters": filters
@@ -305,6 +339,60 @@ impl EnvoyBuilder {
                 ["typed_config"]["access_log"][0]["filter"] = filter.clone();
         }
         bootstrap
+    }
+
+    /// [`EnvoyBuilder::from_template`]'s bootstrap.
+    fn template_bootstrap(
+        &self,
+        template: &Value,
+        listener_port: u16,
+        admin_port: u16,
+        access_log: &Path,
+    ) -> Value {
+        let mut b = template.clone();
+        let local =
+            |port: u16| json!({"socket_address": {"address": "127.0.0.1", "port_value": port}});
+        b["admin"]["address"] = local(admin_port);
+        if let Some(l) = b
+            .pointer_mut("/static_resources/listeners/0")
+            .and_then(Value::as_object_mut)
+        {
+            l.insert("address".into(), local(listener_port));
+        }
+        let managers = b
+            .pointer_mut("/static_resources/listeners")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.get_mut("filter_chains")?.as_array_mut())
+            .flatten()
+            .filter_map(|c| c.get_mut("filters")?.as_array_mut())
+            .flatten()
+            .filter_map(|f| f.get_mut("typed_config"));
+        for manager in managers {
+            for log in manager
+                .get_mut("access_log")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(path) = log.pointer_mut("/typed_config/path") {
+                    *path = json!(access_log.to_string_lossy());
+                }
+            }
+        }
+        if let Some(clusters) = b
+            .pointer_mut("/static_resources/clusters")
+            .and_then(Value::as_array_mut)
+        {
+            for mine in &self.clusters {
+                match clusters.iter_mut().find(|c| c["name"] == mine["name"]) {
+                    Some(c) => *c = mine.clone(),
+                    None => clusters.push(mine.clone()),
+                }
+            }
+        }
+        b
     }
 
     /// Write the bootstrap, start Envoy, and wait (up to the ready

@@ -10,6 +10,12 @@
 //! `cluster_header`, and returns what the client and the upstream
 //! observed. This is the level the differential suite compares with a real
 //! Envoy.
+//!
+//! Two of Envoy's limits apply here as there: a body the filter holds past
+//! the listener's buffer limit (a request: Envoy's local 413; a response:
+//! a reset once its headers left), and time: while the filter holds the
+//! stream for a callout, the virtual clock moves on to the callout's
+//! answer (from a cluster with latency) or its timeout, as real time would.
 
 use crate::error::Error;
 use crate::headers::Headers;
@@ -45,6 +51,29 @@ pub struct Exchange {
     /// The VM trapped (in this request or before): Envoy's `FAIL_CLOSED`
     /// answer is in `response`.
     pub vm_failure: Option<String>,
+    /// The response headers the client had got when the stream was reset
+    /// (Envoy resets a response whose body outgrew the buffer limit after
+    /// its headers left).
+    pub headers_before_reset: Option<Headers>,
+}
+
+/// The most body the host hands a filter in one callback: Envoy passes a
+/// large body on in pieces as its socket reads complete (how much one read
+/// gets varies), so a filter that holds a large body sees several calls.
+const READ_SIZE: usize = 16 * 1024;
+
+/// `chunks` cut into pieces of at most [`READ_SIZE`].
+fn reads(chunks: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    chunks
+        .into_iter()
+        .flat_map(|c| {
+            if c.len() <= READ_SIZE {
+                vec![c]
+            } else {
+                c.chunks(READ_SIZE).map(<[u8]>::to_vec).collect()
+            }
+        })
+        .collect()
 }
 
 enum Flow {
@@ -53,31 +82,40 @@ enum Flow {
     Stop,
 }
 
-fn flow(s: &HttpStream<'_>, out: &mut Exchange, end: bool) -> Flow {
+fn flow(s: &mut HttpStream<'_>, out: &mut Exchange, end: bool) -> Result<Flow, Error> {
+    if end {
+        wait_for_callouts(s, |s| {
+            s.request_paused() && s.local_response().is_none() && !s.closed()
+        })?;
+    }
     if s.closed() {
         out.reset = true;
-        return Flow::Stop;
+        return Ok(Flow::Stop);
     }
     if let Some(l) = s.local_response() {
-        return Flow::Local(l.clone());
+        return Ok(Flow::Local(l.clone()));
     }
     if end && s.request_paused() {
         out.hung = true;
-        return Flow::Stop;
+        return Ok(Flow::Stop);
     }
-    Flow::Go
+    Ok(Flow::Go)
 }
 
-/// [`flow`], once a request that only a gRPC call with a deadline holds
-/// has seen that deadline pass: Envoy's timer fires, and the virtual clock
-/// jumps there instead of the test waiting.
-fn settled_flow(s: &mut HttpStream<'_>, out: &mut Exchange, end: bool) -> Result<Flow, Error> {
-    while end && s.request_paused() && !s.closed() && s.local_response().is_none() {
-        if !s.vm().fire_next_grpc_deadline()? {
+/// While `held` (the filter holds the stream) and a callout is due to end
+/// (a cluster with latency answers, an HTTP callout times out, or a gRPC
+/// call's deadline passes), the virtual clock moves on to it: in Envoy,
+/// real time passes.
+fn wait_for_callouts(
+    s: &mut HttpStream<'_>,
+    held: impl Fn(&HttpStream<'_>) -> bool,
+) -> Result<(), Error> {
+    while held(s) {
+        if !s.vm().advance_to_next_callout()? {
             break;
         }
     }
-    Ok(flow(s, out, end))
+    Ok(())
 }
 
 fn uuid(vm: &Vm, id: u32) -> String {
@@ -164,7 +202,7 @@ impl Vm {
         s.send_request_headers(headers, !has_body && !has_trailers)?;
 
         // Decoding: headers, then body, then trailers.
-        let mut decoded = settled_flow(&mut s, out, !has_body && !has_trailers || !allow_stop)?;
+        let mut decoded = flow(&mut s, out, !has_body && !has_trailers || !allow_stop)?;
         if matches!(decoded, Flow::Go) && has_body {
             // After a stop-all was resumed, Envoy delivers what it buffered at
             // once, end of stream included. Otherwise its HTTP/1 codec hands
@@ -181,25 +219,25 @@ impl Vm {
             let (chunks, split_end) = if resumed {
                 (vec![request.body.concat()], false)
             } else {
-                (request.body, !has_trailers && !request.http2)
+                (reads(request.body), !has_trailers && !request.http2)
             };
             let last = chunks.len().saturating_sub(1);
             for (i, chunk) in chunks.into_iter().enumerate() {
                 let end = i == last && !has_trailers && !split_end;
                 s.send_request_body(chunk, end)?;
-                decoded = settled_flow(&mut s, out, end)?;
+                decoded = flow(&mut s, out, end)?;
                 if !matches!(decoded, Flow::Go) {
                     break;
                 }
             }
             if matches!(decoded, Flow::Go) && split_end {
                 s.send_request_body(b"", true)?;
-                decoded = settled_flow(&mut s, out, true)?;
+                decoded = flow(&mut s, out, true)?;
             }
         }
         if matches!(decoded, Flow::Go) && has_trailers {
             s.send_request_trailers(request.trailers)?;
-            decoded = settled_flow(&mut s, out, true)?;
+            decoded = flow(&mut s, out, true)?;
         }
 
         let reply = match decoded {
@@ -327,23 +365,32 @@ fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(),
     // that releases a headers Pause); what the filter writes into the map
     // after that is accepted but never reaches the client.
     let mut sent: Option<Headers> = None;
-    let mut release = |s: &HttpStream<'_>| {
+    let release = |s: &HttpStream<'_>, sent: &mut Option<Headers>| {
         if sent.is_none() && !s.response_paused() {
-            sent = Some(s.response_headers().clone());
+            *sent = Some(s.response_headers().clone());
         }
     };
     s.send_response_headers(r.headers, !has_body && !has_trailers)?;
-    let mut stopped = check_encode(s, out, &local_before, !has_body && !has_trailers);
-    release(s);
+    let end = !has_body && !has_trailers;
+    let mut stopped = check_encode(s, out, &local_before, &sent, end)?;
+    release(s, &mut sent);
     if !stopped && has_body {
-        s.send_response_body(r.body, !has_trailers)?;
-        stopped = check_encode(s, out, &local_before, !has_trailers);
-        release(s);
+        let chunks = reads(vec![r.body]);
+        let last = chunks.len().saturating_sub(1);
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let end = i == last && !has_trailers;
+            s.send_response_body(chunk, end)?;
+            stopped = check_encode(s, out, &local_before, &sent, end)?;
+            release(s, &mut sent);
+            if stopped {
+                break;
+            }
+        }
     }
     if !stopped && has_trailers {
         s.send_response_trailers(r.trailers)?;
-        stopped = check_encode(s, out, &local_before, true);
-        release(s);
+        stopped = check_encode(s, out, &local_before, &sent, true)?;
+        release(s, &mut sent);
     }
     if !stopped {
         let mut headers = sent.unwrap_or_else(|| s.response_headers().clone());
@@ -403,14 +450,40 @@ fn http_date(t: std::time::SystemTime) -> String {
 }
 
 fn check_encode(
-    s: &HttpStream<'_>,
+    s: &mut HttpStream<'_>,
     out: &mut Exchange,
     local_before: &Option<LocalResponse>,
+    sent: &Option<Headers>,
     end: bool,
-) -> bool {
+) -> Result<bool, Error> {
+    if end {
+        wait_for_callouts(s, |s| {
+            s.response_paused() && s.local_response() == local_before.as_ref() && !s.closed()
+        })?;
+    }
     if s.closed() {
         out.reset = true;
-        return true;
+        return Ok(true);
+    }
+    if s.response_overflow() {
+        match sent {
+            // Envoy's `responseDataTooLarge`: the headers already left, so
+            // its local reply can only reset the stream.
+            Some(headers) => {
+                let mut headers = headers.clone();
+                finish_headers(s, &mut headers);
+                out.headers_before_reset = Some(headers);
+                out.reset = true;
+            }
+            None => {
+                let mut r = Response::new(500).body("Internal Server Error");
+                r.headers.add("content-length", "21");
+                r.headers.add("content-type", "text/plain");
+                finish_headers(s, &mut r.headers);
+                out.response = Some(r);
+            }
+        }
+        return Ok(true);
     }
     if let Some(l) = s.local_response() {
         if local_before.as_ref() != Some(l) {
@@ -419,14 +492,14 @@ fn check_encode(
             let mut r = local_response_headers(s, l);
             finish_headers(s, &mut r.headers);
             out.response = Some(r);
-            return true;
+            return Ok(true);
         }
     }
     if end && s.response_paused() {
         out.hung = true;
-        return true;
+        return Ok(true);
     }
-    false
+    Ok(false)
 }
 
 #[cfg(test)]

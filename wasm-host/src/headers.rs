@@ -161,10 +161,14 @@ impl Headers {
             .collect()
     }
 
-    /// Replaces the whole map (lower-casing names), as
-    /// `proxy_set_header_map_pairs` does.
+    /// Replaces the whole map, as `proxy_set_header_map_pairs` does in
+    /// Envoy: every header removed, then each pair added in order (so a
+    /// pseudo-header listed after a regular one still goes first).
     pub(crate) fn replace_all(&mut self, pairs: Vec<(Vec<u8>, Vec<u8>)>) {
-        self.pairs = pairs.into_iter().map(|(k, v)| (lower(&k), v)).collect();
+        self.pairs.clear();
+        for (k, v) in pairs {
+            self.add(k, v);
+        }
     }
 
     /// Serialized in the ABI's pair format.
@@ -230,6 +234,17 @@ mod tests {
         h.add(":scheme", "http");
         let names: Vec<String> = h.to_vec().into_iter().map(|(k, _)| k).collect();
         assert_eq!(names, [":method", ":path", ":scheme", "x"]);
+    }
+
+    #[test]
+    fn replacing_every_pair_keeps_pseudo_headers_first() {
+        let mut h = Headers::from_pairs(&[(":path", "/"), ("a", "1")]);
+        h.replace_all(vec![
+            (b"B".to_vec(), b"2".to_vec()),
+            (b":path".to_vec(), b"/x".to_vec()),
+        ]);
+        let names: Vec<String> = h.to_vec().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, [":path", "b"]);
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //!
 //! Envoy delivers a callout's response on the plugin's root context after
 //! the callback that dispatched it has returned, with `n_headers == 0` when
-//! the call failed (reset, timeout without a local reply, buffer overflow).
+//! the call failed (a reset). A timeout is not a failure: Envoy's async
+//! client answers it with its own local reply, a 504 `upstream request
+//! timeout` (checked in Envoy 1.40), which the host delivers when the
+//! virtual clock reaches the deadline.
 //! A cluster either answers through a function
 //! ([`Process::add_cluster_with`](crate::Process::add_cluster_with)) or
 //! leaves calls pending for the test to complete
@@ -54,6 +57,15 @@ pub enum CallResult {
     Response(CallResponse),
     /// The call failed without a response (delivered as `n_headers == 0`).
     Reset,
+}
+
+/// What Envoy's async client answers when a callout's timeout expires.
+pub(crate) fn timeout_response() -> CallResponse {
+    let body = b"upstream request timeout";
+    CallResponse::new(504)
+        .header("content-length", &body.len().to_string())
+        .header("content-type", "text/plain")
+        .body(body.to_vec())
 }
 
 impl From<CallResponse> for CallResult {

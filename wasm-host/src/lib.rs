@@ -102,7 +102,7 @@ pub use metadata::{Metadata, MetadataValue};
 pub use module::FilterModule;
 pub use process::{MetricValue, Process, Responder};
 pub use state::{LocalResponse, LogEntry, StreamInfo};
-pub use vm::{HttpStream, Vm, VmBuilder};
+pub use vm::{HttpStream, Vm, VmBuilder, DEFAULT_BUFFER_LIMIT};
 /// The wasmtime this crate uses, e.g. to build an engine with fuel for
 /// [`FilterModule::with_engine`].
 pub use wasmtime;

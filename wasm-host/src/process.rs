@@ -29,8 +29,10 @@ pub type Responder = Arc<dyn Fn(&CallRequest) -> CallResult + Send + Sync>;
 pub(crate) enum ClusterBehaviour {
     /// Calls stay pending until the test completes them.
     Manual,
-    /// Each call is answered by the function, after the callback returns.
-    Respond(Responder),
+    /// Each call is answered by the function when dispatched; the answer
+    /// reaches the filter after the callback returns and, if the cluster
+    /// has a latency, once the virtual clock has moved that far.
+    Respond(Responder, std::time::Duration),
 }
 
 /// The value of a metric, aggregated over every VM of the process (as Envoy
@@ -124,8 +126,19 @@ impl Process {
     ) {
         self.lock().clusters.insert(
             name.to_string(),
-            ClusterBehaviour::Respond(Arc::new(respond)),
+            ClusterBehaviour::Respond(Arc::new(respond), std::time::Duration::ZERO),
         );
+    }
+
+    /// Makes a cluster that answers through a function (`add_cluster_with`,
+    /// `add_cluster_script`) take `latency` of virtual time to answer: the
+    /// answer arrives when the VM's clock ([`Vm::advance`](crate::Vm::advance),
+    /// or an exchange waiting for it) gets there, unless the callout's
+    /// timeout comes first. No effect on other clusters.
+    pub fn set_cluster_latency(&self, name: &str, latency: std::time::Duration) {
+        if let Some(ClusterBehaviour::Respond(_, l)) = self.lock().clusters.get_mut(name) {
+            *l = latency;
+        }
     }
 
     /// Declares a cluster that answers its callouts with `script`, in

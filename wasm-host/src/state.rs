@@ -7,7 +7,7 @@
 use crate::abi::{LogLevel, MetricType};
 use crate::grpc::OpenGrpc;
 use crate::headers::Headers;
-use crate::http_call::{CallRequest, CallResponse};
+use crate::http_call::{CallRequest, CallResponse, CallResult};
 use crate::metadata::Metadata;
 use crate::process::Process;
 use std::collections::{BTreeMap, HashMap};
@@ -157,6 +157,8 @@ pub(crate) struct StreamState {
     pub access_log_phase: bool,
     pub local_response: Option<LocalResponse>,
     pub closed: bool,
+    /// The response body the filter held outgrew the buffer limit.
+    pub response_overflow: bool,
     /// Number of request-header mutations (each clears Envoy's route cache
     /// for ABI 0.2.1 modules).
     pub request_header_mutations: u32,
@@ -228,6 +230,10 @@ pub(crate) struct VmState {
     pub next_tick_ns: Option<u64>,
     pub next_token: u32,
     pub pending_calls: BTreeMap<u32, CallRequest>,
+    /// Pending callouts' timeouts: token → when (elapsed ns) it times out.
+    pub call_deadlines: BTreeMap<u32, u64>,
+    /// Answers of clusters with latency: token → (when, answer).
+    pub call_answers: BTreeMap<u32, (u64, CallResult)>,
     /// The callout response being delivered (`on_http_call_response`).
     pub call_response: Option<CallResponse>,
     pub status: (u32, Vec<u8>),
@@ -284,6 +290,8 @@ impl VmState {
             next_tick_ns: None,
             next_token: 1,
             pending_calls: BTreeMap::new(),
+            call_deadlines: BTreeMap::new(),
+            call_answers: BTreeMap::new(),
             call_response: None,
             status: (0, Vec::new()),
             grpc: BTreeMap::new(),

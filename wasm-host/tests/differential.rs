@@ -22,6 +22,8 @@
 mod common;
 #[path = "differential/extras.rs"]
 mod extras;
+#[path = "differential/fidelity.rs"]
+mod fidelity;
 #[path = "differential/grpc.rs"]
 mod grpc;
 #[path = "differential/metadata.rs"]
@@ -31,7 +33,8 @@ use ace_harness::client;
 use ace_harness::envoy::{wasm_filter_json, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
 use ace_wasm_host::{
-    CallRequest, CallResponse, Request, Response, Route, StreamInfo, UpstreamRequest, Vm,
+    CallRequest, CallResponse, Process, Request, Response, Route, StreamInfo, UpstreamRequest, Vm,
+    VmBuilder,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -148,11 +151,28 @@ struct Group {
     cases: Vec<Case>,
 }
 
+/// What a group changes in Envoy's configuration and, to match, on the
+/// host; the default changes nothing.
+#[derive(Default, Clone, Copy)]
+struct Setup {
+    /// Applied to Envoy's bootstrap (listener, workers).
+    envoy: Option<fn(EnvoyBuilder) -> EnvoyBuilder>,
+    /// Applied to the route action (`{"cluster": .., "timeout": "30s"}`).
+    route: Option<fn(&mut serde_json::Value)>,
+    /// Applied to the host's VMs.
+    host: Option<for<'m> fn(VmBuilder<'m>) -> VmBuilder<'m>>,
+    /// Envoy's worker threads (`--concurrency`, the harness's 2 when
+    /// `None`); the host starts a VM for each.
+    workers: Option<u32>,
+}
+
 /// What a client and the upstreams saw, normalized for comparison.
 #[derive(Debug, PartialEq, Clone)]
 struct Observed {
     status: u16,
     headers: Vec<(String, String)>,
+    /// Response header names in arrival order (only for [`Case::ordered`]).
+    order: Vec<String>,
     body: String,
     trailers: Vec<(String, String)>,
     upstreams: Vec<Seen>,
@@ -179,13 +199,13 @@ const NO_RESPONSE: &str = "<no response>";
 /// Hop-by-hop headers of the client's own HTTP/1.1 connection.
 const TRANSPORT: &[&str] = &["connection", "keep-alive", "transfer-encoding"];
 
-/// The header names in order, hop-by-hop ones left out; empty unless the
-/// case compares order.
+/// The header names in order, pseudo-headers and hop-by-hop ones left
+/// out; empty unless the case compares order.
 fn order(c: &Case, headers: &[(String, String)]) -> Vec<String> {
     headers
         .iter()
         .map(|(k, _)| k.clone())
-        .filter(|k| c.ordered && !TRANSPORT.contains(&k.as_str()))
+        .filter(|k| c.ordered && !k.starts_with(':') && !TRANSPORT.contains(&k.as_str()))
         .collect()
 }
 
@@ -265,7 +285,7 @@ fn upstream_response(name: &str, b: &Behavior) -> Response {
     r
 }
 
-fn run_in_envoy(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
+fn run_in_envoy(group: &Group, setup: Setup, extras: &extras::Extras) -> Vec<Observed> {
     let wasm = group.package.wasm_file();
     let grpc = extras.start_grpc_upstreams();
     let upstreams: Vec<(String, Upstream)> = group
@@ -282,6 +302,12 @@ fn run_in_envoy(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
         filter["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
     }
     let mut b = extras.envoy(EnvoyBuilder::new(), &grpc).http_filter(filter);
+    if let Some(f) = setup.envoy {
+        b = f(b);
+    }
+    if let Some(n) = setup.workers {
+        b = b.concurrency(n);
+    }
     for (name, u) in &upstreams {
         // HTTP/1 upstreams with trailers on (chunked bodies carry them).
         b = b.cluster_json(json!({
@@ -302,10 +328,14 @@ fn run_in_envoy(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
             }
         }));
     }
-    b = match group.cluster_header {
-        Some(h) => b.route(json!({"cluster_header": h, "timeout": "30s"})),
-        None => b.route(json!({"cluster": "backend", "timeout": "30s"})),
+    let mut route = match group.cluster_header {
+        Some(h) => json!({"cluster_header": h, "timeout": "30s"}),
+        None => json!({"cluster": "backend", "timeout": "30s"}),
     };
+    if let Some(f) = setup.route {
+        f(&mut route);
+    }
+    b = b.route(route);
     if let Ok(level) = std::env::var("ACE_ENVOY_LOG_LEVEL") {
         b = b.log_level(&level);
     }
@@ -342,6 +372,7 @@ fn run_in_envoy(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
             seen.sort_by(|a, b| a.cluster.cmp(&b.cluster));
             Observed {
                 status: r.status,
+                order: order(c, &r.headers),
                 headers: normalize(r.headers),
                 body: String::from_utf8_lossy(&r.body).into_owned(),
                 trailers: normalize(trailers),
@@ -538,30 +569,53 @@ fn h1_seen(
     }
 }
 
-fn run_on_host(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
+fn run_on_host(group: &Group, setup: Setup, extras: &extras::Extras) -> Vec<Observed> {
     let module = group.package.module();
+    serve_on_host(group, setup, extras, &module)
+}
+
+fn serve_on_host<'m>(
+    group: &Group,
+    setup: Setup,
+    extras: &extras::Extras,
+    module: &'m ace_wasm_host::FilterModule,
+) -> Vec<Observed> {
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let mut builder = Vm::builder(&module)
-        .plugin_name("ace")
-        .root_id("ace")
-        .vm_id("ace")
-        .allow_on_headers_stop_iteration(group.allow_stop_iteration)
-        // The harness's route configuration: virtual host "all", unnamed route.
-        .stream_info(StreamInfo {
-            virtual_host_name: "all".into(),
-            ..StreamInfo::default()
-        })
-        .configuration(group.configuration);
+    let process = Process::new();
     let grpc_seen: extras::GrpcLog = Arc::default();
-    builder = extras.host(builder, &grpc_seen);
+    let plugin = |b: VmBuilder<'m>| -> VmBuilder<'m> {
+        let b = b
+            .process(&process)
+            .plugin_name("ace")
+            .root_id("ace")
+            .vm_id("ace")
+            .allow_on_headers_stop_iteration(group.allow_stop_iteration)
+            // The harness's route configuration: virtual host "all", unnamed route.
+            .stream_info(StreamInfo {
+                virtual_host_name: "all".into(),
+                ..StreamInfo::default()
+            })
+            .configuration(group.configuration);
+        let b = match setup.host {
+            Some(f) => f(b),
+            None => b,
+        };
+        extras.host(b, &grpc_seen)
+    };
+    let mut builder = plugin(Vm::builder(module));
     let behaviors: BTreeMap<String, Behavior> = group
         .clusters
         .iter()
         .map(|(n, b)| (n.to_string(), b.clone()))
         .collect();
+    let mut latencies = Vec::new();
     // Whether the current case compares header order.
     let ordered = Arc::new(AtomicBool::new(false));
     for (name, behavior) in &group.clusters {
+        if let Behavior::Slow(latency) = behavior {
+            // Registered below; the latency applies once it is.
+            latencies.push((*name, *latency));
+        }
         let (name, behavior, seen) = (name.to_string(), behavior.clone(), seen.clone());
         let ordered = ordered.clone();
         builder = builder.cluster_with(&name.clone(), move |req: &CallRequest| {
@@ -582,7 +636,24 @@ fn run_on_host(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
             r.into()
         });
     }
-    let mut vm = builder.start().unwrap_or_else(|e| panic!("host VM: {e}"));
+    for (name, latency) in latencies {
+        builder = builder.cluster_latency(name, latency);
+    }
+    // Envoy's VMs: after the validation VM, the main thread's, then one
+    // per worker; the last worker serves the requests.
+    let vm_error = |e| panic!("host VM: {e}");
+    let _main_thread = builder.start().unwrap_or_else(vm_error);
+    let mut workers: Vec<Vm> = (0..setup.workers.unwrap_or(2))
+        .map(|_| {
+            plugin(Vm::builder(module))
+                .validation_vm(false)
+                .start()
+                .unwrap_or_else(vm_error)
+        })
+        .collect();
+    let Some(mut vm) = workers.pop() else {
+        panic!("a group needs at least one worker");
+    };
     let route = match group.cluster_header {
         Some(h) => Route::ClusterHeader(h.to_string()),
         None => Route::Cluster("backend".to_string()),
@@ -638,9 +709,11 @@ fn run_on_host(group: &Group, extras: &extras::Extras) -> Vec<Observed> {
             });
             let mut ups = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
             ups.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+            let headers = r.headers.to_vec();
             Observed {
                 status: r.status(),
-                headers: normalize(r.headers.to_vec()),
+                order: order(c, &headers),
+                headers: normalize(headers),
                 body: r.text(),
                 trailers: normalize(r.trailers.to_vec()),
                 upstreams: ups,
@@ -655,6 +728,7 @@ fn describe(e: &Observed, h: &Observed) -> String {
     let mut out = String::new();
     let mut field = |name: &str, a: String, b: String| {
         if a != b {
+            let (a, b) = (clip(&a), clip(&b));
             out.push_str(&format!("  {name}:\n    envoy: {a}\n    host:  {b}\n"));
         }
     };
@@ -664,6 +738,7 @@ fn describe(e: &Observed, h: &Observed) -> String {
         format!("{:?}", e.headers),
         format!("{:?}", h.headers),
     );
+    field("order", format!("{:?}", e.order), format!("{:?}", h.order));
     field("body", format!("{:?}", e.body), format!("{:?}", h.body));
     field(
         "trailers",
@@ -679,15 +754,35 @@ fn describe(e: &Observed, h: &Observed) -> String {
     out
 }
 
+/// A field cut to a readable length (bodies of a megabyte and more).
+fn clip(text: &str) -> String {
+    const MAX: usize = 600;
+    match text.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}... ({} bytes)", &text[..at], text.len()),
+        None => text.to_string(),
+    }
+}
+
 /// Runs a group both ways and asserts every scenario matches.
 fn differential(group: Group) {
-    differential_with(group, &extras::Extras::default());
+    compare(group, Setup::default(), &extras::Extras::default());
+}
+
+/// [`differential`], with Envoy and the host changed alike by `setup`.
+fn differential_with(group: Group, setup: Setup) {
+    compare(group, setup, &extras::Extras::default());
 }
 
 /// [`differential`] with gRPC clusters or dynamic metadata.
-fn differential_with(group: Group, extras: &extras::Extras) {
-    let envoy = run_in_envoy(&group, extras);
-    let host = run_on_host(&group, extras);
+fn differential_extras(group: Group, extras: &extras::Extras) {
+    compare(group, Setup::default(), extras);
+}
+
+/// Runs `group` in Envoy and on the host, and asserts every scenario
+/// matches.
+fn compare(group: Group, setup: Setup, extras: &extras::Extras) {
+    let envoy = run_in_envoy(&group, setup, extras);
+    let host = run_on_host(&group, setup, extras);
     let mut failures = Vec::new();
     for ((c, e), h) in group.cases.iter().zip(&envoy).zip(&host) {
         if e == h {

@@ -40,6 +40,7 @@
 //! or `ENVOY_LOAD_PROBE='strace -c -f -p {pid}'`.
 #![forbid(unsafe_code)]
 
+use ace_filter::config::PluginConfig;
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Upstream;
 use clap::builder::PossibleValue;
@@ -153,11 +154,20 @@ enum Variant {
     AceDynRoute,
     AceDynHit,
     AceDynCheck,
+    ShippedPlain,
+    Shipped,
+    ShippedDyn,
+    ShippedNoLog,
+    ShippedDynNoLog,
+    ShippedNoTables,
+    ShippedDynNoTables,
+    ShippedNoBody,
+    ShippedDynNoBody,
 }
 
 impl Variant {
     /// Every variant, in the order they run and print.
-    const ALL: [Variant; 17] = [
+    const ALL: [Variant; 26] = [
         Variant::Plain,
         Variant::Noop,
         Variant::Minimal,
@@ -175,6 +185,15 @@ impl Variant {
         Variant::AceDynRoute,
         Variant::AceDynHit,
         Variant::AceDynCheck,
+        Variant::ShippedPlain,
+        Variant::Shipped,
+        Variant::ShippedDyn,
+        Variant::ShippedNoLog,
+        Variant::ShippedDynNoLog,
+        Variant::ShippedNoTables,
+        Variant::ShippedDynNoTables,
+        Variant::ShippedNoBody,
+        Variant::ShippedDynNoBody,
     ];
 
     /// The name `--only` takes.
@@ -197,6 +216,15 @@ impl Variant {
             Variant::AceDynRoute => "acedynroute",
             Variant::AceDynHit => "acedynhit",
             Variant::AceDynCheck => "acedyncheck",
+            Variant::ShippedPlain => "shippedplain",
+            Variant::Shipped => "shipped",
+            Variant::ShippedDyn => "shippeddyn",
+            Variant::ShippedNoLog => "shipped-nolog",
+            Variant::ShippedDynNoLog => "shippeddyn-nolog",
+            Variant::ShippedNoBody => "shipped-nobody",
+            Variant::ShippedDynNoBody => "shippeddyn-nobody",
+            Variant::ShippedNoTables => "shipped-notables",
+            Variant::ShippedDynNoTables => "shippeddyn-notables",
         }
     }
 
@@ -220,23 +248,64 @@ impl Variant {
             Variant::AceDynRoute => "dynamic, model routing",
             Variant::AceDynHit => "dynamic, cache hit",
             Variant::AceDynCheck => "dynamic, cache check",
+            Variant::ShippedPlain => "plain Envoy, as shipped",
+            Variant::Shipped => "ACE Wasm, as shipped",
+            Variant::ShippedDyn => "ACE dynamic, as shipped",
+            Variant::ShippedNoLog => "Wasm shipped, no log",
+            Variant::ShippedDynNoLog => "dynamic shipped, no log",
+            Variant::ShippedNoBody => "Wasm shipped, no body",
+            Variant::ShippedDynNoBody => "dynamic shipped, no body",
+            Variant::ShippedNoTables => "Wasm shipped, no tables",
+            Variant::ShippedDynNoTables => "dynamic shipped, no tables",
         }
     }
 
-    /// Whether it is driven with the example fleet's request
-    /// ([`FLEET_BODY`], [`FLEET_HEADERS`]) instead of [`BODY`].
-    fn fleet_request(self) -> bool {
-        matches!(
-            self,
+    /// The shipped bootstrap it runs, and what is taken out of it
+    /// ([`shipped`]); `None` for the variants built from scratch.
+    fn shipped(self) -> Option<(Build, Ablation)> {
+        Some(match self {
+            Variant::ShippedPlain => (Build::Plain, Ablation::None),
+            Variant::Shipped => (Build::Wasm, Ablation::None),
+            Variant::ShippedDyn => (Build::Dynamic, Ablation::None),
+            Variant::ShippedNoLog => (Build::Wasm, Ablation::Log),
+            Variant::ShippedDynNoLog => (Build::Dynamic, Ablation::Log),
+            Variant::ShippedNoTables => (Build::Wasm, Ablation::Tables),
+            Variant::ShippedDynNoTables => (Build::Dynamic, Ablation::Tables),
+            Variant::ShippedNoBody => (Build::Wasm, Ablation::Body),
+            Variant::ShippedDynNoBody => (Build::Dynamic, Ablation::Body),
+            _ => return None,
+        })
+    }
+
+    /// The request it is driven with.
+    fn request(self) -> Request {
+        match self {
             Variant::AcePolicy
-                | Variant::AceRoute
-                | Variant::AceHit
-                | Variant::AceCheck
-                | Variant::AceDynPolicy
-                | Variant::AceDynRoute
-                | Variant::AceDynHit
-                | Variant::AceDynCheck
-        )
+            | Variant::AceRoute
+            | Variant::AceHit
+            | Variant::AceCheck
+            | Variant::AceDynPolicy
+            | Variant::AceDynRoute
+            | Variant::AceDynHit
+            | Variant::AceDynCheck
+            | Variant::ShippedPlain
+            | Variant::Shipped
+            | Variant::ShippedDyn
+            | Variant::ShippedNoLog
+            | Variant::ShippedDynNoLog
+            | Variant::ShippedNoTables
+            | Variant::ShippedDynNoTables => Request::Fleet,
+            Variant::ShippedNoBody | Variant::ShippedDynNoBody => Request::FleetModelHeader,
+            Variant::Plain
+            | Variant::Noop
+            | Variant::Minimal
+            | Variant::Floor
+            | Variant::DynFloor
+            | Variant::Ace
+            | Variant::AceDyn
+            | Variant::AceControl
+            | Variant::AceDynControl => Request::Bench,
+        }
     }
 
     /// What `--help` says about it.
@@ -280,8 +349,66 @@ impl Variant {
             Variant::AceDynRoute => "`aceroute` as a dynamic module",
             Variant::AceDynHit => "`acehit` as a dynamic module",
             Variant::AceDynCheck => "`acecheck` as a dynamic module",
+            Variant::ShippedPlain => {
+                "`envoy/envoy.yaml` with ACE's filter taken out and its access log writing \
+                 Envoy's own line per request (what the same listener costs without ACE)"
+            }
+            Variant::Shipped => {
+                "`envoy/envoy.yaml` as shipped (body read, the event access log with its CEL \
+                 filter, control polled), the example fleet's `ace plugin-config` in place of \
+                 its three destinations; only listener, admin, clusters and log path rewritten"
+            }
+            Variant::ShippedDyn => "`envoy/envoy-dynamic.yaml`, likewise",
+            Variant::ShippedNoLog => "`shipped` without its access log",
+            Variant::ShippedDynNoLog => "`shippeddyn` without its access log",
+            Variant::ShippedNoTables => {
+                "`shipped-nolog` without policy tables (`allow_no_policy`, same destinations)"
+            }
+            Variant::ShippedDynNoTables => "`shippeddyn-nolog` without policy tables",
+            Variant::ShippedNoBody => {
+                "`shipped-notables` not reading the body (the model in `x-ace-model`), which \
+                 tables deciding on the model forbid"
+            }
+            Variant::ShippedDynNoBody => "`shippeddyn-notables` not reading the body, likewise",
         }
     }
+}
+
+/// Which filter a shipped variant runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Build {
+    /// None: the shipped Wasm bootstrap with the filter taken out.
+    Plain,
+    /// `envoy/envoy.yaml`.
+    Wasm,
+    /// `envoy/envoy-dynamic.yaml`.
+    Dynamic,
+}
+
+/// What a shipped variant takes out, each step also taking out the ones
+/// before it, so that the differences between neighbours price one phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ablation {
+    None,
+    /// The access log (its CEL filter, the event's filter-state read, the write).
+    Log,
+    /// The policy tables (their lookup; `allow_no_policy` instead).
+    Tables,
+    /// Reading the body (holding the headers for it, the scan for `model`),
+    /// which tables deciding on the model require.
+    Body,
+}
+
+/// The request a variant is driven with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Request {
+    /// A POST of [`BODY`].
+    Bench,
+    /// The example fleet's request: [`FLEET_BODY`] with [`FLEET_HEADERS`].
+    Fleet,
+    /// The same with its model also in `x-ace-model`, for a filter that
+    /// does not read the body.
+    FleetModelHeader,
 }
 
 /// `--only` parses a variant by [`Variant::as_str`].
@@ -438,7 +565,7 @@ fn run() -> Result<(), String> {
         }
         let mut rows = Vec::new();
         for (name, builder) in variants {
-            let running = bench.start(name, &builder, false)?;
+            let running = bench.start(name, &builder, Request::Bench)?;
             rows.push(bench.run(&running)?);
         }
         if let Some(base) = rows.first() {
@@ -519,8 +646,28 @@ fn run() -> Result<(), String> {
             }
             Variant::AcePolicy | Variant::AceRoute | Variant::AceHit | Variant::AceCheck => {
                 let config = fleet_config(v)?;
-                let b = fleet_clusters(base(), up.port());
+                let b = fleet_clusters(base(), up.port(), true);
                 variants.push((name, b.wasm_filter_reading_body(&ace, &config)));
+            }
+            Variant::ShippedPlain
+            | Variant::Shipped
+            | Variant::ShippedDyn
+            | Variant::ShippedNoLog
+            | Variant::ShippedDynNoLog
+            | Variant::ShippedNoBody
+            | Variant::ShippedDynNoBody
+            | Variant::ShippedNoTables
+            | Variant::ShippedDynNoTables => {
+                let Some((build, ablation)) = v.shipped() else {
+                    continue;
+                };
+                let template = shipped(build, ablation, &ace)?;
+                let b = EnvoyBuilder::from_template(template)
+                    .ready_timeout(ready)
+                    .concurrency(1)
+                    .log_level("warn")
+                    .cluster("ace_control", control.port());
+                variants.push((name, fleet_clusters(b, up.port(), false)));
             }
             Variant::AceDynPolicy
             | Variant::AceDynRoute
@@ -528,7 +675,7 @@ fn run() -> Result<(), String> {
             | Variant::AceDynCheck => {
                 let lib = ace_harness::dylib::build("ace-dynamic")?;
                 let config = fleet_config(v)?;
-                let b = fleet_clusters(base(), up.port());
+                let b = fleet_clusters(base(), up.port(), true);
                 variants.push((
                     name,
                     b.http_filter(ace_harness::dylib::http_filter_json(
@@ -545,8 +692,11 @@ fn run() -> Result<(), String> {
     let running = variants
         .into_iter()
         .map(|(name, builder)| {
-            let fleet = o.variants().any(|v| v.label() == name && v.fleet_request());
-            bench.start(name.into(), &builder, fleet)
+            let request = o
+                .variants()
+                .find(|v| v.label() == name)
+                .map_or(Request::Bench, Variant::request);
+            bench.start(name.into(), &builder, request)
         })
         .collect::<Result<Vec<_>, String>>()?;
     let mut rounds: Vec<Vec<Row>> = Vec::new();
@@ -607,7 +757,11 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
             );
         }
     }
-    use Variant::{Ace, AceDyn, DynFloor, Floor, Minimal, Noop, Plain};
+    use Variant::{
+        Ace, AceDyn, DynFloor, Floor, Minimal, Noop, Plain, Shipped, ShippedDyn, ShippedDynNoBody,
+        ShippedDynNoLog, ShippedDynNoTables, ShippedNoBody, ShippedNoLog, ShippedNoTables,
+        ShippedPlain,
+    };
     for (of, over, title) in [
         (
             Ace.label(),
@@ -651,6 +805,56 @@ fn summarise(rounds: &[Vec<Row>], medians: bool) {
             Floor.label(),
             "ACE's host calls, dynamic module over Wasm",
         ),
+        (
+            Shipped.label(),
+            ShippedPlain.label(),
+            "ACE Wasm as shipped, over plain Envoy with its access log",
+        ),
+        (
+            ShippedDyn.label(),
+            ShippedPlain.label(),
+            "ACE dynamic module as shipped, over plain Envoy with its access log",
+        ),
+        (
+            Shipped.label(),
+            ShippedNoLog.label(),
+            "the event access log, Wasm",
+        ),
+        (
+            ShippedDyn.label(),
+            ShippedDynNoLog.label(),
+            "the event access log, dynamic module",
+        ),
+        (
+            ShippedNoLog.label(),
+            ShippedNoTables.label(),
+            "the policy tables, Wasm",
+        ),
+        (
+            ShippedDynNoLog.label(),
+            ShippedDynNoTables.label(),
+            "the policy tables, dynamic module",
+        ),
+        (
+            ShippedNoTables.label(),
+            ShippedNoBody.label(),
+            "reading the body, Wasm",
+        ),
+        (
+            ShippedDynNoTables.label(),
+            ShippedDynNoBody.label(),
+            "reading the body, dynamic module",
+        ),
+        (
+            ShippedNoBody.label(),
+            Plain.label(),
+            "the rest (headers, decision, claim, response, event), Wasm, over plain Envoy",
+        ),
+        (
+            ShippedDynNoBody.label(),
+            Plain.label(),
+            "the rest, dynamic module, over plain Envoy",
+        ),
     ] {
         share(rounds, of, over, title, medians);
     }
@@ -674,6 +878,15 @@ fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: boo
     }
     let p99 = diff(&|r| r.stats.p99_us);
     let cpu = diff(&|r| r.cpu_us);
+    // Requests per second as a share of the reference's, per round.
+    let rps: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| {
+            let base = r.iter().find(|x| x.name == against)?;
+            let ace = r.iter().find(|x| x.name == of)?;
+            Some(100.0 * ace.stats.rps / base.stats.rps)
+        })
+        .collect();
     let instructions = median(diff(&|r| r.instructions));
     if instructions.is_finite() {
         println!("\n{title}: {instructions:+.0} Envoy instructions per request (callgrind)");
@@ -686,18 +899,23 @@ fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: boo
     };
     if medians {
         println!(
-            "\n{title}, median of {} paired rounds: p50 {:+.0} µs (rounds: {}), p99 {:+.0} µs, Envoy CPU {:+.1} µs per request (rounds: {})",
+            "\n{title}, median of {} paired rounds: p50 {:+.0} µs (rounds: {}), p99 {:+.0} µs, Envoy CPU {:+.1} µs per request (rounds: {}), requests/s {:.0} % (rounds: {})",
             p50.len(),
             median(p50.clone()),
             list(&p50),
             median(p99),
             median(cpu.clone()),
             list(&cpu),
+            median(rps.clone()),
+            rps.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" "),
         );
     } else {
         println!(
-            "\n{title}: p50 {:+.0} µs, p99 {:+.0} µs, Envoy CPU {:+.1} µs per request",
-            p50[0], p99[0], cpu[0]
+            "\n{title}: p50 {:+.0} µs, p99 {:+.0} µs, Envoy CPU {:+.1} µs per request, requests/s {:.0} %",
+            p50[0], p99[0], cpu[0], rps[0]
         );
     }
 }
@@ -749,21 +967,30 @@ impl Bench {
     }
 
     /// Drive Envoy on `port` for `secs`: wrk, or h2load at the fixed rate.
-    fn load(&self, port: u16, secs: u32, fleet: bool) -> Result<Stats, String> {
+    fn load(&self, port: u16, secs: u32, request: Request) -> Result<Stats, String> {
         match self.rate {
-            Some(rate) => h2load(port, secs, self.conns, rate, fleet),
-            None => wrk(port, secs, self.conns, fleet),
+            Some(rate) => h2load(port, secs, self.conns, rate, request),
+            None => wrk(port, secs, self.conns, request),
         }
     }
 
     /// Start Envoy (pinned, if pinning) and warm it up.
-    fn start(&self, name: String, builder: &EnvoyBuilder, fleet: bool) -> Result<Running, String> {
+    fn start(
+        &self,
+        name: String,
+        builder: &EnvoyBuilder,
+        request: Request,
+    ) -> Result<Running, String> {
         let envoy = builder.start().map_err(|e| e.to_string())?;
         if let Some(cpus) = &self.pin {
             pin(envoy.pid(), cpus)?;
         }
-        let _warm = self.load(envoy.port(), 2, fleet)?;
-        Ok(Running { name, envoy, fleet })
+        let _warm = self.load(envoy.port(), 2, request)?;
+        Ok(Running {
+            name,
+            envoy,
+            request,
+        })
     }
 
     /// Measure one run of a started variant and print its row.
@@ -774,7 +1001,7 @@ impl Bench {
             callgrind_control("-z", envoy.pid())?;
         }
         let before = envoy.cpu_time();
-        let stats = self.load(envoy.port(), self.secs, r.fleet)?;
+        let stats = self.load(envoy.port(), self.secs, r.request)?;
         let cpu_us = match (before, envoy.cpu_time()) {
             (Some(a), Some(b)) if stats.requests > 0 => {
                 b.saturating_sub(a).as_secs_f64() * 1e6 / stats.requests as f64
@@ -829,8 +1056,8 @@ impl Bench {
 struct Running {
     name: String,
     envoy: ace_harness::envoy::Envoy,
-    /// Driven with the example fleet's request.
-    fleet: bool,
+    /// What it is driven with.
+    request: Request,
 }
 
 /// Prepare `--callgrind`: a wrapper that starts the Envoy binary under
@@ -965,20 +1192,35 @@ const FLEET_HEADERS: [(&str, &str); 4] = [
     ("x-ace-tp-degree", "1"),
 ];
 
-/// wrk's script: a POST of [`BODY`], or of the example fleet's request.
-fn wrk_script(fleet: bool) -> String {
+/// The headers of `request` besides `content-type`.
+fn request_headers(request: Request) -> Vec<(&'static str, &'static str)> {
+    let mut headers = Vec::new();
+    if request != Request::Bench {
+        headers.extend(FLEET_HEADERS);
+    }
+    if request == Request::FleetModelHeader {
+        headers.push(("x-ace-model", "gpt-4o"));
+    }
+    headers
+}
+
+/// The body of `request`.
+fn request_body(request: Request) -> &'static str {
+    match request {
+        Request::Bench => BODY,
+        Request::Fleet | Request::FleetModelHeader => FLEET_BODY,
+    }
+}
+
+/// wrk's script: a POST of `request`.
+fn wrk_script(request: Request) -> String {
     let mut script = String::from(
         "wrk.method = \"POST\"\nwrk.headers[\"content-type\"] = \"application/json\"\n",
     );
-    if fleet {
-        for (k, v) in FLEET_HEADERS {
-            script.push_str(&format!("wrk.headers[\"{k}\"] = \"{v}\"\n"));
-        }
+    for (k, v) in request_headers(request) {
+        script.push_str(&format!("wrk.headers[\"{k}\"] = \"{v}\"\n"));
     }
-    script.push_str(&format!(
-        "wrk.body = '{}'\n",
-        if fleet { FLEET_BODY } else { BODY }
-    ));
+    script.push_str(&format!("wrk.body = '{}'\n", request_body(request)));
     script
 }
 
@@ -986,11 +1228,7 @@ fn wrk_script(fleet: bool) -> String {
 /// manifest's model routing only for the routing variants, the cache only
 /// for the cache ones (checking every hit for `*check`).
 fn fleet_config(v: Variant) -> Result<String, String> {
-    let dir = ace_harness::workspace_root().join("policies");
-    let project = ace_policy::load_dir(&dir).map_err(|e| e.to_string())?;
-    let compiled = ace_policy::compile(&project).map_err(|e| e.to_string())?;
-    let mut config = ace_policy::plugin::plugin_config(&project, &compiled, false, true)
-        .map_err(|e| e.to_string())?;
+    let mut config = fleet_plugin_config()?;
     if !matches!(v, Variant::AceRoute | Variant::AceDynRoute) {
         config.model_routing = None;
     }
@@ -1006,9 +1244,115 @@ fn fleet_config(v: Variant) -> Result<String, String> {
     Ok(json.to_string())
 }
 
+/// `ace plugin-config policies/`: the example fleet's plugin configuration
+/// (reading bodies), as the CLI writes it.
+fn fleet_plugin_config() -> Result<PluginConfig, String> {
+    let dir = ace_harness::workspace_root().join("policies");
+    let project = ace_policy::load_dir(&dir).map_err(|e| e.to_string())?;
+    let compiled = ace_policy::compile(&project).map_err(|e| e.to_string())?;
+    ace_policy::plugin::plugin_config(&project, &compiled, false, true).map_err(|e| e.to_string())
+}
+
+/// The shipped bootstrap of `build` (`envoy/envoy.yaml` or
+/// `envoy/envoy-dynamic.yaml`, parsed), with `ablation` taken out: what a
+/// user runs after replacing the clusters and the plugin configuration as
+/// the file's header says. The plugin configuration keeps every setting the
+/// file ships (body reading, control, latency price, retries) and takes the
+/// example fleet's destinations and tables from `ace plugin-config
+/// policies/` (without model routing: the reference request is not
+/// substituted). `wasm` is the filter build the Wasm file loads.
+fn shipped(
+    build: Build,
+    ablation: Ablation,
+    wasm: &std::path::Path,
+) -> Result<serde_json::Value, String> {
+    let file = match build {
+        Build::Plain | Build::Wasm => "envoy/envoy.yaml",
+        Build::Dynamic => "envoy/envoy-dynamic.yaml",
+    };
+    let path = ace_harness::workspace_root().join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = text.replace("/etc/ace/ace_filter.wasm", &wasm.to_string_lossy());
+    let mut b: serde_json::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if build == Build::Dynamic {
+        let lib = ace_harness::dylib::build("ace-dynamic")?;
+        ace_harness::dylib::use_search_path(&lib);
+    }
+    let manager = "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config";
+    let hcm = b
+        .pointer_mut(manager)
+        .ok_or_else(|| format!("{file}: no HTTP connection manager at {manager}"))?;
+    let filters = hcm["http_filters"]
+        .as_array_mut()
+        .ok_or_else(|| format!("{file}: the connection manager has no http_filters"))?;
+    if build == Build::Plain {
+        filters.retain(|f| f["name"] == "envoy.filters.http.router");
+        // No ACE to name the cluster: the route names the one it would.
+        let route = "/route_config/virtual_hosts/0/routes/0/route";
+        let to = fleet_plugin_config()?
+            .destinations
+            .first()
+            .map(|d| d.cluster.clone())
+            .ok_or("the example fleet has no destination")?;
+        let r = hcm
+            .pointer_mut(route)
+            .and_then(serde_json::Value::as_object_mut)
+            .ok_or_else(|| format!("{file}: no route at {route}"))?;
+        r.remove("cluster_header");
+        r.insert("cluster".into(), json!(to));
+        // Envoy's own line (its default format) for every request.
+        let log = &mut hcm["access_log"][0];
+        if let Some(l) = log.as_object_mut() {
+            l.remove("filter");
+        }
+        log["typed_config"]
+            .as_object_mut()
+            .ok_or_else(|| format!("{file}: the access log has no typed_config"))?
+            .remove("log_format");
+        return Ok(b);
+    }
+    let ace = filters
+        .iter_mut()
+        .find(|f| f["name"] != "envoy.filters.http.router")
+        .ok_or_else(|| format!("{file}: no ACE filter before the router"))?;
+    let value = match build {
+        Build::Dynamic => "/typed_config/filter_config/value",
+        _ => "/typed_config/config/configuration/value",
+    };
+    let slot = ace
+        .pointer_mut(value)
+        .ok_or_else(|| format!("{file}: the ACE filter has no configuration at {value}"))?;
+    let mut config: PluginConfig = serde_json::from_str(slot.as_str().unwrap_or_default())
+        .map_err(|e| format!("{file}: the ACE filter's configuration: {e}"))?;
+    let fleet = fleet_plugin_config()?;
+    config.destinations = fleet.destinations;
+    config.on_missing_attribute = fleet.on_missing_attribute;
+    config.attribute_defaults = fleet.attribute_defaults;
+    config.latency_classes = fleet.latency_classes;
+    config.max_context_tokens = fleet.max_context_tokens;
+    config.allow_no_policy = false;
+    config.tables_base64 = fleet.tables_base64;
+    if ablation >= Ablation::Body {
+        config.body = Default::default();
+    }
+    if ablation >= Ablation::Tables {
+        config.tables_base64 = None;
+        config.allow_no_policy = true;
+    }
+    let config = serde_json::to_string(&config).map_err(|e| e.to_string())?;
+    *slot = json!(config);
+    if ablation >= Ablation::Log {
+        hcm.as_object_mut()
+            .ok_or_else(|| format!("{file}: the connection manager is not an object"))?
+            .remove("access_log");
+    }
+    Ok(b)
+}
+
 /// `b` with every cluster of the example fleet, all to the upstream on
-/// `port`.
-fn fleet_clusters(b: EnvoyBuilder, port: u16) -> EnvoyBuilder {
+/// `port` (but `owned`, `reserved` and `payg` when `b` has them already).
+fn fleet_clusters(b: EnvoyBuilder, port: u16, has_base: bool) -> EnvoyBuilder {
     let dir = ace_harness::workspace_root().join("policies");
     let Ok(project) = ace_policy::load_dir(&dir) else {
         return b;
@@ -1018,8 +1362,7 @@ fn fleet_clusters(b: EnvoyBuilder, port: u16) -> EnvoyBuilder {
         .resolved()
         .into_iter()
         .map(|d| d.cluster)
-        // `base()` has these already.
-        .filter(|c| !["owned", "reserved", "payg"].contains(&c.as_str()))
+        .filter(|c| !has_base || !["owned", "reserved", "payg"].contains(&c.as_str()))
         .collect();
     clusters.iter().fold(b, |b, c| b.cluster(c, port))
 }
@@ -1033,9 +1376,9 @@ fn scratch_file(name: &str, contents: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-fn wrk(port: u16, secs: u32, conns: u32, fleet: bool) -> Result<Stats, String> {
-    let name = if fleet { "fleet.lua" } else { "post.lua" };
-    let script = scratch_file(name, &wrk_script(fleet))?;
+fn wrk(port: u16, secs: u32, conns: u32, request: Request) -> Result<Stats, String> {
+    let name = format!("{request:?}.lua");
+    let script = scratch_file(&name, &wrk_script(request))?;
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -1063,15 +1406,10 @@ fn wrk(port: u16, secs: u32, conns: u32, fleet: bool) -> Result<Stats, String> {
 /// per second in all, whatever the answers' latency, so p50 is the time a
 /// request takes rather than the queue a closed loop builds. Percentiles
 /// come from h2load's per-request log.
-fn h2load(port: u16, secs: u32, conns: u32, rate: u32, fleet: bool) -> Result<Stats, String> {
-    let body = if fleet {
-        scratch_file("fleet.json", FLEET_BODY)?
-    } else {
-        scratch_file("body.json", BODY)?
-    };
-    let headers: Vec<String> = FLEET_HEADERS
-        .iter()
-        .filter(|_| fleet)
+fn h2load(port: u16, secs: u32, conns: u32, rate: u32, request: Request) -> Result<Stats, String> {
+    let body = scratch_file(&format!("{request:?}.json"), request_body(request))?;
+    let headers: Vec<String> = request_headers(request)
+        .into_iter()
         .flat_map(|(k, v)| ["-H".to_string(), format!("{k}: {v}")])
         .collect();
     // Each run starts from an empty log.
@@ -1206,6 +1544,41 @@ mod tests {
         assert!(!labels.contains(ACE_BASELINE));
     }
 
+    /// The shipped Wasm bootstrap reads, and each step takes out what it
+    /// says and nothing else.
+    #[test]
+    fn the_shipped_bootstrap_is_changed_only_where_a_variant_says() {
+        let wasm = std::path::Path::new("/tmp/ace_filter.wasm");
+        let config = |b: &serde_json::Value| -> PluginConfig {
+            let f = &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+                ["typed_config"];
+            let v = f["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no plugin configuration in {f}"));
+            serde_json::from_str(v).unwrap_or_else(|e| panic!("{e}: {v}"))
+        };
+        let as_shipped =
+            shipped(Build::Wasm, Ablation::None, wasm).unwrap_or_else(|e| panic!("{e}"));
+        let text = as_shipped.to_string();
+        assert!(text.contains("/tmp/ace_filter.wasm") && text.contains("wasm.ace_event"));
+        let c = config(&as_shipped);
+        assert!(c.body.read && c.tables_base64.is_some() && c.control.is_some());
+        assert!(!c.allow_no_policy && c.model_routing.is_none());
+        let no_log = shipped(Build::Wasm, Ablation::Log, wasm).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!no_log.to_string().contains("access_log"));
+        assert_eq!(config(&no_log), c);
+        let c =
+            config(&shipped(Build::Wasm, Ablation::Tables, wasm).unwrap_or_else(|e| panic!("{e}")));
+        assert!(c.body.read && c.tables_base64.is_none() && c.allow_no_policy);
+        let c =
+            config(&shipped(Build::Wasm, Ablation::Body, wasm).unwrap_or_else(|e| panic!("{e}")));
+        assert!(!c.body.read);
+        let plain = shipped(Build::Plain, Ablation::None, wasm).unwrap_or_else(|e| panic!("{e}"));
+        let text = plain.to_string();
+        assert!(!text.contains("envoy.filters.http.wasm") && !text.contains("cluster_header"));
+        assert!(text.contains("access_log"));
+    }
+
     /// The invocations BENCHMARKS.md records still parse, to the same
     /// meaning.
     #[test]
@@ -1226,6 +1599,11 @@ mod tests {
         assert_eq!(o.variants().count(), 4);
         let o = parse("--pin --rounds 8 --rate 5000 --only plain,noop,ace,acedyn 3 8");
         assert_eq!((o.rounds, o.rate, o.secs, o.conns), (8, Some(5000), 3, 8));
+        let o = parse("--pin --rounds 5 --only shippedplain,shipped,shippeddyn 3 16");
+        assert_eq!(
+            o.variants().collect::<Vec<_>>(),
+            [Variant::ShippedPlain, Variant::Shipped, Variant::ShippedDyn]
+        );
         let o = parse("--calibrate 6 8");
         assert!(o.calibrate);
         let o = parse("");

@@ -61,6 +61,10 @@ pub(super) fn proxy_http_call(
     let token = s.next_token;
     s.next_token = s.next_token.wrapping_add(1).max(1);
     let context_id = s.context();
+    if timeout > 0 {
+        let deadline = s.elapsed_ns.saturating_add(timeout as u64 * 1_000_000);
+        s.call_deadlines.insert(token, deadline);
+    }
     s.pending_calls.insert(
         token,
         CallRequest {

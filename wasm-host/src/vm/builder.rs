@@ -27,7 +27,12 @@ pub struct VmBuilder<'m> {
     memory_limit: Option<usize>,
     fuel: Option<u64>,
     count_host_calls: bool,
+    validation_vm: bool,
+    buffer_limit: u32,
 }
+
+/// Envoy's default `per_connection_buffer_limit_bytes`: 1 MiB.
+pub const DEFAULT_BUFFER_LIMIT: u32 = 1024 * 1024;
 
 impl<'m> VmBuilder<'m> {
     /// Counts the guest's calls into host functions ([`Vm::host_calls`]).
@@ -123,6 +128,12 @@ impl<'m> VmBuilder<'m> {
         self.process.add_cluster_script(name, script);
         self
     }
+    /// Makes a cluster that answers through a function take `latency` of
+    /// virtual time ([`Process::set_cluster_latency`]).
+    pub fn cluster_latency(self, name: &str, latency: Duration) -> Self {
+        self.process.set_cluster_latency(name, latency);
+        self
+    }
     /// Declares a cluster that answers callouts through `respond`.
     pub fn cluster_with(
         self,
@@ -169,15 +180,60 @@ impl<'m> VmBuilder<'m> {
         self
     }
 
+    /// Whether `start` first runs the throwaway VM Envoy configures once per
+    /// plugin configuration (default on). Envoy (proxy-wasm-cpp-host's
+    /// configuration canary) instantiates a VM, runs `on_vm_start` and
+    /// `on_configure` on it to validate the configuration, and destroys it
+    /// without `on_done` or `on_delete`; only then do the VMs that serve
+    /// (the main thread's, one per worker) start. Its shared data, metrics
+    /// and logs stay. Turn it off for the second and later VMs of one
+    /// simulated Envoy (VMs sharing a [`Process`] and a configuration).
+    pub fn validation_vm(mut self, on: bool) -> Self {
+        self.validation_vm = on;
+        self
+    }
+    /// The listener's `per_connection_buffer_limit_bytes` (Envoy's default
+    /// 1 MiB; 0: no limit): how much body a filter may hold with a body
+    /// Pause. Over it, a request gets Envoy's local 413 `Payload Too
+    /// Large`, and a response whose headers already left is reset (see
+    /// [`Vm::exchange`]). A route's `per_request_buffer_limit_bytes` does
+    /// not bind a filter that buffers before routing (checked in Envoy
+    /// 1.40), so there is no per-route knob.
+    pub fn per_connection_buffer_limit_bytes(mut self, bytes: u32) -> Self {
+        self.buffer_limit = bytes;
+        self
+    }
+
     /// Instantiates, initializes and configures the VM: `_initialize`,
-    /// root context, `on_vm_start`, `on_configure`.
+    /// root context, `on_vm_start`, `on_configure`; first on a validation VM
+    /// that is then dropped (see [`VmBuilder::validation_vm`]).
     pub fn start(self) -> Result<Vm, Error> {
+        let validation_logs = if self.validation_vm {
+            let canary = self.boot(false)?;
+            canary.store.data().logs.clone()
+        } else {
+            Vec::new()
+        };
+        let mut vm = self.boot(true)?;
+        vm.validation_logs = validation_logs;
+        Ok(vm)
+    }
+
+    /// One VM through Envoy's start sequence; `serving`: deliver what its
+    /// start caused (callouts, queue notifications), which a validation VM
+    /// never lives to see.
+    fn boot(&self, serving: bool) -> Result<Vm, Error> {
         let epoch_ns = self
             .epoch
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        let mut state = VmState::new(self.process, self.plugin, epoch_ns, self.seed);
+        let mut state = VmState::new(
+            self.process.clone(),
+            self.plugin.clone(),
+            epoch_ns,
+            self.seed,
+        );
         state.log_level = self.log_level;
         if let Some(limit) = self.memory_limit {
             state.limits = StoreLimitsBuilder::new().memory_size(limit).build();
@@ -220,10 +276,12 @@ impl<'m> VmBuilder<'m> {
             store,
             exports,
             failed: None,
-            info: self.info,
+            info: self.info.clone(),
             allow_stop_iteration: self.allow_on_headers_stop_iteration,
             fuel: self.fuel,
             fuel_consumed: 0,
+            buffer_limit: self.buffer_limit,
+            validation_logs: Vec::new(),
         };
         let init = match typed::<(), ()>(&instance, &mut vm.store, "_initialize")? {
             Some(f) => Some(("_initialize", f)),
@@ -257,7 +315,7 @@ impl<'m> VmBuilder<'m> {
                 callback: "proxy_on_vm_start".into(),
             });
         }
-        vm.configure_root()?;
+        vm.configure_root(serving)?;
         Ok(vm)
     }
 }
@@ -278,6 +336,8 @@ impl Vm {
             memory_limit: None,
             fuel: None,
             count_host_calls: false,
+            validation_vm: true,
+            buffer_limit: DEFAULT_BUFFER_LIMIT,
         }
     }
 }

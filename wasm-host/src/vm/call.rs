@@ -97,8 +97,8 @@ impl Vm {
     }
 
     /// `on_configure` on the root context, with the plugin configuration
-    /// readable only during it.
-    pub(super) fn configure_root(&mut self) -> Result<(), Error> {
+    /// readable only during it; `settle`: deliver what it caused.
+    pub(super) fn configure_root(&mut self, settle: bool) -> Result<(), Error> {
         let root = self.root_id();
         let len = self.store.data().plugin.configuration.len() as i32;
         self.store.data_mut().configuring = true;
@@ -108,7 +108,9 @@ impl Vm {
         });
         self.store.data_mut().configuring = false;
         let ok = r?;
-        self.settle()?;
+        if settle {
+            self.settle()?;
+        }
         if ok == 0 {
             return Err(Error::Rejected {
                 callback: "proxy_on_configure".into(),
@@ -121,7 +123,7 @@ impl Vm {
     /// (`on_configure`); `Err(Rejected)` if the filter refuses it.
     pub fn reconfigure(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), Error> {
         self.store.data_mut().plugin.configuration = bytes.into();
-        self.configure_root()
+        self.configure_root(true)
     }
 
     /// A stream callback with two arguments after the context id

@@ -4,48 +4,113 @@
 
 use super::Vm;
 use crate::error::Error;
-use crate::http_call::{CallRequest, CallResponse, CallResult};
+use crate::http_call::{timeout_response, CallRequest, CallResponse, CallResult};
 use crate::process::ClusterBehaviour;
 use crate::state::Deferred;
 use std::time::Duration;
 
+/// A timed event of the virtual clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timed {
+    /// A cluster with latency answers callout `token`.
+    Answer(u32),
+    /// Callout `token` times out.
+    Timeout(u32),
+    /// The root context's timer.
+    Tick,
+    /// The gRPC calls and streams whose deadline this is time out.
+    GrpcDeadline,
+}
+
 impl Vm {
-    /// Advances the virtual clock, firing `on_tick` once per elapsed period
-    /// (each at its due time), and delivering what those ticks cause.
+    /// Advances the virtual clock, and delivers each timed event at its
+    /// due time, in time order: `on_tick` once per elapsed period, the
+    /// answers of clusters with latency, callout timeouts (Envoy's 504
+    /// `upstream request timeout`) and gRPC deadlines (UNAVAILABLE), with
+    /// what each of them causes.
     pub fn advance(&mut self, by: Duration) -> Result<(), Error> {
         let target = self
             .store
             .data()
             .elapsed_ns
-            .saturating_add(by.as_nanos() as u64);
-        loop {
-            // gRPC deadlines first when they fall before the next tick.
-            if let Some(due) = self.next_grpc_deadline().filter(|d| *d <= target) {
-                let tick = self.store.data().next_tick_ns;
-                if tick.is_none_or(|t| due < t) {
-                    self.store.data_mut().elapsed_ns = due;
-                    self.expire_grpc(due)?;
-                    self.settle()?;
-                    continue;
-                }
-            }
-            let s = self.store.data();
-            match s.next_tick_ns {
-                Some(due) if due <= target => {
-                    let period = s.tick_period_ms * 1_000_000;
+            .saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
+        while let Some((due, event)) = self.next_event().filter(|(due, _)| *due <= target) {
+            self.store.data_mut().elapsed_ns = due;
+            match event {
+                Timed::Answer(token) => {
                     let s = self.store.data_mut();
-                    s.elapsed_ns = due;
+                    let answer = s.call_answers.remove(&token);
+                    s.call_deadlines.remove(&token);
+                    s.pending_calls.remove(&token);
+                    if let Some((_, result)) = answer {
+                        self.deliver_call(token, result)?;
+                    }
+                }
+                Timed::Timeout(token) => {
+                    let s = self.store.data_mut();
+                    s.call_deadlines.remove(&token);
+                    s.call_answers.remove(&token);
+                    if s.pending_calls.remove(&token).is_some() {
+                        self.deliver_call(token, CallResult::Response(timeout_response()))?;
+                    }
+                }
+                Timed::Tick => {
+                    let s = self.store.data_mut();
+                    let period = s.tick_period_ms * 1_000_000;
                     s.next_tick_ns = Some(due + period.max(1));
                     let root = s.root_id;
                     let f = self.exports.tick.clone();
                     self.call_void("proxy_on_tick", root, f, |f, st| f.call(st, root as i32))?;
-                    self.settle()?;
                 }
-                _ => break,
+                Timed::GrpcDeadline => self.expire_grpc(due)?,
             }
+            self.settle()?;
         }
         self.store.data_mut().elapsed_ns = target;
         Ok(())
+    }
+
+    /// The earliest timed event; at the same instant an answer comes
+    /// before a timeout, both before a tick, and a tick before gRPC
+    /// deadlines.
+    fn next_event(&self) -> Option<(u64, Timed)> {
+        let s = self.store.data();
+        let answer = s
+            .call_answers
+            .iter()
+            .map(|(t, (due, _))| (*due, Timed::Answer(*t)))
+            .min();
+        let timeout = s
+            .call_deadlines
+            .iter()
+            .map(|(t, due)| (*due, Timed::Timeout(*t)))
+            .min();
+        let tick = s.next_tick_ns.map(|due| (due, Timed::Tick));
+        let grpc = self.next_grpc_deadline().map(|due| (due, Timed::GrpcDeadline));
+        [answer, timeout, tick, grpc].into_iter().flatten().min()
+    }
+
+    /// Moves the virtual clock to the next callout answer or timeout, or
+    /// gRPC deadline, if one is due at all (what a stream held for a
+    /// callout waits for). `false` when none is.
+    pub(crate) fn advance_to_next_callout(&mut self) -> Result<bool, Error> {
+        let grpc = self.next_grpc_deadline();
+        let s = self.store.data();
+        let due = s
+            .call_answers
+            .values()
+            .map(|(due, _)| *due)
+            .chain(s.call_deadlines.values().copied())
+            .chain(grpc)
+            .min();
+        match due {
+            Some(due) => {
+                let by = due.saturating_sub(s.elapsed_ns);
+                self.advance(Duration::from_nanos(by))?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Callouts dispatched and not yet answered, oldest first.
@@ -57,9 +122,12 @@ impl Vm {
     /// on the root context with the response's header, body and trailer
     /// sizes (`n_headers == 0` for [`CallResult::Reset`]).
     pub fn complete_http_call(&mut self, token: u32, result: CallResult) -> Result<(), Error> {
-        if self.store.data_mut().pending_calls.remove(&token).is_none() {
+        let s = self.store.data_mut();
+        if s.pending_calls.remove(&token).is_none() {
             return Err(Error::Unknown(format!("http call token {token}")));
         }
+        s.call_deadlines.remove(&token);
+        s.call_answers.remove(&token);
         self.deliver_call(token, result)?;
         self.settle()
     }
@@ -99,8 +167,9 @@ impl Vm {
                 let s = self.store.data();
                 s.pending_calls
                     .values()
+                    .filter(|c| !s.call_answers.contains_key(&c.token))
                     .filter_map(|c| match s.process.cluster(&c.cluster) {
-                        Some(b @ ClusterBehaviour::Respond(_)) => Some((c.token, b, c.clone())),
+                        Some(b @ ClusterBehaviour::Respond(..)) => Some((c.token, b, c.clone())),
                         _ => None,
                     })
                     .collect()
@@ -114,10 +183,18 @@ impl Vm {
                 return Ok(());
             }
             for (token, behaviour, request) in auto {
-                self.store.data_mut().pending_calls.remove(&token);
-                if let ClusterBehaviour::Respond(f) = behaviour {
+                if let ClusterBehaviour::Respond(f, latency) = behaviour {
                     let result = f(&request);
-                    self.deliver_call(token, result)?;
+                    let s = self.store.data_mut();
+                    if latency.is_zero() {
+                        s.pending_calls.remove(&token);
+                        s.call_deadlines.remove(&token);
+                        self.deliver_call(token, result)?;
+                    } else {
+                        let lat = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+                        let due = s.elapsed_ns.saturating_add(lat);
+                        s.call_answers.insert(token, (due, result));
+                    }
                 }
             }
             for (root, queue) in ready {

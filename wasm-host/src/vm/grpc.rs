@@ -108,17 +108,6 @@ impl Vm {
             .min()
     }
 
-    /// Moves the virtual clock to the next gRPC deadline and times those
-    /// calls out; `false` if no call has one.
-    pub(crate) fn fire_next_grpc_deadline(&mut self) -> Result<bool, Error> {
-        let Some(due) = self.next_grpc_deadline() else {
-            return Ok(false);
-        };
-        let now = self.store.data().elapsed_ns;
-        self.advance(std::time::Duration::from_nanos(due.saturating_sub(now)))?;
-        Ok(true)
-    }
-
     fn grpc_reply(&mut self, token: u32, reply: GrpcReply) -> Result<(), Error> {
         let Some(open) = self.store.data_mut().grpc.get_mut(&token) else {
             return Ok(());

@@ -2,7 +2,9 @@
 //! driven through Envoy's lifecycle.
 //!
 //! Envoy's order is reproduced: `_initialize` (or `_start`), then
-//! `on_context_create(root, 0)`, `on_vm_start`, `on_configure`; streams get
+//! `on_context_create(root, 0)`, `on_vm_start`, `on_configure` (first on a
+//! validation VM that is then dropped, because Envoy validates each plugin
+//! configuration that way and a filter's start-up side effects show it); streams get
 //! `on_context_create(stream, root)` and their header/body/trailer
 //! callbacks, then `on_log`, `on_done`, `on_delete` (the access log runs
 //! before filters are destroyed). Effects Envoy defers until a callback
@@ -17,7 +19,7 @@ mod exports;
 mod grpc;
 mod stream;
 
-pub use builder::VmBuilder;
+pub use builder::{VmBuilder, DEFAULT_BUFFER_LIMIT};
 pub use stream::HttpStream;
 
 use crate::process::{MetricValue, Process};
@@ -38,6 +40,10 @@ pub struct Vm {
     allow_stop_iteration: bool,
     fuel: Option<u64>,
     fuel_consumed: u64,
+    /// `per_connection_buffer_limit_bytes` (0: none).
+    buffer_limit: u32,
+    /// What the validation VM logged before it was dropped.
+    validation_logs: Vec<LogEntry>,
 }
 
 impl std::fmt::Debug for Vm {
@@ -88,6 +94,13 @@ impl Vm {
     /// Every captured log line (`proxy_log`, stdout, stderr), in order.
     pub fn logs(&self) -> &[LogEntry] {
         &self.store.data().logs
+    }
+
+    /// What the validation VM logged while Envoy validated the
+    /// configuration on it (see [`VmBuilder::validation_vm`]): in Envoy's
+    /// log these lines come first.
+    pub fn validation_logs(&self) -> &[LogEntry] {
+        &self.validation_logs
     }
 
     /// Whether some log line contains `needle`.

@@ -202,8 +202,18 @@ impl<'vm> HttpStream<'vm> {
     }
 
     fn send_body(&mut self, side: Side, chunk: &[u8], end: bool) -> Result<Action, Error> {
+        let limit = self.vm.buffer_limit as usize;
+        let over = |held: usize| limit > 0 && held > limit;
         let half = self.st_mut()?.half_mut(side);
+        // Envoy adds a chunk to what the filter holds (after a body Pause)
+        // before calling it again: past the limit that buffer overflows,
+        // and the filter is not called.
+        let holding = !half.body.is_empty();
         half.body.extend_from_slice(chunk);
+        if holding && over(half.body.len()) {
+            self.overflow(side)?;
+            return Ok(Action::Pause);
+        }
         half.body_open = true;
         half.end = end;
         let size = half.body.len() as i32;
@@ -223,10 +233,39 @@ impl<'vm> HttpStream<'vm> {
         // A Continue here releases headers held by a headers Pause, but the
         // header map stays the filter's (Envoy clears `request_headers_`
         // only when `on_request_headers` itself returns Continue).
-        self.after(side, action, |h| {
+        let action = self.after(side, action, |h| {
             h.paused = false;
             h.forward_body();
-        })
+        })?;
+        // A Pause buffers the chunk (StopIterationAndBuffer).
+        let st = self.st_mut()?;
+        if st.local_response.is_none() && !st.closed && over(st.half_mut(side).body.len()) {
+            self.overflow(side)?;
+        }
+        Ok(action)
+    }
+
+    /// The body the filter holds outgrew the buffer limit: Envoy answers a
+    /// request with its local 413 (through the filter's response
+    /// callbacks), and marks a response for [`Vm::exchange`] to reset
+    /// (or, while its headers are still held, to answer 500).
+    fn overflow(&mut self, side: Side) -> Result<(), Error> {
+        let st = self.st_mut()?;
+        st.half_mut(side).paused = true;
+        match side {
+            Side::Request => {
+                let body = b"Payload Too Large".to_vec();
+                st.local_response = Some(LocalResponse {
+                    status: 413,
+                    headers: Headers::new(),
+                    body,
+                    details: "request_payload_too_large".into(),
+                    grpc_status: None,
+                });
+            }
+            Side::Response => st.response_overflow = true,
+        }
+        Ok(())
     }
 
     fn send_trailers(&mut self, side: Side, trailers: Headers) -> Result<Action, Error> {
@@ -330,6 +369,11 @@ impl<'vm> HttpStream<'vm> {
     /// Whether the filter reset the stream (`reset_http_request/response`).
     pub fn closed(&self) -> bool {
         self.st().closed
+    }
+    /// Whether the response body the filter held outgrew the buffer limit
+    /// ([`VmBuilder::per_connection_buffer_limit_bytes`](crate::VmBuilder::per_connection_buffer_limit_bytes)).
+    pub fn response_overflow(&self) -> bool {
+        self.st().response_overflow
     }
     /// How many times the filter changed request headers or called
     /// `clear_route_cache` (each clears Envoy's route cache for ABI 0.2.1).

@@ -5,7 +5,7 @@
 //! server's record of what it received is compared too.
 
 use super::extras::{Extras, GrpcCluster};
-use super::{case, differential_with, Case, Group, Guest};
+use super::{case, differential_extras, Case, Group, Guest};
 use ace_harness::grpc::GrpcBehavior;
 use ace_harness::upstream::Behavior;
 
@@ -50,7 +50,7 @@ fn group(cases: Vec<Case>) -> (Group, Extras) {
 
 fn run(cases: Vec<Case>) {
     let (g, e) = group(cases);
-    differential_with(g, &e);
+    differential_extras(g, &e);
 }
 
 #[test]

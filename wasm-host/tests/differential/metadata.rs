@@ -5,12 +5,12 @@
 //! Envoy serialises it, and the statuses of paths that are not there.
 
 use super::extras::Extras;
-use super::{case, differential_with, Case, Group, Guest};
+use super::{case, differential_extras, Case, Group, Guest};
 use ace_harness::upstream::Behavior;
 use serde_json::{json, Value};
 
 fn run(metadata: Vec<(&'static str, Value)>, cases: Vec<Case>) {
-    differential_with(
+    differential_extras(
         Group {
             package: Guest::Package("ace-example-metadata-probe"),
             configuration: "",

@@ -11,6 +11,7 @@ mod ace_filter_props;
 mod control;
 mod examples;
 mod grpc;
+mod limits;
 mod loading;
 mod metadata;
 mod rules;

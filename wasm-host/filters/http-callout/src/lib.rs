@@ -1,7 +1,9 @@
 //! Example filter: an HTTP call out to a cluster (after the SDK's
 //! `http_auth_random` callout).
 //!
-//! The plugin configuration is the cluster name (default `authz`). Each
+//! The plugin configuration is the cluster name (default `authz`),
+//! optionally followed by the callout timeout in milliseconds (default
+//! 5000), e.g. `authz 1000`. Each
 //! request pauses while `GET /check` goes to that cluster with the client's
 //! `x-user`; a 200 resumes the request with `x-authz-user` set from the
 //! callout's body, any other status becomes a local 403 carrying the
@@ -16,12 +18,13 @@ use std::time::Duration;
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(Root { cluster: String::from("authz") })
+        Box::new(Root { cluster: String::from("authz"), timeout: Duration::from_secs(5) })
     });
 }}
 
 struct Root {
     cluster: String,
+    timeout: Duration,
 }
 
 impl Context for Root {}
@@ -29,9 +32,19 @@ impl Context for Root {}
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         if let Ok(Some(b)) = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
-            let c = String::from_utf8_lossy(&b).trim().to_string();
-            if !c.is_empty() {
-                self.cluster = c;
+            let text = String::from_utf8_lossy(&b).into_owned();
+            let mut words = text.split_whitespace();
+            if let Some(c) = words.next() {
+                self.cluster = c.to_string();
+            }
+            if let Some(ms) = words.next() {
+                match ms.parse() {
+                    Ok(ms) => self.timeout = Duration::from_millis(ms),
+                    Err(_) => {
+                        log::error!("http-callout: timeout {ms:?} is not milliseconds");
+                        return false;
+                    }
+                }
             }
         }
         true
@@ -40,6 +53,7 @@ impl RootContext for Root {
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Callout {
             cluster: self.cluster.clone(),
+            timeout: self.timeout,
         }))
     }
 
@@ -50,6 +64,7 @@ impl RootContext for Root {
 
 struct Callout {
     cluster: String,
+    timeout: Duration,
 }
 
 impl Callout {
@@ -106,7 +121,7 @@ impl HttpContext for Callout {
             ],
             None,
             vec![],
-            Duration::from_secs(5),
+            self.timeout,
         ) {
             Ok(_) => Action::Pause,
             Err(s) => {

@@ -12,6 +12,9 @@
 # The last line printed on stdout is the absolute path of the .wasm file.
 # ACE_WASM_PROFILE, ACE_WASM_TARGET_DIR and ACE_WASM_RUSTFLAGS (extra rustc
 # flags, e.g. `-C target-feature=-bulk-memory`) select other builds.
+# ACE_WASM_MANIFEST (a package outside the workspace) and ACE_WASM_EXAMPLE
+# (one of its cdylib examples) build something other than a workspace
+# library: the harness builds a published crate's examples this way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,10 +22,13 @@ PKG=${1:-ace-filter}
 PROFILE=${ACE_WASM_PROFILE:-wasm}
 TARGET_DIR=${ACE_WASM_TARGET_DIR:-$ROOT/target/wasm}
 LIB=$(echo "$PKG" | tr - _)
+SELECT=(-p "$PKG")
+[ -z "${ACE_WASM_MANIFEST:-}" ] || SELECT+=(--manifest-path "$ACE_WASM_MANIFEST")
+[ -z "${ACE_WASM_EXAMPLE:-}" ] || SELECT+=(--example "$ACE_WASM_EXAMPLE")
 
 if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
     RUSTFLAGS="${RUSTFLAGS:-} ${ACE_WASM_RUSTFLAGS:-}" \
-        cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" -p "$PKG" >&2
+        cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" "${SELECT[@]}" >&2
 else
     WASM_LD=$(ls /usr/lib/llvm-*/bin/wasm-ld 2>/dev/null | sort -V | tail -1 || true)
     if [ ! -x /usr/bin/cargo ] || [ ! -x /usr/bin/rustc ] || [ -z "$WASM_LD" ] || [ ! -d /usr/lib/wasm32-wasi ]; then
@@ -34,9 +40,10 @@ else
         RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
         RUSTFLAGS="-C linker=$WASM_LD -L /usr/lib/wasm32-wasi ${ACE_WASM_RUSTFLAGS:-}" \
         /usr/bin/cargo build -q --profile "$PROFILE" --target wasm32-wasip1 \
-        -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" -p "$PKG" >&2
+        -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" "${SELECT[@]}" >&2
 fi
 OUT="$TARGET_DIR/wasm32-wasip1/$PROFILE/$LIB.wasm"
+[ -z "${ACE_WASM_EXAMPLE:-}" ] || OUT="$TARGET_DIR/wasm32-wasip1/$PROFILE/examples/$ACE_WASM_EXAMPLE.wasm"
 if [ ! -f "$OUT" ]; then
     echo "build-wasm: expected $OUT after the build, but it is not there" >&2
     exit 1

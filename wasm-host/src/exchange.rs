@@ -199,6 +199,7 @@ impl Vm {
         if !request.dynamic_metadata.is_empty() {
             s.update_info(|i| i.dynamic_metadata.merge(&request.dynamic_metadata))?;
         }
+        let http2 = request.http2;
         s.send_request_headers(headers, !has_body && !has_trailers)?;
 
         // Decoding: headers, then body, then trailers.
@@ -219,7 +220,7 @@ impl Vm {
             let (chunks, split_end) = if resumed {
                 (vec![request.body.concat()], false)
             } else {
-                (reads(request.body), !has_trailers && !request.http2)
+                (reads(request.body), !has_trailers && !http2)
             };
             let last = chunks.len().saturating_sub(1);
             for (i, chunk) in chunks.into_iter().enumerate() {
@@ -278,7 +279,7 @@ impl Vm {
 
         if let Some(reply) = reply {
             out.local_reply = s.local_response().cloned();
-            encode(&mut s, out, reply)?;
+            encode(&mut s, out, reply, http2)?;
         }
         s.finish()
     }
@@ -356,7 +357,15 @@ fn percent_encode(text: &str) -> String {
 }
 
 /// Encoding: the response passes through the filter's response callbacks.
-fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(), Error> {
+/// Response trailers reach an HTTP/2 client only: Envoy's HTTP/1 codec
+/// drops them unless the listener enables trailers, which the connection
+/// manager emulated here does not (the filter still gets them).
+fn encode(
+    s: &mut HttpStream<'_>,
+    out: &mut Exchange,
+    r: Response,
+    http2: bool,
+) -> Result<(), Error> {
     let local_before = s.local_response().cloned();
     let has_body = !r.body.is_empty();
     let has_trailers = !r.trailers.is_empty();
@@ -398,7 +407,11 @@ fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(),
         out.response = Some(Response {
             headers,
             body: s.forwarded_response_body().to_vec(),
-            trailers: s.response_trailers().clone(),
+            trailers: if http2 {
+                s.response_trailers().clone()
+            } else {
+                Headers::new()
+            },
         });
     }
     Ok(())

@@ -28,6 +28,8 @@ mod fidelity;
 mod grpc;
 #[path = "differential/metadata.rs"]
 mod metadata;
+#[path = "differential/third_party.rs"]
+mod third_party;
 
 use ace_harness::client;
 use ace_harness::envoy::{wasm_filter_json, EnvoyBuilder};
@@ -102,19 +104,25 @@ enum Guest {
     Package(&'static str),
     /// A hand-written module: (name, WAT text).
     Wat(&'static str, &'static str),
+    /// An example the published `proxy-wasm` 0.2.0 package ships, built
+    /// from cargo's registry cache (`ace_harness::wasm::build_proxy_wasm_example`).
+    Example(&'static str),
 }
 
 impl Guest {
     fn name(self) -> &'static str {
         match self {
             Guest::Package(p) => p,
-            Guest::Wat(name, _) => name,
+            Guest::Wat(name, _) | Guest::Example(name) => name,
         }
     }
 
     fn wasm_file(self) -> std::path::PathBuf {
         match self {
             Guest::Package(p) => ace_harness::wasm::build(p).unwrap_or_else(|e| panic!("{e}")),
+            Guest::Example(e) => {
+                ace_harness::wasm::build_proxy_wasm_example(e).unwrap_or_else(|e| panic!("{e}"))
+            }
             Guest::Wat(name, text) => {
                 let bytes = wat::parse_str(common::wat_guest(text))
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -128,6 +136,11 @@ impl Guest {
     fn module(self) -> ace_wasm_host::FilterModule {
         match self {
             Guest::Package(p) => common::module(p),
+            Guest::Example(_) => {
+                let path = self.wasm_file();
+                ace_wasm_host::FilterModule::from_file(&path)
+                    .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+            }
             Guest::Wat(name, text) => {
                 ace_wasm_host::FilterModule::from_bytes(common::wat_guest(text).as_bytes())
                     .unwrap_or_else(|e| panic!("{name}: {e}"))

@@ -86,7 +86,9 @@ impl Vm {
             .map(|(t, due)| (*due, Timed::Timeout(*t)))
             .min();
         let tick = s.next_tick_ns.map(|due| (due, Timed::Tick));
-        let grpc = self.next_grpc_deadline().map(|due| (due, Timed::GrpcDeadline));
+        let grpc = self
+            .next_grpc_deadline()
+            .map(|due| (due, Timed::GrpcDeadline));
         [answer, timeout, tick, grpc].into_iter().flatten().min()
     }
 

@@ -27,6 +27,16 @@ fn group(
     }
 }
 
+/// A group whose only cluster is the route's `backend`, answering 200.
+fn with_backend(example: &'static str, configuration: &'static str, cases: Vec<Case>) {
+    differential(group(
+        example,
+        configuration,
+        vec![("backend", Behavior::Ok)],
+        cases,
+    ));
+}
+
 fn respond(status: u16, body: &str) -> Behavior {
     Behavior::Respond {
         status,
@@ -105,10 +115,9 @@ fn http_auth_random_past_its_callout_timeout_matches_envoy() {
 /// `/hello` itself.
 #[test]
 fn http_headers_matches_envoy() {
-    differential(group(
+    with_backend(
         "http_headers",
         "",
-        vec![("backend", Behavior::Ok)],
         vec![
             case("/hello is a local 200 with its headers", "GET", "/hello"),
             case("other paths reach the upstream", "GET", "/other").header("x-custom", "a value"),
@@ -117,7 +126,7 @@ fn http_headers_matches_envoy() {
                 .body("some body"),
             case("over HTTP/2", "GET", "/hello").h2(),
         ],
-    ));
+    );
 }
 
 /// `http_body` buffers the whole response body, drops `content-length`
@@ -174,40 +183,37 @@ fn http_body_with_an_empty_response_matches_envoy() {
 /// every response.
 #[test]
 fn http_config_with_a_configuration_matches_envoy() {
-    differential(group(
+    with_backend(
         "http_config",
         "configured value",
-        vec![("backend", Behavior::Ok)],
         vec![
             case("the configured value", "GET", "/"),
             case("with another request header", "GET", "/").header("x-other", "1"),
         ],
-    ));
+    );
 }
 
 #[test]
 fn http_config_without_a_configuration_matches_envoy() {
-    differential(group(
+    with_backend(
         "http_config",
         "",
-        vec![("backend", Behavior::Ok)],
         vec![case("no configuration: an empty value", "GET", "/")],
-    ));
+    );
 }
 
 /// `hello_world` is a root context only: it serves no HTTP stream (the SDK
 /// panics creating one, and `FAIL_CLOSED` answers).
 #[test]
 fn hello_world_as_an_http_filter_fails_closed_like_envoy() {
-    differential(group(
+    with_backend(
         "hello_world",
         "",
-        vec![("backend", Behavior::Ok)],
         vec![
             case("the stream's creation traps", "GET", "/"),
             case("the VM stays failed", "GET", "/"),
         ],
-    ));
+    );
 }
 
 /// What `hello_world` logs: "Hello, World!" from each VM's `on_vm_start`,

@@ -18,7 +18,10 @@
 # The last line printed on stdout is the absolute path of the .wasm file.
 # ACE_WASM_PROFILE, ACE_WASM_TARGET_DIR and ACE_WASM_RUSTFLAGS (extra rustc
 # flags, e.g. `-C target-feature=-simd128` for a scalar build) select other
-# builds.
+# builds. ACE_WASM_MANIFEST (a package outside the workspace) and
+# ACE_WASM_EXAMPLE (one of its cdylib examples) build something other than
+# a workspace library: the harness builds a published crate's examples
+# this way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -27,10 +30,13 @@ PROFILE=${ACE_WASM_PROFILE:-wasm}
 TARGET_DIR=${ACE_WASM_TARGET_DIR:-$ROOT/target/wasm}
 LIB=$(echo "$PKG" | tr - _)
 FEATURES="-C target-feature=+simd128 ${ACE_WASM_RUSTFLAGS:-}"
+SELECT=(-p "$PKG")
+[ -z "${ACE_WASM_MANIFEST:-}" ] || SELECT+=(--manifest-path "$ACE_WASM_MANIFEST")
+[ -z "${ACE_WASM_EXAMPLE:-}" ] || SELECT+=(--example "$ACE_WASM_EXAMPLE")
 
 if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
     RUSTFLAGS="${RUSTFLAGS:-} $FEATURES" \
-        cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" -p "$PKG" >&2
+        cargo build -q --profile "$PROFILE" --target wasm32-wasip1 --target-dir "$TARGET_DIR" "${SELECT[@]}" >&2
 else
     WASM_LD=$(ls /usr/lib/llvm-*/bin/wasm-ld 2>/dev/null | sort -V | tail -1 || true)
     if [ ! -x /usr/bin/cargo ] || [ ! -x /usr/bin/rustc ] || [ -z "$WASM_LD" ] || [ ! -d /usr/lib/wasm32-wasi ]; then
@@ -42,9 +48,10 @@ else
         RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
         RUSTFLAGS="-C linker=$WASM_LD -L /usr/lib/wasm32-wasi $FEATURES" \
         /usr/bin/cargo build -q --profile "$PROFILE" --target wasm32-wasip1 \
-        -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" -p "$PKG" >&2
+        -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" "${SELECT[@]}" >&2
 fi
 OUT="$TARGET_DIR/wasm32-wasip1/$PROFILE/$LIB.wasm"
+[ -z "${ACE_WASM_EXAMPLE:-}" ] || OUT="$TARGET_DIR/wasm32-wasip1/$PROFILE/examples/$ACE_WASM_EXAMPLE.wasm"
 if [ ! -f "$OUT" ]; then
     echo "build-wasm: expected $OUT after the build, but it is not there" >&2
     exit 1

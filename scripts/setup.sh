@@ -109,3 +109,39 @@ else
     hash -r
     say "wasm-bindgen-cli $WB_VERSION installed at $(command -v wasm-bindgen)"
 fi
+
+# 7. Filters we did not write: the differential suite builds the cdylib
+#    examples that the published proxy-wasm 0.2.0 package ships
+#    (ace_harness::wasm::build_proxy_wasm_example). Cargo fetches the
+#    package, and the dependencies its own Cargo.lock pins for them, into
+#    its registry cache; nothing of theirs enters the repository.
+PW_CRATE=proxy-wasm PW_VERSION=0.2.0
+# Fetches both (with --offline: only checks that they are there); prints
+# the package's directory in the cache.
+pw_fetch() {
+    local tmp dir rc=0
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/fetch"
+    printf '[package]\nname = "ace-fetch"\nversion = "0.0.0"\nedition = "2021"\npublish = false\n\n[lib]\npath = "lib.rs"\n\n[dependencies]\n%s = "=%s"\n' \
+        "$PW_CRATE" "$PW_VERSION" >"$tmp/fetch/Cargo.toml"
+    : >"$tmp/fetch/lib.rs"
+    if cargo fetch -q "$@" --manifest-path "$tmp/fetch/Cargo.toml" &&
+        dir=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$PW_CRATE-$PW_VERSION" | head -1) &&
+        # A copy, so that cargo writes nothing into the registry cache.
+        cp -r "$dir" "$tmp/package" &&
+        cargo fetch -q "$@" --manifest-path "$tmp/package/Cargo.toml"; then
+        echo "$dir"
+    else
+        rc=1
+    fi
+    rm -rf "$tmp"
+    return $rc
+}
+if PW_DIR=$(pw_fetch --offline 2>/dev/null); then
+    say "$PW_CRATE $PW_VERSION (its examples and their dependencies) present in cargo's registry cache"
+elif PW_DIR=$(pw_fetch); then
+    say "$PW_CRATE $PW_VERSION fetched from crates.io to $PW_DIR"
+else
+    say "cannot fetch $PW_CRATE $PW_VERSION from crates.io; the differential suite needs it"
+    exit 1
+fi

@@ -19,6 +19,9 @@
 //! - [`envoy::EnvoyBuilder`] writes a bootstrap into a temp dir with free
 //!   loopback ports, starts `envoy`, waits for the admin `/ready`, and tears it
 //!   down on drop, printing Envoy's log when the thread is panicking.
+//! - [`grpc::GrpcUpstream`] is an in-process gRPC server (HTTP/2 with prior
+//!   knowledge, real gRPC framing) whose scripted [`grpc::GrpcBehavior`]
+//!   can also be driven without a socket.
 //! - [`client`] is a small blocking HTTP/1.1 client for talking to Envoy.
 //! - [`chromium::Page`] drives a headless Chromium over the DevTools
 //!   protocol, for tests of the pages ACE serves (the policy playground).
@@ -31,6 +34,7 @@ pub mod chromium;
 pub mod client;
 pub mod dylib;
 pub mod envoy;
+pub mod grpc;
 pub mod model_server;
 pub mod upstream;
 pub mod wasm;

@@ -103,8 +103,9 @@ fn flow(s: &mut HttpStream<'_>, out: &mut Exchange, end: bool) -> Result<Flow, E
 }
 
 /// While `held` (the filter holds the stream) and a callout is due to end
-/// (a cluster with latency answers, or a timeout expires), the virtual
-/// clock moves on to it: in Envoy, real time passes.
+/// (a cluster with latency answers, an HTTP callout times out, or a gRPC
+/// call's deadline passes), the virtual clock moves on to it: in Envoy,
+/// real time passes.
 fn wait_for_callouts(
     s: &mut HttpStream<'_>,
     held: impl Fn(&HttpStream<'_>) -> bool,
@@ -146,22 +147,30 @@ impl Vm {
         upstream: impl FnMut(&UpstreamRequest) -> Option<Response>,
     ) -> Result<Exchange, Error> {
         let mut out = Exchange::default();
+        let grpc = is_grpc(&request.headers);
         match self.exchange_into(&mut out, route, request, upstream) {
             Ok(()) => Ok(out),
             Err(Error::Trap { callback, message }) => {
-                self.fail_closed(&mut out, format!("{callback}: {message}"));
+                self.fail_closed(&mut out, grpc, format!("{callback}: {message}"));
                 Ok(out)
             }
             Err(Error::Failed(why)) => {
-                self.fail_closed(&mut out, why);
+                self.fail_closed(&mut out, grpc, why);
                 Ok(out)
             }
             Err(e) => Err(e),
         }
     }
 
-    fn fail_closed(&self, out: &mut Exchange, why: String) {
-        let mut r = Response::new(503).header("content-length", "0");
+    /// Envoy's `failStream`: a local 503 with gRPC status UNAVAILABLE
+    /// (which a gRPC client gets as a trailers-only response).
+    fn fail_closed(&self, out: &mut Exchange, grpc: bool, why: String) {
+        let mut r = match grpc {
+            true => Response::new(200)
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "14"),
+            false => Response::new(503).header("content-length", "0"),
+        };
         r.headers.add("date", http_date(self.now()));
         r.headers.add("server", "envoy");
         out.response = Some(r);
@@ -187,6 +196,10 @@ impl Vm {
         }
         let has_body = !request.body.is_empty();
         let has_trailers = !request.trailers.is_empty();
+        if !request.dynamic_metadata.is_empty() {
+            s.update_info(|i| i.dynamic_metadata.merge(&request.dynamic_metadata))?;
+        }
+        let http2 = request.http2;
         s.send_request_headers(headers, !has_body && !has_trailers)?;
 
         // Decoding: headers, then body, then trailers.
@@ -207,7 +220,7 @@ impl Vm {
             let (chunks, split_end) = if resumed {
                 (vec![request.body.concat()], false)
             } else {
-                (reads(request.body), !has_trailers && !request.http2)
+                (reads(request.body), !has_trailers && !http2)
             };
             let last = chunks.len().saturating_sub(1);
             for (i, chunk) in chunks.into_iter().enumerate() {
@@ -232,7 +245,7 @@ impl Vm {
             Flow::Stop => None,
             Flow::Local(l) => {
                 s.update_info(|i| i.response_code_details = Some(l.details.clone()))?;
-                Some(local_response_headers(&l))
+                Some(local_response_headers(&s, &l))
             }
             Flow::Go => {
                 let cluster = match route {
@@ -266,14 +279,36 @@ impl Vm {
 
         if let Some(reply) = reply {
             out.local_reply = s.local_response().cloned();
-            encode(&mut s, out, reply)?;
+            encode(&mut s, out, reply, http2)?;
         }
         s.finish()
     }
 }
 
 /// The headers Envoy's `sendLocalReply` builds for a filter's local reply.
-fn local_response_headers(l: &LocalResponse) -> Response {
+/// To a gRPC request (`content-type: application/grpc...`) it is a
+/// trailers-only gRPC response: `:status` 200, the filter's gRPC status
+/// (or the HTTP status mapped to one), the body as `grpc-message`.
+fn local_response_headers(s: &HttpStream<'_>, l: &LocalResponse) -> Response {
+    if is_grpc(s.request_headers()) {
+        let mut r = Response::new(200);
+        for (k, v) in l.headers.pairs() {
+            r.headers.add(k, v);
+        }
+        r.headers.set("content-type", "application/grpc");
+        if !r.headers.contains("grpc-status") {
+            let code = l
+                .grpc_status
+                .map_or_else(|| http_to_grpc(l.status), |g| g as u32);
+            r.headers.add("grpc-status", code.to_string());
+        }
+        let text = String::from_utf8_lossy(&l.body);
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        if !text.is_empty() {
+            r.headers.add("grpc-message", percent_encode(text));
+        }
+        return r;
+    }
     let mut r = Response::new(u16::try_from(l.status).unwrap_or(500));
     for (k, v) in l.headers.pairs() {
         r.headers.add(k, v);
@@ -288,8 +323,49 @@ fn local_response_headers(l: &LocalResponse) -> Response {
     r
 }
 
+/// Envoy's `Grpc::Common::isGrpcRequestHeaders`: the local replies to
+/// such a request are gRPC responses.
+fn is_grpc(h: &Headers) -> bool {
+    h.get("content-type")
+        .is_some_and(|t| t.starts_with("application/grpc"))
+}
+
+/// Envoy's `Grpc::Utility::httpToGrpcStatus`.
+fn http_to_grpc(status: u32) -> u32 {
+    match status {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502..=504 => 14,
+        _ => 2,
+    }
+}
+
+/// gRPC's percent-encoding of `grpc-message`: bytes outside printable
+/// ASCII, and `%`, as `%XX`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (b' '..=b'~').contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Encoding: the response passes through the filter's response callbacks.
-fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(), Error> {
+/// Response trailers reach an HTTP/2 client only: Envoy's HTTP/1 codec
+/// drops them unless the listener enables trailers, which the connection
+/// manager emulated here does not (the filter still gets them).
+fn encode(
+    s: &mut HttpStream<'_>,
+    out: &mut Exchange,
+    r: Response,
+    http2: bool,
+) -> Result<(), Error> {
     let local_before = s.local_response().cloned();
     let has_body = !r.body.is_empty();
     let has_trailers = !r.trailers.is_empty();
@@ -331,7 +407,11 @@ fn encode(s: &mut HttpStream<'_>, out: &mut Exchange, r: Response) -> Result<(),
         out.response = Some(Response {
             headers,
             body: s.forwarded_response_body().to_vec(),
-            trailers: s.response_trailers().clone(),
+            trailers: if http2 {
+                s.response_trailers().clone()
+            } else {
+                Headers::new()
+            },
         });
     }
     Ok(())
@@ -422,7 +502,7 @@ fn check_encode(
         if local_before.as_ref() != Some(l) {
             // A local reply while encoding replaces the response outright.
             out.local_reply = Some(l.clone());
-            let mut r = local_response_headers(l);
+            let mut r = local_response_headers(s, l);
             finish_headers(s, &mut r.headers);
             out.response = Some(r);
             return Ok(true);

@@ -28,6 +28,11 @@
 //!   upstream observed ([`Exchange`]).
 //! - [`Process`]: shared data (with CAS), shared queues, metrics and
 //!   clusters shared by several VMs.
+//! - gRPC clusters ([`Process::add_grpc_cluster_with`]): a server
+//!   function from [`GrpcEvent`]s to [`GrpcReply`]s, or driven by hand
+//!   ([`Vm::reply_grpc`]); Envoy's statuses for resets and timeouts.
+//! - [`Metadata`]: dynamic metadata set before the filter runs, read
+//!   through `get_property(["metadata", ...])` as Envoy serialises it.
 //! - [`abi`]: statuses, enums and the pair serialization.
 //!
 //! ## Design notes
@@ -72,11 +77,13 @@ pub(crate) use define_imports;
 pub mod abi;
 mod error;
 mod exchange;
+mod grpc;
 mod headers;
 mod http_call;
 mod imports;
 mod memory;
 mod message;
+mod metadata;
 mod module;
 mod process;
 mod properties;
@@ -87,9 +94,11 @@ mod wasi;
 pub use abi::{Action, LogLevel, MetricType, Status};
 pub use error::Error;
 pub use exchange::{Exchange, Route};
+pub use grpc::{GrpcEvent, GrpcHandler, GrpcReply, GrpcRequest};
 pub use headers::Headers;
 pub use http_call::{CallRequest, CallResponse, CallResult};
 pub use message::{Request, Response, UpstreamRequest};
+pub use metadata::{Metadata, MetadataValue};
 pub use module::FilterModule;
 pub use process::{MetricValue, Process, Responder};
 pub use state::{LocalResponse, LogEntry, StreamInfo};

@@ -2,11 +2,12 @@
 //! [`Request`], a [`Response`] (from an upstream, a callout's cluster, or as
 //! the client received it) and the [`UpstreamRequest`] that left Envoy.
 //!
-//! Plain data over [`Headers`], and nothing else from this crate, so that
+//! Plain data over [`Headers`] and [`Metadata`], and nothing else from this crate, so that
 //! every other module (the VM, callouts, the exchange driver) can use them
 //! without depending on one another.
 
 use crate::headers::Headers;
+use crate::metadata::{Metadata, MetadataValue};
 
 /// A client request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -22,6 +23,9 @@ pub struct Request {
     /// its own). Request trailers need HTTP/2: HTTP/1 clients do not send
     /// them.
     pub http2: bool,
+    /// Dynamic metadata filters before this one set on the request
+    /// (added to the VM's own, [`crate::VmBuilder::dynamic_metadata`]).
+    pub dynamic_metadata: Metadata,
 }
 
 impl Request {
@@ -68,6 +72,17 @@ impl Request {
     /// Adds a trailer.
     pub fn trailer(mut self, name: &str, value: &str) -> Request {
         self.trailers.add(name, value);
+        self
+    }
+    /// Sets dynamic metadata `key` in namespace `ns`, as a filter before
+    /// this one would (`envoy.filters.http.set_metadata`, Lua).
+    pub fn dynamic_metadata(
+        mut self,
+        ns: &str,
+        key: &str,
+        value: impl Into<MetadataValue>,
+    ) -> Request {
+        self.dynamic_metadata.set(ns, key, value);
         self
     }
     /// Sends it over HTTP/2 (see [`Request::http2`]).

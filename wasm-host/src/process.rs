@@ -15,6 +15,7 @@
 //! stored one is a mismatch; a queue notifies only its last registrant.
 
 use crate::abi::{MetricType, Status};
+use crate::grpc::{GrpcEvent, GrpcHandler, GrpcReply, GrpcRequest};
 use crate::http_call::{CallRequest, CallResult};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -69,6 +70,9 @@ struct Inner {
     ready: Vec<(u64, u32, u32)>,
     metrics: BTreeMap<String, MetricValue>,
     clusters: HashMap<String, ClusterBehaviour>,
+    /// gRPC clusters: `None` leaves calls to the test
+    /// ([`Vm::reply_grpc`](crate::Vm::reply_grpc)).
+    grpc_clusters: HashMap<String, Option<GrpcHandler>>,
     last_vm: u64,
 }
 
@@ -86,6 +90,7 @@ impl fmt::Debug for Process {
             .field("queues", &g.queues.len())
             .field("metrics", &g.metrics)
             .field("clusters", &g.clusters.keys().collect::<Vec<_>>())
+            .field("grpc_clusters", &g.grpc_clusters.keys().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -147,6 +152,29 @@ impl Process {
                 .pop_front()
                 .unwrap_or(CallResult::Reset)
         });
+    }
+
+    /// Declares a gRPC cluster whose calls and streams the test answers by
+    /// hand ([`Vm::reply_grpc`](crate::Vm::reply_grpc)).
+    pub fn add_grpc_cluster(&self, name: &str) {
+        self.lock().grpc_clusters.insert(name.to_string(), None);
+    }
+
+    /// Declares a gRPC cluster whose server is `handler`: given a call or
+    /// stream and what just arrived on it, the replies. See [`crate::GrpcReply`].
+    pub fn add_grpc_cluster_with(
+        &self,
+        name: &str,
+        handler: impl Fn(&GrpcRequest, &GrpcEvent) -> Vec<GrpcReply> + Send + Sync + 'static,
+    ) {
+        self.lock()
+            .grpc_clusters
+            .insert(name.to_string(), Some(Arc::new(handler)));
+    }
+
+    /// `Some(None)`: a gRPC cluster answered by hand; `None`: not a gRPC cluster.
+    pub(crate) fn grpc_cluster(&self, name: &str) -> Option<Option<GrpcHandler>> {
+        self.lock().grpc_clusters.get(name).cloned()
     }
 
     pub(crate) fn cluster(&self, name: &str) -> Option<ClusterBehaviour> {

@@ -4,7 +4,8 @@
 //! Paths are NUL-separated segments. Strings are raw bytes, integers 8-byte
 //! little-endian, booleans one byte, maps in the ABI pair format. A first
 //! segment Envoy does not know is looked up in the stream's filter state
-//! (what `set_property` wrote), as Envoy's `Context::FindValue` does. A root
+//! (what `set_property` wrote), as Envoy's `Context::FindValue` does.
+//! `metadata` is the stream's dynamic metadata ([`crate::metadata`]). A root
 //! context has no stream, so only the `plugin_*` attributes resolve there.
 //! The spec calls paths host-specific; these are Envoy 1.40's names (no
 //! deprecated pre-1.33 aliases). Attributes Envoy derives from the request
@@ -12,6 +13,7 @@
 //! holds those headers: once the request went on, they are NotFound, as
 //! the differential suite observed.
 
+use crate::abi::Status;
 use crate::state::{StreamState, VmState};
 
 fn int(v: i64) -> Vec<u8> {
@@ -25,8 +27,22 @@ fn split_addr(addr: &str) -> (&str, Option<i64>) {
     }
 }
 
+/// Resolves a property for the current context: the value, or the status
+/// Envoy answers (NotFound, or SerializationFailure for a value it cannot
+/// encode).
+pub(crate) fn resolve(s: &VmState, path: &[&[u8]]) -> Result<Vec<u8>, Status> {
+    if path.first() == Some(&&b"metadata"[..]) {
+        let stream = s.streams.get(&s.context()).ok_or(Status::NotFound)?;
+        return stream
+            .info
+            .dynamic_metadata
+            .property(path.get(1..).unwrap_or_default());
+    }
+    get(s, path).ok_or(Status::NotFound)
+}
+
 /// Resolves a property for the current context, `None` for NotFound.
-pub(crate) fn get(s: &VmState, path: &[&[u8]]) -> Option<Vec<u8>> {
+fn get(s: &VmState, path: &[&[u8]]) -> Option<Vec<u8>> {
     let first = *path.first()?;
     match first {
         b"plugin_name" => return Some(s.plugin.name.clone().into_bytes()),

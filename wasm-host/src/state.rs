@@ -5,8 +5,10 @@
 //! run side by side.
 
 use crate::abi::{LogLevel, MetricType};
+use crate::grpc::OpenGrpc;
 use crate::headers::Headers;
 use crate::http_call::{CallRequest, CallResponse, CallResult};
+use crate::metadata::Metadata;
 use crate::process::Process;
 use std::collections::{BTreeMap, HashMap};
 use wasmtime::{Memory, StoreLimits, TypedFunc};
@@ -42,7 +44,7 @@ pub struct LocalResponse {
 ///
 /// Defaults describe a plain-text HTTP/1.1 connection from 127.0.0.1; set
 /// what your filter reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamInfo {
     /// `source.address` (`ip:port`).
     pub source_address: String,
@@ -70,6 +72,9 @@ pub struct StreamInfo {
     pub response_code_details: Option<String>,
     /// `response.flags` bitmask.
     pub response_flags: u64,
+    /// Dynamic metadata other filters set (`metadata` attribute):
+    /// namespace → struct.
+    pub dynamic_metadata: Metadata,
 }
 
 impl Default for StreamInfo {
@@ -88,6 +93,7 @@ impl Default for StreamInfo {
             response_code: None,
             response_code_details: None,
             response_flags: 0,
+            dynamic_metadata: Metadata::default(),
         }
     }
 }
@@ -231,6 +237,15 @@ pub(crate) struct VmState {
     /// The callout response being delivered (`on_http_call_response`).
     pub call_response: Option<CallResponse>,
     pub status: (u32, Vec<u8>),
+    /// Open gRPC calls and streams by token.
+    pub grpc: BTreeMap<u32, OpenGrpc>,
+    pub next_grpc_call: u32,
+    pub next_grpc_stream: u32,
+    /// What a gRPC callback being delivered exposes: the message
+    /// (`GrpcReceiveBuffer`) and the metadata maps.
+    pub grpc_message: Option<Vec<u8>>,
+    pub grpc_initial_metadata: Option<Headers>,
+    pub grpc_trailing_metadata: Option<Headers>,
     pub metrics: HashMap<u32, MetricDef>,
     pub next_metric: u32,
     pub deferred: Vec<Deferred>,
@@ -279,6 +294,13 @@ impl VmState {
             call_answers: BTreeMap::new(),
             call_response: None,
             status: (0, Vec::new()),
+            grpc: BTreeMap::new(),
+            // Envoy's counters start at the kind's tag: 1 (calls), 2 (streams).
+            next_grpc_call: 1,
+            next_grpc_stream: 2,
+            grpc_message: None,
+            grpc_initial_metadata: None,
+            grpc_trailing_metadata: None,
             metrics: HashMap::new(),
             next_metric: 0,
             deferred: Vec::new(),

@@ -20,8 +20,16 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "differential/extras.rs"]
+mod extras;
 #[path = "differential/fidelity.rs"]
 mod fidelity;
+#[path = "differential/grpc.rs"]
+mod grpc;
+#[path = "differential/metadata.rs"]
+mod metadata;
+#[path = "differential/third_party.rs"]
+mod third_party;
 
 use ace_harness::client;
 use ace_harness::envoy::{wasm_filter_json, EnvoyBuilder};
@@ -96,19 +104,25 @@ enum Guest {
     Package(&'static str),
     /// A hand-written module: (name, WAT text).
     Wat(&'static str, &'static str),
+    /// An example the published `proxy-wasm` 0.2.0 package ships, built
+    /// from cargo's registry cache (`ace_harness::wasm::build_proxy_wasm_example`).
+    Example(&'static str),
 }
 
 impl Guest {
     fn name(self) -> &'static str {
         match self {
             Guest::Package(p) => p,
-            Guest::Wat(name, _) => name,
+            Guest::Wat(name, _) | Guest::Example(name) => name,
         }
     }
 
     fn wasm_file(self) -> std::path::PathBuf {
         match self {
             Guest::Package(p) => ace_harness::wasm::build(p).unwrap_or_else(|e| panic!("{e}")),
+            Guest::Example(e) => {
+                ace_harness::wasm::build_proxy_wasm_example(e).unwrap_or_else(|e| panic!("{e}"))
+            }
             Guest::Wat(name, text) => {
                 let bytes = wat::parse_str(common::wat_guest(text))
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -122,6 +136,11 @@ impl Guest {
     fn module(self) -> ace_wasm_host::FilterModule {
         match self {
             Guest::Package(p) => common::module(p),
+            Guest::Example(_) => {
+                let path = self.wasm_file();
+                ace_wasm_host::FilterModule::from_file(&path)
+                    .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+            }
             Guest::Wat(name, text) => {
                 ace_wasm_host::FilterModule::from_bytes(common::wat_guest(text).as_bytes())
                     .unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -170,6 +189,8 @@ struct Observed {
     body: String,
     trailers: Vec<(String, String)>,
     upstreams: Vec<Seen>,
+    /// What each compared gRPC cluster received ([`extras::Extras::grpc`]).
+    grpc: Vec<extras::GrpcSeen>,
 }
 
 #[derive(Debug, PartialEq, Clone)]
@@ -277,8 +298,9 @@ fn upstream_response(name: &str, b: &Behavior) -> Response {
     r
 }
 
-fn run_in_envoy(group: &Group, setup: Setup) -> Vec<Observed> {
+fn run_in_envoy(group: &Group, setup: Setup, extras: &extras::Extras) -> Vec<Observed> {
     let wasm = group.package.wasm_file();
+    let grpc = extras.start_grpc_upstreams();
     let upstreams: Vec<(String, Upstream)> = group
         .clusters
         .iter()
@@ -292,7 +314,7 @@ fn run_in_envoy(group: &Group, setup: Setup) -> Vec<Observed> {
     if group.allow_stop_iteration {
         filter["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
     }
-    let mut b = EnvoyBuilder::new().http_filter(filter);
+    let mut b = extras.envoy(EnvoyBuilder::new(), &grpc).http_filter(filter);
     if let Some(f) = setup.envoy {
         b = f(b);
     }
@@ -340,6 +362,7 @@ fn run_in_envoy(group: &Group, setup: Setup) -> Vec<Observed> {
             for (_, u) in &upstreams {
                 u.clear();
             }
+            extras::clear_grpc(&grpc);
             let (r, trailers) = if c.h2 {
                 send_h2(envoy.port(), c)
             } else {
@@ -367,6 +390,7 @@ fn run_in_envoy(group: &Group, setup: Setup) -> Vec<Observed> {
                 body: String::from_utf8_lossy(&r.body).into_owned(),
                 trailers: normalize(trailers),
                 upstreams: seen,
+                grpc: extras.grpc_seen_in_envoy(&grpc),
             }
         })
         .collect();
@@ -558,18 +582,20 @@ fn h1_seen(
     }
 }
 
-fn run_on_host(group: &Group, setup: Setup) -> Vec<Observed> {
+fn run_on_host(group: &Group, setup: Setup, extras: &extras::Extras) -> Vec<Observed> {
     let module = group.package.module();
-    serve_on_host(group, setup, &module)
+    serve_on_host(group, setup, extras, &module)
 }
 
 fn serve_on_host<'m>(
     group: &Group,
     setup: Setup,
+    extras: &extras::Extras,
     module: &'m ace_wasm_host::FilterModule,
 ) -> Vec<Observed> {
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let process = Process::new();
+    let grpc_seen: extras::GrpcLog = Arc::default();
     let plugin = |b: VmBuilder<'m>| -> VmBuilder<'m> {
         let b = b
             .process(&process)
@@ -583,10 +609,11 @@ fn serve_on_host<'m>(
                 ..StreamInfo::default()
             })
             .configuration(group.configuration);
-        match setup.host {
+        let b = match setup.host {
             Some(f) => f(b),
             None => b,
-        }
+        };
+        extras.host(b, &grpc_seen)
     };
     let mut builder = plugin(Vm::builder(module));
     let behaviors: BTreeMap<String, Behavior> = group
@@ -649,6 +676,7 @@ fn serve_on_host<'m>(
         .iter()
         .map(|c| {
             seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            grpc_seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
             ordered.store(c.ordered, Ordering::SeqCst);
             let mut req = Request::new(c.method, c.path).authority("ace.test");
             if c.h2 {
@@ -702,6 +730,7 @@ fn serve_on_host<'m>(
                 body: r.text(),
                 trailers: normalize(r.trailers.to_vec()),
                 upstreams: ups,
+                grpc: extras::sorted(&grpc_seen),
             }
         })
         .collect()
@@ -734,6 +763,7 @@ fn describe(e: &Observed, h: &Observed) -> String {
         format!("{:?}", e.upstreams),
         format!("{:?}", h.upstreams),
     );
+    field("grpc", format!("{:?}", e.grpc), format!("{:?}", h.grpc));
     out
 }
 
@@ -748,13 +778,24 @@ fn clip(text: &str) -> String {
 
 /// Runs a group both ways and asserts every scenario matches.
 fn differential(group: Group) {
-    differential_with(group, Setup::default());
+    compare(group, Setup::default(), &extras::Extras::default());
 }
 
 /// [`differential`], with Envoy and the host changed alike by `setup`.
 fn differential_with(group: Group, setup: Setup) {
-    let envoy = run_in_envoy(&group, setup);
-    let host = run_on_host(&group, setup);
+    compare(group, setup, &extras::Extras::default());
+}
+
+/// [`differential`] with gRPC clusters or dynamic metadata.
+fn differential_extras(group: Group, extras: &extras::Extras) {
+    compare(group, Setup::default(), extras);
+}
+
+/// Runs `group` in Envoy and on the host, and asserts every scenario
+/// matches.
+fn compare(group: Group, setup: Setup, extras: &extras::Extras) {
+    let envoy = run_in_envoy(&group, setup, extras);
+    let host = run_on_host(&group, setup, extras);
     let mut failures = Vec::new();
     for ((c, e), h) in group.cases.iter().zip(&envoy).zip(&host) {
         if e == h {

@@ -88,6 +88,7 @@ fn buffer(s: &VmState, ty: BufferType) -> Option<&[u8]> {
         BufferType::VmConfiguration => Some(&s.plugin.vm_configuration),
         BufferType::PluginConfiguration if s.configuring => Some(&s.plugin.configuration),
         BufferType::HttpCallResponseBody => s.call_response.as_ref().map(|r| r.body.as_slice()),
+        BufferType::GrpcReceiveBuffer => s.grpc_message.as_deref(),
         // Envoy always offers a stream's body buffers; outside the body
         // callbacks they read as empty (observed: Ok, not NotFound).
         BufferType::RequestBody => {
@@ -114,6 +115,7 @@ fn buffer_mut(s: &mut VmState, ty: BufferType) -> Option<&mut Vec<u8>> {
     let ctx = s.context();
     match ty {
         BufferType::HttpCallResponseBody => s.call_response.as_mut().map(|r| &mut r.body),
+        BufferType::GrpcReceiveBuffer => s.grpc_message.as_mut(),
         BufferType::RequestBody => {
             let st = s.streams.get_mut(&ctx)?;
             st.request.body_open.then_some(&mut st.request.body)

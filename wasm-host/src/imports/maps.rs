@@ -144,7 +144,8 @@ fn map(s: &VmState, ty: MapType) -> Option<&Headers> {
     match ty {
         MapType::HttpCallResponseHeaders => return s.call_response.as_ref().map(|r| &r.headers),
         MapType::HttpCallResponseTrailers => return s.call_response.as_ref().map(|r| &r.trailers),
-        MapType::GrpcReceiveInitialMetadata | MapType::GrpcReceiveTrailingMetadata => return None,
+        MapType::GrpcReceiveInitialMetadata => return s.grpc_initial_metadata.as_ref(),
+        MapType::GrpcReceiveTrailingMetadata => return s.grpc_trailing_metadata.as_ref(),
         _ => {}
     }
     let st = s.streams.get(&s.context())?;
@@ -169,7 +170,8 @@ fn map_mut(s: &mut VmState, ty: MapType) -> Option<&mut Headers> {
         MapType::HttpCallResponseTrailers => {
             return s.call_response.as_mut().map(|r| &mut r.trailers)
         }
-        MapType::GrpcReceiveInitialMetadata | MapType::GrpcReceiveTrailingMetadata => return None,
+        MapType::GrpcReceiveInitialMetadata => return s.grpc_initial_metadata.as_mut(),
+        MapType::GrpcReceiveTrailingMetadata => return s.grpc_trailing_metadata.as_mut(),
         _ => {}
     }
     let ctx = s.context();

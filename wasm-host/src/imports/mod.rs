@@ -91,7 +91,7 @@ pub(crate) fn define(
             proxy_increment_metric,
             proxy_record_metric,
             proxy_get_metric,
-            // grpc: not emulated
+            // grpc: calls and streams
             proxy_grpc_call,
             proxy_grpc_stream,
             proxy_grpc_send,

@@ -79,9 +79,9 @@ pub(super) fn proxy_get_property(mut c: Cx<'_>, pp: i32, pl: i32, rp: i32, rs: i
         return st(Status::InvalidMemoryAccess);
     };
     let segments = split_path(&path);
-    match properties::get(c.data(), &segments) {
-        Some(v) => give(&mut c, &v, rp, rs).map(Status::code),
-        None => st(Status::NotFound),
+    match properties::resolve(c.data(), &segments) {
+        Ok(v) => give(&mut c, &v, rp, rs).map(Status::code),
+        Err(s) => st(s),
     }
 }
 

@@ -4,7 +4,9 @@ use super::exports::{typed, Exports};
 use super::Vm;
 use crate::abi::LogLevel;
 use crate::error::Error;
+use crate::grpc::{GrpcEvent, GrpcReply, GrpcRequest};
 use crate::http_call::{CallRequest, CallResult};
+use crate::metadata::MetadataValue;
 use crate::module::FilterModule;
 use crate::process::Process;
 use crate::state::{PluginInfo, StreamInfo, VmState};
@@ -139,6 +141,35 @@ impl<'m> VmBuilder<'m> {
         respond: impl Fn(&CallRequest) -> CallResult + Send + Sync + 'static,
     ) -> Self {
         self.process.add_cluster_with(name, respond);
+        self
+    }
+    /// Declares a gRPC cluster whose calls and streams the test answers by
+    /// hand ([`Vm::reply_grpc`]).
+    pub fn grpc_cluster(self, name: &str) -> Self {
+        self.process.add_grpc_cluster(name);
+        self
+    }
+    /// Declares a gRPC cluster whose server is `handler` (see
+    /// [`Process::add_grpc_cluster_with`]).
+    pub fn grpc_cluster_with(
+        self,
+        name: &str,
+        handler: impl Fn(&GrpcRequest, &GrpcEvent) -> Vec<GrpcReply> + Send + Sync + 'static,
+    ) -> Self {
+        self.process.add_grpc_cluster_with(name, handler);
+        self
+    }
+    /// Dynamic metadata every stream starts with (what a filter before
+    /// this one set): `get_property(["metadata", "filter_metadata", ns,
+    /// key])`. A request's own ([`crate::Request::dynamic_metadata`]) is
+    /// added on top.
+    pub fn dynamic_metadata(
+        mut self,
+        ns: &str,
+        key: &str,
+        value: impl Into<MetadataValue>,
+    ) -> Self {
+        self.info.dynamic_metadata.set(ns, key, value);
         self
     }
     /// `PluginConfig.allow_on_headers_stop_iteration` (Envoy >= 1.35): a

@@ -18,13 +18,16 @@ enum Timed {
     Timeout(u32),
     /// The root context's timer.
     Tick,
+    /// The gRPC calls and streams whose deadline this is time out.
+    GrpcDeadline,
 }
 
 impl Vm {
     /// Advances the virtual clock, and delivers each timed event at its
     /// due time, in time order: `on_tick` once per elapsed period, the
-    /// answers of clusters with latency, and callout timeouts (Envoy's 504
-    /// `upstream request timeout`), with what each of them causes.
+    /// answers of clusters with latency, callout timeouts (Envoy's 504
+    /// `upstream request timeout`) and gRPC deadlines (UNAVAILABLE), with
+    /// what each of them causes.
     pub fn advance(&mut self, by: Duration) -> Result<(), Error> {
         let target = self
             .store
@@ -59,6 +62,7 @@ impl Vm {
                     let f = self.exports.tick.clone();
                     self.call_void("proxy_on_tick", root, f, |f, st| f.call(st, root as i32))?;
                 }
+                Timed::GrpcDeadline => self.expire_grpc(due)?,
             }
             self.settle()?;
         }
@@ -67,7 +71,8 @@ impl Vm {
     }
 
     /// The earliest timed event; at the same instant an answer comes
-    /// before a timeout, and both before a tick.
+    /// before a timeout, both before a tick, and a tick before gRPC
+    /// deadlines.
     fn next_event(&self) -> Option<(u64, Timed)> {
         let s = self.store.data();
         let answer = s
@@ -81,19 +86,24 @@ impl Vm {
             .map(|(t, due)| (*due, Timed::Timeout(*t)))
             .min();
         let tick = s.next_tick_ns.map(|due| (due, Timed::Tick));
-        [answer, timeout, tick].into_iter().flatten().min()
+        let grpc = self
+            .next_grpc_deadline()
+            .map(|due| (due, Timed::GrpcDeadline));
+        [answer, timeout, tick, grpc].into_iter().flatten().min()
     }
 
-    /// Moves the virtual clock to the next callout answer or timeout, if
-    /// one is due at all (what a stream held for a callout waits for).
-    /// `false` when none is.
+    /// Moves the virtual clock to the next callout answer or timeout, or
+    /// gRPC deadline, if one is due at all (what a stream held for a
+    /// callout waits for). `false` when none is.
     pub(crate) fn advance_to_next_callout(&mut self) -> Result<bool, Error> {
+        let grpc = self.next_grpc_deadline();
         let s = self.store.data();
         let due = s
             .call_answers
             .values()
             .map(|(due, _)| *due)
             .chain(s.call_deadlines.values().copied())
+            .chain(grpc)
             .min();
         match due {
             Some(due) => {
@@ -170,7 +180,8 @@ impl Vm {
                 let s = self.store.data();
                 s.process.take_ready(s.vm_instance)
             };
-            if auto.is_empty() && ready.is_empty() {
+            let grpc = self.settle_grpc()?;
+            if auto.is_empty() && ready.is_empty() && !grpc {
                 return Ok(());
             }
             for (token, behaviour, request) in auto {
@@ -198,7 +209,7 @@ impl Vm {
         }
     }
 
-    fn apply_deferred(&mut self) {
+    pub(super) fn apply_deferred(&mut self) {
         let deferred = std::mem::take(&mut self.store.data_mut().deferred);
         for d in deferred {
             let streams = &mut self.store.data_mut().streams;

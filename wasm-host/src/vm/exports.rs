@@ -9,6 +9,7 @@ pub(super) type F1R = Option<TypedFunc<i32, i32>>;
 pub(super) type F2 = Option<TypedFunc<(i32, i32), ()>>;
 pub(super) type F2R = Option<TypedFunc<(i32, i32), i32>>;
 pub(super) type F3R = Option<TypedFunc<(i32, i32, i32), i32>>;
+pub(super) type F3 = Option<TypedFunc<(i32, i32, i32), ()>>;
 pub(super) type F5 = Option<TypedFunc<(i32, i32, i32, i32, i32), ()>>;
 
 /// The callbacks, typed once at start. A missing export is a no-op, as in
@@ -26,6 +27,10 @@ pub(super) struct Exports {
     pub(super) response_body: F3R,
     pub(super) response_trailers: F2R,
     pub(super) http_call_response: F5,
+    pub(super) grpc_initial_metadata: F3,
+    pub(super) grpc_receive: F3,
+    pub(super) grpc_trailing_metadata: F3,
+    pub(super) grpc_close: F3,
     pub(super) done: F1R,
     pub(super) log: F1,
     pub(super) delete: F1,
@@ -67,6 +72,10 @@ impl Exports {
             response_body: typed(i, s, "proxy_on_response_body")?,
             response_trailers: typed(i, s, "proxy_on_response_trailers")?,
             http_call_response: typed(i, s, "proxy_on_http_call_response")?,
+            grpc_initial_metadata: typed(i, s, "proxy_on_grpc_receive_initial_metadata")?,
+            grpc_receive: typed(i, s, "proxy_on_grpc_receive")?,
+            grpc_trailing_metadata: typed(i, s, "proxy_on_grpc_receive_trailing_metadata")?,
+            grpc_close: typed(i, s, "proxy_on_grpc_close")?,
             done: typed(i, s, "proxy_on_done")?,
             log: typed(i, s, "proxy_on_log")?,
             delete: typed(i, s, "proxy_on_delete")?,

@@ -16,6 +16,7 @@ mod builder;
 mod call;
 mod events;
 mod exports;
+mod grpc;
 mod stream;
 
 pub use builder::{VmBuilder, DEFAULT_BUFFER_LIMIT};

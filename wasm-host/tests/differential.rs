@@ -897,6 +897,26 @@ fn local_auth_matches_envoy() {
                 "/private",
             )
             .header("authorization", "Bearer s3cret"),
+            // A gRPC client gets the same refusal as a trailers-only gRPC
+            // response (Envoy maps 401 to grpc-status 16).
+            case(
+                "a gRPC request without a credential",
+                "POST",
+                "/pkg.Svc/Call",
+            )
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body("\0\0\0\0\0")
+            .h2(),
+            case(
+                "a gRPC request with the credential goes upstream",
+                "POST",
+                "/pkg.Svc/Call",
+            )
+            .header("content-type", "application/grpc")
+            .header("authorization", "Bearer s3cret")
+            .body("\0\0\0\0\0")
+            .h2(),
         ],
     });
 }

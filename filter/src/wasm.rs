@@ -418,6 +418,11 @@ impl Plugin {
         let heard = read.then(|| host::shared_data(&p.heard_key));
         if let Some(Ok((Some(bytes), _))) = heard {
             if let Some(heard) = Heard::decode(&bytes) {
+                // The service answered (the poller wrote when); whether a
+                // snapshot came with it is a separate question: one that
+                // answers only "not modified", before any snapshot, is
+                // alive all the same, as the dynamic module counts it.
+                let mut alive = true;
                 if outside.version != Some(heard.version) {
                     match host::shared_data(&p.snapshot_key) {
                         Ok((Some(snapshot), _)) => match control::decode(cfg, &snapshot) {
@@ -425,12 +430,19 @@ impl Plugin {
                                 outside.accept(resolved, heard.at_ms);
                                 changed = true;
                             }
-                            Err(e) => p.trouble(format!("{e}; keeping the last good snapshot")),
+                            Err(e) => {
+                                alive = false;
+                                p.trouble(format!("{e}; keeping the last good snapshot"));
+                            }
                         },
                         Ok((None, _)) => {}
-                        Err(s) => p.trouble(format!("cannot read the control snapshot: {s:?}")),
+                        Err(s) => {
+                            alive = false;
+                            p.trouble(format!("cannot read the control snapshot: {s:?}"));
+                        }
                     }
-                } else if heard.at_ms > outside.heard_ms {
+                }
+                if alive && heard.at_ms > outside.heard_ms {
                     changed |= outside.stale;
                     outside.heard(heard.at_ms);
                 }

@@ -28,6 +28,9 @@ struct Service {
     fail: bool,
     polls: u32,
     full: u32,
+    /// Answer every poll "not modified", as a service with nothing to
+    /// say yet may.
+    not_modified_only: bool,
     authorized: bool,
 }
 
@@ -39,6 +42,9 @@ fn answer(service: &Shared, call: &ace_wasm_host::CallRequest) -> CallResult {
     s.authorized = call.header("authorization") == Some("Bearer s3cret");
     if s.fail {
         return CallResult::Reset;
+    }
+    if s.not_modified_only {
+        return CallResponse::new(304).into();
     }
     let Some(snapshot) = &s.snapshot else {
         return CallResponse::new(503).into();
@@ -122,6 +128,36 @@ fn one_poll_per_interval_however_many_workers() -> Result<(), Error> {
     assert_eq!(s.full, 1, "the unchanged snapshot came back as 304s");
     assert!(s.authorized, "the token went as a bearer credential");
     assert_eq!(process.metric_value("ace.control.polls"), Some(10));
+    assert_eq!(gauge(&process, "ace.control.stale"), Some(0));
+    Ok(())
+}
+
+/// A service that has only ever answered "not modified" is alive for
+/// every worker, not only the one whose poll it answered.
+#[test]
+fn a_service_answering_only_not_modified_is_never_stale() -> Result<(), Error> {
+    let clock = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let service: Shared = Arc::default();
+    service.lock().unwrap().not_modified_only = true;
+    let process = Process::new();
+    let mut workers = [
+        start(&process, &service, clock)?,
+        start(&process, &service, clock)?,
+    ];
+    for _ in 0..200 {
+        for w in &mut workers {
+            w.advance(Duration::from_millis(100))?;
+        }
+    }
+    assert!(service.lock().unwrap().polls >= 19, "polled throughout");
+    for w in &workers {
+        let stale: Vec<_> = w
+            .logs()
+            .iter()
+            .filter(|l| l.message.contains("stale"))
+            .collect();
+        assert!(stale.is_empty(), "{stale:?}");
+    }
     assert_eq!(gauge(&process, "ace.control.stale"), Some(0));
     Ok(())
 }

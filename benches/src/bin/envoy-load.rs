@@ -477,24 +477,11 @@ fn run() -> Result<(), String> {
     } else {
         None
     };
-    let wasm_from = |var: &str| -> Result<Option<PathBuf>, String> {
-        match std::env::var_os(var) {
-            Some(p) => {
-                let p = PathBuf::from(p);
-                if p.is_file() {
-                    Ok(Some(p))
-                } else {
-                    Err(format!("{var}={}: no such file", p.display()))
-                }
-            }
-            None => Ok(None),
-        }
-    };
-    let ace = match wasm_from("ACE_FILTER_WASM")? {
+    let ace = match file_from_env("ACE_FILTER_WASM")? {
         Some(p) => p,
         None => ace_harness::wasm::build("ace-filter")?,
     };
-    let baseline = wasm_from("ACE_BASELINE_WASM")?;
+    let baseline = file_from_env("ACE_BASELINE_WASM")?;
     let noop = ace_harness::wasm::build("ace-bench-noop-filter")?;
     let minimal = ace_harness::wasm::build("ace-bench-minimal-filter")?;
     let up = Upstream::start("upstream").map_err(|e| e.to_string())?;
@@ -927,16 +914,25 @@ fn share(rounds: &[Vec<Row>], of: &str, against: &str, title: &str, medians: boo
 /// ACE's dynamic module: `ACE_DYNAMIC_LIB` (a `libace_dynamic.so` built
 /// elsewhere, e.g. from an older commit), else the workspace's, built.
 fn dynamic_lib() -> Result<PathBuf, String> {
-    match std::env::var_os("ACE_DYNAMIC_LIB") {
+    match file_from_env("ACE_DYNAMIC_LIB")? {
+        Some(p) => Ok(p),
+        None => ace_harness::dylib::build("ace-dynamic"),
+    }
+}
+
+/// The file environment variable `var` names, if it is set; an error if
+/// it names no file.
+fn file_from_env(var: &str) -> Result<Option<PathBuf>, String> {
+    match std::env::var_os(var) {
         Some(p) => {
             let p = PathBuf::from(p);
             if p.is_file() {
-                Ok(p)
+                Ok(Some(p))
             } else {
-                Err(format!("ACE_DYNAMIC_LIB={}: no such file", p.display()))
+                Err(format!("{var}={}: no such file", p.display()))
             }
         }
-        None => ace_harness::dylib::build("ace-dynamic"),
+        None => Ok(None),
     }
 }
 

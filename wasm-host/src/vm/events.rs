@@ -34,7 +34,7 @@ impl Vm {
             .data()
             .elapsed_ns
             .saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
-        while let Some((due, event)) = self.next_event().filter(|(due, _)| *due <= target) {
+        while let Some((due, event)) = self.next_event(true).filter(|(due, _)| *due <= target) {
             self.store.data_mut().elapsed_ns = due;
             match event {
                 Timed::Answer(token) => {
@@ -70,10 +70,10 @@ impl Vm {
         Ok(())
     }
 
-    /// The earliest timed event; at the same instant an answer comes
-    /// before a timeout, both before a tick, and a tick before gRPC
-    /// deadlines.
-    fn next_event(&self) -> Option<(u64, Timed)> {
+    /// The earliest timed event (ticks only if `ticks`); at the same
+    /// instant an answer comes before a timeout, both before a tick, and a
+    /// tick before gRPC deadlines.
+    fn next_event(&self, ticks: bool) -> Option<(u64, Timed)> {
         let s = self.store.data();
         let answer = s
             .call_answers
@@ -85,7 +85,10 @@ impl Vm {
             .iter()
             .map(|(t, due)| (*due, Timed::Timeout(*t)))
             .min();
-        let tick = s.next_tick_ns.map(|due| (due, Timed::Tick));
+        let tick = s
+            .next_tick_ns
+            .filter(|_| ticks)
+            .map(|due| (due, Timed::Tick));
         let grpc = self
             .next_grpc_deadline()
             .map(|due| (due, Timed::GrpcDeadline));
@@ -96,18 +99,9 @@ impl Vm {
     /// gRPC deadline, if one is due at all (what a stream held for a
     /// callout waits for). `false` when none is.
     pub(crate) fn advance_to_next_callout(&mut self) -> Result<bool, Error> {
-        let grpc = self.next_grpc_deadline();
-        let s = self.store.data();
-        let due = s
-            .call_answers
-            .values()
-            .map(|(due, _)| *due)
-            .chain(s.call_deadlines.values().copied())
-            .chain(grpc)
-            .min();
-        match due {
-            Some(due) => {
-                let by = due.saturating_sub(s.elapsed_ns);
+        match self.next_event(false) {
+            Some((due, _)) => {
+                let by = due.saturating_sub(self.store.data().elapsed_ns);
                 self.advance(Duration::from_nanos(by))?;
                 Ok(true)
             }

@@ -772,6 +772,22 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
             check_control(m, d, ctl, &mut out);
         }
         for (model, f) in &c.model_cost_factors {
+            let in_class = man
+                .model_classes
+                .iter()
+                .any(|k| k.get_ref().models.iter().any(|mo| mo.get_ref() == model));
+            if !in_class {
+                out.push(m.diag(
+                    span.clone(),
+                    format!(
+                        "`model_cost_factors` of destination `{}` names `{model}`, which is in no \
+                         model class",
+                        d.name.get_ref()
+                    ),
+                    "a factor prices model routing's (destination, model) pairs: add the model \
+                     to a `[[model_classes]]` entry or remove its factor",
+                ));
+            }
             if !d.models.iter().any(|mo| mo.get_ref() == model) {
                 out.push(m.diag(
                     span.clone(),
@@ -954,5 +970,112 @@ models = ["m"]
         }
         let e = errors("colour = \"red\"");
         assert!(e[0].contains("colour"), "{e:?}");
+    }
+}
+
+#[cfg(test)]
+mod model_class_tests {
+    use super::*;
+
+    /// A manifest of three models and one destination serving two of them,
+    /// with `classes` and the destination's `cost` lines added.
+    fn errors(classes: &str, cost: &str) -> Vec<String> {
+        let text = format!(
+            r#"
+version = 1
+[[models]]
+id = "a"
+vram_gb = 1
+[[models]]
+id = "b"
+vram_gb = 1
+[[models]]
+id = "c"
+vram_gb = 1
+{classes}
+[[destinations]]
+name = "api"
+cluster = "api"
+provider = "x"
+tier = "payg"
+jurisdiction = "US"
+region = "us-east-1"
+accelerator = "api"
+vram_gb = 0
+interconnect = "none"
+models = ["a", "b"]
+[destinations.cost]
+{cost}
+"#
+        );
+        match parse(Path::new("fleet.toml"), text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    const AB: &str = "[[model_classes]]\nname = \"ab\"\nmodels = [\"a\", \"b\"]";
+
+    #[test]
+    fn a_valid_class_and_factor_are_accepted() {
+        assert_eq!(
+            errors(AB, "model_cost_factors = { b = 0.2 }"),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn bad_classes_and_factors_name_the_model_and_the_fix() {
+        for (classes, cost, expect) in [
+            (
+                "[[model_classes]]\nname = \"one\"\nmodels = [\"a\"]",
+                "",
+                "model class `one` has fewer than two models",
+            ),
+            (
+                "[[model_classes]]\nname = \"a\"\nmodels = [\"b\", \"c\"]",
+                "",
+                "model class `a` repeats a model or class name",
+            ),
+            (
+                "[[model_classes]]\nname = \"x\"\nmodels = [\"a\", \"z\"]",
+                "",
+                "lists `z`, which is not in the catalogue",
+            ),
+            (
+                "[[model_classes]]\nname = \"x\"\nmodels = [\"a\", \"b\"]\n\
+                 [[model_classes]]\nname = \"y\"\nmodels = [\"b\", \"c\"]",
+                "",
+                "model `b` is in two model classes",
+            ),
+            (
+                AB,
+                "model_cost_factors = { c = 0.5 }",
+                "names model `c`, which destination `api` does not serve",
+            ),
+            (
+                AB,
+                "model_cost_factors = { a = 0.0 }",
+                "gives `a` the factor `0`, outside (0, 1e6]",
+            ),
+            // A factor prices a routed pair; a model in no class is never
+            // one, and the filter would refuse the configuration.
+            (
+                "[[model_classes]]\nname = \"bc\"\nmodels = [\"b\", \"c\"]",
+                "model_cost_factors = { a = 0.5 }",
+                "names `a`, which is in no model class",
+            ),
+            (
+                "",
+                "model_cost_factors = { a = 0.5 }",
+                "which is in no model class",
+            ),
+        ] {
+            let e = errors(classes, cost);
+            assert!(
+                e.iter().any(|m| m.contains(expect)),
+                "{classes} / {cost}: expected `{expect}` in {e:?}"
+            );
+        }
     }
 }

@@ -209,3 +209,26 @@ pub fn tables_base64(spec: &ace_core::tables::TableSpec) -> String {
     let bytes = ace_core::tables::encode(spec).unwrap_or_else(|e| panic!("{e}"));
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// The health of a destination after `events`, for property tests: 0 is a
+/// failure, 1 a 429 with a retry-after, anything else an answer slower than
+/// its SLO. Any sequence gives a state the filter can reach.
+pub fn health_after(events: impl IntoIterator<Item = u8>) -> ace_core::health::Health {
+    use ace_core::health::{Health, HealthPolicy, Outcome};
+    let p = HealthPolicy::default();
+    let mut h = Health::default();
+    for e in events {
+        let o = match e {
+            0 => Outcome::Failure { tenant: 0 },
+            1 => Outcome::Throttled {
+                retry_after_ms: Some(500),
+            },
+            _ => Outcome::Success {
+                latency_ms: 5_000,
+                slo_ms: Some(100),
+            },
+        };
+        h.observe(o, 0, &p);
+    }
+    h
+}

@@ -11,7 +11,7 @@
 
 use ace_core::cost::{CostModel, Tier};
 use ace_core::dispatch::{decide, Fleet, Request, Slate};
-use ace_core::health::{Health, HealthPolicy, Outcome};
+use ace_core::health::{Health, HealthPolicy};
 use ace_core::tables::Tables;
 use proptest::prelude::*;
 use std::sync::OnceLock;
@@ -59,24 +59,7 @@ fn model() -> impl Strategy<Value = CostModel> {
 }
 
 fn health() -> impl Strategy<Value = Health> {
-    proptest::collection::vec(0u8..3, 0..5).prop_map(|events| {
-        let p = HealthPolicy::default();
-        let mut h = Health::default();
-        for e in events {
-            let o = match e {
-                0 => Outcome::Failure { tenant: 0 },
-                1 => Outcome::Throttled {
-                    retry_after_ms: Some(500),
-                },
-                _ => Outcome::Success {
-                    latency_ms: 5_000,
-                    slo_ms: Some(100),
-                },
-            };
-            h.observe(o, 0, &p);
-        }
-        h
-    })
+    proptest::collection::vec(0u8..3, 0..5).prop_map(ace_tests::health_after)
 }
 
 proptest! {

@@ -160,6 +160,7 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
     let config = ace_cli::plugin::build_config(&args.policies, false, true)?;
     let config_json = serde_json::to_vec(&config)?;
     let trace = match args.synthetic {
+        Some(0) => bail!("--synthetic 0: give at least one request"),
         Some(n) => Trace::synthetic(args.seed, n, 20.0),
         None => Trace::read(&args.trace).map_err(|e| {
             anyhow!("{e}").context(if args.trace.as_os_str() == DEFAULT_TRACE {

@@ -128,6 +128,9 @@ fn bad_input_is_named() {
         !o.status.success() && e.contains("t.csv:2, column 3"),
         "{e}"
     );
+    let o = ace(&["sim", "--synthetic", "0"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("--synthetic 0"), "{e}");
     let o = ace(&["sim", "--synthetic", "10", "--fault", "mars:outage:0-10"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(

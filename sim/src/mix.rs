@@ -206,6 +206,14 @@ impl Mix {
                         )));
                     }
                 }
+                let total: f64 = m.values().sum();
+                if !(total.is_finite() && total > 0.0) {
+                    return Err(MixError(format!(
+                        "{source}: tenant `{}`: its {what} weights sum to {total}; give at least \
+                         one a positive weight (and keep their sum finite)",
+                        t.id
+                    )));
+                }
                 Ok(m.iter().map(|(k, w)| (k.clone(), *w)).collect::<Vec<_>>())
             };
             let dc = check("data class", "data_class", &t.data_class)?;
@@ -220,6 +228,13 @@ impl Mix {
                 }
             }
             tenants.push((t.share, dc, lc, model, t.id.clone()));
+        }
+        let total: f64 = tenants.iter().map(|t| t.0).sum();
+        if !(total.is_finite() && total > 0.0) {
+            return Err(MixError(format!(
+                "{source}: the tenants' shares sum to {total}; give at least one tenant a \
+                 positive share (and keep their sum finite)"
+            )));
         }
         let headers = cfg
             .policy

@@ -198,10 +198,16 @@ impl Comparison {
             for (_, s) in &p.slo_by_class {
                 line.push_str(&format!(" {:>10.2}%", s.mean * 100.0));
             }
+            // A policy that spent nothing has no finite SLO-met per dollar.
+            let per_usd = if p.cost_usd.mean > 0.0 {
+                format!("{:.0}", p.goodput_per_usd.mean)
+            } else {
+                "-".to_string()
+            };
             line.push_str(&format!(
-                " {:>8.1}% {:>11.0} {:>10.0}\n",
+                " {:>8.1}% {:>11} {:>10.0}\n",
                 p.owned_utilisation.mean * 100.0,
-                p.goodput_per_usd.mean,
+                per_usd,
                 p.violations.mean
             ));
             out.push_str(&line);

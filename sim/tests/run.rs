@@ -9,6 +9,13 @@ use ace_sim::{Placement, PolicyKind, Simulation};
 use serde_json::Value;
 
 fn simulation(requests: usize) -> Simulation {
+    simulation_with(requests, MIX).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const MIX: &str = "[[tenants]]\nid = \"t\"\nshare = 1\ndata_class = { public = 1 }\n\
+                   latency_class = { interactive = 2, batch = 1 }\nmodel = { m = 1 }\n";
+
+fn simulation_with(requests: usize, mix: &str) -> Result<Simulation, String> {
     let config = br#"{"destinations":[
         {"name":"owned","cluster":"owned","tier":"inhouse","capacity":16,
          "usd_per_input_token":5e-8,"usd_per_output_token":1.5e-7,"slo_ms":1500},
@@ -27,8 +34,6 @@ fn simulation(requests: usize) -> Simulation {
         gpus: 4,
         throughput_tps: 2400.0,
     };
-    let mix = "[[tenants]]\nid = \"t\"\nshare = 1\ndata_class = { public = 1 }\n\
-               latency_class = { interactive = 2, batch = 1 }\nmodel = { m = 1 }\n";
     let arrivals = trace::arrivals(
         &Trace::synthetic(3, requests, 4.0),
         Shape::Replay { speedup: 1.0 },
@@ -43,9 +48,34 @@ fn simulation(requests: usize) -> Simulation {
         Targets::default(),
         1,
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .map_err(|e| e.to_string())?;
     sim.faults = Some(Vec::new());
-    sim
+    Ok(sim)
+}
+
+#[test]
+fn a_bad_mix_is_refused_naming_the_tenant_and_the_fix() {
+    for (mix, expect) in [
+        (MIX.replace("share = 1", "share = 0"), "shares sum to 0"),
+        (
+            MIX.replace("share = 1", "share = -1"),
+            "share -1 is not a weight",
+        ),
+        (
+            MIX.replace("{ public = 1 }", "{ public = 0 }"),
+            "tenant `t`: its data class weights sum to 0",
+        ),
+        (
+            MIX.replace("{ m = 1 }", "{ m = 1e308, n = 1e308 }"),
+            "its model weights sum to inf",
+        ),
+        ("tenants = 3".to_string(), "test mix"),
+    ] {
+        match simulation_with(10, &mix) {
+            Ok(_) => panic!("accepted: {mix}"),
+            Err(e) => assert!(e.contains(expect), "{mix}\nexpected `{expect}` in: {e}"),
+        }
+    }
 }
 
 #[test]

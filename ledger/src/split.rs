@@ -13,8 +13,9 @@
 //!
 //! Each request's parts are differences of the same three integers, so they
 //! add up to its total exactly, and sums of them to the sum of totals. A
-//! request with no feasible pay-as-you-go destination has nothing to save
-//! against: `C` is taken as `B`.
+//! request with no feasible pay-as-you-go destination for the model it
+//! asked for has nothing to save against: every part is 0 (`C` is taken as
+//! `B`, whatever the model served could have cost).
 
 use crate::money::Nano;
 use crate::row::Row;
@@ -54,7 +55,13 @@ impl Split {
             return Split::default();
         }
         let b = r.booked;
-        let c = r.counterfactual.unwrap_or(b);
+        // Nothing to save against: the parts are all zero. (Taking `C` as
+        // `B` and keeping a served model's `Cs` would book `Cs - B` to the
+        // tier and its negative to routing: a zero total split into a
+        // gain and a loss that never happened.)
+        let Some(c) = r.counterfactual else {
+            return Split::default();
+        };
         if r.cached {
             return Split {
                 caching: c - b,
@@ -73,6 +80,68 @@ impl Split {
             arbitrage: if owned { 0 } else { tier_part },
             routing: c - cs,
             caching: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(booked: Nano, c: Option<Nano>, cs: Option<Nano>, tier: &str, cached: bool) -> Row {
+        Row {
+            event_id: String::new(),
+            schema: String::new(),
+            config: String::new(),
+            request_id: None,
+            time_ms: 0,
+            tenant: None,
+            data_class: None,
+            latency_class: None,
+            model_requested: Some("big".into()),
+            model_served: Some("small".into()),
+            destination: Some("d".into()),
+            tier: Some(tier.into()),
+            tokens_in: 1,
+            tokens_out: 1,
+            tokens_estimated: false,
+            status: 200,
+            latency_ms: 1,
+            slo_ms: None,
+            slo_met: None,
+            warm: None,
+            overage: false,
+            usage_capped: false,
+            cached,
+            cache_false_hit: false,
+            reason: String::new(),
+            filter_marginal: None,
+            filter_counterfactual: None,
+            booked,
+            counterfactual: c,
+            served_counterfactual: cs,
+            flags: String::new(),
+        }
+    }
+
+    #[test]
+    fn parts_by_source() {
+        let s = Split::of(&row(10, Some(100), Some(40), "inhouse", false));
+        assert_eq!((s.routing, s.utilisation, s.arbitrage), (60, 30, 0));
+        let s = Split::of(&row(10, Some(100), Some(40), "spot", false));
+        assert_eq!((s.routing, s.utilisation, s.arbitrage), (60, 0, 30));
+        let s = Split::of(&row(0, Some(100), Some(40), "inhouse", true));
+        assert_eq!((s.caching, s.total()), (100, 100));
+    }
+
+    #[test]
+    fn no_counterfactual_for_the_model_asked_for_saves_nothing_anywhere() {
+        // Only the substitute has a feasible pay-as-you-go destination.
+        for tier in ["inhouse", "spot"] {
+            for cached in [false, true] {
+                let s = Split::of(&row(10, None, Some(40), tier, cached));
+                assert_eq!(s, Split::default(), "{tier} cached={cached}");
+            }
         }
     }
 }

@@ -303,6 +303,38 @@ fn a_policy_author_uses_the_playground_in_chromium() {
     assert_eq!(edit(&mut page, "eu_residency.cedar", &eu), "ok");
     assert_eq!(text(&mut page, "sha256"), edited_sha);
 
+    // 4b. Policies at the shape limits compile in the page, which Cedar's
+    //     recursion in the browser's stack allows; one step past them is
+    //     an error at its line, not a trapped module; the page goes on.
+    for (what, at, past) in ace_policy::limits::shapes_at_the_limits() {
+        let state = edit(&mut page, "tenant_no_spot.cedar", &at);
+        let problems = text(&mut page, "problems");
+        assert_eq!(
+            state,
+            "ok",
+            "{what} at the limit: {problems}\n{}",
+            page.log()
+        );
+        assert_eq!(
+            edit(&mut page, "tenant_no_spot.cedar", &past),
+            "error",
+            "{what} past the limit"
+        );
+        let shown = value(
+            &mut page,
+            "document.querySelector('#problems li').textContent",
+        );
+        assert!(
+            shown
+                .as_str()
+                .unwrap_or("")
+                .starts_with("tenant_no_spot.cedar:2:"),
+            "{what}: {shown}"
+        );
+    }
+    assert_eq!(edit(&mut page, "tenant_no_spot.cedar", &edited), "ok");
+    assert_eq!(text(&mut page, "sha256"), edited_sha);
+
     // 5. An EU personal-data request: no destination outside the EU is
     //    allowed, each says which policy denied it, and some EU one serves.
     let request = serde_json::json!({

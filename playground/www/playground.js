@@ -45,8 +45,23 @@ function connect(worker, onFailure) {
     });
 }
 
-const call = connect(startWorker(), (message) =>
-  setStatus("error", `the compiler did not load: ${message}`));
+// The compiler's worker. A call that throws (rather than answering with
+// problems) means the module trapped: a panic, or a stack overflow that
+// Cedar's recursion can still reach in the browser. wasm-bindgen then
+// keeps the compiler borrowed and refuses every later call, so the worker
+// is replaced before the next one; what the user typed stays in the page.
+let compiler = null;
+function call(op, args, onProgress) {
+  if (!compiler) {
+    compiler = connect(startWorker(), (message) =>
+      setStatus("error", `the compiler did not load: ${message}`));
+  }
+  const current = compiler;
+  return current(op, args, onProgress).catch((e) => {
+    if (compiler === current) compiler = null;
+    throw e;
+  });
+}
 
 // ---------------------------------------------------------------- state
 

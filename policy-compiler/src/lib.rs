@@ -41,6 +41,7 @@ pub mod dump;
 pub mod entities;
 pub mod error;
 pub mod explain;
+pub mod limits;
 pub mod manifest;
 pub mod oracle;
 pub mod plugin;

@@ -278,6 +278,7 @@ impl Project {
         let mut warnings = Vec::new();
         let (schema_path, schema_text) = &sources.schema;
         let schema_hint = "see `policies/ace.cedarschema` for the expected shape";
+        crate::limits::check(schema_path, schema_text)?;
         let schema = match Schema::from_cedarschema_str(schema_text) {
             Ok((s, schema_warnings)) => {
                 for w in schema_warnings {
@@ -315,6 +316,10 @@ impl Project {
         let mut policies = PolicySet::new();
         let mut parsed: Vec<(Policy, PathBuf, usize, String)> = Vec::new();
         for (path, text) in &sources.policies {
+            if let Err(d) = crate::limits::check(path, text) {
+                diags.push(d);
+                continue;
+            }
             let set = match PolicySet::from_str(text) {
                 Ok(s) => s,
                 Err(e) => {

@@ -568,3 +568,34 @@ fn too_many_request_attributes_is_a_limit_with_its_place() {
         "{msg}"
     );
 }
+
+/// Policies at the shape limits (`ace_policy::limits`) load and compile on a test thread's stack (2 MiB) in a debug build, where frames
+/// are largest; one step past them is refused at its line, never a crash.
+#[test]
+fn policies_at_the_shape_limits_compile_and_past_them_are_refused() {
+    let dir = examples();
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let sources = |policy: String| Sources {
+        schema: (dir.join("ace.cedarschema"), read("ace.cedarschema")),
+        policies: vec![
+            (
+                dir.join("model_capability.cedar"),
+                read("model_capability.cedar"),
+            ),
+            (PathBuf::from("shape.cedar"), policy),
+        ],
+        manifest: (dir.join("fleet.toml"), read("fleet.toml")),
+    };
+    for (what, at, past) in ace_policy::limits::shapes_at_the_limits() {
+        let project = Project::load(sources(at)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        // Compiling evaluates the policy with Cedar (its evaluator recurses
+        // as its parser does).
+        let compiled = compile(&project).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!compiled.bytes.is_empty(), "{what}");
+        let e = Project::load(sources(past))
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"));
+        let e = e.to_string();
+        assert!(e.contains("shape.cedar:2:"), "{what}: {e}");
+    }
+}

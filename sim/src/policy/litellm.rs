@@ -7,8 +7,11 @@
 //!   `rpm`/`tpm` to an API's limits and a reserved block's commitment, and
 //!   `input_cost_per_token`/`output_cost_per_token` to the tier's price at
 //!   rest. A deployment at its limits is filtered out before the strategy.
-//! - **Strategies** ([`Strategy`]): `simple-shuffle` (uniform random: no
-//!   weights configured), `least-busy` (fewest in flight), `usage-based-
+//! - **Strategies** ([`Strategy`]): `simple-shuffle` (random, weighted by
+//!   `rpm`, else by `tpm`, when some deployment sets it, a deployment
+//!   without it weighing 0; uniform when none does: "weight, rpm, tpm:
+//!   simple-shuffle weights, in that order of preference", docs.litellm.ai
+//!   "Deployments and model groups"), `least-busy` (fewest in flight), `usage-based-
 //!   routing-v2` (lowest tokens this minute that stays under its limits),
 //!   `latency-based-routing` (lowest mean time to first token over the
 //!   last 10 answers; untried first) and `cost-based-routing` (lowest
@@ -79,15 +82,54 @@ pub const COOLDOWN_MS: u64 = 5_000;
 /// Failures in a minute before a non-429 failure cools a deployment.
 pub const ALLOWED_FAILS: u32 = 3;
 
-#[derive(Clone, Debug, Default)]
-struct Deployment {
-    in_flight: u32,
-    cooldown_until: u64,
+/// One deployment's usage in one minute (LiteLLM keys its rpm, tpm and
+/// failure counters by the minute).
+#[derive(Clone, Copy, Debug, Default)]
+struct Minute {
     minute: u64,
     requests: u32,
     tokens: u64,
     fails: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Deployment {
+    in_flight: u32,
+    cooldown_until: u64,
+    /// Usage by minute, in the slot of the minute's parity: at most the
+    /// present minute and the next are live, since a retry waits at most
+    /// 60 s and is booked when it is sent.
+    minutes: [Minute; 2],
     latencies: VecDeque<f64>,
+}
+
+impl Deployment {
+    /// Usage in the minute of `now` (zero for a minute not yet booked).
+    fn usage(&self, now: u64) -> Minute {
+        let m = now / 60_000;
+        let slot = self.minutes[(m % 2) as usize];
+        if slot.minute == m {
+            slot
+        } else {
+            Minute {
+                minute: m,
+                ..Minute::default()
+            }
+        }
+    }
+
+    /// The counters of the minute of `now`, to book into.
+    fn usage_mut(&mut self, now: u64) -> &mut Minute {
+        let m = now / 60_000;
+        let slot = &mut self.minutes[(m % 2) as usize];
+        if slot.minute != m {
+            *slot = Minute {
+                minute: m,
+                ..Minute::default()
+            };
+        }
+        slot
+    }
 }
 
 /// LiteLLM's router with one strategy.
@@ -133,18 +175,6 @@ impl LiteLlm {
         }
     }
 
-    fn minute(&mut self, d: usize, now: u64) -> Option<&mut Deployment> {
-        let x = self.deployments.get_mut(d)?;
-        let m = now / 60_000;
-        if x.minute != m {
-            x.minute = m;
-            x.requests = 0;
-            x.tokens = 0;
-            x.fails = 0;
-        }
-        Some(x)
-    }
-
     fn pick(&mut self, w: &World<'_>, r: u32, skip: &[usize]) -> Option<usize> {
         let now = w.now;
         let req = w.req(r);
@@ -160,9 +190,14 @@ impl LiteLlm {
             }
             let Some(u) = w.up.get(d) else { continue };
             let (slots, api, tpm_cap) = (u.p.slots, u.p.api_limits, u.p.tpm_cap);
-            let Some(x) = self.minute(d, now) else {
+            let Some(x) = self.deployments.get(d) else {
                 continue;
             };
+            let Minute {
+                requests,
+                tokens: used,
+                ..
+            } = x.usage(now);
             if x.cooldown_until > now {
                 continue;
             }
@@ -170,11 +205,11 @@ impl LiteLlm {
                 continue;
             }
             if let Some((rpm, tpm)) = api {
-                if x.requests >= rpm || x.tokens + tokens > tpm {
+                if requests >= rpm || used + tokens > tpm {
                     continue;
                 }
             }
-            if tpm_cap.is_some_and(|cap| x.tokens + tokens > cap) {
+            if tpm_cap.is_some_and(|cap| used + tokens > cap) {
                 continue;
             }
             open.push(d);
@@ -185,9 +220,33 @@ impl LiteLlm {
         let deps = &self.deployments;
         let get = |d: usize| deps.get(d).cloned().unwrap_or_default();
         Some(match self.strategy {
-            Strategy::SimpleShuffle => *open.get(self.rng.below(open.len()))?,
+            Strategy::SimpleShuffle => {
+                // Weighted by `rpm`, else by `tpm`, else uniform: the first
+                // of them that some open deployment sets (one without it
+                // weighs 0).
+                let rpm = |d: &usize| w.up.get(*d).and_then(|u| u.p.api_limits).map(|l| l.0);
+                let tpm = |d: &usize| {
+                    w.up.get(*d)
+                        .and_then(|u| u.p.api_limits.map(|l| l.1).or(u.p.tpm_cap))
+                };
+                let by_rpm: Vec<f64> = open.iter().map(|d| rpm(d).map_or(0.0, f64::from)).collect();
+                let by_tpm: Vec<f64> = open
+                    .iter()
+                    .map(|d| tpm(d).map_or(0.0, |t| t as f64))
+                    .collect();
+                let i = if by_rpm.iter().any(|x| *x > 0.0) {
+                    self.rng.weighted(&by_rpm)
+                } else if by_tpm.iter().any(|x| *x > 0.0) {
+                    self.rng.weighted(&by_tpm)
+                } else {
+                    self.rng.below(open.len())
+                };
+                *open.get(i)?
+            }
             Strategy::LeastBusy => *open.iter().min_by_key(|d| (get(**d).in_flight, **d))?,
-            Strategy::UsageBased => *open.iter().min_by_key(|d| (get(**d).tokens, **d))?,
+            Strategy::UsageBased => *open
+                .iter()
+                .min_by_key(|d| (deps.get(**d).map_or(0, |x| x.usage(now).tokens), **d))?,
             Strategy::LatencyBased => *open.iter().min_by(|a, b| {
                 let mean = |d: usize| {
                     let l = &deps.get(d).map(|x| x.latencies.clone()).unwrap_or_default();
@@ -241,10 +300,11 @@ impl LiteLlm {
 
     fn sent(&mut self, w: &World<'_>, r: u32, d: usize) -> Route {
         let req = w.req(r);
-        if let Some(x) = self.minute(d, w.now) {
+        if let Some(x) = self.deployments.get_mut(d) {
             x.in_flight += 1;
-            x.requests += 1;
-            x.tokens += u64::from(req.prompt) + u64::from(req.output);
+            let u = x.usage_mut(w.now);
+            u.requests += 1;
+            u.tokens += u64::from(req.prompt) + u64::from(req.output);
         }
         Route::To(d)
     }
@@ -273,7 +333,7 @@ impl Policy for LiteLlm {
     ) -> Next {
         let now = w.now;
         let ok = (200..300).contains(&a.status);
-        if let Some(x) = self.minute(d, now) {
+        if let Some(x) = self.deployments.get_mut(d) {
             if ok {
                 x.latencies.push_back(a.first_ms as f64);
                 if x.latencies.len() > 10 {
@@ -282,9 +342,10 @@ impl Policy for LiteLlm {
                 return Next::Deliver;
             }
             x.in_flight = x.in_flight.saturating_sub(1);
-            x.fails += 1;
+            let u = x.usage_mut(now);
+            u.fails += 1;
             if a.status == 429
-                || (x.fails >= ALLOWED_FAILS && f64::from(x.fails) >= 0.5 * f64::from(x.requests))
+                || (u.fails >= ALLOWED_FAILS && f64::from(u.fails) >= 0.5 * f64::from(u.requests))
             {
                 x.cooldown_until = now + COOLDOWN_MS;
             }
@@ -378,6 +439,113 @@ fn fallback_candidates(w: &World<'_>, r: u32, model: &str, listed: &[bool]) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Req;
+    use crate::fleet::{Params, Upstream};
+    use crate::mix::Profile;
+
+    /// A GPU server and two APIs (100 and 300 requests a minute), all
+    /// serving model `m`.
+    fn fleet() -> Vec<Upstream> {
+        let base = Params {
+            name: "gpu".into(),
+            tier: ace_core::cost::Tier::InHouse,
+            slots: Some(64),
+            tpot_full_ms: 40.0,
+            prefill_tps: 10_000.0,
+            knee: 0.8,
+            tpm_cap: None,
+            overage: false,
+            spot: None,
+            api_limits: None,
+            eu: false,
+            baa: false,
+            models: vec!["m".into()],
+            warm: vec!["m".into()],
+            cold_load_usd: 0.0,
+            slo_ms: None,
+            cost: ace_core::cost::CostModel::default(),
+        };
+        let api = |name: &str, rpm: u32| Params {
+            name: name.into(),
+            tier: ace_core::cost::Tier::Payg,
+            slots: None,
+            api_limits: Some((rpm, 10_000_000)),
+            ..base.clone()
+        };
+        let mut rng = Rng::fork(1, "test");
+        [base.clone(), api("a", 100), api("b", 300)]
+            .into_iter()
+            .map(|p| Upstream::new(p, &mut rng, 1))
+            .collect()
+    }
+
+    fn profile() -> Profile {
+        Profile {
+            tenant: "t".into(),
+            data_class: "public".into(),
+            latency_class: "interactive".into(),
+            model: "m".into(),
+            tp_degree: 1,
+            headers: Vec::new(),
+            feasible: vec![u64::MAX],
+            substitutes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn simple_shuffle_weighs_by_rpm_when_deployments_set_it() {
+        let up = fleet();
+        let reqs = [Req {
+            at_ms: 0,
+            prompt: 10,
+            output: 10,
+            profile: 0,
+        }];
+        let profiles = [profile()];
+        let w = World {
+            now: 0,
+            up: &up,
+            reqs: &reqs,
+            profiles: &profiles,
+        };
+        let mut l = LiteLlm::new(Strategy::SimpleShuffle, vec![true; 3], 7, &[]);
+        let mut count = [0usize; 3];
+        for _ in 0..4000 {
+            // Picks only: nothing is booked, so no limit is reached.
+            if let Some(d) = l.pick(&w, 0, &[]) {
+                count[d] += 1;
+            }
+        }
+        assert_eq!(count[0], 0, "the server without an rpm weighs 0: {count:?}");
+        assert!(
+            (2700..3300).contains(&count[2]) && count[1] + count[2] == 4000,
+            "300 against 100 requests a minute: {count:?}"
+        );
+        // Without the APIs, uniform over what is left.
+        let mut l = LiteLlm::new(Strategy::SimpleShuffle, vec![true, false, false], 7, &[]);
+        assert_eq!(l.pick(&w, 0, &[]), Some(0));
+    }
+
+    #[test]
+    fn usage_is_counted_per_minute_with_the_next_minute_apart() {
+        let mut x = Deployment::default();
+        let at = |minute: u64, s: u64| minute * 60_000 + s * 1000;
+        x.usage_mut(at(5, 50)).requests = 7;
+        // A retry booked in minute 6 (after its retry-after) does not
+        // touch minute 5, where requests arriving now are still counted.
+        x.usage_mut(at(6, 10)).requests += 1;
+        x.usage_mut(at(5, 58)).requests += 1;
+        assert_eq!(x.usage(at(5, 59)).requests, 8);
+        assert_eq!(x.usage(at(6, 0)).requests, 1);
+        // Minute 7 takes minute 5's slot, and starts from zero.
+        assert_eq!(x.usage(at(7, 0)).requests, 0);
+        x.usage_mut(at(7, 1)).tokens += 3;
+        assert_eq!(
+            (x.usage(at(7, 2)).requests, x.usage(at(7, 2)).tokens),
+            (0, 3)
+        );
+        assert_eq!(x.usage(at(6, 30)).requests, 1);
+    }
 
     #[test]
     fn fallbacks_are_each_models_classmates_in_order() {

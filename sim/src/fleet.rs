@@ -448,30 +448,36 @@ pub fn holds_slot(slots: Option<u32>, status: u16) -> bool {
     slots.is_some() && (200..300).contains(&status)
 }
 
+/// A GPU server of `slots` sequences serving model `m`, for tests.
+#[cfg(test)]
+pub(crate) fn test_gpu(slots: u32) -> Params {
+    Params {
+        name: "g".into(),
+        tier: Tier::InHouse,
+        slots: Some(slots),
+        tpot_full_ms: 40.0,
+        prefill_tps: PREFILL_TPS,
+        knee: 0.8,
+        tpm_cap: None,
+        overage: false,
+        spot: None,
+        api_limits: None,
+        eu: false,
+        baa: false,
+        models: vec!["m".into()],
+        warm: vec!["m".into()],
+        cold_load_usd: 0.0,
+        slo_ms: None,
+        cost: CostModel::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn gpu(slots: u32) -> Params {
-        Params {
-            name: "g".into(),
-            tier: Tier::InHouse,
-            slots: Some(slots),
-            tpot_full_ms: 40.0,
-            prefill_tps: PREFILL_TPS,
-            knee: 0.8,
-            tpm_cap: None,
-            overage: false,
-            spot: None,
-            api_limits: None,
-            eu: false,
-            baa: false,
-            models: vec!["m".into()],
-            warm: vec!["m".into()],
-            cold_load_usd: 0.0,
-            slo_ms: None,
-            cost: CostModel::default(),
-        }
+        test_gpu(slots)
     }
 
     #[test]

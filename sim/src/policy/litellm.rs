@@ -448,22 +448,8 @@ mod tests {
     fn fleet() -> Vec<Upstream> {
         let base = Params {
             name: "gpu".into(),
-            tier: ace_core::cost::Tier::InHouse,
             slots: Some(64),
-            tpot_full_ms: 40.0,
-            prefill_tps: 10_000.0,
-            knee: 0.8,
-            tpm_cap: None,
-            overage: false,
-            spot: None,
-            api_limits: None,
-            eu: false,
-            baa: false,
-            models: vec!["m".into()],
-            warm: vec!["m".into()],
-            cold_load_usd: 0.0,
-            slo_ms: None,
-            cost: ace_core::cost::CostModel::default(),
+            ..crate::fleet::test_gpu(64)
         };
         let api = |name: &str, rpm: u32| Params {
             name: name.into(),

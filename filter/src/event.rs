@@ -268,7 +268,7 @@ impl Event {
 fn number(out: &mut Vec<u8>, v: f64) {
     if v.is_finite() {
         let mut buf = UsdBuffer::default();
-        out.extend_from_slice(buf.format(v).as_bytes());
+        out.extend_from_slice(buf.format_bytes(v));
     } else {
         out.extend_from_slice(b"null");
     }
@@ -287,8 +287,14 @@ impl UsdBuffer {
     /// `v` in dollars, fixed-point to 12 decimals, trailing zeros trimmed
     /// (`0.00000125`, `3`); finite `v` only (others print as `0`).
     pub fn format(&mut self, v: f64) -> &str {
+        core::str::from_utf8(self.format_bytes(v)).unwrap_or("0")
+    }
+
+    /// [`UsdBuffer::format`] as the bytes it writes (ASCII), for writers
+    /// of bytes: no UTF-8 check to pay for.
+    fn format_bytes(&mut self, v: f64) -> &[u8] {
         if !v.is_finite() {
-            return "0";
+            return b"0";
         }
         if !(0.0..1e7).contains(&v) {
             // At most 24 bytes (`-1.2345678901234567e-308`).
@@ -326,16 +332,13 @@ impl UsdBuffer {
         }
     }
 
-    fn copied(&mut self, src: &[u8]) -> &str {
+    fn copied(&mut self, src: &[u8]) -> &[u8] {
         let n = self.copy_at(0, src);
         self.written(n)
     }
 
-    fn written(&self, n: usize) -> &str {
-        self.bytes
-            .get(..n)
-            .and_then(|b| core::str::from_utf8(b).ok())
-            .unwrap_or("0")
+    fn written(&self, n: usize) -> &[u8] {
+        self.bytes.get(..n).unwrap_or(b"0")
     }
 }
 

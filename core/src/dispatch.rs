@@ -346,17 +346,28 @@ fn price(
     now_ms: u64,
     policy: &HealthPolicy,
 ) -> (Lane, bool, bool, bool) {
-    // Most destinations carry no signal: price them from the configured
-    // model without copying it.
-    let adjusted;
-    let (model, in_flight, drained) = match live.filter(|l| !l.is_neutral()) {
-        None => (model, in_flight, false),
+    match live.filter(|l| !l.is_neutral()) {
+        // Most destinations carry no signal: priced from the configured
+        // model itself (one pricing path per source of the model, so the
+        // common one reads its fields where they are).
+        None => price_model(model, health, in_flight, false, now_ms, policy),
         Some(live) => {
-            let (m, f, d) = live.adjust(model, in_flight, now_ms);
-            adjusted = m;
-            (&adjusted, f, d)
+            let (model, in_flight, drained) = live.adjust(model, in_flight, now_ms);
+            price_model(&model, health, in_flight, drained, now_ms, policy)
         }
-    };
+    }
+}
+
+/// [`price`] of `model` as the signals left it (`drained`: closed by one).
+#[inline(always)]
+fn price_model(
+    model: &CostModel,
+    health: &Health,
+    in_flight: u32,
+    drained: bool,
+    now_ms: u64,
+    policy: &HealthPolicy,
+) -> (Lane, bool, bool, bool) {
     let (rest_in, rest_out) = model.rest_prices();
     let cap = health.cap(model.capacity, now_ms);
     let now_prices = if cap.is_none_or(|c| in_flight < c) {
@@ -399,7 +410,7 @@ pub fn decide(
     warm: &[u64],
     req: &Request,
 ) -> Result<Decision, Refusal> {
-    decide_scaled(slate, feasible, warm, req, &[])
+    choose(slate, feasible, warm, req, &[])
 }
 
 /// [`decide`] where destination `d`'s token prices are multiplied by
@@ -411,6 +422,20 @@ pub fn decide(
 /// counterfactual alike; cold loads and queueing delay are the
 /// destination's and are not scaled. Feasibility is `feasible`'s alone.
 pub fn decide_scaled(
+    slate: &Slate,
+    feasible: &[u64],
+    warm: &[u64],
+    req: &Request,
+    scale: &[f64],
+) -> Result<Decision, Refusal> {
+    choose(slate, feasible, warm, req, scale)
+}
+
+/// [`decide_scaled`], written once and inlined into both entry points: in
+/// [`decide`] the scale is known to be empty, so the common decision
+/// carries none of model routing's arithmetic.
+#[inline(always)]
+fn choose(
     slate: &Slate,
     feasible: &[u64],
     warm: &[u64],

@@ -268,7 +268,7 @@ impl Event {
 fn number(out: &mut Vec<u8>, v: f64) {
     if v.is_finite() {
         let mut buf = UsdBuffer::default();
-        out.extend_from_slice(buf.format(v).as_bytes());
+        out.extend_from_slice(buf.format_bytes(v));
     } else {
         out.extend_from_slice(b"null");
     }
@@ -287,8 +287,14 @@ impl UsdBuffer {
     /// `v` in dollars, fixed-point to 12 decimals, trailing zeros trimmed
     /// (`0.00000125`, `3`); finite `v` only (others print as `0`).
     pub fn format(&mut self, v: f64) -> &str {
+        core::str::from_utf8(self.format_bytes(v)).unwrap_or("0")
+    }
+
+    /// [`UsdBuffer::format`] as the bytes it writes (ASCII), for writers
+    /// of bytes: no UTF-8 check to pay for.
+    fn format_bytes(&mut self, v: f64) -> &[u8] {
         if !v.is_finite() {
-            return "0";
+            return b"0";
         }
         if !(0.0..1e7).contains(&v) {
             // At most 24 bytes (`-1.2345678901234567e-308`).
@@ -326,47 +332,57 @@ impl UsdBuffer {
         }
     }
 
-    fn copied(&mut self, src: &[u8]) -> &str {
+    fn copied(&mut self, src: &[u8]) -> &[u8] {
         let n = self.copy_at(0, src);
         self.written(n)
     }
 
-    fn written(&self, n: usize) -> &str {
-        self.bytes
-            .get(..n)
-            .and_then(|b| core::str::from_utf8(b).ok())
-            .unwrap_or("0")
+    fn written(&self, n: usize) -> &[u8] {
+        self.bytes.get(..n).unwrap_or(b"0")
     }
 }
 
 /// Whether any byte of `b` needs a look: `"`, `\\`, a control character,
 /// or a byte of a multi-byte (or invalid) UTF-8 sequence. Eight bytes at a
-/// time; the usual value, an ASCII header, has none.
+/// time, the tail too; the usual value, an ASCII header, has none.
 fn needs_escape(b: &[u8]) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     // A byte of `x` is zero <=> the same byte of `has_zero(x)` has its high bit.
     let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    let mut words = b.chunks_exact(8);
-    for w in &mut words {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(w);
-        let x = u64::from_le_bytes(a);
+    let flagged = |w: [u8; 8]| {
+        let x = u64::from_le_bytes(w);
         // Bytes below 0x20 (among ASCII bytes), and bytes from 0x80.
         let control = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
-        if control
+        control
             | (x & HIGH)
             | has_zero(x ^ (ONES * u64::from(b'"')))
             | has_zero(x ^ (ONES * u64::from(b'\\')))
             != 0
-        {
+    };
+    let mut words = b.chunks_exact(8);
+    for w in &mut words {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(w);
+        if flagged(a) {
             return true;
         }
     }
-    words
-        .remainder()
-        .iter()
-        .any(|&c| !(0x20..0x80).contains(&c) || c == b'"' || c == b'\\')
+    let tail = words.remainder();
+    if tail.is_empty() {
+        return false;
+    }
+    // The tail as one more word: the last eight bytes (some of them seen
+    // already), or, in a shorter value, its bytes padded with spaces,
+    // which need nothing.
+    let mut a = [b' '; 8];
+    let last = b.len().checked_sub(8).and_then(|start| b.get(start..));
+    match (last, a.get_mut(..tail.len())) {
+        (Some(last), _) => a.copy_from_slice(last),
+        (None, Some(head)) => head.copy_from_slice(tail),
+        (None, None) => return true,
+    }
+    flagged(a)
 }
 
 fn opt_string(out: &mut Vec<u8>, s: Option<&str>) {

@@ -350,14 +350,11 @@ struct Extra {
 
 /// What routing came to, inside the worker's buffers.
 enum Routing {
-    /// A decision, with the member served when model routing chose one
-    /// other than the model named, and the counterfactual it books
-    /// against (its index, list price and the named model's factor there).
-    Decided(
-        Result<Decision, Refusal>,
-        Option<usize>,
-        Option<Option<Counterfactual>>,
-    ),
+    /// A destination claimed (the decision is the flow's `chosen`), with
+    /// the member served when model routing chose one other than the
+    /// model named, and the counterfactual it books against (its index,
+    /// list price and the named model's factor there).
+    Claimed(Option<usize>, Option<Option<Counterfactual>>),
     /// The cache has an answer the request may have (in the worker's
     /// `entry` buffer).
     Hit,
@@ -376,6 +373,8 @@ struct Counterfactual {
 /// Why routing stopped before a decision.
 enum Stop {
     Refused(Refused),
+    /// No destination may take the request.
+    NoDestination(Refusal),
     Fleet,
 }
 
@@ -591,6 +590,8 @@ impl Flow {
             .as_ref()
             .filter(|_| excluded.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some());
         let mut pending: Option<Box<Pending>> = None;
+        // The claimed decision goes straight into the request's state.
+        let chosen = &mut self.chosen;
         // Feasibility first (the compiled Cedar tables), then the decision
         // on the shared fleet, with this worker's lookup buffers.
         let decided = with_worker(worker, |w| {
@@ -681,25 +682,31 @@ impl Flow {
                         .map_err(|_| Stop::Fleet)?,
                     Err(_) => return Err(Stop::Fleet),
                 };
-                let served = decided
-                    .as_ref()
-                    .ok()
-                    .and_then(|d| w.pairs.member(d.index))
+                let (decision, _) = chosen.insert((decided.map_err(Stop::NoDestination)?, now));
+                let served = w
+                    .pairs
+                    .member(decision.index)
                     .filter(|m| Some(*m) != asked.member);
-                return Ok(Routing::Decided(decided, served, Some(cf)));
+                return Ok(Routing::Claimed(served, Some(cf)));
             }
             if let Some(d) = excluded {
                 // The destination that just failed this request.
                 clear_bit(&mut w.lookup.mask, d);
             }
-            host.claim(now, &w.lookup.mask, model, &req)
-                .map(|d| Routing::Decided(d, None, None))
-                .map_err(|_| Stop::Fleet)
+            let decided = host
+                .claim(now, &w.lookup.mask, model, &req)
+                .map_err(|_| Stop::Fleet)?;
+            *chosen = Some((decided.map_err(Stop::NoDestination)?, now));
+            Ok(Routing::Claimed(None, None))
         });
-        let (decided, served, cf) = match decided {
+        let (served, cf) = match decided {
             Ok(Routing::Hit) => return self.answer_from_cache(setup, worker, host, routing),
-            Ok(Routing::Decided(d, served, cf)) => (d, served, cf),
+            Ok(Routing::Claimed(served, cf)) => (served, cf),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
+            Err(Stop::NoDestination(refusal)) => {
+                host.count(Counters::NO_DESTINATION, 1);
+                return self.refuse(host, &Refused::no_destination(refusal));
+            }
             Err(Stop::Fleet) => {
                 return self.refuse(
                     host,
@@ -712,12 +719,8 @@ impl Flow {
                 )
             }
         };
-        let mut decision = match decided {
-            Ok(d) => d,
-            Err(refusal) => {
-                host.count(Counters::NO_DESTINATION, 1);
-                return self.refuse(host, &Refused::no_destination(refusal));
-            }
+        let Some((decision, _)) = self.chosen.as_mut() else {
+            return self.internal(host, "routed without a decision");
         };
         // A routed request books against the model it named (none when
         // no pay-as-you-go destination may serve that one).
@@ -728,11 +731,10 @@ impl Flow {
                 .get_or_insert_with(Box::default)
                 .counterfactual_scale = cf.map(|c| c.scale);
         }
-        self.chosen = Some((decision, now));
         if let Some(p) = pending {
             self.extra.get_or_insert_with(Box::default).cache = Some(*p);
         }
-        for (counter, n) in Counters::decided(&decision) {
+        for (counter, n) in Counters::decided(decision) {
             host.count(counter, n);
         }
         if cfg.no_policy {
@@ -766,8 +768,8 @@ impl Flow {
             }
         }
         let checking = self.pending().is_some_and(|p| p.check.is_some());
-        if let Some(e) = self.event.as_mut() {
-            request::record(e, cfg, &setup.names, &decision);
+        if let (Some(e), Some((decision, _))) = (self.event.as_mut(), self.chosen.as_ref()) {
+            request::record(e, cfg, &setup.names, decision);
             if excluded.is_some() {
                 e.reason = RETRY_REASON;
             }

@@ -221,7 +221,13 @@ pub fn plan(
     Request {
         tokens_in,
         tokens_out,
-        latency_usd_per_s: cfg.latency_value(event.text(&event.latency_class)),
+        // The class is read as text (a UTF-8 check) only where there are
+        // classes to find it among.
+        latency_usd_per_s: if cfg.latency_classes.is_empty() {
+            cfg.latency_usd_per_s
+        } else {
+            cfg.latency_value(event.text(&event.latency_class))
+        },
     }
 }
 

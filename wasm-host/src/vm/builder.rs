@@ -274,6 +274,7 @@ impl<'m> VmBuilder<'m> {
         let exports = Exports::new(&instance, &mut store)?;
         let mut vm = Vm {
             store,
+            instance,
             exports,
             failed: None,
             info: self.info.clone(),

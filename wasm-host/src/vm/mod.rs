@@ -34,6 +34,7 @@ use wasmtime::Store;
 /// unless they share a process.
 pub struct Vm {
     store: Store<VmState>,
+    instance: wasmtime::Instance,
     exports: Exports,
     failed: Option<String>,
     info: StreamInfo,
@@ -126,6 +127,15 @@ impl Vm {
             .memory
             .map(|m| m.data_size(&self.store))
             .unwrap_or(0)
+    }
+
+    /// The value of the global the module exports as `name`, if there is
+    /// one and it is an `i64`: e.g. the counters of a build instrumented
+    /// for profiling (the `fuel` example's `ACE_FUEL_PROFILE`).
+    pub fn exported_i64(&mut self, name: &str) -> Option<i64> {
+        self.instance
+            .get_global(&mut self.store, name)
+            .and_then(|g| g.get(&mut self.store).i64())
     }
 
     /// The tick period the filter set (`None` if off).

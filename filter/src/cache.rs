@@ -357,8 +357,12 @@ pub struct Pending {
     pub body: Vec<u8>,
     /// The response's `content-type`.
     pub content_type: String,
-    /// Whether the response is still storable (a 2xx within the bound).
+    /// Whether the response is still storable (a 2xx, not encoded, within
+    /// the bound).
     pub storable: bool,
+    /// Whether the response outgrew `max_entry_bytes` (so it differs from
+    /// any entry, which fits).
+    pub oversize: bool,
     /// Whether it is an SSE stream.
     pub sse: bool,
 }

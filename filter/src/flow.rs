@@ -606,6 +606,12 @@ impl Flow {
             .map_err(Stop::Refused)?;
             let model = event.text(&event.model_requested);
             let asked = routing.zip(model).and_then(|(r, m)| r.asked(m));
+            // A cached answer is checked against the configured classes even
+            // where this request cannot be routed (trailers, a body that
+            // cannot be replaced): an entry a substitute produced is then
+            // still `substituted` to the model named.
+            let configured = cfg.routing.as_ref();
+            let named = configured.zip(model).and_then(|(r, m)| r.asked(m));
             if let (Some(c), Some(raw), Some(tables)) = (cacheable, raw, setup.tables.as_ref()) {
                 let key = cache::key(
                     &cfg.id,
@@ -631,8 +637,8 @@ impl Flow {
                             &mut w.lookup,
                             &mut w.scratch,
                             c,
-                            routing,
-                            asked,
+                            configured,
+                            named,
                             e,
                         )
                     })
@@ -988,9 +994,17 @@ impl Flow {
         let Some((decision, _)) = self.chosen else {
             return;
         };
+        // An encoded answer (gzip, ...) is neither stored nor compared: an
+        // entry is replayed without its encoding, to any client.
+        let encoded = host.response_header("content-encoding", |v| {
+            v.is_some_and(|v| !v.eq_ignore_ascii_case(b"identity"))
+        });
+        let comparable = (200..300).contains(&status) && !encoded;
         let reason = if self.retry_of.is_some() {
             RETRY_REASON
-        } else if self.pending().is_some_and(|p| p.check.is_some()) {
+        } else if comparable && self.pending().is_some_and(|p| p.check.is_some()) {
+            // Counted as a check (the ledger's false-hit rate) only where
+            // there will be an answer to compare.
             cache::CHECK_REASON
         } else {
             decision.reason.as_str()
@@ -1005,7 +1019,10 @@ impl Flow {
             self.usage = Some(UsageScanner::new(sse));
             if let Some(p) = self.pending() {
                 // Kept as long as it is whole and within the bound.
-                p.storable = true;
+                p.storable = !encoded;
+                if encoded {
+                    p.check = None;
+                }
                 p.sse = sse;
                 p.content_type = host.response_header("content-type", |v| {
                     String::from_utf8_lossy(v.unwrap_or(b"application/json")).into_owned()
@@ -1093,6 +1110,7 @@ impl Flow {
                 } else {
                     // Whole or not at all.
                     p.storable = false;
+                    p.oversize = true;
                     p.body = Vec::new();
                 }
             }
@@ -1118,12 +1136,25 @@ impl Flow {
     /// the hit it checks, if it checks one, and store it.
     fn store_answer<H: Host>(&mut self, setup: &Setup, host: &mut H) {
         let taken = self.extra.as_deref_mut().and_then(|x| x.cache.take());
-        let Some(p) = taken.filter(|p| p.storable) else {
+        let (Some(p), Some((decision, _)), Some(e)) = (taken, self.chosen, self.event.as_mut())
+        else {
             return;
         };
-        let (Some((decision, _)), Some(e)) = (self.chosen, self.event.as_mut()) else {
+        if p.oversize && p.check.is_some() {
+            // The fresh answer outgrew the bound the entry fits in: they
+            // differ. Counted, and the entry dropped (nothing replaces it).
+            host.count(Counters::CACHE_CHECKS, 1);
+            host.count(Counters::CACHE_FALSE_HITS, 1);
+            e.cache_false_hit = true;
+            host.cache_put(p.slot, &[]);
+            log::warn!(
+                "cache false hit: a checked entry's fresh answer outgrew the cache; dropped"
+            );
             return;
-        };
+        }
+        if !p.storable {
+            return;
+        }
         let digest = cache::content_digest(&p.body, p.sse);
         if let Some(check) = p.check {
             host.count(Counters::CACHE_CHECKS, 1);
@@ -1165,9 +1196,22 @@ impl Flow {
     /// blame no one), book its dollars and write its one event.
     pub fn on_complete<H: Host>(&mut self, setup: &Setup, worker: &RefCell<Worker>, host: &mut H) {
         self.settle(setup, host, None, None);
+        // A check whose fresh answer never ended (the client or the
+        // upstream went away) compared nothing: not counted as a check.
+        let unchecked = self
+            .extra
+            .as_deref_mut()
+            .and_then(|x| x.cache.take())
+            .is_some_and(|p| p.check.is_some());
         let Some(e) = self.event.as_mut() else {
             return;
         };
+        if unchecked && e.reason == cache::CHECK_REASON {
+            e.reason = self
+                .chosen
+                .as_ref()
+                .map_or(cache::CHECK_REASON, |(d, _)| d.reason.as_str());
+        }
         if e.status == 0 {
             // Envoy may have answered itself without the filter seeing the
             // answer (a 413 for a body over its buffer limit while the

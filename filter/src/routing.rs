@@ -534,14 +534,26 @@ mod tests {
     /// Two destinations serving models `a` and `b`; `computed` names the
     /// Bool attributes the tables have besides `model`.
     fn config(computed: &[&str], extra: &str) -> Result<Config, crate::config::ConfigError> {
+        let bools: Vec<(&str, &[&str])> = computed
+            .iter()
+            .map(|c| (*c, &["false", "true"][..]))
+            .collect();
+        config_with(&bools, extra)
+    }
+
+    /// [`config`] with each extra attribute's values given.
+    fn config_with(
+        computed: &[(&str, &[&str])],
+        extra: &str,
+    ) -> Result<Config, crate::config::ConfigError> {
         let mut attributes = vec![AttributeSpec {
             name: "model".into(),
             values: vec!["a".into(), "b".into()],
         }];
-        for c in computed {
+        for (c, values) in computed {
             attributes.push(AttributeSpec {
                 name: c.to_string(),
-                values: vec!["false".into(), "true".into()],
+                values: values.iter().map(|v| v.to_string()).collect(),
             });
         }
         let spec = TableSpec {
@@ -614,6 +626,16 @@ mod tests {
         assert_eq!(field, "cache");
         assert!(message.contains("cached: Bool"), "{message}");
         assert!(config(&["cached"], r#","cache":{}"#).is_ok());
+        // A `cached` that is not a Bool could never be set true: refused
+        // with the tables, not a cache that silently never answers.
+        let not_bool = config_with(&[("cached", &["no", "yes"])], r#","cache":{}"#);
+        let e = not_bool.err().unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(e.field, "tables_base64", "{}", e.message);
+        assert!(
+            e.message.contains("`cached` attribute is not a Bool"),
+            "{}",
+            e.message
+        );
         assert_eq!(
             refused(&["cached"], r#","cache":{"check_fraction":2}"#).0,
             "cache.check_fraction"

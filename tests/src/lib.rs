@@ -232,3 +232,31 @@ pub fn health_after(events: impl IntoIterator<Item = u8>) -> ace_core::health::H
     }
     h
 }
+
+/// POSTs `body` as JSON to `/v1/chat/completions` on `port` over HTTP/2
+/// (Debian's `nghttp`), with `headers` and one trailer after the body
+/// (`x-checksum: 1`); fails the test when nghttp is missing or fails.
+pub fn post_h2_with_trailer(port: u16, headers: &[(&str, &str)], body: &serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("body.json");
+    std::fs::write(&file, body.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = std::process::Command::new("nghttp");
+    cmd.args(["--no-verify-peer", "-H", "content-type: application/json"]);
+    for (k, v) in headers {
+        cmd.args(["-H", &format!("{k}: {v}")]);
+    }
+    let out = cmd
+        .args(["--trailer", "x-checksum: 1"])
+        .arg("-d")
+        .arg(&file)
+        .arg(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run nghttp (Debian's nghttp2-client; run `make setup`): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "nghttp failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -145,34 +145,15 @@ const EU_A: [(&str, &str); 2] = [("x-ace-data-class", "personal_eu"), ("x-ace-te
 /// `x-ace-destination`), personal data stays in the EU.
 fn http2_trailers_never_release_a_request_undecided(filter: Filter) {
     let fleet = Fleet::start(filter, &config());
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let body = dir.path().join("body.json");
-    std::fs::write(&body, chat("small").to_string()).unwrap_or_else(|e| panic!("{e}"));
     for _ in 0..3 {
-        let out = std::process::Command::new("nghttp")
-            .args(["--no-verify-peer", "-H", "content-type: application/json"])
-            .args([
-                "-H",
-                "x-ace-data-class: personal_eu",
-                "-H",
-                "x-ace-tenant: a",
-            ])
-            .args(["-H", "x-ace-destination: sg_cheap"])
-            .args(["--trailer", "x-checksum: 1"])
-            .arg("-d")
-            .arg(&body)
-            .arg(format!(
-                "http://127.0.0.1:{}/v1/chat/completions",
-                fleet.envoy.port()
-            ))
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run nghttp (Debian's nghttp2-client; run `make setup`): {e}")
-            });
-        assert!(
-            out.status.success(),
-            "nghttp failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        ace_tests::post_h2_with_trailer(
+            fleet.envoy.port(),
+            &[
+                ("x-ace-data-class", "personal_eu"),
+                ("x-ace-tenant", "a"),
+                ("x-ace-destination", "sg_cheap"),
+            ],
+            &chat("small"),
         );
     }
     assert_eq!(fleet.sg.count(), 0, "personal_eu data reached Singapore");

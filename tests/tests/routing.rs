@@ -26,7 +26,8 @@ const DATA_CLASS: u32 = 4;
 /// `small-owned` (in-house, serves `llama-small`). Tenants `acme` and
 /// `strict` may be answered from the cache, `other` may not; `strict` may
 /// never be served another model than it named (the forbid on
-/// `substituted`); unknown values of anything fail closed.
+/// `substituted`); nobody gets a cached answer a substitute produced;
+/// unknown values of anything fail closed.
 fn spec() -> TableSpec {
     let attr = |name: &str, values: &[&str]| AttributeSpec {
         name: name.into(),
@@ -84,6 +85,22 @@ fn spec() -> TableSpec {
                 kind: FactorKind::Forbid,
                 attributes: vec![DATA_CLASS],
                 rows: vec![all, 0, 0],
+            },
+            // No cached answer from a substitute ([substituted, cached]
+            // both true), for anyone.
+            FactorSpec {
+                kind: FactorKind::Forbid,
+                attributes: vec![SUBSTITUTED, CACHED],
+                rows: (0..9)
+                    .map(|i| {
+                        let (s, c) = (i / 3, i % 3);
+                        if s == 0 || c == 0 || (s == 2 && c == 2) {
+                            all
+                        } else {
+                            0
+                        }
+                    })
+                    .collect(),
             },
         ],
     }
@@ -379,7 +396,114 @@ fn streams_are_cached_whole_or_not_at_all(filter: Filter) {
     );
 }
 
+/// Checks count only where there is an answer to compare: a checked hit
+/// answered 5xx upstream is no check; one whose fresh answer outgrows the
+/// cache is a false hit, and its entry is dropped.
+fn a_check_counts_only_what_it_compared(filter: Filter) {
+    let mut cfg = config(1.0);
+    cfg["cache"]["max_entry_bytes"] = json!(1024);
+    let fleet = Fleet::start(filter, &cfg);
+    let ask = || fleet.send("acme", "public", &deterministic("compare me"));
+    assert_eq!(ask().status, 200, "stored");
+    fleet.small.set_behavior(Behavior::Status(503));
+    assert_eq!(ask().status, 503, "a checked hit answered upstream");
+    let long = format!(
+        "{{\"choices\":[{{\"message\":{{\"content\":\"{}\"}}}}]}}",
+        "x".repeat(2000)
+    );
+    fleet.small.set_behavior(Behavior::Respond {
+        status: 200,
+        headers: vec![],
+        body: long.into_bytes(),
+    });
+    assert_eq!(
+        ask().status,
+        200,
+        "a checked hit whose answer is too long to store"
+    );
+    fleet.small.set_behavior(Behavior::Ok);
+    assert_eq!(ask().status, 200, "the entry was dropped: a miss");
+    assert_eq!(fleet.small.count(), 4);
+    let events = fleet.events(4);
+    let seen: Vec<(String, bool)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or("").to_string(),
+                e["cache_false_hit"] == json!(true),
+            )
+        })
+        .collect();
+    let checks: Vec<bool> = seen.iter().map(|(r, _)| r == "cache_check").collect();
+    assert_eq!(checks, [false, false, true, false], "{seen:?}");
+    assert!(seen[2].1, "the outgrown answer is a false hit: {seen:?}");
+    let stat = |name: &str| {
+        fleet
+            .envoy
+            .wait_stat(&filter.stat(name), 1, Duration::from_secs(5))
+    };
+    assert_eq!(stat("ace.cache.checks"), Some(1));
+    assert_eq!(stat("ace.cache.false_hits"), Some(1));
+}
+
+/// An encoded answer (here gzip) is never stored: replayed without its
+/// `content-encoding`, it would be garbage to every client.
+fn encoded_answers_are_not_cached(filter: Filter) {
+    let fleet = Fleet::start(filter, &config(0.0));
+    fleet.small.set_behavior(Behavior::Respond {
+        status: 200,
+        headers: vec![("content-encoding".into(), "gzip".into())],
+        body: vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3],
+    });
+    for _ in 0..2 {
+        let r = fleet.send("acme", "public", &deterministic("zip it"));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-encoding"), Some("gzip"));
+    }
+    assert_eq!(fleet.small.count(), 2, "both went upstream");
+    let events = fleet.events(2);
+    assert!(
+        events.iter().all(|e| e["cached"] == json!(false)),
+        "{events:?}"
+    );
+}
+
+/// A request that cannot be routed (HTTP/2 trailers end it after its body
+/// has gone on) still has a cached answer checked against the model it
+/// named: an entry a substitute produced is a cached substitute, which the
+/// policy forbids, so it goes upstream to the model named.
+fn a_cached_substitute_is_checked_as_one_when_routing_is_off(filter: Filter) {
+    let fleet = Fleet::start(filter, &config(0.0));
+    let body = deterministic("substitute me");
+    let mut named_big = body.clone();
+    named_big["model"] = json!("gpt-big");
+    let r = fleet.send("acme", "public", &named_big);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-ace-model-served"), Some("llama-small"));
+    assert_eq!(
+        fleet.small.count(),
+        1,
+        "served by the substitute, and stored"
+    );
+    ace_tests::post_h2_with_trailer(
+        fleet.envoy.port(),
+        &[("x-ace-tenant", "acme"), ("x-ace-data-class", "public")],
+        &named_big,
+    );
+    assert_eq!(
+        (fleet.small.count(), fleet.big.count()),
+        (1, 1),
+        "not the cached substitute: the model named, upstream"
+    );
+    let events = fleet.events(2);
+    assert_eq!(events[1]["cached"], json!(false), "{:?}", events[1]);
+    assert_eq!(events[1]["destination"], "big-api", "{:?}", events[1]);
+}
+
 for_each_filter!(
+    a_check_counts_only_what_it_compared,
+    encoded_answers_are_not_cached,
+    a_cached_substitute_is_checked_as_one_when_routing_is_off,
     a_class_is_served_by_the_cheapest_permitted_model,
     a_repeated_deterministic_request_is_served_from_cache_for_its_tenant_only,
     checked_hits_count_false_hits,

@@ -606,13 +606,13 @@ impl Flow {
             .map_err(Stop::Refused)?;
             let model = event.text(&event.model_requested);
             let asked = routing.zip(model).and_then(|(r, m)| r.asked(m));
-            // A cached answer is checked against the configured classes even
-            // where this request cannot be routed (trailers, a body that
-            // cannot be replaced): an entry a substitute produced is then
-            // still `substituted` to the model named.
-            let configured = cfg.routing.as_ref();
-            let named = configured.zip(model).and_then(|(r, m)| r.asked(m));
             if let (Some(c), Some(raw), Some(tables)) = (cacheable, raw, setup.tables.as_ref()) {
+                // A cached answer is checked against the configured classes
+                // even where this request cannot be routed (trailers, a body
+                // that cannot be replaced): an entry a substitute produced
+                // is then still `substituted` to the model named.
+                let configured = cfg.routing.as_ref();
+                let named = configured.zip(model).and_then(|(r, m)| r.asked(m));
                 let key = cache::key(
                     &cfg.id,
                     &w.lookup.values,
@@ -996,9 +996,11 @@ impl Flow {
         };
         // An encoded answer (gzip, ...) is neither stored nor compared: an
         // entry is replayed without its encoding, to any client.
-        let encoded = host.response_header("content-encoding", |v| {
-            v.is_some_and(|v| !v.eq_ignore_ascii_case(b"identity"))
-        });
+        // (Read only for a request the cache has a stake in.)
+        let encoded = self.pending().is_some()
+            && host.response_header("content-encoding", |v| {
+                v.is_some_and(|v| !v.eq_ignore_ascii_case(b"identity"))
+            });
         let comparable = (200..300).contains(&status) && !encoded;
         let reason = if self.retry_of.is_some() {
             RETRY_REASON

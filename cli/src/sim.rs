@@ -112,7 +112,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.seeds == 0 {
         bail!("--seeds must be at least 1");
     }
-    let seeds: Vec<u64> = (args.seed..args.seed + args.seeds).collect();
+    let Some(end) = args.seed.checked_add(args.seeds) else {
+        bail!(
+            "--seed {} with --seeds {} runs past the last seed ({})",
+            args.seed,
+            args.seeds,
+            u64::MAX
+        );
+    };
+    let seeds: Vec<u64> = (args.seed..end).collect();
     if let Some(dir) = &args.events {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create `{}`", dir.display()))?;
@@ -154,6 +162,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The most requests one run may hold: every simulated request stays in
+/// memory for the run, on each thread.
+const MAX_REQUESTS: u64 = 100_000_000;
+
 /// The simulation `args` describe.
 pub fn build(args: &Args) -> anyhow::Result<Simulation> {
     let project = ace_policy::load_dir(&args.policies).map_err(|e| anyhow!("{e}"))?;
@@ -178,6 +190,15 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
             copies: args.copies,
         },
     };
+    if let Shape::Day { copies } = shape {
+        let requests = trace.rows.len() as u64 * u64::from(copies);
+        if requests > MAX_REQUESTS {
+            bail!(
+                "--copies {copies}: {requests} requests per run; at most {MAX_REQUESTS} (each \
+                 simulated request is held in memory for the run)"
+            );
+        }
+    }
     let arrivals = trace::arrivals(&trace, shape);
     let (mix_source, mix_text) = match &args.mix {
         Some(p) => (
@@ -258,10 +279,14 @@ fn parse_fault(spec: &str, names: &[&str]) -> anyhow::Result<ace_sim::fleet::Fau
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
         .filter(|(a, b)| a < b)
         .ok_or_else(|| anyhow!("--fault {spec}: `{span}` is not FROM-TO minutes with FROM < TO"))?;
+    let ms = |m: u64| m.checked_mul(60_000);
+    let (Some(from_ms), Some(to_ms)) = (ms(from), ms(to)) else {
+        bail!("--fault {spec}: `{span}` is more minutes than a run can last");
+    };
     Ok(Fault {
         dest: d,
-        from_ms: from * 60_000,
-        to_ms: to * 60_000,
+        from_ms,
+        to_ms,
         kind,
     })
 }

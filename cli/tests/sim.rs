@@ -128,6 +128,35 @@ fn bad_input_is_named() {
         !o.status.success() && e.contains("t.csv:2, column 3"),
         "{e}"
     );
+    let o = ace(&[
+        "sim",
+        "--synthetic",
+        "10",
+        "--seed",
+        "18446744073709551615",
+        "--seeds",
+        "2",
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("past the last seed"),
+        "{e}"
+    );
+    let o = ace(&[
+        "sim",
+        "--synthetic",
+        "10",
+        "--fault",
+        "openai-us:outage:1-999999999999999999",
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("more minutes"), "{e}");
+    let o = ace(&["sim", "--synthetic", "1000", "--copies", "4000000000"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("--copies 4000000000"),
+        "{e}"
+    );
     let o = ace(&["sim", "--synthetic", "0"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("--synthetic 0"), "{e}");

@@ -22,7 +22,7 @@ fn example_directory_compiles_and_verifies_exhaustively() {
     assert!(report.known > 0 && report.known < report.requests);
     assert_eq!(report.mismatch_count, 0, "{:?}", report.mismatches);
     // Eleven example policies: one permit factor (model), and forbids keyed
-    // by data_class, tenant, model, tp_degree and nothing, and by the
+    // by data_class, tenant, model, tp_degree with model and nothing, and by the
     // computed `substituted` and `cached` with tenant or data_class.
     assert_eq!(project.info.len(), 11);
     let keys: Vec<Vec<String>> = compiled

@@ -6,7 +6,9 @@
 //! of static files read on request, so a blocking listener with a thread per
 //! connection is all it takes, and the page works the same from any static
 //! host. The default binds to 127.0.0.1: the page needs nothing else, and
-//! nothing it is given leaves the browser.
+//! nothing it is given leaves the browser. Requests must be addressed to an
+//! IP address or `localhost` (the `Host` header), so that a page elsewhere
+//! cannot rebind its own domain name to this address and read the site.
 
 use ace_cli::outln;
 use anyhow::{anyhow, bail, Context as _};
@@ -142,6 +144,8 @@ fn serve(stream: TcpStream, site: &Path) -> std::io::Result<()> {
         let mut parts = line.split_whitespace();
         let (method, target, version) = (parts.next(), parts.next(), parts.next());
         let mut close = version != Some("HTTP/1.1");
+        let mut host_ok = true;
+        let mut headers = 0;
         loop {
             let mut header = String::new();
             if reader.by_ref().take(8192).read_line(&mut header)? == 0 {
@@ -151,15 +155,35 @@ fn serve(stream: TcpStream, site: &Path) -> std::io::Result<()> {
             if header.is_empty() {
                 break;
             }
+            headers += 1;
+            if headers > MAX_HEADERS {
+                return Ok(());
+            }
             if let Some((name, value)) = header.split_once(':') {
                 if name.eq_ignore_ascii_case("connection")
                     && value.trim().eq_ignore_ascii_case("close")
                 {
                     close = true;
                 }
+                if name.eq_ignore_ascii_case("host") {
+                    host_ok = host_allowed(value.trim());
+                }
             }
         }
         let (status, kind, body) = match (method, target) {
+            _ if !host_ok => {
+                close = true;
+                (
+                    "421 Misdirected Request",
+                    "text/plain; charset=utf-8",
+                    (
+                        true,
+                        b"the playground answers requests addressed to an IP address or \
+                          localhost only\n"
+                            .to_vec(),
+                    ),
+                )
+            }
             (Some(m @ ("GET" | "HEAD")), Some(t)) => match resolve(site, t) {
                 Some(file) => match std::fs::read(&file) {
                     Ok(bytes) => ("200 OK", content_type(&file), (m == "GET", bytes)),
@@ -195,6 +219,28 @@ fn serve(stream: TcpStream, site: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Header lines accepted per request; a client sending more is dropped.
+const MAX_HEADERS: usize = 100;
+
+/// Whether a `Host` header names this machine the way a browser does when
+/// it opens the URL `ace playground` prints: an IP address or `localhost`,
+/// with or without a port. A domain name is refused: a page elsewhere could
+/// point its own name at 127.0.0.1 (DNS rebinding) and read the site.
+fn host_allowed(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // An IPv6 literal, `[::1]:9920`.
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        }
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
 fn not_found(method: &str) -> (&'static str, &'static str, (bool, Vec<u8>)) {
     (
         "404 Not Found",
@@ -226,6 +272,24 @@ mod tests {
         assert_eq!(r("index.html"), None);
         assert_eq!(r("/missing.js"), None);
         assert_eq!(content_type(Path::new("a.wasm")), "application/wasm");
+        for ok in [
+            "127.0.0.1:9920",
+            "localhost:9920",
+            "LOCALHOST",
+            "[::1]:9920",
+            "10.1.2.3",
+        ] {
+            assert!(host_allowed(ok), "{ok}");
+        }
+        for no in [
+            "evil.example:9920",
+            "evil.example",
+            "127.0.0.1.nip.io:80",
+            "[nope]:1",
+            "",
+        ] {
+            assert!(!host_allowed(no), "{no}");
+        }
         assert_eq!(
             content_type(Path::new("a.js")),
             "text/javascript; charset=utf-8"

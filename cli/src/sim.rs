@@ -166,6 +166,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// memory for the run, on each thread.
 const MAX_REQUESTS: u64 = 100_000_000;
 
+/// The longest run: the simulator keeps times in u32 milliseconds (about
+/// 49.7 days), with room for the last requests to finish.
+const MAX_RUN_MS: u64 = 40 * 86_400_000;
+
 /// The simulation `args` describe.
 pub fn build(args: &Args) -> anyhow::Result<Simulation> {
     let project = ace_policy::load_dir(&args.policies).map_err(|e| anyhow!("{e}"))?;
@@ -200,6 +204,18 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
         }
     }
     let arrivals = trace::arrivals(&trace, shape);
+    // Times within a run are kept in u32 milliseconds (49 days); a day
+    // spread, or a replay at most about 40 days long, fits.
+    let last = arrivals.last().map_or(0, |r| r.at_ms);
+    if last > MAX_RUN_MS {
+        bail!(
+            "the run would last {:.0} days (the trace replayed at {}x); at most {} days: give \
+             --replay a larger factor",
+            last as f64 / 86_400_000.0,
+            args.replay.unwrap_or(1.0),
+            MAX_RUN_MS / 86_400_000
+        );
+    }
     let (mix_source, mix_text) = match &args.mix {
         Some(p) => (
             p.display().to_string(),

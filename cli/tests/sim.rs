@@ -157,6 +157,9 @@ fn bad_input_is_named() {
         !o.status.success() && e.contains("--copies 4000000000"),
         "{e}"
     );
+    let o = ace(&["sim", "--synthetic", "1000", "--replay", "0.00001"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("at most 40 days"), "{e}");
     let o = ace(&["sim", "--synthetic", "0"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("--synthetic 0"), "{e}");

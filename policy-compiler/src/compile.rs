@@ -118,10 +118,15 @@ pub fn compile(project: &Project) -> Result<Compiled, Error> {
             .iter()
             .map(|&k| project.attributes.get(k).map_or(1, |a| a.len() + 1))
             .collect();
-        let rows: usize = radices.iter().product();
-        if rows as u64 > ace_core::tables::MAX_FACTOR_ROWS {
+        // In u64, saturating: `usize` is 32 bits in the browser playground,
+        // where a product of large domains would wrap to a small number.
+        let rows = radices
+            .iter()
+            .fold(1u64, |p, &r| p.saturating_mul(r as u64));
+        if rows > ace_core::tables::MAX_FACTOR_ROWS {
             return Err(too_many_rows(project, &ids, rows));
         }
+        let rows = rows as usize;
         let mut bits = vec![0u64; rows * words];
         let mut key_idx = vec![0u32; keys.len()];
         let mut idx = defaults.clone();
@@ -248,7 +253,7 @@ fn allows_nothing(project: &Project) -> Diagnostic {
     )
 }
 
-fn too_many_rows(project: &Project, ids: &[String], rows: usize) -> Error {
+fn too_many_rows(project: &Project, ids: &[String], rows: u64) -> Error {
     let (file, line, column) = ids
         .first()
         .and_then(|id| project.locate(id))

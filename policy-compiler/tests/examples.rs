@@ -599,3 +599,46 @@ fn policies_at_the_shape_limits_compile_and_past_them_are_refused() {
         assert!(e.contains("shape.cedar:2:"), "{what}: {e}");
     }
 }
+
+/// A policy whose attributes together have more value combinations than
+/// a factor may hold is refused at the policy, naming the count; the count
+/// is computed in 64 bits, so the browser's 32-bit build refuses it too.
+#[test]
+fn a_policy_over_too_many_value_combinations_is_refused_at_its_line() {
+    let dir = examples();
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let many = |n: usize, f: &dyn Fn(usize) -> String| (0..n).map(f).collect::<Vec<_>>().join(", ");
+    let fleet = read("fleet.toml")
+        .replace(
+            "values = [\"public\", \"internal\", \"confidential\", \"personal_eu\", \"phi\"]",
+            &format!("values = [{}]", many(700, &|i| format!("\"d{i}\""))),
+        )
+        .replace(
+            "values = [\"interactive\", \"standard\", \"batch\"]",
+            &format!("values = [{}]", many(700, &|i| format!("\"l{i}\""))),
+        );
+    let policy = "@id(\"wide\")\nforbid (principal, action, resource)\n\
+                  when { context.data_class == \"d1\" && context.latency_class == \"l2\" \
+                  && context.tp_degree == 8 && principal == Ace::Tenant::\"globex\" };\n";
+    let sources = Sources {
+        schema: (dir.join("ace.cedarschema"), read("ace.cedarschema")),
+        policies: vec![
+            (
+                dir.join("model_capability.cedar"),
+                read("model_capability.cedar"),
+            ),
+            (PathBuf::from("wide.cedar"), policy.to_string()),
+        ],
+        manifest: (dir.join("fleet.toml"), fleet),
+    };
+    let project = Project::load(sources).unwrap_or_else(|e| panic!("{e}"));
+    let e = compile(&project)
+        .err()
+        .unwrap_or_else(|| panic!("compiled"))
+        .to_string();
+    // (700 + 1) x (700 + 1) x (4 + 1) x (6 + 1) combinations.
+    assert!(
+        e.contains("wide.cedar:") && e.contains("17199035 value combinations"),
+        "{e}"
+    );
+}

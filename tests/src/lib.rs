@@ -260,3 +260,48 @@ pub fn post_h2_with_trailer(port: u16, headers: &[(&str, &str)], body: &serde_js
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Whether the response cache would answer a request (its attribute values
+/// in `lookup`, naming `asked`) with an entry that destination `producer`
+/// made serving `model`, by the filter's own check (`cache::may_serve`);
+/// and whether that answer is `substituted` for the model named, as Cedar
+/// must then be asked about it.
+pub fn cache_would_serve(
+    cfg: &ace_filter::config::Config,
+    lookup: &mut ace_filter::request::Lookup,
+    asked: ace_filter::routing::Asked,
+    producer: usize,
+    model: &str,
+) -> (bool, bool) {
+    use ace_filter::cache;
+    let (Some(tables), Some(c), Some(routing)) = (cfg.tables(), &cfg.cache, &cfg.routing) else {
+        panic!("the configuration has no tables, cache or model routing");
+    };
+    let entry = cache::Entry {
+        key: [0; 32],
+        created_ms: 0,
+        producer,
+        model,
+        status: 200,
+        content_type: "application/json",
+        tokens_in: 1,
+        tokens_out: 1,
+        estimated: false,
+        digest: [0; 32],
+        body: b"{}",
+    };
+    let mut scratch = Vec::new();
+    let hit = cache::may_serve(
+        cfg,
+        &tables,
+        lookup,
+        &mut scratch,
+        c,
+        Some(routing),
+        Some(asked),
+        &entry,
+    );
+    let substituted =
+        asked.member.is_some() && routing.reference(asked).map(|x| x.name.as_str()) != Some(model);
+    (hit, substituted)
+}

@@ -464,7 +464,7 @@ fn routed_config() -> &'static ace_filter::config::Config {
 /// `cached` true.
 #[test]
 fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
-    use ace_filter::{cache, request, routing};
+    use ace_filter::{request, routing};
     let c = compiled();
     let cfg = routed_config();
     let tables = cfg.tables().unwrap_or_else(|| panic!("no tables"));
@@ -548,34 +548,15 @@ fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
             };
             // A cache entry from a random producer and model: served only
             // where Cedar allows it.
-            let entry = cache::Entry {
-                key: [0; 32],
-                created_ms: 0,
-                producer: producer % n,
-                model: &routing.members[made_by % routing.members.len()].name,
-                status: 200,
-                content_type: "application/json",
-                tokens_in: 1,
-                tokens_out: 1,
-                estimated: false,
-                digest: [0; 32],
-                body: b"{}",
-            };
-            let mut scratch = Vec::new();
-            if cache::may_serve(
-                cfg,
-                &tables,
-                &mut lookup,
-                &mut scratch,
-                cache_cfg,
-                Some(routing),
-                Some(asked),
-                &entry,
-            ) {
+            let producer = producer % n;
+            let model = routing.members[made_by % routing.members.len()]
+                .name
+                .as_str();
+            let (hit, substituted) =
+                ace_tests::cache_would_serve(cfg, &mut lookup, asked, producer, model);
+            if hit {
                 served.set((served.get().0, served.get().1, served.get().2 + 1));
-                let substituted = asked.member.is_some()
-                    && routing.reference(asked).map(|r| r.name.as_str()) != Some(entry.model);
-                let why = allowed(entry.producer, entry.model, substituted, true)?;
+                let why = allowed(producer, model, substituted, true)?;
                 prop_assert!(why.is_none(), "a cache hit: {}", why.unwrap_or_default());
             }
             prop_assert_eq!(

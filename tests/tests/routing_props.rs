@@ -31,7 +31,7 @@
 use ace_core::cost::{CostModel, Tier};
 use ace_core::dispatch::{decide, decide_scaled, Fleet, Request, Slate};
 use ace_core::health::{Health, HealthPolicy};
-use ace_filter::{cache, request, routing};
+use ace_filter::{request, routing};
 use ace_policy::verify::Rng;
 use ace_policy::{compile, Project, Sources};
 use std::fmt::Write as _;
@@ -290,10 +290,11 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
     // Names a request may give: every class, every catalogue model.
     let mut names: Vec<String> = (0..models).map(|i| format!("m{i}")).collect();
     names.extend(
-        toml.lines()
-            .filter_map(|l| l.strip_prefix("name = \"c"))
-            .filter(|l| !l.contains('d'))
-            .map(|l| format!("c{}", l.trim_end_matches('"'))),
+        json["model_routing"]["classes"]
+            .as_object()
+            .ok_or("the configuration has no model classes")?
+            .keys()
+            .cloned(),
     );
     let attrs = tables.attribute_count();
     for case in 0..48 {
@@ -367,46 +368,24 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
         lookup.values.clone_from(&values);
         // A cache entry from a random producer and model.
         let member = r.below(routing.members.len() as u64) as usize;
-        let entry = cache::Entry {
-            key: [0; 32],
-            created_ms: 0,
-            producer: r.below(n as u64) as usize,
-            model: &routing.members[member].name,
-            status: 200,
-            content_type: "application/json",
-            tokens_in: 1,
-            tokens_out: 1,
-            estimated: false,
-            digest: [0; 32],
-            body: b"{}",
-        };
-        let mut scratch = Vec::new();
-        let hit = cache::may_serve(
-            &cfg,
-            &tables,
-            &mut lookup,
-            &mut scratch,
-            cache_cfg,
-            Some(routing),
-            Some(asked),
-            &entry,
-        );
-        let substituted = asked.member.is_some()
-            && routing.reference(asked).map(|x| x.name.as_str()) != Some(entry.model);
+        let producer = r.below(n as u64) as usize;
+        let model = routing.members[member].name.as_str();
+        let (hit, substituted) =
+            ace_tests::cache_would_serve(&cfg, &mut lookup, asked, producer, model);
         if hit {
             seen.hits += 1;
-            if !allowed(entry.producer, entry.model, substituted, true)? {
-                return Err(why("a cache hit", entry.producer, entry.model));
+            if !allowed(producer, model, substituted, true)? {
+                return Err(why("a cache hit", producer, model));
             }
-        } else if allowed(entry.producer, entry.model, substituted, true)? {
+        } else if allowed(producer, model, substituted, true)? {
             // Cedar would allow it; the cache said no. The tables fail
             // closed on an unknown value, so that is a fair miss; with
             // every value known the tables equal Cedar, and so must this.
             if values.iter().all(|&v| v != 0) {
                 return Err(format!(
                     "case {case}: a miss Cedar allows: {} with {} for {}",
-                    tables.destination_name(entry.producer).unwrap_or("?"),
-                    entry.model,
+                    tables.destination_name(producer).unwrap_or("?"),
+                    model,
                     project.describe(&values)
                 ));
             }

@@ -128,47 +128,50 @@ fn bad_input_is_named() {
         !o.status.success() && e.contains("t.csv:2, column 3"),
         "{e}"
     );
-    let o = ace(&[
-        "sim",
-        "--synthetic",
-        "10",
-        "--seed",
-        "18446744073709551615",
-        "--seeds",
-        "2",
-    ]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && e.contains("past the last seed"),
-        "{e}"
-    );
-    let o = ace(&[
-        "sim",
-        "--synthetic",
-        "10",
-        "--fault",
-        "openai-us:outage:1-999999999999999999",
-    ]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("more minutes"), "{e}");
-    let o = ace(&["sim", "--synthetic", "1000", "--copies", "4000000000"]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && e.contains("--copies 4000000000"),
-        "{e}"
-    );
-    let o = ace(&["sim", "--synthetic", "1000", "--replay", "0.00001"]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("at most 40 days"), "{e}");
-    let o = ace(&["sim", "--synthetic", "0"]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("--synthetic 0"), "{e}");
-    let o = ace(&["sim", "--synthetic", "10", "--fault", "mars:outage:0-10"]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && e.contains("no destination `mars`"),
-        "{e}"
-    );
+    let refused: [(&[&str], &str); 7] = [
+        (
+            &[
+                "--synthetic",
+                "10",
+                "--seed",
+                "18446744073709551615",
+                "--seeds",
+                "2",
+            ],
+            "past the last seed",
+        ),
+        (
+            &[
+                "--synthetic",
+                "10",
+                "--fault",
+                "openai-us:outage:1-999999999999999999",
+            ],
+            "more minutes",
+        ),
+        (
+            &["--synthetic", "1000", "--copies", "4000000000"],
+            "--copies 4000000000",
+        ),
+        (
+            &["--synthetic", "1000", "--replay", "0.00001"],
+            "at most 40 days",
+        ),
+        (&["--synthetic", "0"], "--synthetic 0"),
+        (
+            &["--synthetic", "10", "--fault", "mars:outage:0-10"],
+            "no destination `mars`",
+        ),
+        (
+            &["--synthetic", "10", "--seeds", "0"],
+            "--seeds must be at least 1",
+        ),
+    ];
+    for (args, expect) in refused {
+        let o = ace(&[&["sim"], args].concat());
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && e.contains(expect), "{args:?}: {e}");
+    }
 }
 
 #[test]

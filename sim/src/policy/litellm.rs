@@ -218,7 +218,6 @@ impl LiteLlm {
             return None;
         }
         let deps = &self.deployments;
-        let get = |d: usize| deps.get(d).cloned().unwrap_or_default();
         Some(match self.strategy {
             Strategy::SimpleShuffle => {
                 // Weighted by `rpm`, else by `tpm`, else uniform: the first
@@ -243,18 +242,20 @@ impl LiteLlm {
                 };
                 *open.get(i)?
             }
-            Strategy::LeastBusy => *open.iter().min_by_key(|d| (get(**d).in_flight, **d))?,
+            Strategy::LeastBusy => *open
+                .iter()
+                .min_by_key(|d| (deps.get(**d).map_or(0, |x| x.in_flight), **d))?,
             Strategy::UsageBased => *open
                 .iter()
                 .min_by_key(|d| (deps.get(**d).map_or(0, |x| x.usage(now).tokens), **d))?,
             Strategy::LatencyBased => *open.iter().min_by(|a, b| {
+                // The mean of the last answers' times to first token; 0
+                // (tried first) for none.
                 let mean = |d: usize| {
-                    let l = &deps.get(d).map(|x| x.latencies.clone()).unwrap_or_default();
-                    if l.is_empty() {
-                        0.0
-                    } else {
-                        l.iter().sum::<f64>() / l.len() as f64
-                    }
+                    deps.get(d)
+                        .map(|x| &x.latencies)
+                        .filter(|l| !l.is_empty())
+                        .map_or(0.0, |l| l.iter().sum::<f64>() / l.len() as f64)
                 };
                 mean(**a).total_cmp(&mean(**b)).then(a.cmp(b))
             })?,

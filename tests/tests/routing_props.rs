@@ -5,7 +5,8 @@
 //! fleet, whose classes and policies were written alongside the filter.
 //! This test draws the whole setting at random instead: a manifest (tenants
 //! and groups, a model catalogue, one to three model classes, 3 to 40
-//! destinations of every tier with random models served, pools, prices and
+//! destinations of every tier, or in one fleet of five 65 to 130 (masks of
+//! more than one word), with random models served, pools, prices and
 //! per-model cost factors) and a policy set (a base permit that reads
 //! `context.model`, random permits and forbids over request, tenant and
 //! destination attributes, and forbids on `context.substituted` and
@@ -111,7 +112,12 @@ fn manifest(r: &mut Rng) -> (String, usize) {
             "[[model_classes]]\nname = \"c{c}\"\nmodels = {members:?}"
         );
     }
-    let destinations = 3 + r.below(38) as usize;
+    // One fleet in five past 64 destinations: masks of several words.
+    let destinations = if r.below(5) == 0 {
+        65 + r.below(66) as usize
+    } else {
+        3 + r.below(38) as usize
+    };
     for d in 0..destinations {
         let mut served = subset(r, models);
         if served.is_empty() {
@@ -297,6 +303,7 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
             .cloned(),
     );
     let attrs = tables.attribute_count();
+    let warm = vec![u64::MAX; tables.words()];
     for case in 0..48 {
         let mut values: Vec<u32> = (0..attrs)
             .map(|a| {
@@ -357,7 +364,7 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
             tables
                 .feasible(&values, &mut mask)
                 .map_err(|e| e.to_string())?;
-            if let Ok(d) = decide(&slate, &mask, &[u64::MAX], &req) {
+            if let Ok(d) = decide(&slate, &mask, &warm, &req) {
                 if !allowed(d.index, name, false, false)? {
                     return Err(why("unrouted", d.index, name));
                 }
@@ -415,7 +422,7 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
                 ));
             }
         }
-        if let Ok(d) = decide_scaled(&slate, &pairs.mask, &[u64::MAX], &req, &pairs.scale) {
+        if let Ok(d) = decide_scaled(&slate, &pairs.mask, &warm, &req, &pairs.scale) {
             seen.routed += 1;
             let k = pairs.member(d.index).ok_or("the choice has no model")?;
             if asked.member.is_some_and(|a| a != k) {

@@ -236,7 +236,7 @@ fn a_callout_timeout_response_matches_envoy() {
 }
 
 /// Counts `on_vm_start` and `on_configure` in shared data (one ASCII
-/// digit each), logs every root-context callback, and reports the counts
+/// digit each, compare-and-swapped: worker VMs start concurrently), logs every root-context callback, and reports the counts
 /// and this VM's own starts as response headers.
 const LIFECYCLE: &str = r#"(module
     (import "env" "proxy_get_shared_data" (func $sget (param i32 i32 i32 i32 i32) (result i32)))
@@ -260,9 +260,15 @@ const LIFECYCLE: &str = r#"(module
             (i32.eqz (call $sget (local.get $k) (local.get $kl) (i32.const 300) (i32.const 304) (i32.const 308)))
             (then (i32.load8_u (i32.load (i32.const 300))))
             (else (i32.const 48))))
+    ;; read, add one, write back with the read's CAS; again on a mismatch
+    ;; (two workers' VMs start at the same time)
     (func $bump (param $k i32) (param $kl i32)
-        (i32.store8 (i32.const 400) (i32.add (call $count (local.get $k) (local.get $kl)) (i32.const 1)))
-        (drop (call $sset (local.get $k) (local.get $kl) (i32.const 400) (i32.const 1) (i32.const 0))))
+        (loop $again
+            (i32.store (i32.const 308) (i32.const 0))
+            (i32.store8 (i32.const 400) (i32.add (call $count (local.get $k) (local.get $kl)) (i32.const 1)))
+            (br_if $again (i32.ne
+                (call $sset (local.get $k) (local.get $kl) (i32.const 400) (i32.const 1) (i32.load (i32.const 308)))
+                (i32.const 0)))))
     (func $report (param $n i32) (param $nl i32) (param $digit i32)
         (i32.store8 (i32.const 404) (local.get $digit))
         (drop (call $add (i32.const 2) (local.get $n) (local.get $nl) (i32.const 404) (i32.const 1))))

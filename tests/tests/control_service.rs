@@ -18,6 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const TOKEN: &str = "e2e-token";
 const INTERVAL: Duration = Duration::from_millis(500);
+/// How long the filter prices one destination's held (stale) load.
+const HELD_LOAD: Duration = Duration::from_millis(1500);
 
 use ace_cli::control_fleet::{gpu_feed, plan_line};
 
@@ -111,7 +113,8 @@ impl World {
         let mut plugin = plugin;
         plugin["response_headers"] = json!(true);
         plugin["control"] = json!({"cluster": "ace_control", "token": TOKEN,
-            "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000});
+            "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000,
+            "held_load_ms": HELD_LOAD.as_millis() as u64});
         let plugin = plugin;
         let control = json!({"cluster": "ace_control", "token": TOKEN,
             "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000});
@@ -267,6 +270,37 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     eu_data_stays_in_the_eu(&envoy);
 }
 
+/// One model server stops answering its scrapes: the service holds its
+/// last figures, marked stale, and the filter prices them for
+/// `control.held_load_ms` from their scrape, then drops them, while the
+/// other destinations keep their live load.
+fn a_hung_scrape_stops_being_priced_after_the_bound(filter: Filter) {
+    use ace_harness::model_server::EndpointBehavior;
+    let w = World::new();
+    let envoy = w.envoy(filter);
+    let two_polls = 2 * INTERVAL + Duration::from_millis(1500);
+    until_public_goes_to(&envoy, "eu-owned", two_polls);
+    // Both GPU pools report themselves full (owned: 20 in 8 slots; spot:
+    // 80 in 64): public traffic goes to the API.
+    w.owned.set_reported_load(8, 12);
+    w.spot.set_reported_load(60, 20);
+    until_public_goes_to(&envoy, "us-api", two_polls + INTERVAL);
+    // The spot server's metrics hang. Its 80 requests are held, then no
+    // longer priced: it is cheaper than the API again, while the owned
+    // pool, cheaper still, keeps its live (full) load and gets nothing.
+    w.spot.set_metrics_behavior(EndpointBehavior::Hang);
+    let bound = HELD_LOAD + 3 * INTERVAL + two_polls;
+    let took = until_public_goes_to(&envoy, "us-spot", bound);
+    println!("{filter:?}: the held load stopped being priced {took:?} after the scrape hung");
+    eu_data_stays_in_the_eu(&envoy);
+    // The server answers again, still full: its live load is priced.
+    w.spot.set_metrics_behavior(EndpointBehavior::Serve);
+    until_public_goes_to(&envoy, "us-api", two_polls + INTERVAL);
+    // And the owned pool empties: back home.
+    w.owned.clear_reported_load();
+    until_public_goes_to(&envoy, "eu-owned", two_polls + INTERVAL);
+}
+
 /// Snapshot requests the service has answered, every status together,
 /// from its own `/metrics`.
 fn service_polls(port: u16) -> u64 {
@@ -302,5 +336,6 @@ fn one_poll_per_interval_per_envoy_with_four_workers(filter: Filter) {
 
 ace_tests::for_each_filter!(
     the_control_service_moves_traffic_and_never_feasibility,
+    a_hung_scrape_stops_being_priced_after_the_bound,
     one_poll_per_interval_per_envoy_with_four_workers,
 );

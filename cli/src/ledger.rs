@@ -255,9 +255,22 @@ fn ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         ..Options::default()
     };
+    let mut unpriced = Vec::new();
     for f in &a.files {
         let s = ledger.ingest_path(f, &opts)?;
         print_summary(&s);
+        unpriced.extend(s.rejected.into_iter().filter(|r| r.event_id.is_some()));
+    }
+    // Every line was read and the rest booked; still, events that wait
+    // for their configuration need the operator, so the exit says so.
+    if let Some(first) = unpriced.first() {
+        return Err(anyhow!(
+            "{} events not priced, first {}:{}: {}",
+            unpriced.len(),
+            terminal(&first.source),
+            first.line,
+            terminal(&first.error)
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -14,8 +14,16 @@
 //!   `TRUE` seen plus 30 s.
 //! - **Azure**: `GET /metadata/scheduledevents?api-version=2020-07-01`
 //!   with `Metadata: true`: `{"Events": [...]}`; an event with `EventType:
-//!   Preempt` is a notice, evicted at its `NotBefore` (an RFC 1123 date,
-//!   empty once the event has started: now). A cancelled event disappears.
+//!   Preempt` whose `Resources` names this VM is a notice, evicted at its
+//!   `NotBefore` (an RFC 1123 date, empty once the event has started: now).
+//!   A cancelled event disappears. Azure delivers every event to every VM
+//!   of the availability set or scale-set placement group, so an event
+//!   naming only other VMs is not this VM's: the VM's own name comes from
+//!   the manifest (`eviction.vm_name`) or, by default, from the metadata
+//!   service (`GET /metadata/instance/compute/name?api-version=2021-02-01&format=text`),
+//!   asked once. Names compare without regard to case, and an event with
+//!   no `Resources` at all is taken as this VM's (draining an instance
+//!   that stays costs a little; serving on one that goes costs failures).
 //!
 //! Only a definite "no notice" (AWS 404, GCP `FALSE`, Azure without a
 //! `Preempt` event) lifts a notice. A poll that fails keeps what the last
@@ -73,17 +81,48 @@ pub struct Poller {
     base: String,
     aws_token: Option<String>,
     gcp_first_seen_ms: Option<u64>,
+    /// Azure: this VM's name (given, or asked of the metadata service).
+    vm_name: Option<String>,
 }
 
 impl Poller {
-    /// A poller for `cloud` at metadata base URL `base`.
-    pub fn new(cloud: Cloud, base: String) -> Poller {
+    /// A poller for `cloud` at metadata base URL `base`; `vm_name` is the
+    /// VM's name in Azure's events (`None`: ask the metadata service).
+    pub fn new(cloud: Cloud, base: String, vm_name: Option<String>) -> Poller {
         Poller {
             cloud,
             base,
             aws_token: None,
             gcp_first_seen_ms: None,
+            vm_name,
         }
+    }
+
+    /// Azure: this VM's name, asked of the metadata service the first time.
+    async fn azure_vm_name(&mut self, client: &reqwest::Client) -> Result<String, Error> {
+        if let Some(n) = &self.vm_name {
+            return Ok(n.clone());
+        }
+        let url = format!(
+            "{}/metadata/instance/compute/name?api-version=2021-02-01&format=text",
+            self.base
+        );
+        let req = client.get(&url).header("Metadata", "true");
+        let r = send_ok(
+            req,
+            &url,
+            "asked for this VM's name (set `eviction.vm_name` in the manifest),",
+        )
+        .await?;
+        let name = r.text().await.map_err(|e| Error::http(&url, e))?;
+        let name = name.trim();
+        if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+            return Err(Error::new(format!(
+                "{url}: not a VM name; set `eviction.vm_name` in the manifest"
+            )));
+        }
+        self.vm_name = Some(name.to_string());
+        Ok(name.to_string())
     }
 
     /// The URL polled, for logs.
@@ -113,18 +152,10 @@ impl Poller {
                 Some(t) => t.clone(),
                 None => {
                     let url = format!("{}/latest/api/token", self.base);
-                    let r = client
+                    let req = client
                         .put(&url)
-                        .header("X-aws-ec2-metadata-token-ttl-seconds", "21600")
-                        .send()
-                        .await
-                        .map_err(|e| Error::http(&url, e))?;
-                    if !r.status().is_success() {
-                        return Err(Error::new(format!(
-                            "{url}: IMDSv2 token request answered {}",
-                            r.status()
-                        )));
-                    }
+                        .header("X-aws-ec2-metadata-token-ttl-seconds", "21600");
+                    let r = send_ok(req, &url, "IMDSv2 token request").await?;
                     let t = r.text().await.map_err(|e| Error::http(&url, e))?;
                     self.aws_token = Some(t.trim().to_string());
                     t.trim().to_string()
@@ -173,15 +204,8 @@ impl Poller {
 
     async fn gcp(&mut self, client: &reqwest::Client, now_ms: u64) -> Result<Answer, Error> {
         let url = self.url();
-        let r = client
-            .get(&url)
-            .header("Metadata-Flavor", "Google")
-            .send()
-            .await
-            .map_err(|e| Error::http(&url, e))?;
-        if !r.status().is_success() {
-            return Err(Error::new(format!("{url}: answered {}", r.status())));
-        }
+        let req = client.get(&url).header("Metadata-Flavor", "Google");
+        let r = send_ok(req, &url, "").await?;
         let body = r.text().await.map_err(|e| Error::http(&url, e))?;
         match body.trim() {
             "FALSE" => {
@@ -215,17 +239,12 @@ impl Poller {
             kind: String,
             #[serde(rename = "NotBefore", default)]
             not_before: String,
+            #[serde(rename = "Resources", default)]
+            resources: Vec<String>,
         }
+        let vm = self.azure_vm_name(client).await?;
         let url = self.url();
-        let r = client
-            .get(&url)
-            .header("Metadata", "true")
-            .send()
-            .await
-            .map_err(|e| Error::http(&url, e))?;
-        if !r.status().is_success() {
-            return Err(Error::new(format!("{url}: answered {}", r.status())));
-        }
+        let r = send_ok(client.get(&url).header("Metadata", "true"), &url, "").await?;
         let body = r.bytes().await.map_err(|e| Error::http(&url, e))?;
         let ev: Events = serde_json::from_slice(&body).map_err(|e| {
             Error::new(format!(
@@ -233,7 +252,14 @@ impl Poller {
             ))
         })?;
         let mut first: Option<(u64, String)> = None;
-        for e in ev.events.iter().filter(|e| e.kind == "Preempt") {
+        let ours =
+            |e: &&Event| e.resources.is_empty() || e.resources.iter().any(|r| names_vm(r, &vm));
+        for e in ev
+            .events
+            .iter()
+            .filter(|e| e.kind == "Preempt")
+            .filter(ours)
+        {
             let at = if e.not_before.trim().is_empty() {
                 now_ms
             } else {
@@ -258,6 +284,30 @@ impl Poller {
             Some((at_ms, what)) => Answer::Notice { at_ms, what },
         })
     }
+}
+
+/// Sends `req` to `url`; an error or a status other than 2xx is an error
+/// naming the URL, `what` was asked (may be empty) and the status.
+async fn send_ok(
+    req: reqwest::RequestBuilder,
+    url: &str,
+    what: &str,
+) -> Result<reqwest::Response, Error> {
+    let r = req.send().await.map_err(|e| Error::http(url, e))?;
+    if !r.status().is_success() {
+        let sep = if what.is_empty() { "" } else { " " };
+        return Err(Error::new(format!(
+            "{url}: {what}{sep}answered {}",
+            r.status()
+        )));
+    }
+    Ok(r)
+}
+
+/// Whether a Scheduled Events `Resources` entry names VM `vm`. Case is
+/// not significant in Azure resource names.
+fn names_vm(resource: &str, vm: &str) -> bool {
+    resource.trim().eq_ignore_ascii_case(vm.trim())
 }
 
 #[cfg(test)]
@@ -306,7 +356,7 @@ mod tests {
                     }
                 }),
             );
-        let mut p = Poller::new(Cloud::Aws, serve(app).await);
+        let mut p = Poller::new(Cloud::Aws, serve(app).await, None);
         let c = client();
         assert_eq!(p.poll(&c, 0).await.unwrap(), Answer::Clear);
         *notice.lock().unwrap() = Some(r#"{"action":"terminate","time":"2026-12-05T10:02:00Z"}"#);
@@ -336,7 +386,7 @@ mod tests {
                 (StatusCode::OK, s.lock().unwrap().to_string())
             }),
         );
-        let mut p = Poller::new(Cloud::Gcp, serve(app).await);
+        let mut p = Poller::new(Cloud::Gcp, serve(app).await, None);
         let c = client();
         assert_eq!(p.poll(&c, 1000).await.unwrap(), Answer::Clear);
         *state.lock().unwrap() = "TRUE";
@@ -346,6 +396,95 @@ mod tests {
         assert!(matches!(a, Answer::Notice { at_ms: 35_000, .. }), "{a:?}");
         *state.lock().unwrap() = "maybe";
         assert!(p.poll(&c, 7000).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn azure_drains_only_the_vm_its_event_names() {
+        let doc = Arc::new(Mutex::new(fixture!("azure-scheduledevents-empty.json")));
+        let d = doc.clone();
+        let asked = Arc::new(Mutex::new(0));
+        let a = asked.clone();
+        let metadata = |h: &HeaderMap| h.get("metadata").map(|v| v.as_bytes()) == Some(b"true");
+        let app = Router::new()
+            .route(
+                "/metadata/scheduledevents",
+                get(move |h: HeaderMap| async move {
+                    if !metadata(&h) {
+                        return (StatusCode::BAD_REQUEST, "");
+                    }
+                    (StatusCode::OK, *d.lock().unwrap())
+                }),
+            )
+            .route(
+                "/metadata/instance/compute/name",
+                get(move |h: HeaderMap| async move {
+                    *a.lock().unwrap() += 1;
+                    if !metadata(&h) {
+                        return (StatusCode::BAD_REQUEST, "");
+                    }
+                    (StatusCode::OK, fixture!("azure-compute-name.txt"))
+                }),
+            );
+        let base = serve(app).await;
+        let c = client();
+        // This VM is `vm-a`, as the metadata service says.
+        let mut p = Poller::new(Cloud::Azure, base.clone(), None);
+        assert_eq!(p.poll(&c, 0).await.unwrap(), Answer::Clear);
+        // A Preempt for `vm-b`, delivered to every VM of the set: not ours.
+        *doc.lock().unwrap() = fixture!("azure-scheduledevents-preempt-other.json");
+        assert_eq!(p.poll(&c, 0).await.unwrap(), Answer::Clear);
+        // The same event naming `vm-a`: drained at its NotBefore.
+        *doc.lock().unwrap() = fixture!("azure-scheduledevents-preempt-self.json");
+        let at = chrono::DateTime::parse_from_rfc2822("Mon, 19 Sep 2039 18:29:47 GMT")
+            .unwrap()
+            .timestamp_millis() as u64;
+        assert!(
+            matches!(p.poll(&c, 0).await.unwrap(), Answer::Notice { at_ms, .. } if at_ms == at)
+        );
+        // The name was asked once.
+        assert_eq!(*asked.lock().unwrap(), 1);
+        // A name given in the manifest is used instead (case does not
+        // matter in Azure's names).
+        let mut b = Poller::new(Cloud::Azure, base, Some("VM-B".into()));
+        *doc.lock().unwrap() = fixture!("azure-scheduledevents-preempt-other.json");
+        assert!(matches!(
+            b.poll(&c, 0).await.unwrap(),
+            Answer::Notice { .. }
+        ));
+        assert_eq!(*asked.lock().unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn aws_and_gcp_documented_notices() {
+        let app = Router::new()
+            .route("/latest/api/token", put(|| async { "tok" }))
+            .route(
+                "/latest/meta-data/spot/instance-action",
+                get(|| async { fixture!("aws-instance-action.json") }),
+            );
+        let mut p = Poller::new(Cloud::Aws, serve(app).await, None);
+        let a = p.poll(&client(), 0).await.unwrap();
+        let want = crate::rfc3339_ms("2026-12-05T10:02:00Z").unwrap();
+        assert!(
+            matches!(a, Answer::Notice { at_ms, .. } if at_ms == want),
+            "{a:?}"
+        );
+        let answer = Arc::new(Mutex::new(fixture!("gcp-preempted-false.txt")));
+        let g = answer.clone();
+        let app = Router::new().route(
+            "/computeMetadata/v1/instance/preempted",
+            get(move || async move { *g.lock().unwrap() }),
+        );
+        let mut p = Poller::new(Cloud::Gcp, serve(app).await, None);
+        assert_eq!(p.poll(&client(), 0).await.unwrap(), Answer::Clear);
+        *answer.lock().unwrap() = fixture!("gcp-preempted-true.txt");
+        assert!(matches!(
+            p.poll(&client(), 0).await.unwrap(),
+            Answer::Notice {
+                at_ms: GCP_NOTICE_MS,
+                ..
+            }
+        ));
     }
 
     #[tokio::test]
@@ -363,7 +502,7 @@ mod tests {
                 (StatusCode::OK, d.lock().unwrap().clone())
             }),
         );
-        let mut p = Poller::new(Cloud::Azure, serve(app).await);
+        let mut p = Poller::new(Cloud::Azure, serve(app).await, Some("vm".into()));
         let c = client();
         assert_eq!(p.poll(&c, 0).await.unwrap(), Answer::Clear);
         *doc.lock().unwrap() = r#"{"DocumentIncarnation":2,"Events":[{"EventId":"p","EventType":"Preempt","ResourceType":"VirtualMachine","Resources":["vm"],"EventStatus":"Scheduled","NotBefore":"Mon, 19 Sep 2016 18:29:47 GMT"}]}"#.into();

@@ -16,6 +16,20 @@
 //! completes) and [`fetch`] (a client for one snapshot).
 #![forbid(unsafe_code)]
 
+/// A file from `tests/fixtures/`, for the unit tests (each fixture cites
+/// the engine, cloud or provider and version it follows:
+/// `tests/fixtures/README.md`).
+#[cfg(test)]
+macro_rules! fixture {
+    ($name:literal) => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/",
+            $name
+        ))
+    };
+}
+
 pub mod eviction;
 pub mod load;
 pub mod models;
@@ -195,20 +209,41 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, Error> {
         .map_err(|e| Error::new(format!("cannot build the HTTP client: {e}")))
 }
 
-async fn get_bytes(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, Error> {
-    let r = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| Error::http(url, e))?;
+/// GETs `url`, with `bearer` as its `Authorization: Bearer` token when
+/// given (a model server started with an API key); the key never appears
+/// in an error.
+async fn get_bytes(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: Option<&str>,
+) -> Result<Vec<u8>, Error> {
+    let mut req = client.get(url);
+    if let Some(k) = bearer {
+        req = req.bearer_auth(k);
+    }
+    let r = req.send().await.map_err(|e| Error::http(url, e))?;
+    if r.status() == reqwest::StatusCode::UNAUTHORIZED {
+        let fix = if bearer.is_some() {
+            "the key in the destination's `api_key_file` was refused"
+        } else {
+            "the server wants an API key: name a file holding it in the destination's `control.api_key_file`"
+        };
+        return Err(Error::new(format!(
+            "{url}: answered 401 Unauthorized: {fix}"
+        )));
+    }
     if !r.status().is_success() {
         return Err(Error::new(format!("{url}: answered {}", r.status())));
     }
     Ok(r.bytes().await.map_err(|e| Error::http(url, e))?.to_vec())
 }
 
-async fn get_text(client: &reqwest::Client, url: &str) -> Result<String, Error> {
-    let b = get_bytes(client, url).await?;
+async fn get_text(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: Option<&str>,
+) -> Result<String, Error> {
+    let b = get_bytes(client, url, bearer).await?;
     String::from_utf8(b).map_err(|_| Error::new(format!("{url}: the body is not UTF-8")))
 }
 
@@ -256,10 +291,10 @@ fn destinations(path: &std::path::Path) -> Result<Vec<Dest>, Error> {
             .unwrap_or_default();
         // The manifest loader validated engine and provider names.
         let engine = load::Engine::parse(c.engine()).unwrap_or(load::Engine::Vllm);
-        let eviction = c
-            .eviction
-            .as_ref()
-            .and_then(|e| eviction::Cloud::parse(&e.provider).map(|cloud| (cloud, e.base_url())));
+        let eviction = c.eviction.as_ref().and_then(|e| {
+            eviction::Cloud::parse(&e.provider)
+                .map(|cloud| (cloud, e.base_url(), e.vm_name.clone()))
+        });
         out.push(Dest {
             name: r.name,
             gpus: r.gpus,
@@ -270,6 +305,8 @@ fn destinations(path: &std::path::Path) -> Result<Vec<Dest>, Error> {
             price_key: c.price_key.clone(),
             gpu_price_key: c.gpu_price_key.clone(),
             plan: c.plan_app.zip(c.slots_per_gpu),
+            api_key_file: c.api_key_file.as_ref().map(|f| m.resolve_path(f)),
+            kv_token_budget: c.kv_token_budget,
         });
     }
     Ok(out)
@@ -304,8 +341,27 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .map(|p| (p.start_ms, (p.step.as_millis() as u64).max(1))),
     };
     let client = http_client(timeout)?;
+    // Model-server API keys: read now (an unreadable or empty file refuses
+    // to start), then re-read when the file changes (a rotated key).
+    let mut key_files: Vec<(usize, Watched)> = Vec::new();
+    let mut keys = vec![None; dests.len()];
+    for (d, dest) in dests.iter().enumerate() {
+        if let Some(path) = &dest.api_key_file {
+            let mut w = Watched::new(path.clone());
+            let bytes = w.changed()?.unwrap_or_default();
+            keys[d] = Some(api_key(&bytes).map_err(|e| {
+                Error::new(format!(
+                    "destination `{}`, control field `api_key_file` ({}): {e}",
+                    dest.name,
+                    path.display()
+                ))
+            })?);
+            key_files.push((d, w));
+        }
+    }
     let inputs = Inputs {
         live: vec![Default::default(); dests.len()],
+        keys,
         ..Inputs::default()
     };
     let svc = Arc::new(Service::new(dests, settings, inputs));
@@ -333,7 +389,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             // A feed that is down at start is retried every interval (the
             // service is worth running without GPU prices); one that
             // answers with something else is a configuration error.
-            match get_bytes(&client, &u).await {
+            match get_bytes(&client, &u, None).await {
                 Ok(bytes) => {
                     let f = prices::GpuPrices::parse(&bytes)
                         .map_err(|e| Error::new(format!("--gpu-prices {u}: {e}")))?;
@@ -396,9 +452,9 @@ pub async fn start(config: Config) -> Result<Running, Error> {
                 }
             });
         }
-        if let Some((cloud, base)) = dest.eviction.clone() {
+        if let Some((cloud, base, vm_name)) = dest.eviction.clone() {
             let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
-            let mut poller = eviction::Poller::new(cloud, base);
+            let mut poller = eviction::Poller::new(cloud, base, vm_name);
             tasks.spawn(async move {
                 loop {
                     tick.tick().await;
@@ -424,7 +480,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
                     });
                 }
                 if let Some(u) = &gpu_url {
-                    let r = match get_bytes(&client, u).await {
+                    let r = match get_bytes(&client, u, None).await {
                         Ok(b) => prices::GpuPrices::parse(&b)
                             .map_err(|e| format!("{u}: {e}"))
                             .map(|f| {
@@ -440,6 +496,12 @@ pub async fn start(config: Config) -> Result<Running, Error> {
                         u,
                         r.as_ref().map(|_| ()).map_err(String::as_str),
                     );
+                }
+                for (d, w) in &mut key_files {
+                    let d = *d;
+                    reread(&svc, "api_key_file", w, |b, _| {
+                        api_key(b).map(|k| svc.inputs().keys[d] = Some(k))
+                    });
                 }
                 if let Some(w) = &mut plan_file {
                     reread(&svc, "plan", w, |b, _| {
@@ -481,6 +543,22 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         tasks,
         stop: Some(stop),
     })
+}
+
+/// The API key in a key file's bytes: one line of visible ASCII (a
+/// trailing newline allowed). Its text never appears in an error.
+fn api_key(bytes: &[u8]) -> Result<String, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "the key file is not text".to_string())?;
+    let key = text.trim_end_matches(['\r', '\n']);
+    if key.is_empty() {
+        return Err("the key file is empty: put the model server's API key in it".into());
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(
+            "the key file must hold one line of visible ASCII characters (the key alone)".into(),
+        );
+    }
+    Ok(key.to_string())
 }
 
 fn w_name(p: &std::path::Path) -> String {

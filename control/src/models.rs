@@ -66,6 +66,24 @@ mod tests {
     }
 
     #[test]
+    fn a_real_vllm_answer_lists_its_base_and_adapter() {
+        // vLLM's OpenAI server, a base model and a LoRA adapter
+        // (tests/fixtures/README.md cites the version).
+        let body = fixture!("vllm-models.json").as_bytes();
+        assert_eq!(
+            read(body).unwrap(),
+            vec![
+                "meta-llama/Llama-3.1-8B-Instruct".to_string(),
+                "sql-lora".into()
+            ]
+        );
+        // Its 401 body (started with --api-key, asked without it) is not
+        // a list.
+        let body = fixture!("vllm-models-401.json").as_bytes();
+        assert!(read(body).is_err());
+    }
+
+    #[test]
     fn malformed_lists_name_the_problem() {
         assert!(read(b"[]")
             .unwrap_err()

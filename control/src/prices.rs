@@ -5,10 +5,15 @@
 //! `model_prices_and_context_window.json`, an object keyed by model name
 //! (some keys carry a provider prefix, `mistral/mistral-small`), whose
 //! entries give `input_cost_per_token` and `output_cost_per_token` in USD.
-//! A destination's `price_key` is looked up as written, then without its
-//! provider prefix, then as the one key that is it with a provider prefix
-//! (`gpt-4o` finds `openai/gpt-4o` when no other provider lists it; when
-//! several do, the error lists them). LiteLLM's file has carried prices as strings; a string
+//! A destination's `price_key` is looked up as written; a key with a
+//! provider prefix (`groq/gpt-4o`) then finds the entry without it, or the
+//! one key ending in it, only when that entry's own `litellm_provider`
+//! is the key's provider, as LiteLLM itself matches them: `groq/gpt-4o`
+//! never gets OpenAI's `gpt-4o` price, nor `mistral/mistral-large` a
+//! reseller's `vercel_ai_gateway/mistral/mistral-large`. A key without a
+//! prefix finds the one key that is it with a provider prefix (`gpt-4o`
+//! finds `openai/gpt-4o` when no other provider lists it; when several
+//! do, the error lists them). LiteLLM's file has carried prices as strings; a string
 //! that parses as a number (`"2.5e-06"`) is accepted as that number, any
 //! other string is refused, naming the key and field. Only the entries a
 //! destination names are read, so the thousands of others (and LiteLLM's
@@ -50,35 +55,64 @@ impl TokenPrices {
         }
     }
 
-    /// The per-token prices under `key` (or `key` without its provider
-    /// prefix).
+    /// The per-token prices under `key`: the entry of that name; else, for
+    /// a key with a provider prefix (`groq/gpt-4o`), the entry without it
+    /// or the one key ending in it, but only when that entry's
+    /// `litellm_provider` is the key's provider (LiteLLM's own rule,
+    /// `_check_provider_match` in `litellm/utils.py`, with its allowances
+    /// for `vertex_ai*`, `fireworks_ai*`, `bedrock*` and `azure_ai`); else,
+    /// for a key without one, the one entry that is it with a provider
+    /// prefix. An entry with no `litellm_provider` matches any provider.
     pub fn price(&self, key: &str) -> Result<Price, String> {
-        let stripped = key.split_once('/').map(|(_, rest)| rest);
+        let wanted = key.split_once('/').map(|(p, rest)| (p, rest));
+        fn provider_of(e: &Value) -> Option<&str> {
+            e.get("litellm_provider").and_then(Value::as_str)
+        }
         let (found, entry) = match self.0.get(key) {
             Some(e) => (key, e),
-            None => match stripped.and_then(|s| self.0.get(s).map(|e| (s, e))) {
-                Some(x) => x,
-                None => {
-                    let suffix = format!("/{key}");
-                    let near: Vec<(&String, &Value)> = self
-                        .0
-                        .iter()
-                        .filter(|(k, _)| k.ends_with(&suffix))
-                        .take(4)
-                        .collect();
-                    match near[..] {
-                        [(k, e)] => (k.as_str(), e),
-                        [] => return Err(format!("no entry `{key}` in the price file")),
-                        _ => {
-                            let names: Vec<&str> = near.iter().map(|(k, _)| k.as_str()).collect();
-                            return Err(format!(
-                                "no entry `{key}` in the price file, and several with a provider prefix (`{}`): name one in `price_key`",
-                                names.join("`, `")
-                            ));
-                        }
+            None => {
+                let suffix = format!("/{key}");
+                let mut near: Vec<(&str, &Value)> = Vec::new();
+                if let Some((_, rest)) = wanted {
+                    if let Some(e) = self.0.get(rest) {
+                        near.push((rest, e));
                     }
                 }
-            },
+                near.extend(
+                    self.0
+                        .iter()
+                        .filter(|(k, _)| k.ends_with(&suffix))
+                        .map(|(k, e)| (k.as_str(), e)),
+                );
+                // A provider named in the key must be the entry's own.
+                let (fits, others): (Vec<_>, Vec<_>) =
+                    near.into_iter().partition(|(_, e)| match wanted {
+                        Some((p, _)) => provider_matches(provider_of(e), p),
+                        None => true,
+                    });
+                match fits[..] {
+                    [(k, e)] => (k, e),
+                    [] => {
+                        let Some((p, _)) = wanted else {
+                            return Err(format!("no entry `{key}` in the price file"));
+                        };
+                        return Err(match others.first() {
+                            None => format!("no entry `{key}` in the price file"),
+                            Some((k, e)) => format!(
+                                "no entry `{key}` in the price file; `{k}` is provider `{}`'s, not `{p}`'s: name an entry of `{p}`'s in `price_key`",
+                                provider_of(e).unwrap_or("?")
+                            ),
+                        });
+                    }
+                    _ => {
+                        let names: Vec<&str> = fits.iter().take(4).map(|(k, _)| *k).collect();
+                        return Err(format!(
+                            "no entry `{key}` in the price file, and several with a provider prefix (`{}`): name one in `price_key`",
+                            names.join("`, `")
+                        ));
+                    }
+                }
+            }
         };
         let field = |name: &str| -> Result<f64, String> {
             let v = entry
@@ -102,6 +136,20 @@ impl TokenPrices {
             usd_per_output_token: field("output_cost_per_token")?,
         })
     }
+}
+
+/// Whether an entry of provider `entry` (its `litellm_provider`; `None`:
+/// no constraint) may price a key of provider `wanted`, as LiteLLM's
+/// `_check_provider_match` (litellm 1.110.2, `litellm/utils.py`) decides.
+fn provider_matches(entry: Option<&str>, wanted: &str) -> bool {
+    let Some(e) = entry else {
+        return true;
+    };
+    e == wanted
+        || (wanted == "vertex_ai" && e.starts_with("vertex_ai"))
+        || (wanted == "fireworks_ai" && e.starts_with("fireworks_ai"))
+        || (wanted.starts_with("bedrock") && e.starts_with("bedrock"))
+        || (wanted == "azure_ai" && (e == "azure" || e == "openai"))
 }
 
 #[derive(Deserialize)]
@@ -203,6 +251,49 @@ mod tests {
         assert!(e.contains("`input_cost_per_token` is \"cheap\""), "{e}");
         assert!(t.price("huge").unwrap_err().contains("from 0 to"));
         assert!(TokenPrices::parse(b"[1]").is_err());
+    }
+
+    #[test]
+    fn a_provider_named_in_the_key_must_be_the_entrys_own() {
+        // Entries copied from litellm 1.110.2's price file
+        // (tests/fixtures/README.md).
+        let t = TokenPrices::parse(fixture!("litellm-prices.json").as_bytes()).unwrap();
+        // A reseller's entry ending in the key is not Mistral's own.
+        let e = t.price("mistral/mistral-large").unwrap_err();
+        assert!(
+            e.contains("`vercel_ai_gateway/mistral/mistral-large` is provider `vercel_ai_gateway`'s, not `mistral`'s"),
+            "{e}"
+        );
+        // OpenAI's `gpt-4o` is not Groq's.
+        let e = t.price("groq/gpt-4o").unwrap_err();
+        assert!(
+            e.contains("`gpt-4o` is provider `openai`'s, not `groq`'s"),
+            "{e}"
+        );
+        // The provider's own entries are found, with or without a prefix.
+        assert_eq!(
+            t.price("openai/gpt-4o").unwrap().usd_per_input_token,
+            2.5e-6
+        );
+        assert_eq!(t.price("gpt-4o").unwrap().usd_per_input_token, 2.5e-6);
+        assert_eq!(
+            t.price("azure/eu/gpt-4o").unwrap().usd_per_input_token,
+            2.75e-6
+        );
+        assert_eq!(
+            t.price("mistral/mistral-large-latest")
+                .unwrap()
+                .usd_per_output_token,
+            1.5e-6
+        );
+        // LiteLLM's allowance: Azure AI serves Azure's and OpenAI's models.
+        assert_eq!(
+            t.price("azure_ai/gpt-4o").unwrap().usd_per_input_token,
+            2.5e-6
+        );
+        // An entry without prices is named.
+        let e = t.price("snowflake/mistral-large").unwrap_err();
+        assert!(e.contains("has no `input_cost_per_token`"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,18 @@
 //! `name{label="value",...} value [timestamp]` with `\\`, `\"` and `\n`
 //! escapes in label values. Like Prometheus, one malformed line fails the
 //! whole scrape, naming the line.
+//!
+//! OpenMetrics adds three things a reader must pass over rather than
+//! fail on: an exemplar after a sample (`... 3 # {trace_id="a"} 0.5
+//! 1.7e9`, on any histogram bucket or counter, which engines attach from
+//! their tracing), `# UNIT` lines, and the closing `# EOF`.
+//!
+//! The `# TYPE` lines matter too: a family declared with no samples is a
+//! labelled metric no series of which has been set yet. `prometheus_client`
+//! (vLLM, SGLang, trtllm-serve) writes exactly that for a labelled gauge
+//! before its first `labels(...).set()`, which is how a freshly started
+//! `trtllm-serve` shows its load gauges. [`Page::declares`] tells a reader
+//! so, and it can read the family as empty instead of missing.
 
 /// One sample: a metric name, its labels and its value.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,17 +46,54 @@ impl Sample {
     }
 }
 
+/// A scrape's page: its samples and the families its `# TYPE` lines
+/// declare.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Page {
+    /// Every sample, in the order written.
+    pub samples: Vec<Sample>,
+    /// The family names declared by `# TYPE` lines.
+    pub declared: Vec<String>,
+}
+
+impl Page {
+    /// Whether a `# TYPE` line declares family `name`.
+    pub fn declares(&self, name: &str) -> bool {
+        self.declared.iter().any(|d| d == name)
+    }
+
+    /// Whether any sample is named `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.samples.iter().any(|s| s.name == name)
+    }
+}
+
 /// Every sample in `text`, or the first malformed line (1-based) and why.
-pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
-    let mut out = Vec::new();
+pub fn parse(text: &str) -> Result<Page, String> {
+    let mut page = Page::default();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        if line.is_empty() {
             continue;
         }
-        out.push(sample(line).map_err(|e| format!("metrics line {}: {e}", i + 1))?);
+        if let Some(comment) = line.strip_prefix('#') {
+            let mut words = comment.split_whitespace();
+            match words.next() {
+                // OpenMetrics: nothing after `# EOF` is part of the page.
+                Some("EOF") => break,
+                Some("TYPE") => {
+                    if let Some(name) = words.next() {
+                        page.declared.push(name.to_string());
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        let s = sample(line).map_err(|e| format!("metrics line {}: {e}", i + 1))?;
+        page.samples.push(s);
     }
-    Ok(out)
+    Ok(page)
 }
 
 fn is_name_start(c: char) -> bool {
@@ -68,6 +117,14 @@ fn sample(line: &str) -> Result<Sample, String> {
     let mut labels = Vec::new();
     if let Some(r) = rest.strip_prefix('{') {
         rest = read_labels(r, &mut labels)?;
+    }
+    // An OpenMetrics exemplar (`# {labels} value [timestamp]`) follows the
+    // value and timestamp; no `#` can come earlier once the labels are read.
+    if let Some(at) = rest.find('#') {
+        if !rest[at + 1..].trim_start().starts_with('{') {
+            return Err(format!("`{name}` has `#` after its value but no exemplar"));
+        }
+        rest = &rest[..at];
     }
     let mut parts = rest.split_whitespace();
     let value = parts
@@ -163,7 +220,7 @@ mod tests {
             vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"} 1.7e+09\n\
             weird{v=\"q\\\"uote\\\\back\\nline\",} +Inf 1700000000000\n\
             bare 4\n";
-        let s = parse(text).unwrap();
+        let s = parse(text).unwrap().samples;
         assert_eq!(s.len(), 4);
         assert_eq!(s[0].name, "vllm:num_requests_running");
         assert_eq!(s[0].label("model_name"), Some("m"));
@@ -176,6 +233,24 @@ mod tests {
     }
 
     #[test]
+    fn openmetrics_exemplars_units_and_eof_are_passed_over() {
+        let text = "# TYPE vllm:e2e_request_latency_seconds histogram\n\
+            # UNIT vllm:e2e_request_latency_seconds seconds\n\
+            vllm:e2e_request_latency_seconds_bucket{le=\"0.5\"} 3.0 # {trace_id=\"abc\"} 0.4 1.7e9\n\
+            vllm:e2e_request_latency_seconds_count 3.0\n\
+            # TYPE trtllm_num_requests_running gauge\n\
+            # EOF\n\
+            after 1\n";
+        let p = parse(text).unwrap();
+        assert_eq!(p.samples.len(), 2);
+        assert_eq!(p.samples[0].value, 3.0);
+        assert_eq!(p.samples[0].label("le"), Some("0.5"));
+        assert!(p.declares("trtllm_num_requests_running"));
+        assert!(!p.has("trtllm_num_requests_running"));
+        assert!(!p.has("after"), "nothing after # EOF");
+    }
+
+    #[test]
     fn a_malformed_line_fails_the_scrape_naming_it() {
         for (text, want) in [
             ("ok 1\n9bad 1\n", "line 2"),
@@ -184,6 +259,7 @@ mod tests {
             ("x abc\n", "not a number"),
             ("x\n", "no value"),
             ("x 1 2 3\n", "after its value"),
+            ("x 1 # 2\n", "no exemplar"),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");

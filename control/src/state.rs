@@ -39,11 +39,17 @@ pub(crate) struct Dest {
     pub engine: Engine,
     pub metrics: Option<String>,
     pub models: Option<String>,
-    pub eviction: Option<(eviction::Cloud, String)>,
+    /// The cloud, its metadata base URL and (Azure) the VM's name.
+    pub eviction: Option<(eviction::Cloud, String, Option<String>)>,
     pub price_key: Option<String>,
     pub gpu_price_key: Option<String>,
     /// (RT app, slots per GPU).
     pub plan: Option<(u32, u32)>,
+    /// The file holding the model server's API key, sent as a bearer
+    /// token with its metrics and model-list requests.
+    pub api_key_file: Option<PathBuf>,
+    /// The engine's batch token budget, for KV use reported in tokens.
+    pub kv_token_budget: Option<u64>,
 }
 
 /// What the sources said of one destination.
@@ -51,6 +57,9 @@ pub(crate) struct Dest {
 pub(crate) struct Live {
     /// The last good load and when it was scraped (Unix ms).
     pub load: Option<(Load, u64)>,
+    /// When the model server's process started, Unix seconds, as its last
+    /// good scrape said (`process_start_time_seconds`).
+    pub started_s: Option<f64>,
     /// The last scrape failed.
     pub load_failed: bool,
     pub adapters: Option<Vec<String>>,
@@ -67,6 +76,8 @@ pub(crate) struct Live {
 #[derive(Debug, Default)]
 pub(crate) struct Inputs {
     pub live: Vec<Live>,
+    /// Per destination, its model server's API key, when it has one.
+    pub keys: Vec<Option<String>>,
     pub token_prices: Option<TokenPrices>,
     pub gpu_prices: Option<GpuPrices>,
     pub plan: Option<Plan>,
@@ -198,9 +209,12 @@ impl Service {
             return;
         };
         let key = format!("destination `{}`", self.dests[d].name);
+        let api_key = self.api_key(d);
         let got = async {
-            let body = crate::get_text(client, url).await?;
-            load::read(self.dests[d].engine, &body).map_err(|e| Error::new(format!("{url}: {e}")))
+            let body = crate::get_text(client, url, api_key.as_deref()).await?;
+            let dest = &self.dests[d];
+            load::read(dest.engine, &body, dest.kv_token_budget)
+                .map_err(|e| Error::new(format!("{url}: {e}")))
         }
         .await;
         let now = now_ms();
@@ -208,10 +222,24 @@ impl Service {
         let live = &mut inputs.live[d];
         match got {
             Ok(f) => {
+                // A new process: what the old one had loaded is gone
+                // until the server lists it again.
+                let restarted =
+                    matches!((live.started_s, f.started_s), (Some(a), Some(b)) if a != b);
+                if restarted {
+                    live.models = None;
+                }
+                live.started_s = f.started_s.or(live.started_s);
                 live.load = Some((f.load, now));
                 live.load_failed = false;
                 live.adapters = f.adapters;
                 drop(inputs);
+                if restarted {
+                    eprintln!(
+                        "ace control: metrics: destination `{}`: the model server restarted; its held figures and loaded models are dropped",
+                        self.dests[d].name
+                    );
+                }
                 self.note("metrics", &key, Ok(()));
             }
             Err(e) => {
@@ -223,14 +251,20 @@ impl Service {
         }
     }
 
+    /// Destination `d`'s model-server API key, if it has one.
+    fn api_key(&self, d: usize) -> Option<String> {
+        self.inputs().keys.get(d).cloned().flatten()
+    }
+
     /// Reads destination `d`'s model list once.
     pub async fn poll_models(&self, d: usize, client: &reqwest::Client) {
         let Some(url) = &self.dests[d].models else {
             return;
         };
         let key = format!("destination `{}`", self.dests[d].name);
+        let api_key = self.api_key(d);
         let got = async {
-            let body = crate::get_bytes(client, url).await?;
+            let body = crate::get_bytes(client, url, api_key.as_deref()).await?;
             models::read(&body).map_err(|e| Error::new(format!("{url}: {e}")))
         }
         .await;
@@ -361,9 +395,17 @@ impl Service {
         let mut out = Vec::new();
         for (d, dest) in self.dests.iter().enumerate() {
             let live = &inputs.live[d];
-            let load = live.load.map(|(l, at)| Load {
-                stale: live.load_failed || now.saturating_sub(at) > s.stale_after_ms,
-                ..l
+            let load = live.load.map(|(l, at)| {
+                let stale = live.load_failed || now.saturating_sub(at) > s.stale_after_ms;
+                // Held figures carry their scrape time, for the filter's
+                // bound; current ones none, so they do not change the
+                // snapshot at every scrape.
+                let scraped_ms = if stale { at.max(1) } else { 0 };
+                Load {
+                    stale,
+                    scraped_ms,
+                    ..l
+                }
             });
             let capacity = match (dest.plan, &inputs.plan) {
                 (Some((app, slots)), Some(p)) => match step.and_then(|k| p.gpus(k, app)) {

@@ -356,7 +356,14 @@ async fn gcp_true_and_azure_preempt_drain() {
         dir.path(),
         &[
             dest("g", "spot", "", &eviction("gcp", &gcp)),
-            dest("a", "spot", "", &eviction("azure", &azure)),
+            dest(
+                "a",
+                "spot",
+                "",
+                &format!(
+                    "eviction = {{ provider = \"azure\", url = \"{azure}\", vm_name = \"vm1\" }}"
+                ),
+            ),
         ],
     );
     let r = ace_control::start(config(m)).await.unwrap();
@@ -701,4 +708,180 @@ async fn a_gpu_price_feed_over_http_is_fetched_every_interval() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(hourly(&snapshot(&r).await.0), Some(1.5));
     r.stop().await;
+}
+
+/// A page or answer from `tests/fixtures/` (each cites the engine, cloud
+/// or provider and version it follows: `tests/fixtures/README.md`).
+macro_rules! fixture {
+    ($name:literal) => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/",
+            $name
+        ))
+    };
+}
+
+/// A model server serving whatever page the test sets at `path`.
+async fn fake_engine(path: &'static str, page: Arc<Mutex<Option<&'static str>>>) -> String {
+    serve(Router::new().route(
+        path,
+        get(move || async move {
+            match *page.lock().unwrap() {
+                Some(p) => (StatusCode::OK, p),
+                None => (StatusCode::SERVICE_UNAVAILABLE, ""),
+            }
+        }),
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn restarted_and_fresh_engines_report_no_phantom_load() {
+    let tgi_page = Arc::new(Mutex::new(Some(fixture!("tgi-busy.prom"))));
+    let trt_page = Arc::new(Mutex::new(Some(fixture!("trtllm-busy.prom"))));
+    let fresh_page = Arc::new(Mutex::new(Some(fixture!("tgi-fresh.prom"))));
+    let tgi = fake_engine("/metrics", tgi_page.clone()).await;
+    let trt = fake_engine("/prometheus/metrics", trt_page.clone()).await;
+    let fresh = fake_engine("/metrics", fresh_page).await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(
+        dir.path(),
+        &[
+            dest(
+                "tgi",
+                "inhouse",
+                "",
+                &format!("url = \"{tgi}\"\nengine = \"tgi\"\nkv_token_budget = 16384\nmodels = \"{tgi}/none\""),
+            ),
+            dest(
+                "trt",
+                "inhouse",
+                "",
+                &format!("url = \"{trt}\"\nengine = \"trtllm\"\nmodels = \"{trt}/none\""),
+            ),
+            dest(
+                "fresh",
+                "inhouse",
+                "",
+                &format!("url = \"{fresh}\"\nengine = \"tgi\"\nmodels = \"{fresh}/none\""),
+            ),
+        ],
+    );
+    let r = ace_control::start(config(m)).await.unwrap();
+    let load = |s: &Snapshot, name: &str| report(s, name).and_then(|r| r.load);
+    let s = wait_for(&r, "busy figures", |s| {
+        load(s, "tgi").is_some_and(|l| l.running == 3 && !l.stale)
+            && load(s, "trt").is_some_and(|l| l.running == 5 && !l.stale)
+    })
+    .await;
+    let t = load(&s, "tgi").unwrap();
+    assert_eq!(
+        (t.waiting, t.kv_permille),
+        (9, 250),
+        "TGI KV use: 4096 of 16384 tokens"
+    );
+    // A TGI that has served nothing yet is up and idle, not failing.
+    let f = load(&s, "fresh").expect("a fresh TGI has a load");
+    assert_eq!((f.running, f.waiting, f.stale), (0, 0, false));
+
+    // Both go down: their figures are held, stale, with their scrape time.
+    *tgi_page.lock().unwrap() = None;
+    *trt_page.lock().unwrap() = None;
+    let s = wait_for(&r, "held figures", |s| {
+        load(s, "tgi").is_some_and(|l| l.stale) && load(s, "trt").is_some_and(|l| l.stale)
+    })
+    .await;
+    let held = load(&s, "tgi").unwrap();
+    assert_eq!((held.running, held.waiting), (3, 9));
+    assert!(held.scraped_ms > 0 && held.scraped_ms <= now_ms());
+
+    // They come back restarted: TGI's page is empty until its first
+    // request, trtllm-serve's has no load gauge until one completes.
+    *tgi_page.lock().unwrap() = Some(fixture!("tgi-restarted.prom"));
+    *trt_page.lock().unwrap() = Some(fixture!("trtllm-fresh.prom"));
+    let s = wait_for(&r, "restarted engines, idle", |s| {
+        load(s, "tgi").is_some_and(|l| !l.stale) && load(s, "trt").is_some_and(|l| !l.stale)
+    })
+    .await;
+    for name in ["tgi", "trt"] {
+        let l = load(&s, name).unwrap();
+        assert_eq!(
+            (l.running, l.waiting, l.scraped_ms),
+            (0, 0, 0),
+            "{name}: no phantom requests after a restart"
+        );
+    }
+    let m = metrics(&r).await;
+    assert!(
+        m.contains("ace_control_scrape_failures_total{destination=\"fresh\"} 0"),
+        "a fresh engine is never a scrape failure: {m}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_keyed_model_server_is_read_with_the_key_from_its_file() {
+    const KEY: &str = "sk-vllm-local-7f3a";
+    let app = Router::new()
+        .route("/metrics", get(|| async { fixture!("vllm-v1.prom") }))
+        .route(
+            "/v1/models",
+            // vLLM with --api-key: 401 and its body without the bearer.
+            get(|h: HeaderMap| async move {
+                let ok = h.get("authorization").map(|v| v.as_bytes())
+                    == Some(format!("Bearer {KEY}").as_bytes());
+                if ok {
+                    (StatusCode::OK, fixture!("vllm-models.json"))
+                } else {
+                    (StatusCode::UNAUTHORIZED, fixture!("vllm-models-401.json"))
+                }
+            }),
+        );
+    let base = serve(app).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("vllm.key"), format!("{KEY}\n")).unwrap();
+    let m = manifest(
+        dir.path(),
+        &[
+            dest(
+                "keyed",
+                "inhouse",
+                "",
+                &format!("url = \"{base}\"\napi_key_file = \"vllm.key\""),
+            ),
+            dest("keyless", "inhouse", "", &format!("url = \"{base}\"")),
+        ],
+    );
+    let r = ace_control::start(config(m)).await.unwrap();
+    let s = wait_for(&r, "the keyed server's warm list", |s| {
+        report(s, "keyed").is_some_and(|r| r.warm.is_some())
+    })
+    .await;
+    assert_eq!(
+        report(&s, "keyed").unwrap().warm.as_deref(),
+        Some(
+            &[
+                "chat-lora".to_string(),
+                "meta-llama/Llama-3.1-8B-Instruct".into(),
+                "sql-lora".into()
+            ][..]
+        )
+    );
+    // Without the key the list is never read (load still is: vLLM does not
+    // guard /metrics).
+    let keyless = report(&s, "keyless").unwrap();
+    assert!(keyless.warm.is_none() && keyless.load.is_some());
+    r.stop().await;
+
+    // An empty key file refuses to start, naming the destination and file
+    // but not printing anything of a key.
+    std::fs::write(dir.path().join("vllm.key"), "\n").unwrap();
+    let e = ace_control::start(config(dir.path().join("fleet.toml")))
+        .await
+        .unwrap_err();
+    assert!(
+        e.0.contains("destination `keyed`, control field `api_key_file`") && e.0.contains("empty"),
+        "{e}"
+    );
 }

@@ -213,6 +213,10 @@ pub struct Live {
     /// client, ACE's own included); the price uses the larger of this and
     /// ACE's own count.
     pub reported_load: u32,
+    /// Until when `reported_load` is priced, ms, when the figures are held
+    /// (the server stopped answering its scrapes): from then on only ACE's
+    /// own count remains. `None`: current figures, no end.
+    pub load_until_ms: Option<u64>,
     /// Concurrent requests the destination holds now, when the owned or
     /// committed capacity changed since the configuration was written.
     pub capacity: Option<u32>,
@@ -239,6 +243,10 @@ pub enum Signal {
     Load {
         /// Requests in the server now.
         requests: u32,
+        /// For held figures (the server's last good scrape, while its
+        /// scrapes fail), the instant after which they are no longer
+        /// priced, ms; `None` for current figures.
+        until_ms: Option<u64>,
     },
     /// The destination's concurrent-request capacity changed (GPUs added
     /// or taken away).
@@ -287,7 +295,10 @@ impl Live {
     pub fn apply(&mut self, signal: Signal) -> Result<(), SignalError> {
         match signal {
             Signal::Drain { until_ms } => self.drained_until_ms = until_ms,
-            Signal::Load { requests } => self.reported_load = requests,
+            Signal::Load { requests, until_ms } => {
+                self.reported_load = requests;
+                self.load_until_ms = until_ms;
+            }
             Signal::Capacity { slots } => self.capacity = Some(slots),
             Signal::HourlyPrice { usd_per_hour: h } => {
                 if !(h.is_finite() && h >= 0.0) {
@@ -313,6 +324,7 @@ impl Live {
     pub fn is_neutral(&self) -> bool {
         self.drained_until_ms == 0
             && self.reported_load == 0
+            && self.load_until_ms.is_none()
             && self.capacity.is_none()
             && self.usd_per_token.is_none()
             && self.usd_per_hour.is_none()
@@ -336,12 +348,24 @@ impl Live {
             Some(c) => m.capacity = c,
             None => {}
         }
-        (m, in_flight.max(self.reported_load), drained)
+        (m, in_flight.max(self.reported_load_at(now_ms)), drained)
     }
 
-    /// Whether the price moves with time alone (a drain that ends).
+    /// The reported load priced at `now_ms`: held figures count until
+    /// their end, then nothing.
+    #[inline]
+    pub fn reported_load_at(&self, now_ms: u64) -> u32 {
+        match self.load_until_ms {
+            Some(until) if now_ms >= until => 0,
+            _ => self.reported_load,
+        }
+    }
+
+    /// Whether the price moves with time alone (a drain that ends, held
+    /// load figures that expire).
     pub fn depends_on_time(&self, now_ms: u64) -> bool {
         now_ms < self.drained_until_ms
+            || (self.reported_load > 0 && self.load_until_ms.is_some_and(|t| now_ms < t))
     }
 }
 
@@ -480,7 +504,16 @@ mod tests {
         s.reprice_all(&m, &p, 0);
         let all = [0b11u64];
         // The server reports itself full: the owned destination is skipped.
-        assert_eq!(s.apply(0, Signal::Load { requests: 4 }), Ok(()));
+        assert_eq!(
+            s.apply(
+                0,
+                Signal::Load {
+                    requests: 4,
+                    until_ms: None
+                }
+            ),
+            Ok(())
+        );
         s.reprice(0, &m, &p, 0);
         assert_eq!(s.decide(&all, &all, &REQ, 0).map(|d| d.index), Ok(1));
         s.release(1, 1);
@@ -523,11 +556,49 @@ mod tests {
     }
 
     #[test]
+    fn held_load_is_priced_until_its_end_then_only_our_own_count() {
+        let (mut m, p) = (models(2), HealthPolicy::default());
+        m[0].tier = Tier::InHouse;
+        m[0].capacity = 4;
+        let mut s = FleetState::new(2);
+        s.reprice_all(&m, &p, 0);
+        let all = [0b11u64];
+        // Held figures (the server stopped answering): full until 1,000.
+        let held = Signal::Load {
+            requests: 4,
+            until_ms: Some(1_000),
+        };
+        assert_eq!(s.apply(0, held), Ok(()));
+        s.reprice(0, &m, &p, 500);
+        assert!(s.live[0].depends_on_time(500));
+        assert_eq!(s.decide(&all, &all, &REQ, 500).map(|d| d.index), Ok(1));
+        s.release(1, 1);
+        // Past the end, with no new signal: `advance` alone drops them.
+        s.advance(&m, &p, 1_000);
+        assert!(!s.live[0].depends_on_time(1_000));
+        assert_eq!(s.decide(&all, &all, &REQ, 1_000).map(|d| d.index), Ok(0));
+        // Current figures never expire.
+        let current = Signal::Load {
+            requests: 4,
+            until_ms: None,
+        };
+        assert_eq!(s.apply(0, current), Ok(()));
+        assert!(!s.live[0].depends_on_time(u64::MAX - 1));
+        assert_eq!(s.live[0].reported_load_at(u64::MAX), 4);
+    }
+
+    #[test]
     fn bad_signals_are_refused_and_change_nothing() {
         let mut s = FleetState::new(1);
         let before = s.clone();
         assert_eq!(
-            s.apply(3, Signal::Load { requests: 1 }),
+            s.apply(
+                3,
+                Signal::Load {
+                    requests: 1,
+                    until_ms: None
+                }
+            ),
             Err(SignalError::NoSuchDestination(3))
         );
         for bad in [f64::NAN, -1.0, f64::INFINITY] {

@@ -128,7 +128,8 @@ fn signal() -> impl Strategy<Value = Signal> {
     ];
     prop_oneof![
         any::<u64>().prop_map(|until_ms| Signal::Drain { until_ms }),
-        any::<u32>().prop_map(|requests| Signal::Load { requests }),
+        (any::<u32>(), any::<Option<u64>>())
+            .prop_map(|(requests, until_ms)| Signal::Load { requests, until_ms }),
         any::<u32>().prop_map(|slots| Signal::Capacity { slots }),
         price
             .clone()

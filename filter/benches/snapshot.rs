@@ -35,6 +35,7 @@ fn fleet(n: usize) -> (Config, Vec<u8>) {
                 waiting: 3,
                 kv_permille: 640,
                 stale: false,
+                scraped_ms: 0,
             }),
             capacity: Some(64),
             price: Some(Price {

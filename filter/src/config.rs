@@ -543,6 +543,12 @@ pub struct ControlSettings {
     /// (default: five intervals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_after_ms: Option<u64>,
+    /// How long a destination's load figures that the control service
+    /// holds (its scrapes of that model server failing) are still priced,
+    /// counted from their last good scrape, ms (default: `stale_after_ms`;
+    /// 0 prices none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_load_ms: Option<u64>,
     /// The bearer token the control service expects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
@@ -563,6 +569,8 @@ pub struct Control {
     pub timeout_ms: u64,
     /// Age at which a snapshot is stale, ms.
     pub stale_after_ms: u64,
+    /// How long held load figures are priced from their scrape, ms.
+    pub held_load_ms: u64,
     /// The `authorization` header's value, if any.
     pub authorization: Option<String>,
 }
@@ -627,6 +635,13 @@ impl Control {
                 "must be at least control.interval_ms (a snapshot cannot go stale between polls)",
             ));
         }
+        let held_load_ms = s.held_load_ms.unwrap_or(stale_after_ms);
+        if held_load_ms > 3_600_000 {
+            return Err(err(
+                "control.held_load_ms",
+                "must be at most 3600000 (an hour): held figures describe a server that stopped answering",
+            ));
+        }
         let authorization = match s.token {
             None => None,
             Some(t) if is_visible_ascii(&t) && !t.contains(' ') => Some(format!("Bearer {t}")),
@@ -644,6 +659,7 @@ impl Control {
             interval_ms,
             timeout_ms,
             stale_after_ms,
+            held_load_ms,
             authorization,
         })
     }
@@ -1247,10 +1263,19 @@ mod tests {
             "defaults as in the plugin configuration"
         );
         assert_eq!(
-            (c.interval_ms, c.timeout_ms, c.stale_after_ms),
-            (500, 500, 2500)
+            (
+                c.interval_ms,
+                c.timeout_ms,
+                c.stale_after_ms,
+                c.held_load_ms
+            ),
+            (500, 500, 2500, 2500)
         );
         let field = |json: &str| Control::parse_poller(json.as_bytes()).unwrap_err().field;
+        assert_eq!(
+            field(r#"{"control":{"cluster":"c","held_load_ms":3600001}}"#),
+            "control.held_load_ms"
+        );
         assert_eq!(field(""), "<root>");
         assert_eq!(field("{}"), "<root>");
         assert_eq!(field(r#"{"control":{"cluster":""}}"#), "control.cluster");

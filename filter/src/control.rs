@@ -23,6 +23,14 @@
 //!   and passive health remain), its prices, capacities, drains and warmth
 //!   kept (they are still the best knowledge there is). A later answer
 //!   makes it fresh again, with no restart.
+//! - One destination's load can be stale while the snapshot is fresh: the
+//!   service could not scrape that model server and holds its last good
+//!   figures, marked stale with their scrape time. They are priced for
+//!   `control.held_load_ms` from that time ([`held_load_ms`]), then
+//!   dropped like a stale snapshot's: a server that stopped answering
+//!   neither looks idle at once nor keeps phantom requests priced for ever.
+//!   The end is an instant, so the fleet state reprices it with time alone
+//!   (`ace_core::fleet::Live::depends_on_time`), on every host alike.
 
 use crate::config::{Config, Control, Warmth};
 use ace_core::fleet::{FleetState, Live, Signal, SignalError};
@@ -87,10 +95,25 @@ pub fn decode(cfg: &Config, bytes: &[u8]) -> Result<Resolved, Rejected> {
     resolve(cfg, &snapshot)
 }
 
+/// How long held (stale) load figures are priced from their scrape under
+/// `cfg`: `control.held_load_ms`, or [`DEFAULT_HELD_LOAD_MS`] for a
+/// configuration without a `control` object (a host fed snapshots some
+/// other way, as the simulator is).
+pub fn held_load_ms(cfg: &Config) -> u64 {
+    cfg.control
+        .as_ref()
+        .map_or(DEFAULT_HELD_LOAD_MS, |c| c.held_load_ms)
+}
+
+/// [`held_load_ms`] without a `control` object: the default
+/// `control.stale_after_ms` at the default interval.
+pub const DEFAULT_HELD_LOAD_MS: u64 = 5_000;
+
 /// Resolve `snapshot` against `cfg`: each report to its destination's
 /// index, each figure through [`Live::apply`].
 pub fn resolve(cfg: &Config, snapshot: &Snapshot) -> Result<Resolved, Rejected> {
     let n = cfg.destinations.len();
+    let held_ms = held_load_ms(cfg);
     let mut lives = vec![Live::default(); n];
     let mut warm: Vec<Option<&[String]>> = cfg
         .destinations
@@ -112,7 +135,10 @@ pub fn resolve(cfg: &Config, snapshot: &Snapshot) -> Result<Resolved, Rejected> 
         let signals = [
             r.load.map(|l| {
                 let requests = l.requests();
-                ("load", Signal::Load { requests })
+                // Held figures (unknown scrape time: 0) end `held_ms` after
+                // their scrape; current ones do not end.
+                let until_ms = l.stale.then(|| l.scraped_ms.saturating_add(held_ms));
+                ("load", Signal::Load { requests, until_ms })
             }),
             r.capacity
                 .map(|slots| ("capacity", Signal::Capacity { slots })),
@@ -394,6 +420,7 @@ mod tests {
             waiting: 2,
             kv_permille: 900,
             stale: true,
+            scraped_ms: 40,
         });
         owned.capacity = Some(4);
         owned.warm = Some(vec!["m2".to_string()]);
@@ -414,6 +441,10 @@ mod tests {
         let r = decode(&cfg, &ace_snapshot::encode(&s).unwrap()).unwrap();
         assert_eq!(r.version, 3);
         assert_eq!(r.lives[0].reported_load, 7);
+        // Held figures end `control.held_load_ms` after their scrape.
+        let held = cfg.control.as_ref().unwrap().held_load_ms;
+        assert_eq!(r.lives[0].load_until_ms, Some(40 + held));
+        assert_eq!(r.lives[1].load_until_ms, None);
         assert_eq!(r.lives[0].capacity, Some(4));
         assert_eq!(r.lives[1].usd_per_token, Some((2e-6, 3e-6)));
         assert_eq!(r.lives[1].drained_until_ms, 99);
@@ -470,6 +501,50 @@ mod tests {
         assert_eq!(state.live[0].capacity, Some(6));
         o.heard(9_000);
         assert!(!o.stale);
+    }
+
+    #[test]
+    fn one_destinations_held_load_ends_while_the_snapshot_stays_fresh() {
+        let cfg = config();
+        let held = cfg.control.as_ref().unwrap().held_load_ms;
+        let mut o = Outside::new(&cfg);
+        let mut owned = report("owned");
+        owned.load = Some(Load {
+            running: 7,
+            waiting: 12,
+            stale: true,
+            scraped_ms: 10_000,
+            ..Load::default()
+        });
+        let s = Snapshot {
+            version: 1,
+            generated_ms: 10_000,
+            reports: vec![owned],
+        };
+        o.accept(resolve(&cfg, &s).unwrap(), 11_000);
+        let models = &cfg.models;
+        let mut state = FleetState::new(2);
+        o.apply_to(&mut state, &cfg, 11_000);
+        let priced = |state: &FleetState, now| state.live[0].reported_load_at(now);
+        assert_eq!(priced(&state, 10_000 + held - 1), 19);
+        assert_eq!(priced(&state, 10_000 + held), 0);
+        // The slate follows with time alone, as before any decision.
+        state.advance(models, &cfg.health, 10_000 + held);
+        assert!(!state.live[0].depends_on_time(10_000 + held));
+        // A held load with no scrape time is not priced at all.
+        let mut unknown = report("owned");
+        unknown.load = Some(Load {
+            running: 7,
+            stale: true,
+            ..Load::default()
+        });
+        let s = Snapshot {
+            version: 2,
+            generated_ms: 0,
+            reports: vec![unknown],
+        };
+        let r = resolve(&cfg, &s).unwrap();
+        assert_eq!(r.lives[0].reported_load_at(1_764_000_000_000), 0);
     }
 
     #[test]

@@ -46,7 +46,13 @@ fn report() -> impl Strategy<Value = Report> {
     ];
     (
         name,
-        prop::option::of((any::<u32>(), any::<u32>(), 0u16..=1000, any::<bool>())),
+        prop::option::of((
+            any::<u32>(),
+            any::<u32>(),
+            0u16..=1000,
+            any::<bool>(),
+            any::<u64>(),
+        )),
         prop::option::of(any::<u32>()),
         prop::option::of((figure(), figure())),
         prop::option::of(figure()),
@@ -56,11 +62,12 @@ fn report() -> impl Strategy<Value = Report> {
         .prop_map(
             |(name, load, capacity, price, hourly, drain, warm)| Report {
                 name,
-                load: load.map(|(running, waiting, kv_permille, stale)| Load {
+                load: load.map(|(running, waiting, kv_permille, stale, scraped_ms)| Load {
                     running,
                     waiting,
                     kv_permille,
                     stale,
+                    scraped_ms: if stale { scraped_ms } else { 0 },
                 }),
                 capacity,
                 price: price.map(|(i, o)| Price {

@@ -179,6 +179,15 @@ pub struct Control {
     /// Concurrent requests one of those GPUs holds; required with
     /// `plan_app`.
     pub slots_per_gpu: Option<u32>,
+    /// A file holding the model server's API key (`vllm --api-key`), sent
+    /// as `Authorization: Bearer` with the metrics and model-list
+    /// requests; relative to the manifest's folder. The key itself is
+    /// never written in the manifest.
+    pub api_key_file: Option<String>,
+    /// The engine's batch token budget (TGI's `--max-batch-total-tokens`,
+    /// which its log states at start), for an engine that reports KV use in
+    /// tokens but not its budget.
+    pub kv_token_budget: Option<u64>,
 }
 
 /// A spot eviction notice source.
@@ -190,6 +199,11 @@ pub struct Eviction {
     /// The instance metadata service's base URL. Default: the cloud's
     /// (`http://169.254.169.254`, GCP `http://metadata.google.internal`).
     pub url: Option<String>,
+    /// Azure: the VM's name as Scheduled Events lists it in `Resources`
+    /// (events reach every VM of an availability set or placement group,
+    /// so only those naming this VM drain it). Default: the metadata
+    /// service's own `compute/name`.
+    pub vm_name: Option<String>,
 }
 
 impl Control {
@@ -384,6 +398,16 @@ impl LoadedManifest {
         Some((classes, factors))
     }
 
+    /// A path the manifest names, relative to the manifest's folder unless
+    /// absolute.
+    pub fn resolve_path(&self, p: &str) -> std::path::PathBuf {
+        let p = Path::new(p);
+        match self.path.parent() {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p.to_path_buf(),
+        }
+    }
+
     /// Destinations with every cost default resolved, in table order.
     pub fn resolved(&self) -> Vec<ResolvedDestination> {
         self.manifest
@@ -538,6 +562,35 @@ fn check_control(
                 "eviction.provider",
                 format!("`{}` is not a known cloud", e.provider),
                 "use one of `aws`, `gcp`, `azure`",
+            );
+        }
+        match &e.vm_name {
+            Some(_) if e.provider != "azure" => bad(
+                "eviction.vm_name",
+                format!("only Azure's notices name VMs, not `{}`'s", e.provider),
+                "remove `vm_name`: AWS and GCP answer for the instance asked only",
+            ),
+            Some(n) if n.trim().is_empty() || n.chars().any(char::is_control) => bad(
+                "eviction.vm_name",
+                "the name is empty or holds control characters".into(),
+                "give the VM's name as Azure's Scheduled Events list it in `Resources`",
+            ),
+            _ => {}
+        }
+    }
+    if c.kv_token_budget == Some(0) {
+        bad(
+            "kv_token_budget",
+            "the budget is 0".into(),
+            "give the engine's batch token budget, e.g. TGI's `--max-batch-total-tokens`",
+        );
+    }
+    if let Some(f) = &c.api_key_file {
+        if f.trim().is_empty() {
+            bad(
+                "api_key_file",
+                "the path is empty".into(),
+                "name the file holding the model server's API key (never the key itself)",
             );
         }
     }

@@ -24,6 +24,7 @@
 //!          version u64 | generated_ms u64 | count u32
 //! count x  name: len u16, UTF-8 | fields u8 | then, as `fields` says:
 //!          LOAD     running u32, waiting u32, kv_permille u16, stale u8
+//!          HELD     scraped_ms u64 (only with a stale LOAD)
 //!          CAPACITY slots u32
 //!          PRICE    usd_per_input_token f64, usd_per_output_token f64
 //!          HOURLY   usd_per_hour f64
@@ -123,6 +124,13 @@ pub struct Load {
     /// The last scrape failed or is late: these are the last good
     /// figures, held (never read as idle) until a scrape succeeds.
     pub stale: bool,
+    /// When held figures were scraped, Unix ms: set only with `stale`
+    /// (0 otherwise, and 0 when unknown). A reader prices held figures for
+    /// a bound of its own from this instant, then stops: a server that
+    /// stopped answering must not keep phantom requests priced forever.
+    /// Fresh figures carry no time, so an unchanged fleet keeps its
+    /// version (and its 304s) from one scrape to the next.
+    pub scraped_ms: u64,
 }
 
 impl Load {
@@ -228,6 +236,8 @@ pub enum Problem {
     NotAnHourlyPrice,
     /// Bytes left over between the last report and the checksum.
     TrailingBytes(usize),
+    /// A scrape time on figures that are not stale (or without a load).
+    HeldNotStale,
 }
 
 impl fmt::Display for Error {
@@ -268,6 +278,9 @@ impl fmt::Display for Error {
                 "an hourly price must be a finite number of USD from 0 to {MAX_USD_PER_HOUR}"
             ),
             Problem::TrailingBytes(n) => write!(f, "{n} bytes follow the last report"),
+            Problem::HeldNotStale => {
+                f.write_str("a scrape time is carried only with a stale load")
+            }
         }
     }
 }

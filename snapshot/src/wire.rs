@@ -23,7 +23,8 @@ const PRICE: u8 = 4;
 const DRAIN: u8 = 8;
 const WARM: u8 = 16;
 const HOURLY: u8 = 32;
-const KNOWN: u8 = LOAD | CAPACITY | PRICE | HOURLY | DRAIN | WARM;
+const HELD: u8 = 64;
+const KNOWN: u8 = LOAD | HELD | CAPACITY | PRICE | HOURLY | DRAIN | WARM;
 
 /// The snapshot as bytes, after the checks [`decode`] makes.
 pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
@@ -42,13 +43,17 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
             | (r.price.is_some() as u8 * PRICE)
             | (r.usd_per_hour.is_some() as u8 * HOURLY)
             | (r.drain.is_some() as u8 * DRAIN)
-            | (r.warm.is_some() as u8 * WARM);
+            | (r.warm.is_some() as u8 * WARM)
+            | (r.load.is_some_and(|l| l.scraped_ms != 0) as u8 * HELD);
         out.push(fields);
         if let Some(l) = r.load {
             out.extend_from_slice(&l.running.to_le_bytes());
             out.extend_from_slice(&l.waiting.to_le_bytes());
             out.extend_from_slice(&l.kv_permille.to_le_bytes());
             out.push(l.stale as u8);
+            if l.scraped_ms != 0 {
+                out.extend_from_slice(&l.scraped_ms.to_le_bytes());
+            }
         }
         if let Some(c) = r.capacity {
             out.extend_from_slice(&c.to_le_bytes());
@@ -186,7 +191,15 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
                     1 => true,
                     b => return Err(r.fail("load.stale", Problem::Reserved(u64::from(b)))),
                 },
+                scraped_ms: 0,
             });
+        }
+        if fields & HELD != 0 {
+            let scraped_ms = r.u64("load.scraped_ms")?;
+            match &mut report.load {
+                Some(l) => l.scraped_ms = scraped_ms,
+                None => return Err(r.fail("load.scraped_ms", Problem::HeldNotStale)),
+            }
         }
         if fields & CAPACITY != 0 {
             report.capacity = Some(r.u32("capacity")?);
@@ -280,6 +293,9 @@ fn check(s: &Snapshot) -> Result<(), Error> {
                     let (found, max) = (u64::from(v), u64::from(MAX_REQUESTS));
                     return Err(fail(at, field, Problem::TooLarge { found, max }));
                 }
+            }
+            if l.scraped_ms != 0 && !l.stale {
+                return Err(fail(at, "load.scraped_ms", Problem::HeldNotStale));
             }
             if l.kv_permille > 1000 {
                 let found = u64::from(l.kv_permille);
@@ -416,6 +432,7 @@ mod tests {
                         waiting: 3,
                         kv_permille: 640,
                         stale: false,
+                        scraped_ms: 0,
                     }),
                     capacity: Some(48),
                     warm: Some(vec!["llama-3.1-70b".to_string(), "sql-lora".to_string()]),
@@ -449,6 +466,28 @@ mod tests {
         assert_eq!(decode(&bytes).unwrap(), s);
         assert_eq!(etag(&bytes).unwrap().len(), 2 + 1 + 1 + 8);
         assert!(etag(&bytes).unwrap().starts_with("\"7-"));
+    }
+
+    #[test]
+    fn held_figures_carry_their_scrape_time_and_fresh_ones_do_not() {
+        let mut s = sample();
+        let fresh = encode(&s).unwrap();
+        if let Some(l) = &mut s.reports[0].load {
+            l.stale = true;
+            l.scraped_ms = 1_764_000_000_500;
+        }
+        let held = encode(&s).unwrap();
+        assert_eq!(held.len(), fresh.len() + 8);
+        assert_eq!(decode(&held).unwrap(), s);
+        // A scrape time on fresh figures is refused, naming the field.
+        if let Some(l) = &mut s.reports[0].load {
+            l.stale = false;
+        }
+        let e = encode(&s).unwrap_err();
+        assert_eq!(
+            (e.field, e.problem),
+            ("load.scraped_ms", Problem::HeldNotStale)
+        );
     }
 
     #[test]
@@ -510,6 +549,7 @@ mod tests {
                         waiting: 0,
                         kv_permille: 1001,
                         stale: false,
+                        scraped_ms: 0,
                     })
                 },
                 "load.kv_permille",

@@ -12,12 +12,15 @@ fn report(i: usize) -> impl Strategy<Value = Report> {
         0u32..=1_000_000,
         0u16..=1000,
         any::<bool>(),
+        any::<u64>(),
     )
-        .prop_map(|(running, waiting, kv_permille, stale)| Load {
+        .prop_map(|(running, waiting, kv_permille, stale, scraped_ms)| Load {
             running,
             waiting,
             kv_permille,
             stale,
+            // A scrape time travels only with held (stale) figures.
+            scraped_ms: if stale { scraped_ms } else { 0 },
         });
     let usd = prop_oneof![
         Just(0.0),

@@ -444,6 +444,7 @@ impl Ace {
                         waiting: u.queue.len() as u32,
                         kv_permille: 0,
                         stale: false,
+                        scraped_ms: 0,
                     }),
                     usd_per_hour: (d.usd_per_gpu_hour > 0.0)
                         .then(|| d.usd_per_gpu_hour * u.price_factor(w.now)),

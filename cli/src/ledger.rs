@@ -5,7 +5,7 @@
 use ace_cli::{out, outln};
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::{Options, Summary};
-use ace_ledger::money::usd;
+use ace_ledger::report::terminal;
 use ace_ledger::trace::{self, Select};
 use ace_ledger::window::Rules;
 use anyhow::{anyhow, Context};
@@ -188,7 +188,7 @@ pub fn print_summary(s: &Summary) {
     const MAX_SHOWN: usize = 20;
     outln!(
         "{}: {} lines, {} events booked, {} already in the ledger, {} malformed{}",
-        s.source,
+        terminal(&s.source),
         s.lines,
         s.new,
         s.already,
@@ -200,7 +200,21 @@ pub fn print_summary(s: &Summary) {
         }
     );
     for r in s.rejected.iter().take(MAX_SHOWN) {
-        outln!("  {}:{}: {}", r.source, r.line, r.error);
+        outln!(
+            "  {}:{}: {}",
+            terminal(&r.source),
+            r.line,
+            terminal(&r.error)
+        );
+    }
+    for c in s.conflicts.iter().take(MAX_SHOWN) {
+        outln!(
+            "  {}:{}: event id {} was stored for a different event; booked apart as {} (`ace ledger trace --flagged`)",
+            terminal(&c.source),
+            c.line,
+            c.event_id,
+            c.booked_as
+        );
     }
     if s.rejected.len() > MAX_SHOWN {
         outln!(
@@ -211,7 +225,7 @@ pub fn print_summary(s: &Summary) {
     if let Some(n) = s.incomplete {
         outln!(
             "  {}:{n}: incomplete last line (no newline yet), not booked; ingest again once it is complete",
-            s.source
+            terminal(&s.source)
         );
     }
 }
@@ -241,9 +255,22 @@ fn ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         ..Options::default()
     };
+    let mut unpriced = Vec::new();
     for f in &a.files {
         let s = ledger.ingest_path(f, &opts)?;
         print_summary(&s);
+        unpriced.extend(s.rejected.into_iter().filter(|r| r.event_id.is_some()));
+    }
+    // Every line was read and the rest booked; still, events that wait
+    // for their configuration need the operator, so the exit says so.
+    if let Some(first) = unpriced.first() {
+        return Err(anyhow!(
+            "{} events not priced, first {}:{}: {}",
+            unpriced.len(),
+            terminal(&first.source),
+            first.line,
+            terminal(&first.error)
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -308,39 +335,7 @@ fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    outln!(
-        "{:<32} {:<38} {:<14} {:<18} {:>14} {:>14} {:>14}  forfeited",
-        "event_id",
-        "request_id",
-        "tenant",
-        "destination",
-        "booked",
-        "payg",
-        "savings"
-    );
-    for t in &rows {
-        outln!(
-            "{:<32} {:<38} {:<14} {:<18} {:>14} {:>14} {:>14}  {}",
-            t.event_id,
-            t.request_id.as_deref().unwrap_or("-"),
-            t.tenant,
-            t.destination.as_deref().unwrap_or("(refused)"),
-            usd(t.booked),
-            t.counterfactual.map_or("-".into(), usd),
-            usd(t.savings.total()),
-            t.forfeited.as_deref().unwrap_or("")
-        );
-    }
-    outln!(
-        "{} requests: booked ${}, savings ${} (utilisation ${}, arbitrage ${}, model routing ${}, caching ${})",
-        rows.len(),
-        usd(booked),
-        usd(savings.total()),
-        usd(savings.utilisation),
-        usd(savings.arbitrage),
-        usd(savings.routing),
-        usd(savings.caching)
-    );
+    out!("{}", trace::table(&rows, booked, &savings));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -737,10 +737,26 @@ impl Config {
             ));
         }
         let raw: PluginConfig = from_json(bytes)?;
-        Self::validate(raw, config_id(bytes).into())
+        Self::validate(raw, config_id(bytes).into(), false)
     }
 
-    fn validate(raw: PluginConfig, id: std::sync::Arc<str>) -> Result<Config, ConfigError> {
+    /// Parse a configuration a filter ran with, to price the events it
+    /// wrote (the ledger's use): a configuration this release would refuse
+    /// for how it makes the filter read requests (`body.read` false while
+    /// the tables decide on `model` or a `cache` is set) still prices its
+    /// events, since those rules move no price, and an earlier release's
+    /// configuration must stay bookable. Everything else is validated as
+    /// by [`Config::parse`].
+    pub fn parse_for_pricing(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let raw: PluginConfig = from_json(bytes)?;
+        Self::validate(raw, config_id(bytes).into(), true)
+    }
+
+    fn validate(
+        raw: PluginConfig,
+        id: std::sync::Arc<str>,
+        pricing: bool,
+    ) -> Result<Config, ConfigError> {
         if raw.destinations.is_empty() {
             return Err(err("destinations", "at least one destination is required"));
         }
@@ -879,7 +895,7 @@ impl Config {
             )?),
         };
         if let Some(p) = &policy {
-            if p.model.is_some() && !raw.body.read {
+            if p.model.is_some() && !raw.body.read && !pricing {
                 return Err(err(
                     "body.read",
                     "is false but the policy tables decide on `model`: the upstream serves the \
@@ -914,7 +930,7 @@ impl Config {
         let cache = raw
             .cache
             .as_ref()
-            .map(|c| crate::cache::Cache::build(c, tables.as_ref(), raw.body.read))
+            .map(|c| crate::cache::Cache::build(c, tables.as_ref(), raw.body.read || pricing))
             .transpose()?;
         Ok(Config {
             routing,

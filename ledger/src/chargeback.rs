@@ -3,7 +3,9 @@
 //!
 //! For each owned or reserved pool (a destination of tier `inhouse` or
 //! `reserved` with a `usd_per_gpu_hour`), over the report's period `P`
-//! (first window start to last window end):
+//! (from the first window with events to the end of the last, without
+//! silences of more than a day: [`crate::report::charged_period`], so a
+//! stray event cannot bill a pool for the years between it and the rest):
 //!
 //! ```text
 //! cost        = usd_per_gpu_hour × P (hours)                  (nano-dollars)
@@ -17,6 +19,8 @@
 //! in integers, so they add up to `used` and `idle` exactly; a pool nobody
 //! used charges its whole cost as idle to [`UNUSED`]. A tenant's total is
 //! its direct (booked) cost plus its shares of used and idle capacity.
+//! Sums saturate at the ends of `i64` rather than panic on absurd stored
+//! values.
 
 use crate::money::{self, Nano};
 use serde::Serialize;
@@ -90,7 +94,7 @@ pub fn allocate(amount: Nano, weights: &BTreeMap<String, u64>) -> BTreeMap<Strin
     let left = abs as i128 - given;
     for (_, name) in rest.iter().take(left.max(0) as usize) {
         if let Some(v) = out.get_mut(*name) {
-            *v += sign as Nano;
+            *v = v.saturating_add(sign as Nano);
         }
     }
     out
@@ -117,17 +121,19 @@ pub fn build(
         .collect();
     let mut out = Vec::new();
     for (name, p) in pools {
-        let hours = period_ms as f64 / 3_600_000.0;
-        let cost = money::from_usd(p.usd_per_hour * hours).unwrap_or(0);
-        let budget = period_ms as f64 * f64::from(p.capacity.max(1));
-        let utilisation = (p.busy_ms as f64 / budget.max(1.0)).min(1.0);
+        let hours = period_ms.max(0) as f64 / 3_600_000.0;
+        let cost = money::from_usd_saturating(p.usd_per_hour * hours);
+        let budget = period_ms.max(0) as f64 * f64::from(p.capacity.max(1));
+        let utilisation = (p.busy_ms.max(0) as f64 / budget.max(1.0)).clamp(0.0, 1.0);
         let used = (cost as f64 * utilisation).round() as Nano;
-        let idle = cost - used;
+        let idle = cost.saturating_sub(used);
         for (t, v) in allocate(used, &p.tokens) {
-            tenants.entry(t).or_default().used_capacity += v;
+            let c = &mut tenants.entry(t).or_default().used_capacity;
+            *c = c.saturating_add(v);
         }
         for (t, v) in allocate(idle, &p.tokens) {
-            tenants.entry(t).or_default().idle_capacity += v;
+            let c = &mut tenants.entry(t).or_default().idle_capacity;
+            *c = c.saturating_add(v);
         }
         out.push(Pool {
             destination: name.clone(),
@@ -139,7 +145,10 @@ pub fn build(
         });
     }
     for t in tenants.values_mut() {
-        t.total = t.direct + t.used_capacity + t.idle_capacity;
+        t.total = t
+            .direct
+            .saturating_add(t.used_capacity)
+            .saturating_add(t.idle_capacity);
     }
     Chargeback {
         period_ms,

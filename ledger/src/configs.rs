@@ -6,6 +6,13 @@
 //! digits of the SHA-256 of the exact configuration bytes, which is what
 //! the filter computes; parsing uses the filter's own types, so the ledger
 //! can never read a price differently from the filter.
+//!
+//! A configuration is loaded for pricing only
+//! (`Config::parse_for_pricing`): the rules a new release applies to how
+//! a configuration makes the filter read requests are not the ledger's
+//! rules for events an earlier release already decided, so a
+//! configuration an upgrade now refuses (e.g. `body.read` false under
+//! tables that decide on `model`) still books its logs.
 
 use ace_filter::config::Config;
 use anyhow::{anyhow, Context};
@@ -32,7 +39,7 @@ impl Registry {
     pub fn add(&mut self, bytes: &[u8], origin: &str) -> anyhow::Result<String> {
         let id = config_id(bytes);
         if !self.by_id.contains_key(&id) {
-            let cfg = Config::parse(bytes).map_err(|e| anyhow!("{origin}: {e}"))?;
+            let cfg = Config::parse_for_pricing(bytes).map_err(|e| anyhow!("{origin}: {e}"))?;
             self.by_id.insert(id.clone(), cfg);
         }
         Ok(id)

@@ -8,9 +8,28 @@
 //! digits of the SHA-256 of the line's bytes: the same line ingested twice
 //! is one event, and two requests never write the same line because each
 //! carries Envoy's `x-request-id`.
+//!
+//! A line is hostile input: whatever wrote the log can write anything. So
+//! text is made storable here, once, for both stores (a NUL, which
+//! PostgreSQL's `TEXT` cannot hold, becomes the six characters `\u0000`;
+//! bytes that are not UTF-8 become `\xNN`), and times and latencies
+//! outside a sane range are refused with the field named, because every
+//! later report adds and subtracts them.
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+
+/// The earliest `time_ms` booked: 2000-01-01T00:00:00Z. ACE did not
+/// exist before; a smaller time (0, a clock never set) would stretch a
+/// report's period, and with it every owned pool's charge, over decades.
+pub const MIN_TIME_MS: u64 = 946_684_800_000;
+/// The latest `time_ms` booked, exclusive: 2100-01-01T00:00:00Z. A fixed
+/// bound (not "now"), so the same line is booked or refused the same way
+/// on every ingest.
+pub const MAX_TIME_MS: u64 = 4_102_444_800_000;
+/// The longest `latency_ms` (and `slo_ms`) booked: one day. Latencies are
+/// summed per pool, so an absurd one would claim a pool busy for ages.
+pub const MAX_LATENCY_MS: u64 = 86_400_000;
 
 /// The schema this ledger reads in full.
 pub const SCHEMA_V2: &str = "ace.event/2";
@@ -122,10 +141,79 @@ pub fn line_key(line: &[u8]) -> String {
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
+/// `s` as text both stores hold: each NUL becomes `\u0000` (as the JSON
+/// line spelled it).
+pub fn storable(s: &mut String) {
+    if s.contains('\0') {
+        *s = s.replace('\0', "\\u0000");
+    }
+}
+
+/// `line` with every byte that is not part of valid UTF-8 spelled `\\xNN`
+/// (a JSON escape of the backslash, so the string reads back as `\xNN`),
+/// or `None` when it is valid UTF-8 already.
+fn escape_invalid_utf8(line: &[u8]) -> Option<Vec<u8>> {
+    if std::str::from_utf8(line).is_ok() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(line.len() + 16);
+    for chunk in line.utf8_chunks() {
+        out.extend_from_slice(chunk.valid().as_bytes());
+        for b in chunk.invalid() {
+            out.extend_from_slice(format!("\\\\x{b:02x}").as_bytes());
+        }
+    }
+    Some(out)
+}
+
+impl Event {
+    /// Every optional text field, to make them storable at once.
+    fn optional_texts(&mut self) -> [&mut Option<String>; 10] {
+        [
+            &mut self.event_id,
+            &mut self.config,
+            &mut self.request_id,
+            &mut self.tenant,
+            &mut self.data_class,
+            &mut self.latency_class,
+            &mut self.model_requested,
+            &mut self.model_served,
+            &mut self.destination,
+            &mut self.tier,
+        ]
+    }
+
+    /// Refuse a time or latency outside the bounds, naming the field.
+    fn check_ranges(&self) -> Result<(), LineError> {
+        if !(MIN_TIME_MS..MAX_TIME_MS).contains(&self.time_ms) {
+            return Err(LineError::Invalid(format!(
+                "field `time_ms` is {}, outside the times the ledger books \
+                 ({MIN_TIME_MS}..{MAX_TIME_MS}: 2000-01-01 to 2100-01-01 UTC, in ms since the \
+                 epoch); the writer's clock or the line is wrong",
+                self.time_ms
+            )));
+        }
+        for (name, v) in [
+            ("latency_ms", Some(self.latency_ms)),
+            ("slo_ms", self.slo_ms),
+        ] {
+            if let Some(v) = v.filter(|v| *v > MAX_LATENCY_MS) {
+                return Err(LineError::Invalid(format!(
+                    "field `{name}` is {v}, more than the ledger books ({MAX_LATENCY_MS} ms, \
+                     one day); the line is wrong"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Parse one line (without its newline). A v1 line gets its key from the
 /// line and `v1_config` as its configuration.
 pub fn parse(line: &[u8], v1_config: Option<&str>) -> Result<Event, LineError> {
-    let trimmed = line.trim_ascii();
+    let original = line.trim_ascii();
+    let escaped = escape_invalid_utf8(original);
+    let trimmed = escaped.as_deref().unwrap_or(original);
     if trimmed.first() != Some(&b'{') {
         let shown = String::from_utf8_lossy(trimmed.get(..40).unwrap_or(trimmed)).into_owned();
         return Err(LineError::NotAnObject(format!(
@@ -150,8 +238,11 @@ pub fn parse(line: &[u8], v1_config: Option<&str>) -> Result<Event, LineError> {
     }
     let mut e: Event = serde_json::from_slice(trimmed)
         .map_err(|e| LineError::Invalid(format!("field error: {e}")))?;
+    e.check_ranges()?;
+    storable(&mut e.reason);
+    e.optional_texts().into_iter().flatten().for_each(storable);
     if e.schema == SCHEMA_V1 {
-        e.event_id = Some(line_key(trimmed));
+        e.event_id = Some(line_key(original));
         e.config = v1_config.map(str::to_string);
         return Ok(e);
     }
@@ -178,7 +269,7 @@ pub fn parse(line: &[u8], v1_config: Option<&str>) -> Result<Event, LineError> {
 mod tests {
     use super::*;
 
-    const V2: &str = r#"{"schema":"ace.event/2","event_id":"0123456789abcdef0123456789abcdef","config":"0123456789abcdef","request_id":"r","time_ms":1,"tenant":"t","data_class":null,"latency_class":null,"model_requested":"m","model_served":"m","destination":"d","tier":"payg","tokens_in":1,"tokens_out":2,"tokens_estimated":false,"status":200,"latency_ms":3,"slo_ms":null,"slo_met":null,"marginal_usd":0.1,"counterfactual_usd":0.1,"reason":"cheapest","warm":true,"overage":false,"usage_capped":false,"cached":false}"#;
+    const V2: &str = r#"{"schema":"ace.event/2","event_id":"0123456789abcdef0123456789abcdef","config":"0123456789abcdef","request_id":"r","time_ms":1796342400000,"tenant":"t","data_class":null,"latency_class":null,"model_requested":"m","model_served":"m","destination":"d","tier":"payg","tokens_in":1,"tokens_out":2,"tokens_estimated":false,"status":200,"latency_ms":3,"slo_ms":null,"slo_met":null,"marginal_usd":0.1,"counterfactual_usd":0.1,"reason":"cheapest","warm":true,"overage":false,"usage_capped":false,"cached":false}"#;
 
     #[test]
     fn reads_v2_and_v1_and_refuses_the_rest() {

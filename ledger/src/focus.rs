@@ -15,6 +15,15 @@
 //! | `x_Ace*` | event and request ids, destination, tier, SLO met, the four savings, forfeit reason, configuration |
 //!
 //! Costs are decimals with nine places, exact from integer nano-dollars.
+//!
+//! Text cells come from access-log lines (a client chooses its
+//! `x-request-id`, tenant and model names), and the file is opened in
+//! spreadsheets, which run a cell that begins with `=`, `+`, `-`, `@`, a
+//! tab or a carriage return as a formula. Each such text cell is
+//! neutralised as OWASP's CSV-injection guidance says: prefixed with a
+//! single quote, and, like every text cell, quoted with its double quotes
+//! doubled ([`text`]). Figures the ledger computed are written as they are
+//! (a negative saving stays a number).
 
 use crate::money::usd;
 use crate::report::Report;
@@ -80,11 +89,27 @@ pub const COLUMNS: &[&str] = &[
     "x_AceConfig",
 ];
 
+/// A figure the ledger computed (a decimal, a time, a fixed word): quoted
+/// only when CSV needs it.
 fn csv(field: &str) -> String {
     if field.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", field.replace('"', "\"\""))
+        quoted(field)
     } else {
         field.to_string()
+    }
+}
+
+fn quoted(field: &str) -> String {
+    format!("\"{}\"", field.replace('"', "\"\""))
+}
+
+/// A cell whose text came from the log: always quoted, and prefixed with
+/// `'` when a spreadsheet would read it as a formula.
+pub fn text(field: &str) -> String {
+    if field.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        quoted(&format!("'{field}"))
+    } else {
+        quoted(field)
     }
 }
 
@@ -149,7 +174,7 @@ pub fn export(
         let key = window::key(&r, rules);
         let forfeited = verdicts.get(&key).cloned().flatten();
         let split = Split::of(&r);
-        let qty = r.tokens_in + r.tokens_out;
+        let qty = r.tokens_in.saturating_add(r.tokens_out);
         let list = if r.served() {
             r.counterfactual.unwrap_or(r.booked)
         } else {
@@ -166,66 +191,57 @@ pub fn export(
             "tenant": r.tenant, "data_class": r.data_class, "latency_class": r.latency_class
         })
         .to_string();
-        let fields: Vec<String> = vec![
-            usd(billed),
-            "ace".into(),
-            "ACE fleet".into(),
-            "USD".into(),
-            bps,
-            bpe,
-            "Usage".into(),
+        let cells: Vec<String> = vec![
+            csv(&usd(billed)),
+            csv("ace"),
+            csv("ACE fleet"),
+            csv("USD"),
+            csv(&bps),
+            csv(&bpe),
+            csv("Usage"),
             String::new(),
-            format!("LLM request for {model} on {dest} ({tier})"),
-            rfc3339(r.time_ms),
-            rfc3339(r.time_ms + r.latency_ms.max(1)),
-            if reserved {
-                dest.clone()
-            } else {
-                String::new()
-            },
-            if reserved {
-                "Used".into()
-            } else {
-                String::new()
-            },
-            qty.to_string(),
-            "Tokens".into(),
-            usd(r.booked),
-            unit_price(r.booked, qty),
-            usd(r.booked),
-            "ACE".into(),
-            usd(list),
-            unit_price(list, qty),
-            pricing.into(),
-            qty.to_string(),
-            "Tokens".into(),
-            "ACE".into(),
-            "ACE".into(),
+            text(&format!("LLM request for {model} on {dest} ({tier})")),
+            csv(&rfc3339(r.time_ms)),
+            csv(&rfc3339(r.time_ms.saturating_add(r.latency_ms.max(1)))),
+            if reserved { text(&dest) } else { String::new() },
+            if reserved { csv("Used") } else { String::new() },
+            csv(&qty.to_string()),
+            csv("Tokens"),
+            csv(&usd(r.booked)),
+            csv(&unit_price(r.booked, qty)),
+            csv(&usd(r.booked)),
+            csv("ACE"),
+            csv(&usd(list)),
+            csv(&unit_price(list, qty)),
+            csv(pricing),
+            csv(&qty.to_string()),
+            csv("Tokens"),
+            csv("ACE"),
+            csv("ACE"),
             String::new(),
-            dest.clone(),
-            dest.clone(),
-            "AI and Machine Learning".into(),
-            "LLM inference".into(),
-            model,
+            text(&dest),
+            text(&dest),
+            csv("AI and Machine Learning"),
+            csv("LLM inference"),
+            text(&model),
             String::new(),
-            key.0.clone(),
-            key.0.clone(),
-            tags,
-            r.event_id.clone(),
-            r.request_id.clone().unwrap_or_default(),
-            dest,
-            tier,
-            r.slo_met.map_or(String::new(), |m| m.to_string()),
-            usd(split.utilisation),
-            usd(split.arbitrage),
-            usd(split.routing),
-            usd(split.caching),
-            forfeited.is_some().to_string(),
-            forfeited.unwrap_or_default(),
-            r.config.clone(),
+            text(&key.0),
+            text(&key.0),
+            text(&tags),
+            text(&r.event_id),
+            text(r.request_id.as_deref().unwrap_or_default()),
+            text(&dest),
+            text(&tier),
+            csv(&r.slo_met.map_or(String::new(), |m| m.to_string())),
+            csv(&usd(split.utilisation)),
+            csv(&usd(split.arbitrage)),
+            csv(&usd(split.routing)),
+            csv(&usd(split.caching)),
+            csv(&forfeited.is_some().to_string()),
+            text(&forfeited.unwrap_or_default()),
+            text(&r.config),
         ];
-        let line: Vec<String> = fields.iter().map(|f| csv(f)).collect();
-        writeln!(out, "{}", line.join(","))?;
+        writeln!(out, "{}", cells.join(","))?;
         n += 1;
         Ok(())
     })?;

@@ -39,7 +39,7 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 /// Minutes since the first window, the charts' x axis.
 fn minutes(r: &Report, start_ms: i64) -> f64 {
     let first = r.cost_series.keys().next().copied().unwrap_or(0);
-    (start_ms - first) as f64 / 60_000.0
+    start_ms.saturating_sub(first) as f64 / 60_000.0
 }
 
 fn x_range(r: &Report) -> std::ops::Range<f64> {

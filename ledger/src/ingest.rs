@@ -2,25 +2,36 @@
 //!
 //! Idempotent by construction: every event has a key (its `event_id`) and
 //! the store skips keys it holds, so a file ingested twice, or ingested
-//! again after it grew, books each event once. A last line without its
+//! again after it grew, books each event once. The key is not trusted to
+//! be unique: ids are predictable, and a line can be forged. A skipped
+//! row is compared with the stored one, on what the lines logged only
+//! ([`Row::logged`], so a change to the ledger's pricing never turns
+//! ingesting a log again into conflicts); when they differ, the new event
+//! is booked apart under a derived id (`<event_id>~<hash of what it
+//! logged>`, flagged `event_id_conflict`) and reported ([`Conflict`]), so
+//! an event can never hide another by taking its id first. `ace.event/1`
+//! lines carry no id: see `Identity` for theirs. A last line without its
 //! newline (a log cut mid-write by a crash) is not booked and not counted
 //! as malformed: it is reported as incomplete and booked when it is
 //! complete, on the next ingest or, with `follow`, as soon as Envoy
 //! finishes it.
 //!
-//! Lines that are not events (Envoy's `-`, broken JSON, an event its
-//! configuration cannot price) are counted and kept with their line numbers
-//! ([`Reject`]), never dropped silently. Two things stop the ingest instead,
-//! because no later line could be booked right either: a schema this
-//! ledger does not read, and a configuration id that is not registered.
-//! What was read before them is committed, and ingesting again is safe.
+//! Lines that are not events (Envoy's `-`, broken JSON, a time outside
+//! the bounds in [`event`], an event its configuration cannot price, a
+//! schema this ledger does not read, a configuration that is not
+//! registered, a row the store refuses) are counted and kept with their
+//! line numbers ([`Reject`]), never dropped silently, and the ingest goes
+//! on: one bad line never stops the lines after it. An event refused for an
+//! unregistered configuration is booked by a later ingest once it is
+//! registered, and the report then no longer counts it.
 
 use crate::configs::Registry;
-use crate::event::{self, LineError};
+use crate::event;
 use crate::price;
-use crate::row::Row;
+use crate::row::{Row, CONFLICT_FLAG};
 use crate::store::{Reject, Store};
-use anyhow::bail;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -73,31 +84,195 @@ pub struct Summary {
     /// Events whose logged cost or counterfactual disagree with the
     /// ledger's re-derivation (booked at the ledger's figure).
     pub disagreements: u64,
+    /// Events whose logged id the store held for a different event.
+    pub conflicts: Vec<Conflict>,
 }
 
 /// Below this many bytes no progress bar is drawn.
 const PROGRESS_FROM_BYTES: u64 = 16 << 20;
 
+/// An event whose logged `event_id` the store held for a different event:
+/// booked apart, under `booked_as`, and reported.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Conflict {
+    /// The input's name.
+    pub source: String,
+    /// 1-based line number.
+    pub line: i64,
+    /// The id the line logged.
+    pub event_id: String,
+    /// The id it is booked under: `<event_id>~<16 hex digits of the
+    /// SHA-256 of its row's logged fields>` ([`Row::logged`]).
+    pub booked_as: String,
+}
+
+/// What makes the identity of lines that carry no unique id of their own:
+/// rejected lines, and `ace.event/1` events.
+#[derive(Default)]
+struct Identity {
+    /// SHA-256 of the input's first line: tells a rotated log, or another
+    /// standard input, from the one ingested before under the same name.
+    first: Option<[u8; 32]>,
+    /// How often each rejected line's text has come so far.
+    rejected: HashMap<[u8; 32], u64>,
+    /// How often each `ace.event/1` line's key has come so far.
+    v1: HashMap<String, u64>,
+}
+
+impl Identity {
+    /// The key of rejected line `text` of `source` (see [`Reject::key`]).
+    fn reject_key(&mut self, source: &str, text: &[u8]) -> String {
+        let line: [u8; 32] = Sha256::digest(text).into();
+        let n = self.rejected.entry(line).or_default();
+        *n += 1;
+        let mut h = Sha256::new();
+        h.update(source.as_bytes());
+        h.update([0]);
+        h.update(self.first.unwrap_or_default());
+        h.update(line);
+        h.update(n.to_le_bytes());
+        hex(&h.finalize()[..16])
+    }
+
+    /// The key of the `ace.event/1` line `text` whose line key is `key`:
+    /// that key for its first occurrence in the input, so that ingesting
+    /// the same log again books nothing twice; a hash of the line and its
+    /// occurrence after that, so two requests that logged the same line (a
+    /// client chooses its `x-request-id`) are two events.
+    fn v1_key(&mut self, key: String, text: &[u8]) -> String {
+        let n = self.v1.entry(key.clone()).or_default();
+        *n += 1;
+        if *n == 1 {
+            return key;
+        }
+        let mut line = text.to_vec();
+        line.extend_from_slice(format!("\n#{n}").as_bytes());
+        event::line_key(&line)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 struct Batch<'a> {
     store: &'a mut dyn Store,
     rows: Vec<Row>,
+    /// The line number of each of `rows`.
+    lines: Vec<i64>,
     rejects: Vec<Reject>,
     size: usize,
+    ids: Identity,
 }
 
 impl Batch<'_> {
     fn flush(&mut self, s: &mut Summary) -> anyhow::Result<()> {
         if !self.rows.is_empty() {
-            let new = self.store.insert(&self.rows)?;
-            s.new += new;
-            s.already += self.rows.len() as u64 - new;
-            self.rows.clear();
+            let rows = std::mem::take(&mut self.rows);
+            let lines = std::mem::take(&mut self.lines);
+            let stored = self.insert(&rows, &lines, s)?;
+            for ((row, line), new) in rows.into_iter().zip(lines).zip(stored) {
+                match new {
+                    Some(true) => s.new += 1,
+                    Some(false) => self.settle(row, line, s)?,
+                    None => {}
+                }
+            }
         }
         if !self.rejects.is_empty() {
-            self.store.put_rejects(&self.rejects)?;
-            s.rejected.append(&mut self.rejects);
+            let mut rejects = std::mem::take(&mut self.rejects);
+            self.store.put_rejects(&rejects)?;
+            s.rejected.append(&mut rejects);
         }
         Ok(())
+    }
+
+    /// Insert `rows` in one transaction, per row whether it was new. When
+    /// the store refuses the batch, each row is tried alone, so one line
+    /// the store cannot hold is rejected, named by its line (`None`),
+    /// instead of rolling back the rest; when it refuses every row, the
+    /// store itself is failing and its error stops the ingest.
+    fn insert(
+        &mut self,
+        rows: &[Row],
+        lines: &[i64],
+        s: &Summary,
+    ) -> anyhow::Result<Vec<Option<bool>>> {
+        let batch_error = match self.store.insert(rows) {
+            Ok(new) => return Ok(new.into_iter().map(Some).collect()),
+            Err(e) => e,
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for (row, line) in rows.iter().zip(lines) {
+            match self.store.insert(std::slice::from_ref(row)) {
+                Ok(new) => out.push(new.first().copied()),
+                Err(e) => {
+                    out.push(None);
+                    let text = format!("refused {}", row.event_id);
+                    let key = self.ids.reject_key(&s.source, text.as_bytes());
+                    self.rejects.push(reject(
+                        key,
+                        &s.source,
+                        *line,
+                        format!("the store refused event {}: {e:#}", row.event_id),
+                        None,
+                    ));
+                }
+            }
+        }
+        if rows.len() > 1 && out.iter().all(Option::is_none) {
+            self.rejects.clear();
+            return Err(batch_error);
+        }
+        Ok(out)
+    }
+
+    /// `row`, whose id the store already held: the same logged fields are
+    /// an event booked before; different ones are a different event,
+    /// booked apart under a derived id and reported, so that no event can
+    /// hide another by taking its id.
+    fn settle(&mut self, row: Row, line: i64, s: &mut Summary) -> anyhow::Result<()> {
+        let said = row.logged();
+        if self.store.get(&row.event_id)?.map(|r| r.logged()).as_ref() == Some(&said) {
+            s.already += 1;
+            return Ok(());
+        }
+        let digest = Sha256::digest(serde_json::to_vec(&said)?);
+        let logged = row.event_id.clone();
+        let mut apart = row;
+        apart.event_id = format!("{logged}~{}", hex(&digest[..8]));
+        if apart.flags.is_empty() {
+            apart.flags = CONFLICT_FLAG.to_string();
+        } else {
+            apart.flags = format!("{},{CONFLICT_FLAG}", apart.flags);
+        }
+        if self.store.insert(std::slice::from_ref(&apart))?.first() == Some(&true) {
+            s.new += 1;
+        } else {
+            s.already += 1;
+        }
+        s.conflicts.push(Conflict {
+            source: s.source.clone(),
+            line,
+            event_id: logged,
+            booked_as: apart.event_id,
+        });
+        Ok(())
+    }
+}
+
+/// A rejected line, its text made storable.
+fn reject(key: String, source: &str, line: i64, error: String, event_id: Option<String>) -> Reject {
+    let mut source = source.to_string();
+    let mut error = error;
+    event::storable(&mut source);
+    event::storable(&mut error);
+    Reject {
+        key,
+        source,
+        line,
+        error,
+        event_id,
     }
 }
 
@@ -131,8 +306,10 @@ pub fn ingest(
     let mut batch = Batch {
         store,
         rows: Vec::with_capacity(opts.batch),
+        lines: Vec::with_capacity(opts.batch),
         rejects: Vec::new(),
         size: opts.batch.max(1),
+        ids: Identity::default(),
     };
     let mut buf = Vec::with_capacity(1024);
     loop {
@@ -188,53 +365,55 @@ fn line(
     if text.trim_ascii().is_empty() {
         return Ok(());
     }
-    let reject = |error: String| Reject {
-        source: source.to_string(),
-        line: number,
-        error,
+    if batch.ids.first.is_none() {
+        batch.ids.first = Some(Sha256::digest(text).into());
+    }
+    let refuse = |batch: &mut Batch<'_>, error: String, event_id: Option<String>| {
+        let key = batch.ids.reject_key(source, text);
+        batch
+            .rejects
+            .push(reject(key, source, number, error, event_id));
     };
-    let e = match event::parse(text, opts.v1_config.as_deref()) {
+    let mut e = match event::parse(text, opts.v1_config.as_deref()) {
         Ok(e) => e,
-        Err(LineError::UnknownSchema(found)) => {
-            batch.flush(s)?;
-            bail!(
-                "{source}:{number}: {}; the {} events before it are booked, and ingesting \
-                 again later is safe",
-                LineError::UnknownSchema(found),
-                s.new + s.already
-            )
-        }
         Err(err) => {
-            batch.rejects.push(reject(err.to_string()));
+            refuse(batch, err.to_string(), None);
             return Ok(());
         }
     };
+    if e.schema == event::SCHEMA_V1 {
+        let key = e.event_id.take().unwrap_or_default();
+        e.event_id = Some(batch.ids.v1_key(key, text));
+    }
     let Some(id) = e.config.clone() else {
-        batch.flush(s)?;
-        bail!(
-            "{source}:{number}: an {} line names no configuration; pass the id of the \
-             configuration that filter ran with as --v1-config (registered with --config FILE)",
+        let error = format!(
+            "an {} line names no configuration; pass the id of the configuration that filter \
+             ran with as --v1-config (registered with --config FILE), and ingest again",
             event::SCHEMA_V1
-        )
+        );
+        refuse(batch, error, e.event_id);
+        return Ok(());
     };
     let Some(cfg) = registry.get(&id) else {
-        batch.flush(s)?;
         let known = registry.ids().join(", ");
-        bail!(
-            "{source}:{number}: field `config` is {id:?}, a configuration this ledger does not \
-             hold (it holds: {}); register it with `ace ledger ingest --config \
-             plugin-config.json ...`, giving the exact JSON the filter loaded (`ace \
-             plugin-config` output)",
+        let error = format!(
+            "field `config` is {id:?}, a configuration this ledger does not hold (it holds: \
+             {}); register it with `ace ledger ingest --config plugin-config.json ...`, giving \
+             the exact JSON the filter loaded (`ace plugin-config` output), and ingest again",
             if known.is_empty() { "none" } else { &known }
-        )
+        );
+        refuse(batch, error, e.event_id);
+        return Ok(());
     };
+    price::bound_tokens(&mut e, cfg);
     match price::price(&e, cfg, &id) {
         Ok(p) => {
             let row = Row::new(e, id, p);
-            s.disagreements += u64::from(!row.flags.is_empty());
+            s.disagreements += u64::from(row.disagrees());
             batch.rows.push(row);
+            batch.lines.push(number);
         }
-        Err(err) => batch.rejects.push(reject(err.to_string())),
+        Err(err) => refuse(batch, err.to_string(), None),
     }
     Ok(())
 }

@@ -20,6 +20,16 @@ pub fn from_usd(usd: f64) -> Option<Nano> {
     (n.is_finite() && n.abs() < 9.0e18).then_some(n as i64)
 }
 
+/// `usd` rounded to the nearest nano-dollar, held to the range of
+/// [`from_usd`] at its ends (0 for NaN): for a figure that must exist even
+/// when a stored value is absurd.
+pub fn from_usd_saturating(usd: f64) -> Nano {
+    if usd.is_nan() {
+        return 0;
+    }
+    from_usd(usd.clamp(-8.999_999_999e9, 8.999_999_999e9)).unwrap_or(0)
+}
+
 /// Dollars with nine decimals, exactly (no float on the way).
 pub fn usd(n: Nano) -> String {
     let sign = if n < 0 { "-" } else { "" };

@@ -44,6 +44,23 @@ impl std::fmt::Display for PriceError {
     }
 }
 
+/// Bound `e`'s token counts by `cfg`'s `max_context_tokens`, as the filter
+/// bounds an upstream's usage claim (`ace_filter::request::book_usage`):
+/// the excess is not booked, and `usage_capped` says so. The filter also
+/// bounds output by the request's own `max_tokens`, which the line does not
+/// carry, so the context window is the ledger's bound for both. Returns
+/// whether a count was cut.
+pub fn bound_tokens(e: &mut Event, cfg: &Config) -> bool {
+    let bound = cfg.max_context_tokens;
+    let capped = e.tokens_in > bound || e.tokens_out > bound;
+    if capped {
+        e.tokens_in = e.tokens_in.min(bound);
+        e.tokens_out = e.tokens_out.min(bound);
+        e.usage_capped = true;
+    }
+    capped
+}
+
 /// Price `e` under `cfg` (the configuration with id `cfg_id`).
 pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError> {
     let Some(dest) = e.destination.as_deref() else {
@@ -235,7 +252,7 @@ pub fn filter_nano(usd: Option<f64>) -> Option<Nano> {
 /// a nano-dollar (names, comma-separated; empty when they agree).
 pub fn disagreements(e: &Event, p: &Priced) -> String {
     let off = |filter: Option<Nano>, ledger: Option<Nano>| match (filter, ledger) {
-        (Some(f), Some(l)) => (f - l).abs() > 1,
+        (Some(f), Some(l)) => f.abs_diff(l) > 1,
         (None, None) => false,
         _ => true,
     };

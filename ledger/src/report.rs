@@ -1,6 +1,10 @@
 //! The ledger's figures for every booked event, computed in one pass over
 //! the store's rows (so SQLite and PostgreSQL give the same report), and
 //! printed as a terminal table or JSON.
+//!
+//! Names in the table come from access-log lines, which anyone who can
+//! send a request partly writes: control characters are printed escaped
+//! ([`terminal`]), so a tenant name cannot drive the terminal.
 
 use crate::chargeback::{self, Chargeback, PoolUse};
 use crate::configs::Registry;
@@ -8,11 +12,30 @@ use crate::money::{usd, Nano};
 use crate::price;
 use crate::row::Row;
 use crate::split::Split;
+use crate::store::Reject;
 use crate::store::Store;
 use crate::window::{self, Rules, Window};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
+
+/// `s` for a terminal: each control character (C0, DEL, C1: escape
+/// sequences start with them) written as its Rust escape (`\u{1b}`), so
+/// text from the log prints as text.
+pub fn terminal(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
 
 /// Totals for one tier.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -50,7 +73,15 @@ pub struct Report {
     pub served: u64,
     pub not_served: u64,
     pub rejected_lines: u64,
+    /// Lines of events that could not be priced because their
+    /// configuration is not registered (or an `ace.event/1` line named
+    /// none), and that no later ingest booked.
+    pub unpriced: Vec<Reject>,
     pub disagreements: u64,
+    /// Events booked under a derived id (`<event_id>~<hash>`) because a
+    /// different event was stored under their logged `event_id` first:
+    /// one of the two is forged or the writer reused an id.
+    pub conflicts: Vec<String>,
     pub estimated_tokens: u64,
     pub usage_capped: u64,
     pub first_ms: i64,
@@ -101,24 +132,39 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
     let mut windows: BTreeMap<(String, i64), Window> = BTreeMap::new();
     let mut pools: BTreeMap<String, PoolAcc> = BTreeMap::new();
     let mut direct: BTreeMap<String, Nano> = BTreeMap::new();
+    let rejects = store.rejects()?;
+    let waiting: HashSet<&str> = rejects
+        .iter()
+        .filter_map(|r| r.event_id.as_deref())
+        .collect();
+    let mut booked_since: HashSet<String> = HashSet::new();
     store.scan(&mut |row: Row| {
+        if waiting.contains(row.event_id.as_str()) {
+            booked_since.insert(row.event_id.clone());
+        }
         let split = Split::of(&row);
         let (tenant, start) = window::key(&row, rules);
         r.events += 1;
         r.first_ms = r.first_ms.min(row.time_ms);
         r.last_ms = r.last_ms.max(row.time_ms);
-        r.disagreements += u64::from(!row.flags.is_empty());
+        r.disagreements += u64::from(row.disagrees());
+        if row.conflicted() {
+            r.conflicts.push(row.event_id.clone());
+        }
         r.estimated_tokens += u64::from(row.tokens_estimated);
         r.usage_capped += u64::from(row.usage_capped);
-        r.booked += row.booked;
-        *direct.entry(tenant.clone()).or_default() += row.booked;
-        let tokens = (row.tokens_in + row.tokens_out) as u64;
+        r.booked = r.booked.saturating_add(row.booked);
+        let d = direct.entry(tenant.clone()).or_default();
+        *d = d.saturating_add(row.booked);
+        let tokens = count(row.tokens_in).saturating_add(count(row.tokens_out));
         if row.served() {
             r.served += 1;
-            r.booked_served += row.booked;
-            r.counterfactual += row.counterfactual.unwrap_or(row.booked);
+            r.booked_served = r.booked_served.saturating_add(row.booked);
+            r.counterfactual = r
+                .counterfactual
+                .saturating_add(row.counterfactual.unwrap_or(row.booked));
             if row.slo_met != Some(false) {
-                r.goodput_tokens += row.tokens_out as u64;
+                r.goodput_tokens = r.goodput_tokens.saturating_add(count(row.tokens_out));
             }
         } else {
             r.not_served += 1;
@@ -127,13 +173,15 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
         let tier = row.tier.clone().unwrap_or_else(|| "(refused)".to_string());
         let t = r.by_tier.entry(tier.clone()).or_default();
         t.events += 1;
-        t.tokens += tokens;
-        t.booked += row.booked;
-        *r.cost_series
+        t.tokens = t.tokens.saturating_add(tokens);
+        t.booked = t.booked.saturating_add(row.booked);
+        let c = r
+            .cost_series
             .entry(start)
             .or_default()
             .entry(tier)
-            .or_default() += row.booked;
+            .or_default();
+        *c = c.saturating_add(row.booked);
         if let (Some(dest), true) = (row.destination.as_deref(), row.served()) {
             let model = registry
                 .get(&row.config)
@@ -145,17 +193,18 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
                 p.usage.tier = m.tier.as_str().to_string();
                 p.usage.usd_per_hour = m.usd_per_gpu_hour;
                 p.usage.capacity = m.capacity;
-                p.usage.busy_ms += row.latency_ms;
-                *p.usage.tokens.entry(tenant.clone()).or_default() += tokens;
-                *p.busy
-                    .entry(row.time_ms - row.time_ms.rem_euclid(rules.window_ms.max(1)))
-                    .or_default() += row.latency_ms;
+                let busy = row.latency_ms.max(0);
+                p.usage.busy_ms = p.usage.busy_ms.saturating_add(busy);
+                let t = p.usage.tokens.entry(tenant.clone()).or_default();
+                *t = t.saturating_add(tokens);
+                let b = p.busy.entry(start).or_default();
+                *b = b.saturating_add(busy);
             }
         }
         let tl = r.by_tenant.entry(tenant.clone()).or_default();
         tl.events += 1;
         tl.served += u64::from(row.served());
-        tl.booked += row.booked;
+        tl.booked = tl.booked.saturating_add(row.booked);
         let w = windows
             .entry((tenant.clone(), start))
             .or_insert_with(|| Window {
@@ -166,15 +215,26 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
         w.add(&row, &split);
         Ok(())
     })?;
-    r.rejected_lines = store.rejects()?.len() as u64;
+    let still = |r: &&Reject| {
+        r.event_id
+            .as_ref()
+            .is_none_or(|id| !booked_since.contains(id))
+    };
+    r.rejected_lines = rejects.iter().filter(still).count() as u64;
+    r.unpriced = rejects
+        .iter()
+        .filter(still)
+        .filter(|r| r.event_id.is_some())
+        .cloned()
+        .collect();
     for w in windows.values_mut() {
         w.judge(rules);
         let tl = r.by_tenant.entry(w.tenant.clone()).or_default();
         let kept = w.kept();
         r.forfeited.add(&w.lost);
-        tl.forfeited += w.lost.total();
+        tl.forfeited = tl.forfeited.saturating_add(w.lost.total());
         r.earned.add(&kept);
-        tl.earned += kept.total();
+        tl.earned = tl.earned.saturating_add(kept.total());
     }
     r.windows = windows.into_values().collect();
     if r.events == 0 {
@@ -182,13 +242,7 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
         r.last_ms = 0;
     }
     let w = rules.window_ms.max(1);
-    let period_start = r.first_ms - r.first_ms.rem_euclid(w);
-    let period_end = r.last_ms - r.last_ms.rem_euclid(w) + w;
-    let period = if r.events == 0 {
-        0
-    } else {
-        period_end - period_start
-    };
+    let period = charged_period(r.cost_series.keys().copied(), w);
     let booked_usd = crate::money::usd_f64(r.booked);
     r.goodput_per_usd = (booked_usd > 0.0).then(|| r.goodput_tokens as f64 / booked_usd);
     r.pools = pools
@@ -207,6 +261,45 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
     let uses: BTreeMap<String, PoolUse> = pools.into_iter().map(|(k, p)| (k, p.usage)).collect();
     r.chargeback = chargeback::build(&direct, &uses, period);
     Ok(r)
+}
+
+/// The longest stretch without any event that a pool is still charged
+/// for: one day (a quiet night is idle capacity; a longer silence is a log
+/// from elsewhere or a wrong clock).
+pub const MAX_CHARGED_GAP_MS: i64 = 86_400_000;
+
+/// The chargeback period over the window starts that hold events (in
+/// order): from the first window's start to the last one's end, except
+/// that a gap of more than [`MAX_CHARGED_GAP_MS`] between two windows with
+/// events counts as nothing. So one stray event far from the rest adds one
+/// window to every owned pool's bill, never the years between.
+pub fn charged_period(starts: impl Iterator<Item = i64>, window_ms: i64) -> i64 {
+    let mut period = 0i64;
+    let mut last: Option<i64> = None;
+    for s in starts {
+        let step = match last {
+            Some(l) if s.saturating_sub(l) <= MAX_CHARGED_GAP_MS => s.saturating_sub(l),
+            _ => window_ms,
+        };
+        period = period.saturating_add(step);
+        last = Some(s);
+    }
+    period
+}
+
+/// A stored count as `u64` (a negative one, which only an edited store
+/// holds, as 0).
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// How many conflicts or unpriced lines the table names.
+const SHOWN: usize = 20;
+
+fn more(s: &mut String, n: usize) {
+    if n > SHOWN {
+        let _ = writeln!(s, "  ... and {} more", n - SHOWN);
+    }
 }
 
 fn pct(part: Nano, whole: Nano) -> String {
@@ -232,8 +325,8 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "events {}  served {}  not served {}  malformed lines {}  cost disagreements with the filter {}",
-            self.events, self.served, self.not_served, self.rejected_lines, self.disagreements
+            "events {}  served {}  not served {}  malformed lines {}  cost disagreements with the filter {}  event id conflicts {}",
+            self.events, self.served, self.not_served, self.rejected_lines, self.disagreements, self.conflicts.len()
         );
         let _ = writeln!(
             s,
@@ -305,6 +398,7 @@ impl Report {
             "tier", "events", "tokens", "booked"
         );
         for (tier, t) in &self.by_tier {
+            let tier = terminal(tier);
             let _ = writeln!(
                 s,
                 "{tier:<12} {:>9} {:>12} {:>18}",
@@ -325,6 +419,7 @@ impl Report {
                 .get(name)
                 .cloned()
                 .unwrap_or_default();
+            let name = terminal(name);
             let _ = writeln!(
                 s,
                 "{name:<20} {:>8} {:>18} {:>18} {:>18} {:>18} {:>18}",
@@ -332,7 +427,7 @@ impl Report {
                 usd(t.booked),
                 usd(t.earned),
                 usd(t.forfeited),
-                usd(cb.used_capacity + cb.idle_capacity),
+                usd(cb.used_capacity.saturating_add(cb.idle_capacity)),
                 usd(cb.total)
             );
         }
@@ -346,7 +441,7 @@ impl Report {
                 let _ = writeln!(
                     s,
                     "{:<20} {:>9.1}% {:>18} {:>18} {:>18}",
-                    p.destination,
+                    terminal(&p.destination),
                     p.utilisation * 100.0,
                     usd(p.cost),
                     usd(p.used),
@@ -370,12 +465,44 @@ impl Report {
             let _ = writeln!(
                 s,
                 "  forfeited {} @ {} ({} ms): ${}: {}",
-                w.tenant,
+                terminal(&w.tenant),
                 crate::focus::rfc3339(w.start_ms),
                 w.start_ms,
                 usd(w.savings.total()),
-                w.forfeited.as_deref().unwrap_or("")
+                terminal(w.forfeited.as_deref().unwrap_or(""))
             );
+        }
+        if !self.conflicts.is_empty() {
+            let _ = writeln!(
+                s,
+                "
+event id conflicts {}: a different event was stored under each one's logged \
+                 id first, so it is booked apart (`ace ledger trace --flagged`):",
+                self.conflicts.len()
+            );
+            for id in self.conflicts.iter().take(SHOWN) {
+                let _ = writeln!(s, "  {}", terminal(id));
+            }
+            more(&mut s, self.conflicts.len());
+        }
+        if !self.unpriced.is_empty() {
+            let _ = writeln!(
+                s,
+                "
+lines not priced {}: register their configuration (`ace ledger ingest \
+                 --config FILE`) and ingest them again:",
+                self.unpriced.len()
+            );
+            for r in self.unpriced.iter().take(SHOWN) {
+                let _ = writeln!(
+                    s,
+                    "  {}:{}: {}",
+                    terminal(&r.source),
+                    r.line,
+                    terminal(&r.error)
+                );
+            }
+            more(&mut s, self.unpriced.len());
         }
         s
     }

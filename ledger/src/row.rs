@@ -46,9 +46,15 @@ pub struct Row {
     pub counterfactual: Option<Nano>,
     /// Cheapest feasible pay-as-you-go, model served.
     pub served_counterfactual: Option<Nano>,
-    /// The filter's figures that disagree with the ledger's.
+    /// The filter's figures that disagree with the ledger's, and
+    /// [`CONFLICT_FLAG`] on an event booked apart because another event
+    /// held its id (comma-separated).
     pub flags: String,
 }
+
+/// The flag of a row booked under a derived id because a different event
+/// was stored under its `event_id` first (see `ingest`).
+pub const CONFLICT_FLAG: &str = "event_id_conflict";
 
 /// The columns, in order, with their SQL types (valid in SQLite and
 /// PostgreSQL alike).
@@ -224,6 +230,33 @@ impl Row {
             served_counterfactual: c.int(29)?,
             flags: t(30)?,
         })
+    }
+
+    /// This row without the ledger's own figures (booked cost,
+    /// counterfactuals, flags): what the line said, as the ingest read it.
+    /// Two rows are the same event when these agree, so ingesting a log
+    /// again after the ledger's pricing changed is still idempotent.
+    pub fn logged(&self) -> Row {
+        Row {
+            booked: 0,
+            counterfactual: None,
+            served_counterfactual: None,
+            flags: String::new(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the filter's logged figures disagree with the ledger's.
+    pub fn disagrees(&self) -> bool {
+        self.flags
+            .split(',')
+            .any(|f| !f.is_empty() && f != CONFLICT_FLAG)
+    }
+
+    /// Whether this row was booked apart from another event that holds its
+    /// logged `event_id`.
+    pub fn conflicted(&self) -> bool {
+        self.flags.split(',').any(|f| f == CONFLICT_FLAG)
     }
 
     /// Whether the request was served: a destination (or the cache)

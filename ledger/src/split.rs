@@ -12,7 +12,10 @@
 //! ```
 //!
 //! Each request's parts are differences of the same three integers, so they
-//! add up to its total exactly, and sums of them to the sum of totals. A
+//! add up to its total exactly, and sums of them to the sum of totals.
+//! Arithmetic saturates at the ends of `i64` instead of panicking: a stored
+//! row may hold any value, and a report must still come out (no sane
+//! figure comes near ±9.2 billion dollars). A
 //! request with no feasible pay-as-you-go destination for the model it
 //! asked for has nothing to save against: every part is 0 (`C` is taken as
 //! `B`, whatever the model served could have cost).
@@ -38,15 +41,18 @@ pub struct Split {
 impl Split {
     /// The sum of the four.
     pub fn total(&self) -> Nano {
-        self.utilisation + self.arbitrage + self.routing + self.caching
+        self.utilisation
+            .saturating_add(self.arbitrage)
+            .saturating_add(self.routing)
+            .saturating_add(self.caching)
     }
 
     /// Add `o` into `self`.
     pub fn add(&mut self, o: &Split) {
-        self.utilisation += o.utilisation;
-        self.arbitrage += o.arbitrage;
-        self.routing += o.routing;
-        self.caching += o.caching;
+        self.utilisation = self.utilisation.saturating_add(o.utilisation);
+        self.arbitrage = self.arbitrage.saturating_add(o.arbitrage);
+        self.routing = self.routing.saturating_add(o.routing);
+        self.caching = self.caching.saturating_add(o.caching);
     }
 
     /// The split of one request.
@@ -64,12 +70,12 @@ impl Split {
         };
         if r.cached {
             return Split {
-                caching: c - b,
+                caching: c.saturating_sub(b),
                 ..Split::default()
             };
         }
         let cs = r.served_counterfactual.unwrap_or(c);
-        let tier_part = cs - b;
+        let tier_part = cs.saturating_sub(b);
         let owned = r
             .tier
             .as_deref()
@@ -78,7 +84,7 @@ impl Split {
         Split {
             utilisation: if owned { tier_part } else { 0 },
             arbitrage: if owned { 0 } else { tier_part },
-            routing: c - cs,
+            routing: c.saturating_sub(cs),
             caching: 0,
         }
     }

@@ -3,8 +3,12 @@
 //! Every figure in a report is a sum over rows selected by tenant, tier,
 //! destination and window; [`rows`] selects the same rows and gives each
 //! one's ids and figures, so a figure can be re-added by hand.
+//!
+//! [`table`] prints them for a terminal, with every name from the log
+//! escaped ([`crate::report::terminal`]).
 
-use crate::report::Report;
+use crate::money::usd;
+use crate::report::{terminal, Report};
 use crate::row::Row;
 use crate::split::Split;
 use crate::store::Store;
@@ -65,7 +69,7 @@ pub fn rows(
             && (!sel.flagged || !r.flags.is_empty());
         if keep {
             let split = Split::of(&r);
-            booked += r.booked;
+            booked = r.booked.saturating_add(booked);
             savings.add(&split);
             out.push(Traced {
                 event_id: r.event_id,
@@ -85,4 +89,42 @@ pub fn rows(
         Ok(())
     })?;
     Ok((out, booked, savings))
+}
+
+/// The traced rows as a terminal table, with their totals.
+pub fn table(rows: &[Traced], booked: i64, savings: &Split) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<32} {:<38} {:<14} {:<18} {:>14} {:>14} {:>14}  forfeited",
+        "event_id", "request_id", "tenant", "destination", "booked", "payg", "savings"
+    );
+    for t in rows {
+        let _ = writeln!(
+            s,
+            "{:<32} {:<38} {:<14} {:<18} {:>14} {:>14} {:>14}  {}",
+            terminal(&t.event_id),
+            terminal(t.request_id.as_deref().unwrap_or("-")),
+            terminal(&t.tenant),
+            terminal(t.destination.as_deref().unwrap_or("(refused)")),
+            usd(t.booked),
+            t.counterfactual.map_or("-".into(), usd),
+            usd(t.savings.total()),
+            terminal(t.forfeited.as_deref().unwrap_or(""))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{} requests: booked ${}, savings ${} (utilisation ${}, arbitrage ${}, model routing ${}, \
+         caching ${})",
+        rows.len(),
+        usd(booked),
+        usd(savings.total()),
+        usd(savings.utilisation),
+        usd(savings.arbitrage),
+        usd(savings.routing),
+        usd(savings.caching)
+    );
+    s
 }

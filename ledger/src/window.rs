@@ -77,11 +77,16 @@ pub struct Window {
 /// upstream (`ace_filter::cache::CHECK_REASON`).
 pub const CHECK_REASON: &str = "cache_check";
 
+/// The start of the window of length `window_ms` that holds `time_ms`
+/// (saturating at `i64::MIN`, so any stored time has one).
+pub fn start(time_ms: i64, window_ms: i64) -> i64 {
+    time_ms.saturating_sub(time_ms.rem_euclid(window_ms.max(1)))
+}
+
 /// The window key of `r` under `rules`.
 pub fn key(r: &Row, rules: &Rules) -> (String, i64) {
-    let w = rules.window_ms.max(1);
     let tenant = r.tenant.clone().unwrap_or_else(|| NO_TENANT.to_string());
-    (tenant, r.time_ms - r.time_ms.rem_euclid(w))
+    (tenant, start(r.time_ms, rules.window_ms))
 }
 
 impl Window {
@@ -148,10 +153,10 @@ impl Window {
     pub fn kept(&self) -> Split {
         let (s, l) = (&self.savings, &self.lost);
         Split {
-            utilisation: s.utilisation - l.utilisation,
-            arbitrage: s.arbitrage - l.arbitrage,
-            routing: s.routing - l.routing,
-            caching: s.caching - l.caching,
+            utilisation: s.utilisation.saturating_sub(l.utilisation),
+            arbitrage: s.arbitrage.saturating_sub(l.arbitrage),
+            routing: s.routing.saturating_sub(l.routing),
+            caching: s.caching.saturating_sub(l.caching),
         }
     }
 }

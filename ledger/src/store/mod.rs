@@ -6,7 +6,14 @@
 //! answer the same few questions; everything a report computes is computed
 //! in Rust from [`Store::scan`], so the two stores cannot give different
 //! reports for the same events. Idempotence is the primary key: an event id
-//! already stored is skipped (`ON CONFLICT DO NOTHING`).
+//! already stored is skipped (`ON CONFLICT DO NOTHING`), and the ingest
+//! compares the stored row with the skipped one, so a different event
+//! under a known id is booked apart and reported, never dropped (see
+//! [`crate::ingest`]).
+//!
+//! A store written by the previous version of these tables is migrated in
+//! place when opened ([`migrate_sql`]); one written by a later version is
+//! refused.
 
 mod postgres;
 mod sqlite;
@@ -16,17 +23,31 @@ use anyhow::{bail, Context};
 
 /// The version of the store's tables; a store written by another version
 /// is refused rather than misread.
-pub const STORE_SCHEMA: &str = "ace.ledger/1";
+pub const STORE_SCHEMA: &str = "ace.ledger/2";
 
-/// A malformed line, kept so that a report can say what was not booked.
+/// The previous version, which [`migrate_sql`] upgrades.
+pub const STORE_SCHEMA_V1: &str = "ace.ledger/1";
+
+/// A line that was not booked, kept so that a report can say what was not
+/// booked.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Reject {
+    /// What makes the record unique: a hash of the source, of the input's
+    /// first line, of this line and of how many identical lines came
+    /// before it in the input (see `ingest`), so a rotated log's or a
+    /// second standard input's lines are kept apart while ingesting the
+    /// same input again records nothing twice.
+    pub key: String,
     /// The file (or `-` for standard input).
     pub source: String,
     /// 1-based line number.
     pub line: i64,
     /// What was wrong.
     pub error: String,
+    /// The event's id, for an event that could not be priced yet (its
+    /// configuration not registered): once an ingest books that id, the
+    /// report no longer counts the line.
+    pub event_id: Option<String>,
 }
 
 /// What the ledger needs from a store.
@@ -36,9 +57,11 @@ pub trait Store: Send {
     /// Every registered configuration.
     fn configs(&mut self) -> anyhow::Result<Vec<(String, Vec<u8>)>>;
     /// Insert rows, skipping ids already stored, in one transaction;
-    /// returns how many were new.
-    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<u64>;
-    /// Record malformed lines (idempotent per source and line).
+    /// returns, per row, whether it was new.
+    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<Vec<bool>>;
+    /// The stored row with `event_id`, if any.
+    fn get(&mut self, event_id: &str) -> anyhow::Result<Option<Row>>;
+    /// Record malformed lines (idempotent per [`Reject::key`]).
     fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()>;
     /// Every recorded malformed line.
     fn rejects(&mut self) -> anyhow::Result<Vec<Reject>>;
@@ -60,11 +83,9 @@ pub fn open(url: &str) -> anyhow::Result<Box<dyn Store>> {
 pub fn schema_sql() -> Vec<String> {
     let cols: Vec<String> = COLUMNS.iter().map(|(n, t)| format!("{n} {t}")).collect();
     vec![
-        "CREATE TABLE IF NOT EXISTS ace_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)".into(),
+        META_TABLE.into(),
         "CREATE TABLE IF NOT EXISTS ace_configs (id TEXT PRIMARY KEY, json TEXT NOT NULL)".into(),
-        "CREATE TABLE IF NOT EXISTS ace_rejects (source TEXT NOT NULL, line BIGINT NOT NULL, \
-         error TEXT NOT NULL, PRIMARY KEY (source, line))"
-            .into(),
+        REJECTS_TABLE.into(),
         format!(
             "CREATE TABLE IF NOT EXISTS ace_events ({})",
             cols.join(", ")
@@ -74,6 +95,35 @@ pub fn schema_sql() -> Vec<String> {
             "INSERT INTO ace_meta (key, value) VALUES ('schema', '{STORE_SCHEMA}') \
              ON CONFLICT (key) DO NOTHING"
         ),
+    ]
+}
+
+/// The table of lines not booked.
+const REJECTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS ace_rejects (key TEXT PRIMARY KEY, \
+     source TEXT NOT NULL, line BIGINT NOT NULL, error TEXT NOT NULL, event_id TEXT)";
+
+/// The statement that creates the version table, run before anything
+/// else so the version can be read.
+pub const META_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS ace_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)";
+
+/// The statements (one transaction) that upgrade a store holding schema
+/// `found` to [`STORE_SCHEMA`]; empty when there is nothing to do. From
+/// [`STORE_SCHEMA_V1`], whose rejected lines were keyed by source and line
+/// number: each keeps its source, line and error, keyed by those.
+pub fn migrate_sql(found: Option<&str>) -> Vec<String> {
+    if found != Some(STORE_SCHEMA_V1) {
+        return Vec::new();
+    }
+    vec![
+        "ALTER TABLE ace_rejects RENAME TO ace_rejects_v1".into(),
+        REJECTS_TABLE.into(),
+        "INSERT INTO ace_rejects (key, source, line, error, event_id) \
+         SELECT 'v1:' || source || ':' || CAST(line AS TEXT), source, line, error, NULL \
+         FROM ace_rejects_v1"
+            .into(),
+        "DROP TABLE ace_rejects_v1".into(),
+        format!("UPDATE ace_meta SET value = '{STORE_SCHEMA}' WHERE key = 'schema'"),
     ]
 }
 
@@ -103,6 +153,15 @@ pub fn insert_sql() -> String {
     )
 }
 
+/// `SELECT` of the row with one event id.
+pub fn get_sql() -> String {
+    let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    format!(
+        "SELECT {} FROM ace_events WHERE event_id = $1",
+        names.join(", ")
+    )
+}
+
 /// `SELECT` of every row, in scan order.
 pub fn scan_sql() -> String {
     let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
@@ -118,10 +177,11 @@ pub const PUT_CONFIG: &str =
 /// See [`PUT_CONFIG`].
 pub const GET_CONFIGS: &str = "SELECT id, json FROM ace_configs ORDER BY id";
 /// See [`PUT_CONFIG`].
-pub const PUT_REJECT: &str = "INSERT INTO ace_rejects (source, line, error) VALUES ($1, $2, $3) \
-     ON CONFLICT (source, line) DO NOTHING";
+pub const PUT_REJECT: &str = "INSERT INTO ace_rejects (key, source, line, error, event_id) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING";
 /// See [`PUT_CONFIG`].
-pub const GET_REJECTS: &str = "SELECT source, line, error FROM ace_rejects ORDER BY source, line";
+pub const GET_REJECTS: &str =
+    "SELECT key, source, line, error, event_id FROM ace_rejects ORDER BY source, line, key";
 /// See [`PUT_CONFIG`].
 pub const GET_SCHEMA: &str = "SELECT value FROM ace_meta WHERE key = 'schema'";
 

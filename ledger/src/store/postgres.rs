@@ -71,21 +71,33 @@ impl Postgres {
             "cannot connect (is PostgreSQL running and the URL right?)",
             &name,
         )?;
-        for sql in super::schema_sql() {
-            at(
-                client.batch_execute(&sql),
-                "cannot create the tables",
-                &name,
-            )?;
-        }
-        let found = at(
-            client.query_opt(super::GET_SCHEMA, &[]),
-            "cannot read the schema version",
+        at(
+            client.batch_execute(super::META_TABLE),
+            "cannot create the tables",
             &name,
-        )?
-        .map(|r| r.get::<_, String>(0));
-        super::check_schema(found, &name)?;
-        Ok(Postgres { client, url: name })
+        )?;
+        let mut store = Postgres { client, url: name };
+        let migrate = super::migrate_sql(store.schema()?.as_deref());
+        if !migrate.is_empty() {
+            store.in_transaction(|tx, url| {
+                for sql in &migrate {
+                    at(tx.batch_execute(sql), "cannot migrate the tables", url)?;
+                }
+                Ok(())
+            })?;
+        }
+        for sql in super::schema_sql() {
+            let r = store.client.batch_execute(&sql);
+            at(r, "cannot create the tables", &store.url)?;
+        }
+        super::check_schema(store.schema()?, &store.url)?;
+        Ok(store)
+    }
+
+    /// The stored schema version.
+    fn schema(&mut self) -> anyhow::Result<Option<String>> {
+        let r = self.client.query_opt(super::GET_SCHEMA, &[]);
+        Ok(at(r, "cannot read the schema version", &self.url)?.map(|r| r.get::<_, String>(0)))
     }
 }
 
@@ -126,25 +138,35 @@ impl Store for Postgres {
             .collect())
     }
 
-    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<u64> {
+    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<Vec<bool>> {
         self.in_transaction(|tx, url| {
             let sql = super::insert_sql();
             let st = at(tx.prepare(&sql), "cannot prepare the insert", url)?;
-            let mut new = 0;
+            let mut new = Vec::with_capacity(rows.len());
             for r in rows {
                 let v = r.values();
                 let params: Vec<&(dyn ToSql + Sync)> =
                     v.iter().map(|x| x as &(dyn ToSql + Sync)).collect();
-                new += at(tx.execute(&st, &params), "cannot insert an event", url)?;
+                new.push(at(tx.execute(&st, &params), "cannot insert an event", url)? > 0);
             }
             Ok(new)
         })
     }
 
+    fn get(&mut self, event_id: &str) -> anyhow::Result<Option<Row>> {
+        let r = self.client.query_opt(&super::get_sql(), &[&event_id]);
+        match at(r, "cannot read an event", &self.url)? {
+            Some(r) => Ok(Some(Row::read(&r)?)),
+            None => Ok(None),
+        }
+    }
+
     fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()> {
         self.in_transaction(|tx, url| {
             for r in rejects {
-                let res = tx.execute(super::PUT_REJECT, &[&r.source, &r.line, &r.error]);
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&r.key, &r.source, &r.line, &r.error, &r.event_id];
+                let res = tx.execute(super::PUT_REJECT, &params);
                 at(res, "cannot record a malformed line", url)?;
             }
             Ok(())
@@ -152,15 +174,20 @@ impl Store for Postgres {
     }
 
     fn rejects(&mut self) -> anyhow::Result<Vec<Reject>> {
-        Ok(self
-            .all(super::GET_REJECTS, "cannot read rejects")?
-            .iter()
-            .map(|r| Reject {
-                source: r.get(0),
-                line: r.get(1),
-                error: r.get(2),
+        let url = self.url.clone();
+        let read = |r: &postgres::Row| -> Result<Reject, postgres::Error> {
+            Ok(Reject {
+                key: r.try_get(0)?,
+                source: r.try_get(1)?,
+                line: r.try_get(2)?,
+                error: r.try_get(3)?,
+                event_id: r.try_get(4)?,
             })
-            .collect())
+        };
+        self.all(super::GET_REJECTS, "cannot read rejects")?
+            .iter()
+            .map(|r| at(read(r), "cannot read a reject", &url))
+            .collect()
     }
 
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {

@@ -47,17 +47,38 @@ impl Sqlite {
             "cannot set WAL mode",
             &url,
         )?;
-        for sql in super::schema_sql() {
-            at(conn.execute(&sql, []), "cannot create the tables", &url)?;
-        }
-        let found: Option<String> = at(
-            conn.query_row(super::GET_SCHEMA, [], |r| r.get(0))
-                .optional(),
-            "cannot read the schema version",
+        at(
+            conn.execute(super::META_TABLE, []),
+            "cannot create the tables",
             &url,
         )?;
-        super::check_schema(found, &url)?;
-        Ok(Sqlite { conn, url })
+        let mut store = Sqlite { conn, url };
+        let migrate = super::migrate_sql(store.schema()?.as_deref());
+        if !migrate.is_empty() {
+            store.in_transaction(|tx, url| {
+                for sql in &migrate {
+                    at(tx.execute(sql, []), "cannot migrate the tables", url)?;
+                }
+                Ok(())
+            })?;
+        }
+        for sql in super::schema_sql() {
+            let r = store.conn.execute(&sql, []);
+            at(r, "cannot create the tables", &store.url)?;
+        }
+        super::check_schema(store.schema()?, &store.url)?;
+        Ok(store)
+    }
+
+    /// The stored schema version.
+    fn schema(&self) -> anyhow::Result<Option<String>> {
+        at(
+            self.conn
+                .query_row(super::GET_SCHEMA, [], |r| r.get(0))
+                .optional(),
+            "cannot read the schema version",
+            &self.url,
+        )
     }
 }
 
@@ -101,24 +122,35 @@ impl Store for Sqlite {
         Ok(out)
     }
 
-    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<u64> {
+    fn insert(&mut self, rows: &[Row]) -> anyhow::Result<Vec<bool>> {
         self.in_transaction(|tx, url| {
             let sql = super::insert_sql();
             let mut st = at(tx.prepare_cached(&sql), "cannot prepare the insert", url)?;
-            let mut new = 0u64;
+            let mut new = Vec::with_capacity(rows.len());
             for r in rows {
                 let v = r.values();
                 let params = rusqlite::params_from_iter(v.iter());
-                new += at(st.execute(params), "cannot insert an event", url)? as u64;
+                new.push(at(st.execute(params), "cannot insert an event", url)? > 0);
             }
             Ok(new)
         })
     }
 
+    fn get(&mut self, event_id: &str) -> anyhow::Result<Option<Row>> {
+        let url = self.url.clone();
+        let sql = super::get_sql();
+        let mut st = at(self.conn.prepare_cached(&sql), "cannot read an event", &url)?;
+        let mut rows = at(st.query([event_id]), "cannot read an event", &url)?;
+        match at(rows.next(), "cannot read an event", &url)? {
+            Some(r) => Ok(Some(Row::read(r)?)),
+            None => Ok(None),
+        }
+    }
+
     fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()> {
         self.in_transaction(|tx, url| {
             for r in rejects {
-                let params = rusqlite::params![r.source, r.line, r.error];
+                let params = rusqlite::params![r.key, r.source, r.line, r.error, r.event_id];
                 at(
                     tx.execute(super::PUT_REJECT, params),
                     "cannot record a malformed line",
@@ -138,9 +170,11 @@ impl Store for Sqlite {
         )?;
         let rows = st.query_map([], |r| {
             Ok(Reject {
-                source: r.get(0)?,
-                line: r.get(1)?,
-                error: r.get(2)?,
+                key: r.get(0)?,
+                source: r.get(1)?,
+                line: r.get(2)?,
+                error: r.get(3)?,
+                event_id: r.get(4)?,
             })
         });
         let rows = at(rows, "cannot read rejects", &url)?;

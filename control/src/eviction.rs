@@ -125,7 +125,7 @@ impl Poller {
                             r.status()
                         )));
                     }
-                    let t = r.text().await.map_err(|e| Error::http(&url, e))?;
+                    let t = crate::read_text(r, &url).await?;
                     self.aws_token = Some(t.trim().to_string());
                     t.trim().to_string()
                 }
@@ -149,7 +149,7 @@ impl Poller {
                         action: String,
                         time: String,
                     }
-                    let body = r.bytes().await.map_err(|e| Error::http(&url, e))?;
+                    let body = crate::read_capped(r, &url, crate::MAX_METADATA_BYTES).await?;
                     let a: Action = serde_json::from_slice(&body).map_err(|e| {
                         Error::new(format!(
                             "{url}: not an instance-action notice (`{{\"action\",\"time\"}}`): {e}"
@@ -182,7 +182,7 @@ impl Poller {
         if !r.status().is_success() {
             return Err(Error::new(format!("{url}: answered {}", r.status())));
         }
-        let body = r.text().await.map_err(|e| Error::http(&url, e))?;
+        let body = crate::read_text(r, &url).await?;
         match body.trim() {
             "FALSE" => {
                 self.gcp_first_seen_ms = None;
@@ -226,7 +226,7 @@ impl Poller {
         if !r.status().is_success() {
             return Err(Error::new(format!("{url}: answered {}", r.status())));
         }
-        let body = r.bytes().await.map_err(|e| Error::http(&url, e))?;
+        let body = crate::read_capped(r, &url, crate::MAX_METADATA_BYTES).await?;
         let ev: Events = serde_json::from_slice(&body).map_err(|e| {
             Error::new(format!(
                 "{url}: not a Scheduled Events document (`{{\"Events\":[...]}}`): {e}"

@@ -122,6 +122,14 @@ pub fn etag(encoded: &[u8]) -> Option<String> {
     Some(alloc::format!("\"{version:x}-{crc:08x}\""))
 }
 
+/// The checksum an encoded snapshot's trailer carries (`None` if the
+/// bytes are too short to be one): with the version, what tells two
+/// snapshots apart, since a producer may reuse a version for other bytes.
+pub fn checksum(encoded: &[u8]) -> Option<u32> {
+    let crc = encoded.get(encoded.len().checked_sub(TRAILER)?..)?;
+    Some(u32::from_le_bytes(crc.try_into().ok()?))
+}
+
 /// Read a snapshot, checking the checksum, the format, every field's
 /// range and the limits; an error names the first problem.
 pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {

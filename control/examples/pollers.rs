@@ -403,7 +403,9 @@ async fn pollers(args: Args) {
             Err(e) => panic!("idle connection {i}: {e} (raise `ulimit -n`)"),
         }
     }
-    // Each poller from its own address, as each Envoy has its own.
+    // Each poller from its own address, as each Envoy has its own
+    // (http_client first: it installs the TLS crypto provider).
+    let _ = ace_control::http_client(Duration::from_secs(10));
     let clients: Vec<reqwest::Client> = (0..p)
         .map(|i| {
             let from = std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250) as u8 + 1);

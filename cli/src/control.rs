@@ -77,6 +77,17 @@ pub struct ServeArgs {
     /// How long one plan step lasts.
     #[arg(long, default_value = "1h", value_parser = duration)]
     plan_step: Duration,
+    /// Connections open at once, all clients together (keep it below
+    /// `ulimit -n`).
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// Connections open at once from one client address.
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_ip: usize,
+    /// How long a connection may wait for a request's headers, and stay
+    /// idle between requests (above the filters' poll interval).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    idle_timeout: Duration,
 }
 
 /// Arguments of `ace control snapshot`.
@@ -156,6 +167,12 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         prices: a.prices,
         gpu_prices: a.gpu_prices.as_deref().map(FeedSource::parse),
         plan,
+        limits: ace_control::listen::Limits {
+            max_connections: a.max_connections,
+            max_per_ip: a.max_connections_per_ip,
+            idle_timeout: a.idle_timeout,
+            ..Default::default()
+        },
         ..Config::new(a.manifest)
     };
     ace_control::run(config, shutdown()).await?;

@@ -2,20 +2,27 @@
 //! wasm module, `playground/`) on a local address.
 //!
 //! Why a server at all: browsers load module scripts and `.wasm` only over
-//! http(s), never from `file://`. Why this small one: the site is a handful
-//! of static files read on request, so a blocking listener with a thread per
-//! connection is all it takes, and the page works the same from any static
-//! host. The default binds to 127.0.0.1: the page needs nothing else, and
-//! nothing it is given leaves the browser. Requests must be addressed to an
-//! IP address or `localhost` (the `Host` header), so that a page elsewhere
-//! cannot rebind its own domain name to this address and read the site.
+//! http(s), never from `file://`. Why this one: it is the control
+//! service's bounded server ([`ace_control::listen`]: hyper on a small
+//! tokio runtime, a connection cap in all and per address, idle and
+//! header-read timeouts), so idle connections cost a little memory each,
+//! never a thread, and past the caps are closed instead of bringing the
+//! server down. The site is a handful of static files read on request.
+//! The default binds to 127.0.0.1: the page needs nothing else, and
+//! nothing it is given leaves the browser. Requests must be addressed to
+//! an IP address or `localhost` (the `Host` header), so that a page
+//! elsewhere cannot rebind its own domain name to this address and read
+//! the site.
 
 use ace_cli::outln;
 use anyhow::{anyhow, bail, Context as _};
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::Response;
+use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where `ace playground` listens unless told otherwise (the control
@@ -34,6 +41,17 @@ pub struct Args {
     site: Option<PathBuf>,
 }
 
+/// The bounds of the playground's connections: a browser opens a handful.
+fn limits() -> ace_control::listen::Limits {
+    ace_control::listen::Limits {
+        max_connections: 512,
+        max_per_ip: 128,
+        idle_timeout: Duration::from_secs(30),
+        request_timeout: Duration::from_secs(30),
+        max_headers: MAX_HEADERS,
+    }
+}
+
 /// Builds the site unless given one, then serves it until interrupted.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let site = match args.site {
@@ -47,24 +65,104 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             site.display()
         );
     }
-    let listener = TcpListener::bind(args.listen).with_context(|| {
-        format!(
-            "cannot listen on {}; pass another address with --listen, e.g. --listen 127.0.0.1:0",
-            args.listen
-        )
-    })?;
-    let addr = listener.local_addr()?;
-    outln!("ace playground: serving {}", site.display());
-    outln!("open http://{addr}/ (Ctrl-C stops)");
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        let site = site.clone();
-        std::thread::spawn(move || {
-            // A client that goes away mid-answer is its own business.
-            let _ = serve(stream, &site);
+    // Two workers and at most four threads reading files: the thread
+    // count does not grow with connections.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .context("cannot start the playground's runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {}; pass another address with --listen, e.g. --listen 127.0.0.1:0",
+                    args.listen
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        outln!("ace playground: serving {}", site.display());
+        outln!("open http://{addr}/ (Ctrl-C stops)");
+        let site = Arc::new(site);
+        let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap| {
+            let site = site.clone();
+            async move { answer(&site, &method, &uri, &headers).await }
         });
+        let stats = Arc::new(ace_control::listen::Stats::default());
+        let stop = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        ace_control::listen::serve(listener, app, limits(), stats, stop, |m| {
+            eprintln!("ace playground: {}", ace_control::logged(m))
+        })
+        .await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The answer to one request (GET and HEAD only; the body of a HEAD
+/// answer is left out by the server).
+async fn answer(site: &Path, method: &Method, uri: &Uri, headers: &HeaderMap) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or(uri.authority().map(|a| a.as_str()));
+    if !host.is_none_or(host_allowed) {
+        return plain(
+            StatusCode::MISDIRECTED_REQUEST,
+            "the playground answers requests addressed to an IP address or localhost only\n",
+            true,
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    if method != Method::GET && method != Method::HEAD {
+        return plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the playground serves GET and HEAD only\n",
+            true,
+        );
+    }
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    let Some(file) = resolve(site, target) else {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "no such file in the playground\n",
+            false,
+        );
+    };
+    match tokio::fs::read(&file).await {
+        Ok(bytes) => with_headers(Response::new(Body::from(bytes)), content_type(&file), false),
+        Err(_) => plain(
+            StatusCode::NOT_FOUND,
+            "no such file in the playground\n",
+            false,
+        ),
+    }
+}
+
+fn plain(status: StatusCode, text: &'static str, close: bool) -> Response {
+    let mut r = with_headers(
+        Response::new(Body::from(text)),
+        "text/plain; charset=utf-8",
+        close,
+    );
+    *r.status_mut() = status;
+    r
+}
+
+fn with_headers(mut r: Response, kind: &'static str, close: bool) -> Response {
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    if close {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
 }
 
 /// Runs `scripts/build-playground.sh` (incremental after the first build)
@@ -130,96 +228,8 @@ fn resolve(site: &Path, target: &str) -> Option<PathBuf> {
     file.is_file().then_some(file)
 }
 
-/// Answers the requests on one connection (HTTP/1.1 with keep-alive, GET
-/// and HEAD only).
-fn serve(stream: TcpStream, site: &Path) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
-    loop {
-        let mut line = String::new();
-        if reader.by_ref().take(8192).read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let mut parts = line.split_whitespace();
-        let (method, target, version) = (parts.next(), parts.next(), parts.next());
-        let mut close = version != Some("HTTP/1.1");
-        let mut host_ok = true;
-        let mut headers = 0;
-        loop {
-            let mut header = String::new();
-            if reader.by_ref().take(8192).read_line(&mut header)? == 0 {
-                return Ok(());
-            }
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            headers += 1;
-            if headers > MAX_HEADERS {
-                return Ok(());
-            }
-            if let Some((name, value)) = header.split_once(':') {
-                if name.eq_ignore_ascii_case("connection")
-                    && value.trim().eq_ignore_ascii_case("close")
-                {
-                    close = true;
-                }
-                if name.eq_ignore_ascii_case("host") {
-                    host_ok = host_allowed(value.trim());
-                }
-            }
-        }
-        let (status, kind, body) = match (method, target) {
-            _ if !host_ok => {
-                close = true;
-                (
-                    "421 Misdirected Request",
-                    "text/plain; charset=utf-8",
-                    (
-                        true,
-                        b"the playground answers requests addressed to an IP address or \
-                          localhost only\n"
-                            .to_vec(),
-                    ),
-                )
-            }
-            (Some(m @ ("GET" | "HEAD")), Some(t)) => match resolve(site, t) {
-                Some(file) => match std::fs::read(&file) {
-                    Ok(bytes) => ("200 OK", content_type(&file), (m == "GET", bytes)),
-                    Err(_) => not_found(m),
-                },
-                None => not_found(m),
-            },
-            _ => {
-                close = true;
-                (
-                    "405 Method Not Allowed",
-                    "text/plain; charset=utf-8",
-                    (true, b"the playground serves GET and HEAD only\n".to_vec()),
-                )
-            }
-        };
-        let (send, bytes) = body;
-        write!(
-            writer,
-            "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\
-             cache-control: no-store\r\nx-content-type-options: nosniff\r\n\
-             connection: {}\r\n\r\n",
-            bytes.len(),
-            if close { "close" } else { "keep-alive" }
-        )?;
-        if send {
-            writer.write_all(&bytes)?;
-        }
-        writer.flush()?;
-        if close {
-            return Ok(());
-        }
-    }
-}
-
-/// Header lines accepted per request; a client sending more is dropped.
+/// Header lines accepted per request; a request with more is answered
+/// 431.
 const MAX_HEADERS: usize = 100;
 
 /// Whether a `Host` header names this machine the way a browser does when
@@ -239,17 +249,6 @@ fn host_allowed(host: &str) -> bool {
         }
     };
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
-}
-
-fn not_found(method: &str) -> (&'static str, &'static str, (bool, Vec<u8>)) {
-    (
-        "404 Not Found",
-        "text/plain; charset=utf-8",
-        (
-            method == "GET",
-            b"no such file in the playground\n".to_vec(),
-        ),
-    )
 }
 
 #[cfg(test)]

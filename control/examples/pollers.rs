@@ -2,8 +2,18 @@
 //!
 //! ```sh
 //! cargo run --release -p ace-control --example pollers -- \
-//!     [--pollers 1000] [--seconds 30] [--destinations 1024] [--change-every 5]
+//!     [--pollers 1000] [--seconds 30] [--destinations 1024] [--change-every 5] [--idle 2000]
 //! ```
+//!
+//! With `--idle N` the child first opens N connections that never send a
+//! byte (from `127.0.0.2` on, 200 per address, under the service's
+//! per-address cap), holds them through the run, and only then starts
+//! the pollers, each from its own address (`127.1.x.y`), as each Envoy
+//! has its own: the service must answer every poll while the idle ones
+//! hold their slots. Keep `--seconds` under the service's 30 s idle
+//! timeout for them to stay open throughout. The child holds N + P
+//! sockets and the service as many: raise `ulimit -n` above twice that
+//! (e.g. `ulimit -n 8192` for 2,000 + 1,000).
 //!
 //! It starts `ace control serve` in this process on 127.0.0.1:0 with a
 //! generated fleet of N `payg` destinations (`dest-0000`, ...), each priced
@@ -44,6 +54,8 @@ struct Args {
     seconds: u64,
     destinations: usize,
     change_every: Option<u64>,
+    /// Idle connections held through the run.
+    idle: usize,
     /// Child only: the snapshot URL and the price file to rewrite.
     url: Option<String>,
     prices: Option<PathBuf>,
@@ -62,6 +74,7 @@ fn parse_args() -> Args {
         seconds: 30,
         destinations: 1024,
         change_every: None,
+        idle: 0,
         url: None,
         prices: None,
     };
@@ -74,6 +87,7 @@ fn parse_args() -> Args {
             "--seconds" => a.seconds = num(&v),
             "--destinations" => a.destinations = num(&v) as usize,
             "--change-every" => a.change_every = Some(num(&v)).filter(|&s| s > 0),
+            "--idle" => a.idle = num(&v) as usize,
             "--url" => a.url = Some(v),
             "--prices" => a.prices = Some(PathBuf::from(v)),
             _ => usage(),
@@ -237,6 +251,8 @@ async fn service(args: Args) {
         &url,
         "--prices",
         &prices.display().to_string(),
+        "--idle",
+        &args.idle.to_string(),
     ]);
     if let Some(s) = args.change_every {
         cmd.args(["--change-every", &s.to_string()]);
@@ -308,6 +324,17 @@ async fn service(args: Args) {
         "pollers' CPU (the child): {:.2} s",
         r["cpu_s"].as_f64().unwrap_or(0.0)
     );
+    let answered = ok + nm;
+    let all_p99 = r["ok"]["p99_us"]
+        .as_f64()
+        .unwrap_or(0.0)
+        .max(r["not_modified"]["p99_us"].as_f64().unwrap_or(0.0))
+        / 1e3;
+    println!(
+        "idle: {} connections opened, {} still open at the end; answered {answered}/{polls} polls; p99 {all_p99:.2} ms (the larger of 200's and 304's)",
+        args.idle,
+        r["idle_open"].as_u64().unwrap_or(0)
+    );
     println!(
         "summary: {} pollers x {} s, {} dests ({} B snapshot), {}: {polls}/{target} polls, {errors} errors; 304 x{nm} {}; 200 x{ok} {}; service CPU {:.2} s = {per_poll_us:.0} µs/poll, {core_share:.1} % of a core",
         args.pollers,
@@ -360,8 +387,34 @@ async fn pollers(args: Args) {
     let p = args.pollers;
     // One client per poller, built before the clock starts: its own
     // keep-alive connection.
+    let target: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("the snapshot URL's address");
+    let mut idle = Vec::with_capacity(args.idle);
+    for i in 0..args.idle {
+        let s = tokio::net::TcpSocket::new_v4().expect("a socket");
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i / 200) as u8);
+        s.bind((from, 0).into()).expect("bind a loopback address");
+        match s.connect(target).await {
+            Ok(c) => idle.push(c),
+            Err(e) => panic!("idle connection {i}: {e} (raise `ulimit -n`)"),
+        }
+    }
+    // Each poller from its own address, as each Envoy has its own
+    // (http_client first: it installs the TLS crypto provider).
+    let _ = ace_control::http_client(Duration::from_secs(10));
     let clients: Vec<reqwest::Client> = (0..p)
-        .map(|_| ace_control::http_client(Duration::from_secs(10)).unwrap())
+        .map(|i| {
+            let from = std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250) as u8 + 1);
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .local_address(std::net::IpAddr::V4(from))
+                .build()
+                .unwrap()
+        })
         .collect();
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let end = start + Duration::from_secs(args.seconds);
@@ -458,6 +511,16 @@ async fn pollers(args: Args) {
             *first_errors.entry(e).or_insert(0u64) += 1;
         }
     }
+    // The idle connections still open at the end (read would block: the
+    // service has not closed them).
+    let idle_open = idle
+        .iter()
+        .filter(|c| {
+            let mut b = [0u8; 1];
+            matches!(c.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    drop(idle);
     let window = last.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6;
     let stats = |v: &mut Vec<u32>| {
         v.sort_unstable();
@@ -479,6 +542,7 @@ async fn pollers(args: Args) {
         "first_errors": first_errors.into_iter().take(5).collect::<Vec<_>>(),
         "bytes": all.bytes,
         "window_s": window,
+        "idle_open": idle_open,
         "cpu_s": (cpu_time() - cpu0).as_secs_f64(),
     });
     println!("{report}");

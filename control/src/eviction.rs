@@ -114,7 +114,7 @@ impl Poller {
             "asked for this VM's name (set `eviction.vm_name` in the manifest),",
         )
         .await?;
-        let name = r.text().await.map_err(|e| Error::http(&url, e))?;
+        let name = crate::read_text(r, &url).await?;
         let name = name.trim();
         if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
             return Err(Error::new(format!(
@@ -156,7 +156,7 @@ impl Poller {
                         .put(&url)
                         .header("X-aws-ec2-metadata-token-ttl-seconds", "21600");
                     let r = send_ok(req, &url, "IMDSv2 token request").await?;
-                    let t = r.text().await.map_err(|e| Error::http(&url, e))?;
+                    let t = crate::read_text(r, &url).await?;
                     self.aws_token = Some(t.trim().to_string());
                     t.trim().to_string()
                 }
@@ -180,7 +180,7 @@ impl Poller {
                         action: String,
                         time: String,
                     }
-                    let body = r.bytes().await.map_err(|e| Error::http(&url, e))?;
+                    let body = crate::read_capped(r, &url, crate::MAX_METADATA_BYTES).await?;
                     let a: Action = serde_json::from_slice(&body).map_err(|e| {
                         Error::new(format!(
                             "{url}: not an instance-action notice (`{{\"action\",\"time\"}}`): {e}"
@@ -206,7 +206,7 @@ impl Poller {
         let url = self.url();
         let req = client.get(&url).header("Metadata-Flavor", "Google");
         let r = send_ok(req, &url, "").await?;
-        let body = r.text().await.map_err(|e| Error::http(&url, e))?;
+        let body = crate::read_text(r, &url).await?;
         match body.trim() {
             "FALSE" => {
                 self.gcp_first_seen_ms = None;
@@ -245,7 +245,7 @@ impl Poller {
         let vm = self.azure_vm_name(client).await?;
         let url = self.url();
         let r = send_ok(client.get(&url).header("Metadata", "true"), &url, "").await?;
-        let body = r.bytes().await.map_err(|e| Error::http(&url, e))?;
+        let body = crate::read_capped(r, &url, crate::MAX_METADATA_BYTES).await?;
         let ev: Events = serde_json::from_slice(&body).map_err(|e| {
             Error::new(format!(
                 "{url}: not a Scheduled Events document (`{{\"Events\":[...]}}`): {e}"

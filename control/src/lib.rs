@@ -31,6 +31,7 @@ macro_rules! fixture {
 }
 
 pub mod eviction;
+pub mod listen;
 pub mod load;
 pub mod models;
 pub mod plan;
@@ -58,6 +59,11 @@ impl Error {
         Error(msg.into())
     }
 
+    /// An error that may carry a peer's bytes, through [`logged`].
+    fn peer(msg: impl Into<String>) -> Error {
+        Error(logged(&msg.into()))
+    }
+
     fn http(url: &str, e: reqwest::Error) -> Error {
         let what = if e.is_timeout() {
             "timed out".to_string()
@@ -74,8 +80,39 @@ impl Error {
             }
             s
         };
-        Error(format!("{url}: {what}"))
+        Error::peer(format!("{url}: {what}"))
     }
+}
+
+/// How many characters of a message a log line or an error keeps.
+pub const MAX_LOGGED: usize = 400;
+
+/// `s` made safe to log: one line, control characters escaped (`\n`,
+/// `\u{1b}`), cut to [`MAX_LOGGED`] characters with a note of how much
+/// was left out. Every log line and error of the service passes through
+/// it, because they carry what peers sent (a metadata service's `action`,
+/// a scrape's malformed line, a webhook's destination): a newline there
+/// must not forge a line of its own, nor a megabyte answer grow the log.
+pub fn logged(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_LOGGED + 32));
+    for (kept, (i, c)) in s.char_indices().enumerate() {
+        if kept == MAX_LOGGED {
+            out.push_str(&format!("... ({} more bytes)", s.len() - i));
+            break;
+        }
+        if c.is_control() || c == '\u{2028}' || c == '\u{2029}' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One line on standard error, `ace control: ` and `msg` through
+/// [`logged`].
+pub(crate) fn log(msg: &str) {
+    eprintln!("ace control: {}", logged(msg));
 }
 
 impl fmt::Display for Error {
@@ -143,6 +180,8 @@ pub struct Config {
     pub gpu_prices: Option<FeedSource>,
     /// The planner's rolling horizon.
     pub plan: Option<PlanSource>,
+    /// The bounds of the server's connections.
+    pub limits: listen::Limits,
 }
 
 impl Config {
@@ -160,6 +199,7 @@ impl Config {
             prices: None,
             gpu_prices: None,
             plan: None,
+            limits: listen::Limits::default(),
         }
     }
 }
@@ -193,7 +233,80 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     Ok(())
 }
 
-/// An HTTP client with `timeout` per request (rustls with ring for https).
+/// The most bytes read of a metrics scrape (a vLLM server's is tens of
+/// KiB; parsing takes a small multiple of what is read).
+pub const MAX_METRICS_BYTES: usize = 4 << 20;
+/// The most bytes read of a `/v1/models` answer.
+pub const MAX_MODELS_BYTES: usize = 1 << 20;
+/// The most bytes read of a GPU price feed.
+pub const MAX_FEED_BYTES: usize = 8 << 20;
+/// The most bytes read of a cloud metadata answer (a notice is a line).
+pub const MAX_METADATA_BYTES: usize = 64 << 10;
+/// How many redirects a poll follows, each to the same origin.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// Follows a redirect only to the origin (scheme, host, port) the request
+/// was sent to: a redirect elsewhere (a cloud's metadata credentials path,
+/// an internal service) is refused, naming both.
+fn same_origin(a: reqwest::redirect::Attempt<'_>) -> reqwest::redirect::Action {
+    let first = a.previous().first().cloned();
+    let Some(first) = first else {
+        return a.stop();
+    };
+    if a.previous().len() > MAX_REDIRECTS {
+        let msg = format!("more than {MAX_REDIRECTS} redirects from {first}");
+        return a.error(logged(&msg));
+    }
+    let to = a.url();
+    let same = to.scheme() == first.scheme()
+        && to.host_str() == first.host_str()
+        && to.port_or_known_default() == first.port_or_known_default();
+    if same {
+        a.follow()
+    } else {
+        let msg = format!(
+            "a redirect to {to}, another origin than {first}, is refused: point the \
+             manifest or flag at the final URL"
+        );
+        a.error(logged(&msg))
+    }
+}
+
+/// Reads `r`'s body in chunks, at most `cap` bytes: an answer that says
+/// or turns out to be larger is an error naming `url` and the cap, and no
+/// more of it is read (nor held).
+pub async fn read_capped(
+    mut r: reqwest::Response,
+    url: &str,
+    cap: usize,
+) -> Result<Vec<u8>, Error> {
+    let too_large = || {
+        Error::new(format!(
+            "{url}: the answer is larger than the {cap}-byte cap for it; point at the right \
+             endpoint, or make the answer smaller"
+        ))
+    };
+    if r.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(too_large());
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = r.chunk().await.map_err(|e| Error::http(url, e))? {
+        if out.len() + chunk.len() > cap {
+            return Err(too_large());
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// A cloud metadata answer as text (at most [`MAX_METADATA_BYTES`]).
+pub(crate) async fn read_text(r: reqwest::Response, url: &str) -> Result<String, Error> {
+    let b = read_capped(r, url, MAX_METADATA_BYTES).await?;
+    Ok(String::from_utf8_lossy(&b).into_owned())
+}
+
+/// An HTTP client with `timeout` per request (rustls with ring for https),
+/// following redirects to the same origin only.
 pub fn http_client(timeout: Duration) -> Result<reqwest::Client, Error> {
     // ring, not rustls's default aws-lc-rs: no C/cmake build of aws-lc on
     // every fresh machine. rustls 0.23.48 deprecates ring's provider for
@@ -205,16 +318,18 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, Error> {
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::custom(same_origin))
         .build()
         .map_err(|e| Error::new(format!("cannot build the HTTP client: {e}")))
 }
 
-/// GETs `url`, with `bearer` as its `Authorization: Bearer` token when
-/// given (a model server started with an API key); the key never appears
-/// in an error.
+/// `GET url`, its body of at most `cap` bytes, with `bearer` as its
+/// `Authorization: Bearer` token when given (a model server started with
+/// an API key); the key never appears in an error.
 async fn get_bytes(
     client: &reqwest::Client,
     url: &str,
+    cap: usize,
     bearer: Option<&str>,
 ) -> Result<Vec<u8>, Error> {
     let mut req = client.get(url);
@@ -235,15 +350,18 @@ async fn get_bytes(
     if !r.status().is_success() {
         return Err(Error::new(format!("{url}: answered {}", r.status())));
     }
-    Ok(r.bytes().await.map_err(|e| Error::http(url, e))?.to_vec())
+    read_capped(r, url, cap).await
 }
 
+/// `GET url`, its UTF-8 body of at most `cap` bytes (`bearer` as in
+/// [`get_bytes`]).
 async fn get_text(
     client: &reqwest::Client,
     url: &str,
+    cap: usize,
     bearer: Option<&str>,
 ) -> Result<String, Error> {
-    let b = get_bytes(client, url, bearer).await?;
+    let b = get_bytes(client, url, cap, bearer).await?;
     String::from_utf8(b).map_err(|_| Error::new(format!("{url}: the body is not UTF-8")))
 }
 
@@ -389,7 +507,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             // A feed that is down at start is retried every interval (the
             // service is worth running without GPU prices); one that
             // answers with something else is a configuration error.
-            match get_bytes(&client, &u, None).await {
+            match get_bytes(&client, &u, MAX_FEED_BYTES, None).await {
                 Ok(bytes) => {
                     let f = prices::GpuPrices::parse(&bytes)
                         .map_err(|e| Error::new(format!("--gpu-prices {u}: {e}")))?;
@@ -480,7 +598,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
                     });
                 }
                 if let Some(u) = &gpu_url {
-                    let r = match get_bytes(&client, u, None).await {
+                    let r = match get_bytes(&client, u, MAX_FEED_BYTES, None).await {
                         Ok(b) => prices::GpuPrices::parse(&b)
                             .map_err(|e| format!("{u}: {e}"))
                             .map(|f| {
@@ -522,21 +640,19 @@ pub async fn start(config: Config) -> Result<Running, Error> {
                     _ = tick.tick() => {}
                     _ = svc.wake.notified() => {}
                 }
-                svc.publish(state::now_ms());
+                // A failure is counted and logged by publish itself.
+                let _ = svc.publish(state::now_ms());
             }
         });
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let app = server::router(svc.clone());
+    let (limits, stats) = (config.limits.clone(), svc.conns.clone());
     tasks.spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await;
-        if let Err(e) = served {
-            eprintln!("ace control: the server stopped: {e}");
-        }
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        listen::serve(listener, app, limits, stats, stopped, log).await;
     });
     Ok(Running {
         addr,
@@ -618,8 +734,8 @@ pub async fn fetch(
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            let body = r.bytes().await.map_err(|e| Error::http(url, e))?;
-            let s = ace_snapshot::decode(&body).map_err(|e| Error::new(format!("{url}: {e}")))?;
+            let body = read_capped(r, url, ace_snapshot::MAX_BYTES).await?;
+            let s = ace_snapshot::decode(&body).map_err(|e| Error::peer(format!("{url}: {e}")))?;
             Ok(Fetched::Snapshot(s, tag))
         }
         s => Err(Error::new(format!("{url}: answered HTTP {s}"))),
@@ -629,6 +745,19 @@ pub async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logged_is_one_escaped_bounded_line() {
+        assert_eq!(
+            logged("terminate\nace control: x"),
+            "terminate\\nace control: x"
+        );
+        assert_eq!(logged("a\r\u{1b}[2Jb\u{2028}"), "a\\r\\u{1b}[2Jb\\u{2028}");
+        let long = logged(&"é".repeat(1000));
+        assert!(long.starts_with(&"é".repeat(MAX_LOGGED)));
+        assert!(long.ends_with("... (1200 more bytes)"), "{long}");
+        assert_eq!(logged("plain"), "plain");
+    }
 
     #[test]
     fn durations_and_times() {

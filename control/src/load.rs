@@ -108,6 +108,20 @@ enum Kv {
     },
 }
 
+impl Names {
+    /// Whether a sample named `n` is one this engine's figures read.
+    fn reads(&self, n: &str) -> bool {
+        let kv = match &self.kv {
+            Kv::Fraction(names) => names.contains(&n),
+            Kv::Tokens { used, budget } => n == *used || n == *budget,
+        };
+        kv || self.running.contains(&n)
+            || self.waiting.contains(&n)
+            || n == "vllm:lora_requests_info"
+            || n == "process_start_time_seconds"
+    }
+}
+
 impl Engine {
     /// The engine named in the manifest (`vllm`, `sglang`, `trtllm`, `tgi`).
     pub fn parse(s: &str) -> Option<Engine> {
@@ -176,11 +190,11 @@ pub struct Figures {
 /// it (`control.kv_token_budget`), for an engine that reports its KV use
 /// in tokens and may not export its budget (TGI).
 pub fn read(engine: Engine, text: &str, kv_token_budget: Option<u64>) -> Result<Figures, String> {
-    let page = prom::parse(text)?;
     let names = engine.names();
+    let page = prom::parse_keeping(text, |n| names.reads(n))?;
     let up_and_idle = names.started.is_some_and(|prefix| {
-        page.samples.iter().any(|s| s.name.starts_with(prefix))
-            || (engine == Engine::Tgi && page.samples.is_empty())
+        page.names.iter().any(|n| n.starts_with(prefix))
+            || (engine == Engine::Tgi && page.names.is_empty())
     });
     let running = requests(&page, names.running, up_and_idle)?;
     let waiting = requests(&page, names.waiting, up_and_idle)?;

@@ -64,7 +64,7 @@ impl TokenPrices {
     /// for a key without one, the one entry that is it with a provider
     /// prefix. An entry with no `litellm_provider` matches any provider.
     pub fn price(&self, key: &str) -> Result<Price, String> {
-        let wanted = key.split_once('/').map(|(p, rest)| (p, rest));
+        let wanted = key.split_once('/');
         fn provider_of(e: &Value) -> Option<&str> {
             e.get("litellm_provider").and_then(Value::as_str)
         }

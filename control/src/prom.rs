@@ -46,14 +46,16 @@ impl Sample {
     }
 }
 
-/// A scrape's page: its samples and the families its `# TYPE` lines
-/// declare.
+/// A scrape's page: its samples (those kept) and the families its
+/// `# TYPE` lines declare.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Page {
-    /// Every sample, in the order written.
+    /// The samples kept, in the order written.
     pub samples: Vec<Sample>,
     /// The family names declared by `# TYPE` lines.
     pub declared: Vec<String>,
+    /// Every sample name on the page, kept or not, once each.
+    pub names: std::collections::BTreeSet<String>,
 }
 
 impl Page {
@@ -64,12 +66,20 @@ impl Page {
 
     /// Whether any sample is named `name`.
     pub fn has(&self, name: &str) -> bool {
-        self.samples.iter().any(|s| s.name == name)
+        self.names.contains(name)
     }
 }
 
 /// Every sample in `text`, or the first malformed line (1-based) and why.
 pub fn parse(text: &str) -> Result<Page, String> {
+    parse_keeping(text, |_| true)
+}
+
+/// [`parse`], keeping only the samples whose name `keep` accepts: every
+/// line is still checked, but a page of many series costs memory for the
+/// few a reader uses (an engine's page is mostly histogram buckets), not
+/// a multiple of its size.
+pub fn parse_keeping(text: &str, keep: impl Fn(&str) -> bool) -> Result<Page, String> {
     let mut page = Page::default();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -91,7 +101,12 @@ pub fn parse(text: &str) -> Result<Page, String> {
             continue;
         }
         let s = sample(line).map_err(|e| format!("metrics line {}: {e}", i + 1))?;
-        page.samples.push(s);
+        if !page.names.contains(&s.name) {
+            page.names.insert(s.name.clone());
+        }
+        if keep(&s.name) {
+            page.samples.push(s);
+        }
     }
     Ok(page)
 }

@@ -122,6 +122,7 @@ async fn notice(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes
         return unauthorized(&svc);
     }
     let bad = |msg: String| {
+        let msg = crate::logged(&msg);
         svc.note("webhook", "POST /v1/notice", Err(&msg));
         (StatusCode::BAD_REQUEST, msg + "\n").into_response()
     };
@@ -153,8 +154,46 @@ async fn notice(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes
         }
     };
     svc.push_notice(d, Drain { until_ms, reason });
-    svc.note("webhook", "POST /v1/notice", Ok(()));
     let lifted = until_ms <= now_ms();
+    // Published before the answer: a caller told `drained` can rely on
+    // the next snapshot a filter fetches carrying it.
+    let published = svc.publish(now_ms()).and_then(|()| {
+        let p = svc.current();
+        let carried = p
+            .snapshot
+            .reports
+            .iter()
+            .find(|r| r.name == n.destination)
+            .and_then(|r| r.drain)
+            .is_some_and(|x| x.until_ms >= until_ms);
+        if lifted || carried {
+            Ok(())
+        } else {
+            Err("the published snapshot does not carry the drain".to_string())
+        }
+    });
+    if let Err(e) = published {
+        let msg = format!(
+            "the notice for `{}` was taken but not published: {e}; retry, and see the \
+             service's log and ace_control_publish_failures_total",
+            n.destination
+        );
+        svc.note("webhook", "POST /v1/notice", Err(&msg));
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::json!({
+                "destination": n.destination,
+                "until_ms": until_ms,
+                "reason": reason.as_str(),
+                "drained": false,
+                "error": crate::logged(&msg),
+            })
+            .to_string(),
+        )
+            .into_response();
+    }
+    svc.note("webhook", "POST /v1/notice", Ok(()));
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::json!({
@@ -233,6 +272,18 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
         }
     }
     let _ = writeln!(o, "# HELP ace_control_eviction_notices_total Eviction notices received (polled or pushed).\n# TYPE ace_control_eviction_notices_total counter\nace_control_eviction_notices_total {}", c.notices.load(Ordering::Relaxed));
+    let _ = writeln!(o, "# HELP ace_control_publish_failures_total Snapshots that could not be published (the last one stayed).\n# TYPE ace_control_publish_failures_total counter\nace_control_publish_failures_total {}", c.publish_failures.load(Ordering::Relaxed));
+    let k = &svc.conns;
+    let _ = writeln!(o, "# HELP ace_control_connections_open Connections open to the service now.\n# TYPE ace_control_connections_open gauge\nace_control_connections_open {}", k.open.load(Ordering::Relaxed));
+    let _ = writeln!(o, "# HELP ace_control_connections_refused_total Connections closed at once: the service-wide cap (full) or the peer address's cap (per_ip) was reached.\n# TYPE ace_control_connections_refused_total counter");
+    for (why, n) in [("full", &k.refused_full), ("per_ip", &k.refused_per_ip)] {
+        let _ = writeln!(
+            o,
+            "ace_control_connections_refused_total{{why=\"{why}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(o, "# HELP ace_control_accept_errors_total Failed accepts (e.g. out of file descriptors).\n# TYPE ace_control_accept_errors_total counter\nace_control_accept_errors_total {}", k.accept_errors.load(Ordering::Relaxed));
     let _ = writeln!(o, "# HELP ace_control_source_errors_total Failed attempts per source.\n# TYPE ace_control_source_errors_total counter");
     let errors = c
         .source_errors

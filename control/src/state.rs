@@ -98,6 +98,8 @@ pub(crate) struct Counters {
     pub not_modified: AtomicU64,
     pub unauthorized: AtomicU64,
     pub notices: AtomicU64,
+    /// Snapshots that could not be published (the last one stayed).
+    pub publish_failures: AtomicU64,
     pub scrape_failures: Vec<AtomicU64>,
     pub source_errors: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -123,6 +125,10 @@ pub(crate) struct Service {
     problems: Mutex<BTreeMap<String, String>>,
     pub counters: Counters,
     pub wake: tokio::sync::Notify,
+    /// One publish at a time (the publisher's tick and the webhook's).
+    publishing: Mutex<()>,
+    /// The server's connections.
+    pub conns: Arc<crate::listen::Stats>,
 }
 
 /// Unix ms now.
@@ -164,6 +170,8 @@ impl Service {
             problems: Mutex::new(BTreeMap::new()),
             counters,
             wake: tokio::sync::Notify::new(),
+            publishing: Mutex::new(()),
+            conns: Arc::default(),
         }
     }
 
@@ -191,13 +199,13 @@ impl Service {
                     .entry(source)
                     .or_insert(0) += 1;
                 if problems.get(key).map(String::as_str) != Some(msg) {
-                    eprintln!("ace control: {key}: {msg}");
+                    crate::log(&format!("{key}: {msg}"));
                     problems.insert(key.to_string(), msg.to_string());
                 }
             }
             Ok(()) => {
                 if problems.remove(key).is_some() {
-                    eprintln!("ace control: {key}: recovered");
+                    crate::log(&format!("{key}: recovered"));
                 }
             }
         }
@@ -211,7 +219,8 @@ impl Service {
         let key = format!("destination `{}`", self.dests[d].name);
         let api_key = self.api_key(d);
         let got = async {
-            let body = crate::get_text(client, url, api_key.as_deref()).await?;
+            let body =
+                crate::get_text(client, url, crate::MAX_METRICS_BYTES, api_key.as_deref()).await?;
             let dest = &self.dests[d];
             load::read(dest.engine, &body, dest.kv_token_budget)
                 .map_err(|e| Error::new(format!("{url}: {e}")))
@@ -235,10 +244,10 @@ impl Service {
                 live.adapters = f.adapters;
                 drop(inputs);
                 if restarted {
-                    eprintln!(
-                        "ace control: metrics: destination `{}`: the model server restarted; its held figures and loaded models are dropped",
+                    crate::log(&format!(
+                        "metrics: destination `{}`: the model server restarted; its held figures and loaded models are dropped",
                         self.dests[d].name
-                    );
+                    ));
                 }
                 self.note("metrics", &key, Ok(()));
             }
@@ -264,7 +273,8 @@ impl Service {
         let key = format!("destination `{}`", self.dests[d].name);
         let api_key = self.api_key(d);
         let got = async {
-            let body = crate::get_bytes(client, url, api_key.as_deref()).await?;
+            let body =
+                crate::get_bytes(client, url, crate::MAX_MODELS_BYTES, api_key.as_deref()).await?;
             models::read(&body).map_err(|e| Error::new(format!("{url}: {e}")))
         }
         .await;
@@ -298,15 +308,15 @@ impl Service {
                 match (&before, &at) {
                     (None, Some((_, what))) => {
                         self.counters.notices.fetch_add(1, Ordering::Relaxed);
-                        eprintln!(
-                            "ace control: eviction: destination `{}`: {what}: drained",
+                        crate::log(&format!(
+                            "eviction: destination `{}`: {what}: drained",
                             self.dests[d].name
-                        );
+                        ));
                     }
-                    (Some(_), None) => eprintln!(
-                        "ace control: eviction: destination `{}`: the notice is gone: drain lifted",
+                    (Some(_), None) => crate::log(&format!(
+                        "eviction: destination `{}`: the notice is gone: drain lifted",
                         self.dests[d].name
-                    ),
+                    )),
                     _ => {}
                 }
                 self.note("eviction", &key, Ok(()));
@@ -373,13 +383,13 @@ impl Service {
         if !lifted && drain.reason == DrainReason::Eviction {
             self.counters.notices.fetch_add(1, Ordering::Relaxed);
         }
-        eprintln!(
-            "ace control: notice: destination `{}`: {} until {} ({})",
+        crate::log(&format!(
+            "notice: destination `{}`: {} until {} ({})",
             self.dests[d].name,
             if lifted { "lifted" } else { "drained" },
             drain.until_ms,
             drain.reason.as_str()
-        );
+        ));
         self.wake.notify_one();
     }
 
@@ -500,11 +510,47 @@ impl Service {
     }
 
     /// Publishes the reports at `now` as a new version if they changed.
-    pub fn publish(&self, now: u64) {
-        let reports = self.build(now);
+    /// The snapshot is first fitted to its bounds ([`fit`]): warm lists
+    /// give way so that load, staleness, prices, capacity and drains are
+    /// always published. A snapshot that still cannot be encoded is not
+    /// published (the last one stays): counted, logged, and returned as
+    /// the error, so that a caller that needs it out (the webhook) can say so.
+    pub fn publish(&self, now: u64) -> Result<(), String> {
+        let _one = lock(&self.publishing);
+        let mut reports = self.build(now);
+        let fitted = fit(&mut reports);
+        for (cut, r) in fitted.cut.iter().zip(&reports) {
+            let key = format!("destination `{}` warm list", r.name);
+            let r = match cut {
+                Some((kept, of)) => Err(format!(
+                    "{kept} of {of} warm models kept, to stay within {MAX_WARM_BYTES} bytes \
+                     per destination"
+                )),
+                None => Ok(()),
+            };
+            self.note(
+                "snapshot",
+                &key,
+                r.as_ref().map(|_| ()).map_err(String::as_str),
+            );
+        }
+        let size = match fitted.dropped {
+            0 => Ok(()),
+            n => Err(format!(
+                "{n} destinations' warm lists left out to keep the snapshot within {} bytes \
+                 (their configured warm models apply); fewer loaded models or adapters per \
+                 server bring them back",
+                ace_snapshot::MAX_BYTES
+            )),
+        };
+        self.note(
+            "snapshot",
+            "snapshot size",
+            size.as_ref().map(|_| ()).map_err(String::as_str),
+        );
         let current = self.current();
         if current.snapshot.version != 0 && current.snapshot.reports == reports {
-            return;
+            return Ok(());
         }
         let snapshot = Snapshot {
             version: (current.snapshot.version + 1).max(now),
@@ -520,14 +566,90 @@ impl Service {
                     etag,
                 });
                 self.note("snapshot", "snapshot", Ok(()));
+                Ok(())
             }
-            Err(e) => self.note(
-                "snapshot",
-                "snapshot",
-                Err(&format!("not published, the last one stays: {e}")),
-            ),
+            Err(e) => {
+                self.counters
+                    .publish_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                let msg = format!(
+                    "not published, so drains and staleness do not reach Envoy; the last \
+                     snapshot (version {}) stays: {e}",
+                    current.snapshot.version
+                );
+                self.note("snapshot", "snapshot", Err(&msg));
+                Err(msg)
+            }
         }
     }
+}
+
+/// The most bytes one destination's warm list takes in a snapshot (its
+/// names and their length prefixes): with [`ace_snapshot::MAX_WARM`] names
+/// of [`ace_snapshot::MAX_NAME`] bytes one list alone could take 258 KiB,
+/// and 32 of them the whole snapshot.
+pub(crate) const MAX_WARM_BYTES: usize = 64 << 10;
+
+/// What [`fit`] left out.
+#[derive(Debug, Default)]
+pub(crate) struct Fitted {
+    /// Per report: (names kept, names given) where its list was cut.
+    pub cut: Vec<Option<(usize, usize)>>,
+    /// How many reports' warm lists were left out whole.
+    pub dropped: usize,
+}
+
+/// The bytes a warm list takes on the wire.
+fn warm_bytes(w: &[String]) -> usize {
+    2 + w.iter().map(|n| 2 + n.len()).sum::<usize>()
+}
+
+/// Fits `reports` to the snapshot's bounds, least important data first:
+/// each warm list is cut to [`MAX_WARM_BYTES`], then, while the whole
+/// would pass [`ace_snapshot::MAX_BYTES`], the largest warm lists are left
+/// out (a destination without one falls back to its configured warm
+/// models). Load, staleness, prices, capacity and drains are never left
+/// out: they are a few dozen bytes per destination.
+pub(crate) fn fit(reports: &mut [Report]) -> Fitted {
+    let mut fitted = Fitted {
+        cut: vec![None; reports.len()],
+        dropped: 0,
+    };
+    for (r, cut) in reports.iter_mut().zip(&mut fitted.cut) {
+        if let Some(w) = &mut r.warm {
+            if warm_bytes(w) > MAX_WARM_BYTES {
+                let of = w.len();
+                let mut used = 2;
+                let keep = w
+                    .iter()
+                    .take_while(|n| {
+                        used += 2 + n.len();
+                        used <= MAX_WARM_BYTES
+                    })
+                    .count();
+                w.truncate(keep);
+                *cut = Some((keep, of));
+            }
+        }
+    }
+    let mut size = ace_snapshot::encoded_len(reports);
+    if size > ace_snapshot::MAX_BYTES {
+        let mut by_size: Vec<(usize, usize)> = reports
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.warm.as_deref().map(|w| (warm_bytes(w), i)))
+            .collect();
+        by_size.sort_unstable_by(|a, b| b.cmp(a));
+        for (bytes, i) in by_size {
+            if size <= ace_snapshot::MAX_BYTES {
+                break;
+            }
+            reports[i].warm = None;
+            size -= bytes;
+            fitted.dropped += 1;
+        }
+    }
+    fitted
 }
 
 /// A file re-read when its modification time or size changes.
@@ -557,5 +679,65 @@ impl Watched {
             .map_err(|e| Error::new(format!("cannot read {}: {e}", self.path.display())))?;
         self.stamp = Some(stamp);
         Ok(Some(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(i: usize, names: usize, len: usize) -> Report {
+        Report {
+            name: format!("d{i:03}"),
+            drain: Some(Drain {
+                until_ms: 1,
+                reason: DrainReason::Eviction,
+            }),
+            load: Some(Load {
+                stale: true,
+                ..Load::default()
+            }),
+            warm: Some(
+                (0..names)
+                    .map(|k| format!("{k:04}{}", "m".repeat(len - 4)))
+                    .collect(),
+            ),
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn warm_lists_give_way_per_destination_and_in_total() {
+        // 200 destinations of 1,024 names of 250 bytes: 52 MB of warm lists.
+        let mut reports: Vec<Report> = (0..200).map(|i| report(i, 1024, 250)).collect();
+        let fitted = fit(&mut reports);
+        let encoded = ace_snapshot::encode(&Snapshot {
+            version: 1,
+            generated_ms: 1,
+            reports: reports.clone(),
+        })
+        .expect("fitted reports encode");
+        assert!(encoded.len() <= ace_snapshot::MAX_BYTES);
+        assert!(fitted
+            .cut
+            .iter()
+            .all(|c| c.is_some_and(|(k, of)| k < of && of == 1024)));
+        assert!(
+            fitted.dropped > 0 && fitted.dropped < 200,
+            "{}",
+            fitted.dropped
+        );
+        for r in &reports {
+            assert!(r.drain.is_some() && r.load.is_some_and(|l| l.stale));
+            assert!(r
+                .warm
+                .as_deref()
+                .is_none_or(|w| warm_bytes(w) <= MAX_WARM_BYTES));
+        }
+        // Small lists are left alone.
+        let mut small = vec![report(0, 3, 10)];
+        let fitted = fit(&mut small);
+        assert_eq!((fitted.cut, fitted.dropped), (vec![None], 0));
+        assert_eq!(small[0].warm.as_ref().unwrap().len(), 3);
     }
 }

@@ -82,6 +82,9 @@ impl fmt::Display for Rejected {
 pub struct Resolved {
     /// The snapshot's version.
     pub version: u64,
+    /// The checksum of the bytes it was decoded from ([`decode`]; `None`
+    /// when resolved from a [`Snapshot`] value).
+    pub checksum: Option<u32>,
     /// Per destination: the signals, folded.
     pub lives: Vec<Live>,
     /// Which destinations have which models resident: the snapshot's list
@@ -92,7 +95,9 @@ pub struct Resolved {
 /// Decode `bytes` and resolve them against `cfg`.
 pub fn decode(cfg: &Config, bytes: &[u8]) -> Result<Resolved, Rejected> {
     let snapshot = ace_snapshot::decode(bytes).map_err(Rejected::Decode)?;
-    resolve(cfg, &snapshot)
+    let mut resolved = resolve(cfg, &snapshot)?;
+    resolved.checksum = ace_snapshot::checksum(bytes);
+    Ok(resolved)
 }
 
 /// How long held (stale) load figures are priced from their scrape under
@@ -173,6 +178,7 @@ pub fn resolve(cfg: &Config, snapshot: &Snapshot) -> Result<Resolved, Rejected> 
     let warmth = Warmth::from_lists(n, |i| warm.get(i).copied().flatten());
     Ok(Resolved {
         version: snapshot.version,
+        checksum: None,
         lives,
         warmth,
     })
@@ -184,6 +190,8 @@ pub fn resolve(cfg: &Config, snapshot: &Snapshot) -> Result<Resolved, Rejected> 
 pub struct Outside {
     /// The version in force (`None`: none yet).
     pub version: Option<u64>,
+    /// The checksum of the snapshot in force.
+    pub checksum: Option<u32>,
     /// When the service last answered (a snapshot or "not modified"), ms.
     pub heard_ms: u64,
     /// Whether nothing has been heard for the configured age.
@@ -199,6 +207,7 @@ impl Outside {
     pub fn new(cfg: &Config) -> Outside {
         Outside {
             version: None,
+            checksum: None,
             heard_ms: 0,
             stale: false,
             lives: vec![Live::default(); cfg.destinations.len()],
@@ -209,9 +218,19 @@ impl Outside {
     /// Take `resolved`, heard at `now_ms`.
     pub fn accept(&mut self, resolved: Resolved, now_ms: u64) {
         self.version = Some(resolved.version);
+        self.checksum = resolved.checksum;
         self.lives = resolved.lives;
         self.warmth = resolved.warmth;
         self.heard(now_ms);
+    }
+
+    /// Whether the snapshot in force is the one with `version` and
+    /// `checksum`. Both, not the version alone: a service may publish
+    /// other bytes under a version already seen (a restart with a clock
+    /// behind, a replica), and workers that compared versions alone
+    /// split between the two snapshots.
+    pub fn holds(&self, version: u64, checksum: u32) -> bool {
+        self.version == Some(version) && self.checksum == Some(checksum)
     }
 
     /// The service answered at `now_ms` (perhaps "not modified").
@@ -351,13 +370,15 @@ pub mod lease {
     }
 }
 
-/// Where the poller tells the other workers what it heard: the version in
-/// force, when the service last answered and the ETag to send, as stored
-/// in shared data (20 bytes and the ETag).
+/// Where the poller tells the other workers what it heard: the version
+/// and checksum in force, when the service last answered and the ETag to
+/// send, as stored in shared data (20 bytes and the ETag).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Heard {
     /// The version of the stored snapshot.
     pub version: u64,
+    /// The checksum of the stored snapshot ([`ace_snapshot::checksum`]).
+    pub checksum: u32,
     /// When the service last answered, ms.
     pub at_ms: u64,
     /// The stored snapshot's ETag.
@@ -367,9 +388,10 @@ pub struct Heard {
 impl Heard {
     /// As stored.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.etag.len());
+        let mut out = Vec::with_capacity(20 + self.etag.len());
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.at_ms.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
         out.extend_from_slice(self.etag.as_bytes());
         out
     }
@@ -378,9 +400,11 @@ impl Heard {
     pub fn decode(b: &[u8]) -> Option<Heard> {
         let version = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
         let at_ms = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
-        let etag = std::str::from_utf8(b.get(16..)?).ok()?.to_string();
+        let checksum = u32::from_le_bytes(b.get(16..20)?.try_into().ok()?);
+        let etag = std::str::from_utf8(b.get(20..)?).ok()?.to_string();
         Some(Heard {
             version,
+            checksum,
             at_ms,
             etag,
         })
@@ -576,10 +600,60 @@ mod tests {
     fn heard_round_trips() {
         let h = Heard {
             version: 9,
+            checksum: 0xdead_beef,
             at_ms: 12,
             etag: "\"9-abc\"".to_string(),
         };
         assert_eq!(Heard::decode(&h.encode()), Some(h));
         assert_eq!(Heard::decode(b"short"), None);
+    }
+
+    /// Two snapshots with one version and other contents split the Wasm
+    /// workers (27 and 25 of 40 requests followed the new one): a worker
+    /// that held the version did not read the stored bytes again. Workers
+    /// now key on version and checksum, so each takes the stored bytes.
+    #[test]
+    fn a_reused_version_with_other_bytes_reaches_every_worker() {
+        let cfg = config();
+        let bytes = |slots: u32| {
+            let mut owned = report("owned");
+            owned.capacity = Some(slots);
+            ace_snapshot::encode(&Snapshot {
+                version: 5,
+                generated_ms: 1,
+                reports: vec![owned],
+            })
+            .unwrap()
+        };
+        let (old, new) = (bytes(4), bytes(2));
+        // Both workers hold the old snapshot.
+        let mut workers = [Outside::new(&cfg), Outside::new(&cfg)];
+        for w in &mut workers {
+            w.accept(decode(&cfg, &old).unwrap(), 1);
+        }
+        // The poller (worker 0) takes the new one and stores what it heard.
+        let taken = decode(&cfg, &new).unwrap();
+        let heard = Heard {
+            version: taken.version,
+            checksum: taken.checksum.unwrap(),
+            at_ms: 2,
+            etag: ace_snapshot::etag(&new).unwrap(),
+        };
+        workers[0].accept(taken, 2);
+        let heard = Heard::decode(&heard.encode()).unwrap();
+        // Worker 1 holds the same version, but not the same snapshot.
+        assert_eq!(workers[1].version, Some(heard.version));
+        assert!(!workers[1].holds(heard.version, heard.checksum));
+        assert!(workers[0].holds(heard.version, heard.checksum));
+        // So it reads the stored bytes, as the poller stored them.
+        workers[1].accept(decode(&cfg, &new).unwrap(), heard.at_ms);
+        assert!(workers[1].holds(heard.version, heard.checksum));
+        assert_eq!(workers[0], workers[1]);
+        let [a, b] = workers.each_ref().map(|w| {
+            let mut state = FleetState::new(cfg.destinations.len());
+            w.apply_to(&mut state, &cfg, 3);
+            state
+        });
+        assert_eq!(a, b);
     }
 }

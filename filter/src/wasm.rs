@@ -423,7 +423,7 @@ impl Plugin {
                 // answers only "not modified", before any snapshot, is
                 // alive all the same, as the dynamic module counts it.
                 let mut alive = true;
-                if outside.version != Some(heard.version) {
+                if !outside.holds(heard.version, heard.checksum) {
                     match host::shared_data(&p.snapshot_key) {
                         Ok((Some(snapshot), _)) => match control::decode(cfg, &snapshot) {
                             Ok(resolved) => {
@@ -547,9 +547,11 @@ impl Plugin {
                 etag,
             }) => {
                 let version = resolved.version;
+                let checksum = resolved.checksum.unwrap_or_default();
                 let stored = host::set_shared_data(&p.snapshot_key, &bytes, None).and_then(|()| {
                     let heard = Heard {
                         version,
+                        checksum,
                         at_ms: now,
                         etag,
                     };

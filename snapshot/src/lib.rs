@@ -52,7 +52,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-pub use wire::{decode, encode, etag};
+pub use wire::{checksum, decode, encode, encoded_len, etag};
 
 /// The largest snapshot accepted, in bytes.
 pub const MAX_BYTES: usize = 8 << 20;

@@ -92,6 +92,26 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
+/// How many bytes [`encode`] gives for a snapshot of `reports` (when it
+/// gives any): lets a producer fit a snapshot to [`MAX_BYTES`] before
+/// encoding it.
+pub fn encoded_len(reports: &[Report]) -> usize {
+    let mut n = HEADER + TRAILER;
+    for r in reports {
+        n += 2 + r.name.len() + 1;
+        n += r.load.map_or(0, |_| 4 + 4 + 2 + 1);
+        n += r.capacity.map_or(0, |_| 4);
+        n += r.price.map_or(0, |_| 16);
+        n += r.usd_per_hour.map_or(0, |_| 8);
+        n += r.drain.map_or(0, |_| 9);
+        n += r
+            .warm
+            .as_ref()
+            .map_or(0, |w| 2 + w.iter().map(|m| 2 + m.len()).sum::<usize>());
+    }
+    n
+}
+
 fn name(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u16).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -105,6 +125,14 @@ pub fn etag(encoded: &[u8]) -> Option<String> {
     let version = u64::from_le_bytes(version.try_into().ok()?);
     let crc = u32::from_le_bytes(crc.try_into().ok()?);
     Some(alloc::format!("\"{version:x}-{crc:08x}\""))
+}
+
+/// The checksum an encoded snapshot's trailer carries (`None` if the
+/// bytes are too short to be one): with the version, what tells two
+/// snapshots apart, since a producer may reuse a version for other bytes.
+pub fn checksum(encoded: &[u8]) -> Option<u32> {
+    let crc = encoded.get(encoded.len().checked_sub(TRAILER)?..)?;
+    Some(u32::from_le_bytes(crc.try_into().ok()?))
 }
 
 /// Read a snapshot, checking the checksum, the format, every field's

@@ -85,6 +85,7 @@ proptest! {
     #[test]
     fn valid_snapshots_round_trip(s in snapshot()) {
         let bytes = encode(&s).unwrap();
+        prop_assert_eq!(ace_snapshot::encoded_len(&s.reports), bytes.len());
         prop_assert_eq!(decode(&bytes).unwrap(), s);
     }
 

@@ -99,7 +99,9 @@ pub fn encoded_len(reports: &[Report]) -> usize {
     let mut n = HEADER + TRAILER;
     for r in reports {
         n += 2 + r.name.len() + 1;
-        n += r.load.map_or(0, |_| 4 + 4 + 2 + 1);
+        n += r
+            .load
+            .map_or(0, |l| 4 + 4 + 2 + 1 + if l.scraped_ms != 0 { 8 } else { 0 });
         n += r.capacity.map_or(0, |_| 4);
         n += r.price.map_or(0, |_| 16);
         n += r.usd_per_hour.map_or(0, |_| 8);

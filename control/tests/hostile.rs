@@ -15,33 +15,13 @@ use axum::Router;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const TOKEN: &str = "s3cret-token";
+mod common;
+use common::{now_ms, rfc3339, serve_on, TOKEN};
+
 const CHILD: &str = "ACE_HOSTILE_CHILD";
-
-async fn serve_on(ip: &str, app: Router) -> String {
-    let l = tokio::net::TcpListener::bind(format!("{ip}:0"))
-        .await
-        .unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await });
-    format!("http://{addr}")
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn rfc3339(ms: u64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms as i64)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 fn manifest(dir: &Path, dests: &[String]) -> PathBuf {
     let mut text = String::from("version = 1\n[[models]]\nid = \"llama\"\nvram_gb = 16\n");

@@ -10,30 +10,12 @@ use axum::routing::{get, put};
 use axum::Router;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-const TOKEN: &str = "s3cret-token";
+mod common;
+use common::{now_ms, rfc3339, serve, TOKEN};
+
 const HOLD_MS: u64 = 3_600_000;
-
-async fn serve(app: Router) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await });
-    format!("http://{addr}")
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn rfc3339(ms: u64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms as i64)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// A vLLM-like model server whose figures the test sets.
 #[derive(Clone, Debug)]

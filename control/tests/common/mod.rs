@@ -1,0 +1,40 @@
+//! Helpers both integration tests of the service use: a fake peer on a
+//! local port, the service's token, and the clock in the shapes peers
+//! write it.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use axum::Router;
+use std::time::SystemTime;
+
+/// The bearer token the service under test expects.
+pub const TOKEN: &str = "s3cret-token";
+
+/// Serves `app` on a free port of `ip`; its base URL.
+pub async fn serve_on(ip: &str, app: Router) -> String {
+    let l = tokio::net::TcpListener::bind(format!("{ip}:0"))
+        .await
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    format!("http://{addr}")
+}
+
+/// Serves `app` on a free port of 127.0.0.1; its base URL.
+pub async fn serve(app: Router) -> String {
+    serve_on("127.0.0.1", app).await
+}
+
+/// Unix ms now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Unix ms as RFC 3339, as clouds and feeds write times.
+pub fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

@@ -50,7 +50,7 @@ docs:
 # (the main one never builds libFuzzer), so clippy and test never see them.
 # A check on stable, without cargo-fuzz: no libFuzzer link, no nightly. They
 # share the main target directory, and so the dependencies clippy checked.
-FUZZ_CRATES := fuzz planner/fuzz filter/fuzz
+FUZZ_CRATES := fuzz planner/fuzz flow/fuzz
 fuzz-check:
 	@set -e; for crate in $(FUZZ_CRATES); do \
 		echo "$(CARGO) check --manifest-path $$crate/Cargo.toml --bins"; \

@@ -9,7 +9,7 @@
 //! service) and writes the document.
 
 use crate::out;
-use ace_filter::config::{ControlSettings, PluginConfig};
+use ace_config::{ControlSettings, PluginConfig};
 use anyhow::{anyhow, Context};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -66,8 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ..ControlSettings::default()
         })?;
         // The filter checks it as it will when Envoy loads it.
-        ace_filter::config::Config::parse(config.to_string().as_bytes())
-            .map_err(|e| anyhow!("{e}"))?;
+        ace_config::Config::parse(config.to_string().as_bytes()).map_err(|e| anyhow!("{e}"))?;
     }
     let text = serde_json::to_string_pretty(&config)? + "\n";
     match &args.out {

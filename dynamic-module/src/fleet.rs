@@ -4,23 +4,23 @@
 //! A dynamic module is native code in Envoy's own process, so the workers
 //! share one [`Fleet`] behind a mutex: a trip seen by one worker holds for
 //! all at once, with none of the Wasm filter's shared-data round trips or
-//! compare-and-swap retries (`ace_filter::state`). The lock is held for a
+//! compare-and-swap retries (as `ace_filter::state` does for the Wasm VMs). The lock is held for a
 //! decision (tens of nanoseconds of arithmetic) or one outcome, never across
 //! a call into Envoy.
 //!
 //! State outlives a configuration update: configurations with the same
-//! destination set ([`ace_filter::config::Config::fingerprint`]) share one
+//! destination set ([`ace_config::Config::fingerprint`]) share one
 //! fleet through a process-wide registry, so pushing new prices does not
 //! forget that a destination is tripped. The Wasm filter gets the same from
 //! keying its shared-data entry by the fingerprint.
 
 use crate::published;
+use ace_config::Config;
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};
-use ace_filter::config::Config;
-use ace_filter::control::Outside;
-use ace_filter::routing::Routed;
+use ace_flow::control::Outside;
+use ace_flow::routing::Routed;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// The process's state of one fleet, behind its lock.
@@ -182,7 +182,7 @@ impl Inner {
         if generation != self.generation {
             self.generation = generation;
             if let Some(bytes) = published::snapshot() {
-                match ace_filter::control::decode(cfg, &bytes) {
+                match ace_flow::control::decode(cfg, &bytes) {
                     Ok(resolved) => {
                         self.outside.accept(resolved, published::heard_ms());
                         changed = true;

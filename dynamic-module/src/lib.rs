@@ -11,7 +11,7 @@
 //! WasmPlugin loads; this is for proxies you configure yourself.
 //!
 //! It is the same filter: the same configuration (`ace plugin-config`),
-//! the same request flow ([`ace_filter::flow`], which this crate drives
+//! the same request flow ([`ace_flow::flow`], which this crate drives
 //! through its [`Host`] implementation), the same decision core, the same
 //! event line and counters. Only the plumbing differs:
 //!
@@ -52,17 +52,17 @@ pub mod fleet;
 pub mod poller;
 pub mod published;
 
+use ace_config::{Config, Trusted};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
 use ace_dynamic_abi::{
     self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel,
     ModulePtr,
 };
-use ace_filter::config::{Config, Trusted};
-use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
-use ace_filter::headers::Pairs;
-use ace_filter::request::{self, Counters};
-use ace_filter::routing::Routed;
+use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::headers::Pairs;
+use ace_flow::request::{self, Counters};
+use ace_flow::routing::Routed;
 use fleet::Fleet;
 use std::cell::RefCell;
 use std::ffi::c_char;
@@ -71,7 +71,7 @@ use std::sync::Arc;
 /// Filter-state key of the request's event.
 pub const EVENT_KEY: &str = "ace_event";
 
-pub use ace_filter::flow::RETRY_HEADER;
+pub use ace_flow::flow::RETRY_HEADER;
 
 /// Dynamic metadata (namespace, key) set on a run that ACE replaced by a
 /// retry: its access-log line carries no event, and an access-log
@@ -221,7 +221,13 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         log::error!("refusing the configuration: invalid ACE plugin configuration at {problem}");
         return std::ptr::null();
     }
-    let setup = Setup::new(config);
+    let setup = match Setup::new(config) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("refusing the configuration: {e}");
+            return std::ptr::null();
+        }
+    };
     setup.announce(true);
     let config = &setup.config;
     // Envoy freezes counter creation after this hook: define them all now.
@@ -570,7 +576,6 @@ impl Host for Dynamic<'_> {
         let n = self
             .shared
             .setup
-            .config
             .cache
             .as_ref()
             .map_or(0, |c| c.slots as usize);

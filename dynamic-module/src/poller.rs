@@ -37,10 +37,10 @@
 //! `ace.control.snapshots` count polls sent and snapshots published.
 
 use crate::published;
+use ace_config::Control;
 use ace_dynamic_abi::bootstrap::{self, CalloutResult, Response, Timer};
 use ace_dynamic_abi::{EnvoyBuffer, EnvoyHeader, ModulePtr};
-use ace_filter::config::Control;
-use ace_filter::control::{PollError, Rejected};
+use ace_flow::control::{PollError, Rejected};
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -196,7 +196,7 @@ impl Poller {
             self.trouble(host, problem);
         }
         let sent = {
-            let headers = ace_filter::control::poll_headers(&self.control, self.etag.as_deref());
+            let headers = ace_flow::control::poll_headers(&self.control, self.etag.as_deref());
             host.send(&self.control.cluster, &headers, self.control.timeout_ms)
         };
         match sent {

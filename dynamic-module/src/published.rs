@@ -6,7 +6,7 @@
 //! request path only compares a generation number with an atomic load, and
 //! takes the lock on the snapshot's bytes only when the number moved. Each
 //! fleet resolves the bytes against its own configuration
-//! (`ace_filter::control::decode`), so one configuration's rejection of a
+//! (`ace_flow::control::decode`), so one configuration's rejection of a
 //! snapshot never touches another's.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -12,7 +12,7 @@
 //! allocated it through this module's `proxy_on_memory_allocate` (the
 //! SDK's, a `Vec<u8>` of exactly that size, leaked).
 
-use crate::headers::Pairs;
+use ace_flow::headers::Pairs;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, Status};
 
 #[link(wasm_import_module = "env")]
@@ -171,7 +171,7 @@ pub fn set_buffer(kind: BufferType, start: usize, size: usize, data: &[u8]) -> R
     check(unsafe { set_buffer_raw(kind as u32, start, size, data.as_ptr(), data.len()) })
 }
 
-/// Header map `map`, in one call (see [`crate::headers`]).
+/// Header map `map`, in one call (see [`ace_flow::headers`]).
 pub fn header_pairs(map: MapType) -> Result<Pairs, Status> {
     let (mut data, mut size) = (std::ptr::null_mut(), 0usize);
     // SAFETY: the host writes a pointer and a size to valid locations.

@@ -1,24 +1,12 @@
-//! ace-filter: ACE's HTTP filter for Envoy, a thin adapter over `ace-core`.
+//! ace-filter: ACE's proxy-wasm HTTP filter, what Istio's WasmPlugin and
+//! Envoy's Wasm filter load. Built for `wasm32-wasip1` it is the module
+//! `make wasm` ships.
 //!
-//! It turns Envoy's view of a request into inputs for the core, and the
-//! core's answer into a routing header. All decisions live in the core;
-//! all parsing happens once, when a configuration arrives ([`config`]).
-//!
-//! The crate has two layers:
-//!
-//! - What one request does, independent of how Envoy runs the filter:
-//!   the request flow ([`flow`]), generic over a small host trait, and the
-//!   steps it runs: parsing the configuration ([`config`]), reading
-//!   attributes ([`attributes`], [`headers`], [`body`]), the steps from
-//!   headers to decision to outcome ([`request`]), token usage in
-//!   responses ([`usage`]), the event line ([`event`]), and what the
-//!   control service says, checked and applied ([`control`]). No host calls;
-//!   the Envoy dynamic module (`ace-dynamic`) is the other host of this
-//!   layer.
-//! - The proxy-wasm adapter (`wasm`, with [`host`]; [`state`] is its
-//!   shared-data protocol, kept host-free so it can be tested), behind
-//!   the default `wasm` feature: what Istio's WasmPlugin loads. Built for
-//!   `wasm32-wasip1` it is the module `make wasm` ships.
+//! A thin adapter: every decision is `ace-flow`'s one request flow, which
+//! the dynamic module (`ace-dynamic`) and the simulator run too. This
+//! crate says how proxy-wasm reads a header, sends a local reply and
+//! shares state between Envoy's worker VMs ([`host`], and [`state`], the
+//! shared-data protocol, kept host-free so that it is tested natively).
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -26,24 +14,6 @@
     clippy::indexing_slicing
 )]
 
-pub mod attributes;
-pub mod body;
-pub mod cache;
-pub mod config;
-pub mod control;
-pub mod event;
-pub mod flow;
-pub mod headers;
-pub mod request;
-pub mod routing;
-pub mod state;
-pub mod usage;
-
-#[cfg(feature = "wasm")]
 pub mod host;
-#[cfg(feature = "wasm")]
+pub mod state;
 mod wasm;
-
-pub use request::{
-    RESPONSE_COST_HEADER, RESPONSE_DESTINATION_HEADER, RESPONSE_REASON_HEADER, RESPONSE_TIER_HEADER,
-};

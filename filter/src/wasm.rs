@@ -1,5 +1,5 @@
 //! The proxy-wasm adapter: Envoy's Wasm callbacks mapped onto the request
-//! flow ([`crate::flow`]), which it drives through its [`Host`]
+//! flow ([`ace_flow::flow`]), which it drives through its [`Host`]
 //! implementation. Nothing here decides anything about a request.
 //!
 //! Routing: the flow writes the chosen cluster into the destination
@@ -21,7 +21,7 @@
 //! Inside Envoy a host call costs far more than the Wasm code around it
 //! (`BENCHMARKS.md`), so the per-request path makes as few as it can: no
 //! shared-data read when this worker's copy is known to be current, one
-//! clock read per phase, each header map read in one call ([`crate::headers`]),
+//! clock read per phase, each header map read in one call ([`ace_flow::headers`]),
 //! one filter-state write, counters handed over on the tick.
 //!
 //! The filter must never panic (a panic kills the worker's VM): every host
@@ -29,16 +29,16 @@
 //! of the SDK wrappers' panics on statuses they do not expect, and a
 //! failure is logged and answered.
 
-use crate::config::{Config, Control, Trusted};
-use crate::control::{self, Answer, Heard, Outside};
-use crate::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
-use crate::headers::{Pairs, Span};
 use crate::host;
-use crate::request::{self, Counters, EventIds};
-use crate::routing::Routed;
 use crate::state::{Mirror, Synced};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
+use ace_flow::config::{Config, Control, Trusted};
+use ace_flow::control::{self, Answer, Heard, Outside};
+use ace_flow::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::headers::{Pairs, Span};
+use ace_flow::request::{self, Counters, EventIds};
+use ace_flow::routing::Routed;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use std::cell::RefCell;
@@ -161,9 +161,8 @@ impl RootContext for AceRoot {
                 return false;
             }
         };
-        match Config::parse(&bytes) {
-            Ok(config) => {
-                let setup = Setup::new(config);
+        match Setup::parse(&bytes) {
+            Ok(setup) => {
                 setup.announce(false);
                 let config = &setup.config;
                 let now = now_ms();
@@ -316,7 +315,7 @@ impl Plugin {
 /// Polling the control service from this worker: one poll per interval
 /// per Envoy, by whichever worker takes the lease in shared data first;
 /// the answer is stored in shared data for the other workers, which
-/// decode each version once ([`crate::control`] has the rules).
+/// decode each version once ([`ace_flow::control`] has the rules).
 #[derive(Debug)]
 struct Poller {
     control: Control,
@@ -520,7 +519,7 @@ impl Plugin {
         let status = (headers > 0)
             .then(|| host::header_pairs(MapType::HttpCallResponseHeaders).ok())
             .flatten()
-            .and_then(|h| crate::headers::number::<u32>(h.get(":status")));
+            .and_then(|h| ace_flow::headers::number::<u32>(h.get(":status")));
         let Some(status) = status else {
             let problem = format!(
                 "control poll through cluster `{}` failed (no answer within {} ms, or no \
@@ -725,7 +724,7 @@ impl Host for Wasm<'_> {
     }
 
     fn write_event(&mut self, line: &[u8]) -> bool {
-        host::set_property(crate::event::PROPERTY.as_bytes(), line)
+        host::set_property(ace_flow::event::PROPERTY.as_bytes(), line)
             .map_err(|s| log::warn!("cannot write the request event: {s:?}"))
             .is_ok()
     }

@@ -14,7 +14,7 @@
 //! configuration an upgrade now refuses (e.g. `body.read` false under
 //! tables that decide on `model`) still books its logs.
 
-use ace_filter::config::Config;
+use ace_flow::Setup;
 use anyhow::{anyhow, Context};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -31,7 +31,7 @@ pub fn config_id(bytes: &[u8]) -> String {
 /// Parsed configurations, by id.
 #[derive(Debug, Default)]
 pub struct Registry {
-    by_id: HashMap<String, Config>,
+    by_id: HashMap<String, Setup>,
 }
 
 impl Registry {
@@ -39,7 +39,7 @@ impl Registry {
     pub fn add(&mut self, bytes: &[u8], origin: &str) -> anyhow::Result<String> {
         let id = config_id(bytes);
         if !self.by_id.contains_key(&id) {
-            let cfg = Config::parse_for_pricing(bytes).map_err(|e| anyhow!("{origin}: {e}"))?;
+            let cfg = Setup::parse_for_pricing(bytes).map_err(|e| anyhow!("{origin}: {e}"))?;
             self.by_id.insert(id.clone(), cfg);
         }
         Ok(id)
@@ -61,7 +61,7 @@ impl Registry {
     }
 
     /// The configuration `id`.
-    pub fn get(&self, id: &str) -> Option<&Config> {
+    pub fn get(&self, id: &str) -> Option<&Setup> {
         self.by_id.get(id)
     }
 

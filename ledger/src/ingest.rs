@@ -405,7 +405,7 @@ fn line(
         refuse(batch, error, e.event_id);
         return Ok(());
     };
-    price::bound_tokens(&mut e, cfg);
+    price::bound_tokens(&mut e, &cfg.config);
     match price::price(&e, cfg, &id) {
         Ok(p) => {
             let row = Row::new(e, id, p);

@@ -19,8 +19,10 @@
 
 use crate::event::Event;
 use crate::money::{self, Nano};
+use ace_config::{Config, OnMissing};
 use ace_core::cost::CostModel;
-use ace_filter::config::{Config, OnMissing};
+use ace_flow::routing::Routing;
+use ace_flow::Setup;
 
 /// The ledger's figures for one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,7 +47,7 @@ impl std::fmt::Display for PriceError {
 }
 
 /// Bound `e`'s token counts by `cfg`'s `max_context_tokens`, as the filter
-/// bounds an upstream's usage claim (`ace_filter::request::book_usage`):
+/// bounds an upstream's usage claim (`ace_flow::request::book_usage`):
 /// the excess is not booked, and `usage_capped` says so. The filter also
 /// bounds output by the request's own `max_tokens`, which the line does not
 /// carry, so the context window is the ledger's bound for both. Returns
@@ -62,7 +64,8 @@ pub fn bound_tokens(e: &mut Event, cfg: &Config) -> bool {
 }
 
 /// Price `e` under `cfg` (the configuration with id `cfg_id`).
-pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError> {
+pub fn price(e: &Event, setup: &Setup, cfg_id: &str) -> Result<Priced, PriceError> {
+    let cfg = &setup.config;
     let Some(dest) = e.destination.as_deref() else {
         return Ok(Priced::default());
     };
@@ -100,22 +103,22 @@ pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError
         0.0
     } else {
         let cold = if warm { 0.0 } else { model.cold_load_usd };
-        tokens * factor(cfg, i, served) + cold
+        tokens * factor(setup.routing.as_ref(), i, served) + cold
     };
     let booked = nano(usd, "booked cost")?;
     // Against the model named (a class: its reference model), served as
     // named; then the model served, as served.
     let named = e.model_requested.as_deref();
-    let reference = cfg
+    let reference = setup
         .routing
         .as_ref()
         .zip(named)
         .and_then(|(r, n)| r.reference_of(n))
         .or(named);
-    let counterfactual = cheapest_payg(e, cfg, reference, false)?;
+    let counterfactual = cheapest_payg(e, setup, reference, false)?;
     let substituted = e.model_served.is_some()
         && e.model_served != e.model_requested
-        && cfg
+        && setup
             .routing
             .as_ref()
             .zip(named)
@@ -124,7 +127,7 @@ pub fn price(e: &Event, cfg: &Config, cfg_id: &str) -> Result<Priced, PriceError
     let served_counterfactual = if e.model_served == e.model_requested || e.model_served.is_none() {
         counterfactual
     } else {
-        cheapest_payg(e, cfg, e.model_served.as_deref(), substituted)?
+        cheapest_payg(e, setup, e.model_served.as_deref(), substituted)?
     };
     Ok(Priced {
         booked,
@@ -139,8 +142,8 @@ fn nano(usd: f64, what: &str) -> Result<Nano, PriceError> {
 
 /// The price factor of `model` on destination `d` (model routing's
 /// `cost_factors`; 1 without them).
-fn factor(cfg: &Config, d: usize, model: Option<&str>) -> f64 {
-    let Some((r, model)) = cfg.routing.as_ref().zip(model) else {
+fn factor(routing: Option<&Routing>, d: usize, model: Option<&str>) -> f64 {
+    let Some((r, model)) = routing.zip(model) else {
         return 1.0;
     };
     r.members
@@ -154,17 +157,20 @@ fn factor(cfg: &Config, d: usize, model: Option<&str>) -> f64 {
 /// as model routing's computed attribute.
 fn cheapest_payg(
     e: &Event,
-    cfg: &Config,
+    setup: &Setup,
     model: Option<&str>,
     substituted: bool,
 ) -> Result<Option<Nano>, PriceError> {
+    let cfg = &setup.config;
     let mask = feasible(e, cfg, model, substituted);
     let best = cfg
         .models
         .iter()
         .enumerate()
         .filter(|(i, m)| m.tier.is_pay_as_you_go() && bit(&mask, *i))
-        .map(|(i, m)| m.rest_usd(e.tokens_in, e.tokens_out) * factor(cfg, i, model))
+        .map(|(i, m)| {
+            m.rest_usd(e.tokens_in, e.tokens_out) * factor(setup.routing.as_ref(), i, model)
+        })
         .min_by(f64::total_cmp);
     best.map(|usd| nano(usd, "counterfactual")).transpose()
 }

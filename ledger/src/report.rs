@@ -185,7 +185,7 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
         if let (Some(dest), true) = (row.destination.as_deref(), row.served()) {
             let model = registry
                 .get(&row.config)
-                .and_then(|c| price::model_of(c, dest).copied());
+                .and_then(|c| price::model_of(&c.config, dest).copied());
             if let Some(m) = model.filter(|m| m.tier.is_sunk()) {
                 let p = pools.entry(dest.to_string()).or_default();
                 p.knee = m.knee;

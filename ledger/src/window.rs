@@ -74,7 +74,7 @@ pub struct Window {
 }
 
 /// The event reason of a cache hit the filter checked against the
-/// upstream (`ace_filter::cache::CHECK_REASON`).
+/// upstream (`ace_flow::cache::CHECK_REASON`).
 pub const CHECK_REASON: &str = "cache_check";
 
 /// The start of the window of length `window_ms` that holds `time_ms`

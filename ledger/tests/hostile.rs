@@ -489,7 +489,7 @@ fn an_earlier_configuration_refused_now_still_prices_its_events() {
     let old = String::from_utf8(common::golden_config())
         .expect("utf8")
         .replace("\"body\": {\"read\": true}", "\"body\": {\"read\": false}");
-    let refused = ace_filter::config::Config::parse(old.as_bytes()).expect_err("refused now");
+    let refused = ace_config::Config::parse(old.as_bytes()).expect_err("refused now");
     assert!(refused.to_string().contains("body.read"), "{refused}");
     let (_dir, mut ledger, id) = ledger_with(old.as_bytes());
     let s = ingest(&mut ledger, "old.log", &common::golden_events(&id));

@@ -12,7 +12,7 @@
 use crate::compile::Compiled;
 use crate::error::{Diagnostic, Error};
 use crate::project::Project;
-use ace_filter::config::{Destination, OnMissing, PluginConfig};
+use ace_config::{Destination, OnMissing, PluginConfig};
 use base64::Engine as _;
 
 /// The filter's configuration for `project` compiled into `compiled`.
@@ -105,7 +105,7 @@ pub fn plugin_config(
     // who may be served another model (`substituted`); the filter refuses
     // classes without that attribute, naming the fix.
     if let Some((classes, cost_factors)) = project.manifest.model_routing() {
-        config.model_routing = Some(ace_filter::routing::RoutingSettings {
+        config.model_routing = Some(ace_config::RoutingSettings {
             classes,
             cost_factors,
         });

@@ -314,10 +314,10 @@ impl EventWriter {
         ttft_ms: Option<u64>,
         served_model: Option<&str>,
     ) {
-        use ace_filter::event::{Event, Text, SCHEMA};
+        use ace_flow::event::{Event, Text, SCHEMA};
         let text = |s: Option<&str>| s.map(Text::from);
         let d = o.dest;
-        let id = ace_filter::request::event_id(self.id_prefix, u64::from(r));
+        let id = ace_flow::request::event_id(self.id_prefix, u64::from(r));
         let latency_ms = ttft_ms.unwrap_or(o.e2e_ms);
         let slo_ms = d.and_then(|d| self.slo_ms.get(d).copied().flatten());
         let ok = (200..300).contains(&o.status) && o.served;

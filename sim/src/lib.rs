@@ -32,8 +32,8 @@ pub mod rng;
 pub mod slo;
 pub mod trace;
 
+use ace_config::Config;
 use ace_core::cost::Tier;
-use ace_filter::config::Config;
 use engine::{Policy, Req, Run};
 use fleet::{Fault, FaultKind, Params, SpotProcess, Upstream};
 use metrics::Metrics;
@@ -206,8 +206,9 @@ impl Simulation {
         targets: Targets,
         seed: u64,
     ) -> Result<Simulation, SimError> {
-        let cfg = Config::parse(&config_json)
-            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+        let cfg = ace_flow::Setup::parse(&config_json)
+            .map_err(|e| SimError(format!("the filter configuration: {e}")))?
+            .config;
         if places.len() != cfg.destinations.len() {
             return Err(SimError(format!(
                 "the manifest has {} destinations and the filter configuration {}: regenerate the configuration with `ace plugin-config`",
@@ -328,8 +329,10 @@ impl Simulation {
                 // The dynamic module's re-run: what a failure costs a
                 // request on the build that can.
                 cfg.retry_next = true;
+                let setup = ace_flow::Setup::new(cfg)
+                    .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
                 Box::new(policy::ace::Ace::with_run(
-                    cfg,
+                    setup,
                     events,
                     self.control,
                     run_id(kind, seed),

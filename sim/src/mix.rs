@@ -153,7 +153,7 @@ impl Mix {
     pub fn new(
         source: &str,
         text: &str,
-        cfg: &ace_filter::config::Config,
+        cfg: &ace_config::Config,
         models_tp: &[(String, u32)],
     ) -> Result<Mix, MixError> {
         let file: MixFile =

@@ -267,14 +267,16 @@ pub fn post_h2_with_trailer(port: u16, headers: &[(&str, &str)], body: &serde_js
 /// and whether that answer is `substituted` for the model named, as Cedar
 /// must then be asked about it.
 pub fn cache_would_serve(
-    cfg: &ace_filter::config::Config,
-    lookup: &mut ace_filter::request::Lookup,
-    asked: ace_filter::routing::Asked,
+    setup: &ace_flow::Setup,
+    lookup: &mut ace_flow::request::Lookup,
+    asked: ace_flow::routing::Asked,
     producer: usize,
     model: &str,
 ) -> (bool, bool) {
-    use ace_filter::cache;
-    let (Some(tables), Some(c), Some(routing)) = (cfg.tables(), &cfg.cache, &cfg.routing) else {
+    use ace_flow::cache;
+    let cfg = &setup.config;
+    let (Some(tables), Some(c), Some(routing)) = (cfg.tables(), &setup.cache, &setup.routing)
+    else {
         panic!("the configuration has no tables, cache or model routing");
     };
     let entry = cache::Entry {

@@ -198,13 +198,12 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
 
 /// The plugin configuration `ace plugin-config policies/` writes, parsed by
 /// the filter's own configuration type.
-fn filter_config() -> &'static ace_filter::config::Config {
-    static C: OnceLock<ace_filter::config::Config> = OnceLock::new();
+fn filter_config() -> &'static ace_config::Config {
+    static C: OnceLock<ace_config::Config> = OnceLock::new();
     C.get_or_init(|| {
         let dir = ace_harness::workspace_root().join("policies");
         let json = ace_cli::plugin::build(&dir, false, true).unwrap_or_else(|e| panic!("{e}"));
-        ace_filter::config::Config::parse(json.to_string().as_bytes())
-            .unwrap_or_else(|e| panic!("{e}"))
+        ace_config::Config::parse(json.to_string().as_bytes()).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
@@ -297,7 +296,7 @@ fn hostile_requests_through_the_filter_steps_stay_where_cedar_allows() {
 }
 
 fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), TestCaseError> {
-    use ace_filter::{body, headers::Pairs, request};
+    use ace_flow::{body, headers::Pairs, request};
     let c = compiled();
     let cfg = filter_config();
     let tables = cfg
@@ -370,7 +369,7 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         Some(&tables),
         &mut head.event,
         body_model.as_deref(),
-        ace_filter::attributes::no_trusted,
+        ace_flow::attributes::no_trusted,
         &mut lookup,
     )
     .is_err()
@@ -439,8 +438,8 @@ fn priced(models: &[CostModel], healths: &[Health], loads: &[u32]) -> Slate {
 
 /// The example configuration with model routing (the manifest's classes
 /// and cost factors) and the response cache on.
-fn routed_config() -> &'static ace_filter::config::Config {
-    static C: OnceLock<ace_filter::config::Config> = OnceLock::new();
+fn routed_config() -> &'static ace_flow::Setup {
+    static C: OnceLock<ace_flow::Setup> = OnceLock::new();
     C.get_or_init(|| {
         let dir = ace_harness::workspace_root().join("policies");
         let mut json = ace_cli::plugin::build(&dir, false, true).unwrap_or_else(|e| panic!("{e}"));
@@ -449,8 +448,7 @@ fn routed_config() -> &'static ace_filter::config::Config {
             "ace plugin-config writes the manifest's model classes"
         );
         json["cache"] = serde_json::json!({});
-        ace_filter::config::Config::parse(json.to_string().as_bytes())
-            .unwrap_or_else(|e| panic!("{e}"))
+        ace_flow::Setup::parse(json.to_string().as_bytes()).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
@@ -464,13 +462,17 @@ fn routed_config() -> &'static ace_filter::config::Config {
 /// `cached` true.
 #[test]
 fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
-    use ace_filter::{request, routing};
+    use ace_flow::{request, routing};
     let c = compiled();
-    let cfg = routed_config();
+    let setup = routed_config();
+    let cfg = &setup.config;
     let tables = cfg.tables().unwrap_or_else(|| panic!("no tables"));
     let n = tables.destination_count();
-    let routing = cfg.routing.as_ref().unwrap_or_else(|| panic!("no routing"));
-    let cache_cfg = cfg.cache.as_ref().unwrap_or_else(|| panic!("no cache"));
+    let routing = setup
+        .routing
+        .as_ref()
+        .unwrap_or_else(|| panic!("no routing"));
+    let cache_cfg = setup.cache.as_ref().unwrap_or_else(|| panic!("no cache"));
     let policy = cfg.policy.as_ref().unwrap_or_else(|| panic!("no policy"));
     let attrs = tables.attribute_count();
     let served = std::cell::Cell::new((0usize, 0usize, 0usize));
@@ -553,7 +555,7 @@ fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
                 .name
                 .as_str();
             let (hit, substituted) =
-                ace_tests::cache_would_serve(cfg, &mut lookup, asked, producer, model);
+                ace_tests::cache_would_serve(setup, &mut lookup, asked, producer, model);
             if hit {
                 served.set((served.get().0, served.get().1, served.get().2 + 1));
                 let why = allowed(producer, model, substituted, true)?;

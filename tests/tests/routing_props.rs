@@ -32,7 +32,7 @@
 use ace_core::cost::{CostModel, Tier};
 use ace_core::dispatch::{decide, decide_scaled, Fleet, Request, Slate};
 use ace_core::health::{Health, HealthPolicy};
-use ace_filter::{request, routing};
+use ace_flow::{request, routing};
 use ace_policy::verify::Rng;
 use ace_policy::{compile, Project, Sources};
 use std::fmt::Write as _;
@@ -283,11 +283,12 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
         .map_err(|e| format!("plugin-config: {e}"))?;
     let mut json = serde_json::to_value(&plugin).map_err(|e| e.to_string())?;
     json["cache"] = serde_json::json!({});
-    let cfg = ace_filter::config::Config::parse(json.to_string().as_bytes())
+    let setup = ace_flow::Setup::parse(json.to_string().as_bytes())
         .map_err(|e| format!("the filter refused the configuration: {e}"))?;
+    let cfg = &setup.config;
     let tables = cfg.tables().ok_or("no tables")?;
-    let routing = cfg.routing.as_ref().ok_or("no model_routing")?;
-    let cache_cfg = cfg.cache.as_ref().ok_or("no cache")?;
+    let routing = setup.routing.as_ref().ok_or("no model_routing")?;
+    let cache_cfg = setup.cache.as_ref().ok_or("no cache")?;
     let policy = cfg.policy.as_ref().ok_or("no policy")?;
     let m = policy.model.ok_or("the tables do not read model")?;
     assert_eq!(tables.destination_count(), n);
@@ -371,14 +372,14 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
             }
             continue;
         };
-        let mut lookup = request::Lookup::new(&cfg);
+        let mut lookup = request::Lookup::new(cfg);
         lookup.values.clone_from(&values);
         // A cache entry from a random producer and model.
         let member = r.below(routing.members.len() as u64) as usize;
         let producer = r.below(n as u64) as usize;
         let model = routing.members[member].name.as_str();
         let (hit, substituted) =
-            ace_tests::cache_would_serve(&cfg, &mut lookup, asked, producer, model);
+            ace_tests::cache_would_serve(&setup, &mut lookup, asked, producer, model);
         if hit {
             seen.hits += 1;
             if !allowed(producer, model, substituted, true)? {

@@ -144,8 +144,8 @@ fn decisions_replay_identically(filter: Filter) {
         .filter(|e| e["status"].as_u64() != Some(200))
         .count();
     assert!(failures > 0, "the run had failures for health to act on");
-    let cfg = ace_filter::config::Config::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-    let replayed = replay(cfg, &log);
+    let setup = ace_flow::Setup::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let replayed = replay(setup, &log);
     for (i, (r, s)) in recorded.iter().zip(&replayed).enumerate() {
         assert_eq!(
             r, s,

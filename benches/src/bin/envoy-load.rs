@@ -44,7 +44,7 @@
 //! or `ENVOY_LOAD_PROBE='strace -c -f -p {pid}'`.
 #![forbid(unsafe_code)]
 
-use ace_filter::config::PluginConfig;
+use ace_config::PluginConfig;
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Upstream;
 use clap::builder::PossibleValue;

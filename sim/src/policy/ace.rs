@@ -1,5 +1,5 @@
 //! ACE, through the very code the filter runs: each request goes through
-//! [`ace_filter::flow::Flow`] (capture, the compiled Cedar tables, the
+//! [`ace_flow::flow::Flow`] (capture, the compiled Cedar tables, the
 //! merit-order decision on the fleet state, the response's health
 //! outcome, usage, the event) over a simulated [`Host`], exactly as the
 //! Wasm filter and the dynamic module drive it inside Envoy. There is no
@@ -11,21 +11,21 @@
 //! [`CONTROL_INTERVAL_MS`](crate::engine::CONTROL_INTERVAL_MS) it publishes a snapshot of the simulated fleet
 //! (each GPU server's running and waiting requests, spot prices, eviction
 //! notices as drains, resident models), which goes through the wire format
-//! and [`ace_filter::control::decode`] into the fleet state, as a poll
+//! and [`ace_flow::control::decode`] into the fleet state, as a poll
 //! would. Requests are sent as clients send them: the attribute headers
 //! and an OpenAI-style streamed chat body; answers come back as a model
 //! server's (status, `text/event-stream`, a final usage chunk).
 
 use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
 use crate::fleet::Answer;
+use ace_config::{Config, Trusted};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};
-use ace_filter::config::{Config, Trusted};
-use ace_filter::control::Outside;
-use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
-use ace_filter::headers::Pairs;
-use ace_filter::routing::Routed;
+use ace_flow::control::Outside;
+use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::headers::Pairs;
+use ace_flow::routing::Routed;
 use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -104,7 +104,7 @@ impl Host for Envoy<'_> {
 
     fn next_event_id(&mut self) -> [u8; 32] {
         self.h.ids += 1;
-        ace_filter::request::event_id(self.h.id_prefix, self.h.ids)
+        ace_flow::request::event_id(self.h.id_prefix, self.h.ids)
     }
 
     fn request_headers(&mut self) -> Pairs {
@@ -279,16 +279,15 @@ pub struct Ace {
 pub const BYTES_PER_TOKEN: usize = 4;
 
 impl Ace {
-    /// ACE with the filter configuration `cfg`; `events`: keep the event
+    /// ACE with the filter configuration built as `setup`; `events`: keep the event
     /// lines; `control`: publish snapshots (off: the fleet state sees only
     /// ACE's own requests, as without a control service).
-    pub fn new(cfg: Config, events: bool, control: bool) -> Ace {
-        Ace::with_run(cfg, events, control, 0)
+    pub fn new(setup: Setup, events: bool, control: bool) -> Ace {
+        Ace::with_run(setup, events, control, 0)
     }
 
     /// [`Ace::new`] for run `run` (its event ids start with it).
-    pub fn with_run(cfg: Config, events: bool, control: bool, run: u64) -> Ace {
-        let setup = Setup::new(cfg);
+    pub fn with_run(setup: Setup, events: bool, control: bool, run: u64) -> Ace {
         let cfg = &setup.config;
         let mut fleet = FleetState::new(cfg.destinations.len());
         fleet.reprice_all(&cfg.models, &cfg.health, EPOCH_MS);
@@ -594,7 +593,7 @@ impl Policy for Ace {
         let snapshot = self.snapshot(w);
         let resolved = ace_snapshot::encode(&snapshot)
             .ok()
-            .and_then(|bytes| ace_filter::control::decode(&self.setup.config, &bytes).ok());
+            .and_then(|bytes| ace_flow::control::decode(&self.setup.config, &bytes).ok());
         let Some(resolved) = resolved else { return };
         let cfg = &self.setup.config;
         if let Some(h) = self.host.as_mut() {
@@ -651,11 +650,11 @@ impl Ace {
         let mark = self
             .host
             .as_ref()
-            .and_then(|h| h.header(ace_filter::flow::RETRY_HEADER).map(str::to_string));
+            .and_then(|h| h.header(ace_flow::flow::RETRY_HEADER).map(str::to_string));
         self.request(w, r);
         if let (Some(m), Some(h)) = (mark, self.host.as_mut()) {
             h.headers
-                .push((ace_filter::flow::RETRY_HEADER.to_string(), m));
+                .push((ace_flow::flow::RETRY_HEADER.to_string(), m));
         }
     }
 }
@@ -686,12 +685,12 @@ pub struct Replayed {
     pub substituted: Option<String>,
 }
 
-/// Replay `log` through ACE with configuration `cfg`, one request after
+/// Replay `log` through ACE with configuration `setup`, one request after
 /// another, each answered as recorded: what ACE chooses for each. A
 /// simulation of ACE is faithful to Envoy's exactly when these equal the
 /// recorded choices.
-pub fn replay(cfg: Config, log: &[Recorded]) -> Vec<Replayed> {
-    let mut ace = Ace::new(cfg, false, false);
+pub fn replay(setup: Setup, log: &[Recorded]) -> Vec<Replayed> {
+    let mut ace = Ace::new(setup, false, false);
     log.iter()
         .map(|rec| {
             let now = rec.time_ms.saturating_sub(EPOCH_MS);

@@ -8,7 +8,7 @@
 //! to Cedar by `ace policy verify`).
 
 use crate::common::module;
-use ace_filter::config::Config;
+use ace_config::Config;
 use ace_wasm_host::{Request, Response, Route, Vm};
 use proptest::prelude::*;
 use std::sync::OnceLock;

@@ -6,9 +6,9 @@
 use ace_core::tables::{
     encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, Tables,
 };
-use ace_filter::attributes::{no_trusted, resolve, AttributeError};
-use ace_filter::config::Config;
-use ace_filter::headers::Pairs;
+use ace_flow::attributes::{no_trusted, resolve, AttributeError};
+use ace_config::Config;
+use ace_flow::headers::Pairs;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

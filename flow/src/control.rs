@@ -32,7 +32,7 @@
 //!   The end is an instant, so the fleet state reprices it with time alone
 //!   (`ace_core::fleet::Live::depends_on_time`), on every host alike.
 
-use crate::config::{Config, Control, Warmth};
+use ace_config::{Config, Control, Warmth};
 use ace_core::fleet::{FleetState, Live, Signal, SignalError};
 use ace_snapshot::Snapshot;
 use std::fmt;

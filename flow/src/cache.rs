@@ -42,14 +42,12 @@
 //! `cache_false_hit`), where the ledger forfeits a window's caching
 //! savings when the rate passes its bound.
 
-use crate::config::ConfigError;
+use ace_config::ConfigError;
 use ace_core::tables::Tables;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// The name of the computed attribute: whether the request is answered
-/// from the cache.
-pub const CACHED: &str = "cached";
+pub use ace_config::CACHED;
 
 /// The event's reason for an answer from the cache.
 pub const HIT_REASON: &str = "cache_hit";
@@ -57,23 +55,7 @@ pub const HIT_REASON: &str = "cache_hit";
 /// The event's reason for a hit sent upstream to be checked.
 pub const CHECK_REASON: &str = "cache_check";
 
-/// `cache` as configured.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CacheSettings {
-    /// Entries kept (default 1,024).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slots: Option<u32>,
-    /// Largest response body stored (default 65,536).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_entry_bytes: Option<usize>,
-    /// How long an entry is served, ms (default 300,000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_ms: Option<u64>,
-    /// Fraction of hits also sent upstream and compared (default 0.01).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub check_fraction: Option<f64>,
-}
+pub use ace_config::CacheSettings;
 
 /// The cache, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,12 +82,9 @@ fn err(field: &str, message: impl Into<String>) -> ConfigError {
 }
 
 impl Cache {
-    /// Validate `s` against `tables`; `read_body` is `body.read`.
-    pub fn build(
-        s: &CacheSettings,
-        tables: Option<&Tables<'_>>,
-        read_body: bool,
-    ) -> Result<Cache, ConfigError> {
+    /// Validate `s` against `tables` (the configuration checked that the
+    /// body is read: the cache key is the request body).
+    pub fn build(s: &CacheSettings, tables: Option<&Tables<'_>>) -> Result<Cache, ConfigError> {
         let Some(tables) = tables else {
             return Err(err(
                 "cache",
@@ -122,12 +101,6 @@ impl Cache {
             ));
         };
         let yes = tables.value_index(attribute, "true");
-        if !read_body {
-            return Err(err(
-                "body.read",
-                "is false but `cache` is set: the cache key is the request body; set body.read",
-            ));
-        }
         let slots = s.slots.unwrap_or(1024);
         if !(1..=1 << 20).contains(&slots) {
             return Err(err("cache.slots", "must be between 1 and 1048576"));
@@ -374,7 +347,7 @@ pub struct Pending {
 /// as they were.
 #[allow(clippy::too_many_arguments)]
 pub fn may_serve(
-    cfg: &crate::config::Config,
+    cfg: &ace_config::Config,
     tables: &ace_core::tables::Tables<'_>,
     lookup: &mut crate::request::Lookup,
     scratch: &mut Vec<u64>,

@@ -39,7 +39,7 @@ pub struct Event {
     /// `x-request-id` may repeat).
     pub event_id: [u8; 32],
     /// The configuration the request was decided under
-    /// ([`crate::config::Config::id`]).
+    /// ([`ace_config::Config::id`]).
     pub config: Arc<str>,
     /// The request's headers, which [`Text::Header`] fields point into.
     pub headers: Pairs,

@@ -1,5 +1,5 @@
 //! Write one event N times (for callgrind): `event_cost N`.
-use ace_filter::event::{Event, SCHEMA};
+use ace_flow::event::{Event, SCHEMA};
 fn main() {
     let n: usize = std::env::args()
         .nth(1)

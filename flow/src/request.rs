@@ -7,11 +7,11 @@
 
 use crate::attributes::{self, AttributeError};
 use crate::body::{self, BodyError, RequestBody};
-use crate::config::Config;
-use crate::config::Trusted;
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::usage::Usage;
+use ace_config::Config;
+use ace_config::Trusted;
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome, ANY_TENANT, MAX_TENANT};
 use ace_core::tables::Tables;

@@ -8,15 +8,15 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing)] // a test fails by panicking
 
+use ace_config::{Config, Trusted};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
-use ace_filter::config::{Config, Trusted};
-use ace_filter::control::Outside;
-use ace_filter::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
-use ace_filter::headers::Pairs;
-use ace_filter::request::Counters;
+use ace_flow::control::Outside;
+use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::headers::Pairs;
+use ace_flow::request::Counters;
 use base64::Engine;
 use serde_json::Value;
 use std::cell::RefCell;
@@ -71,7 +71,7 @@ fn setup_with(body: &str, extra: &str) -> Setup {
           "body":{body},
           "health":{{"trip_after":3,"base_cooldown_ms":1000}}{extra}}}"#
     );
-    Setup::new(Config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}")))
+    Setup::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// What a scripted upstream answers.
@@ -170,7 +170,7 @@ impl Host for Mock {
 
     fn next_event_id(&mut self) -> [u8; 32] {
         self.ids += 1;
-        ace_filter::request::event_id(7, self.ids)
+        ace_flow::request::event_id(7, self.ids)
     }
 
     fn request_headers(&mut self) -> Pairs {
@@ -654,7 +654,7 @@ fn no_policy_is_refused_unless_asked_for_and_then_counted() {
     let cfg =
         Config::parse(br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"a"}]}"#)
             .unwrap_or_else(|e| panic!("{e}"));
-    let s = Setup::new(cfg);
+    let s = Setup::new(cfg).unwrap_or_else(|e| panic!("{e}"));
     let w = RefCell::new(Worker::default());
     let mut m = Mock::new(&s);
     let e = send(&s, &w, &mut m, &Req::default(), ok);

@@ -3,10 +3,10 @@
 //! whole or moves prices, load, capacity, drains and warmth only, and
 //! every decision stays inside the policy's feasible mask.
 
+use ace_config::Config;
 use ace_core::dispatch::Request;
 use ace_core::fleet::FleetState;
-use ace_filter::config::Config;
-use ace_filter::control::{resolve, Outside, Rejected};
+use ace_flow::control::{resolve, Outside, Rejected};
 use ace_snapshot::{Drain, DrainReason, Load, Price, Report, Snapshot};
 use proptest::prelude::*;
 

@@ -5,7 +5,7 @@
 //! configuration has, nor changes which ones exist.
 #![no_main]
 #![forbid(unsafe_code)]
-use ace_filter::config::Config;
+use ace_config::Config;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => assert!(!e.field.is_empty()),
     }
-    if let Ok(r) = ace_filter::control::decode(config(), data) {
+    if let Ok(r) = ace_flow::control::decode(config(), data) {
         assert_eq!(r.lives.len(), config().destinations.len());
         for l in &r.lives {
             if let Some((i, o)) = l.usd_per_token {

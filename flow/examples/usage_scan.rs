@@ -1,10 +1,10 @@
 //! Instructions to find token usage in a 4.4 KB chat completion, fed in
-//! 1 KiB chunks: the streaming scanner (`ace_filter::usage`) against
+//! 1 KiB chunks: the streaming scanner (`ace_flow::usage`) against
 //! buffering the body and parsing it with `serde_json` (the filter's
 //! earlier way). Count with callgrind, minus a run with 0 iterations:
 //!
 //! ```sh
-//! cargo build --release -p ace-filter --example usage_scan
+//! cargo build --release -p ace-flow --example usage_scan
 //! valgrind --tool=callgrind target/release/examples/usage_scan 1000 [serde]
 //! valgrind --tool=callgrind target/release/examples/usage_scan 0
 //! ```
@@ -39,7 +39,7 @@ fn main() {
                 .and_then(|u| u.prompt_tokens)
                 .unwrap_or(0);
         } else {
-            let mut s = ace_filter::usage::UsageScanner::new(false);
+            let mut s = ace_flow::usage::UsageScanner::new(false);
             for c in b.chunks(1024) {
                 s.feed(c);
             }

@@ -3,8 +3,8 @@
 //! whatever the chunking, for JSON and for SSE.
 #![no_main]
 #![forbid(unsafe_code)]
-use ace_filter::body::scan_request;
-use ace_filter::usage::UsageScanner;
+use ace_flow::body::scan_request;
+use ace_flow::usage::UsageScanner;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

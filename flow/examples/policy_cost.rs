@@ -3,13 +3,13 @@
 //!
 //! ```sh
 //! cargo run --release -p ace-cli -- plugin-config policies > /tmp/fleet.json
-//! cargo build --release -p ace-filter --example policy_cost
+//! cargo build --release -p ace-flow --example policy_cost
 //! valgrind --tool=callgrind target/release/examples/policy_cost /tmp/fleet.json 1000
 //! ```
+use ace_config::Config;
 use ace_core::tables::Tables;
-use ace_filter::attributes::{no_trusted, resolve};
-use ace_filter::config::Config;
-use ace_filter::headers::Pairs;
+use ace_flow::attributes::{no_trusted, resolve};
+use ace_flow::headers::Pairs;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

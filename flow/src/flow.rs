@@ -30,12 +30,12 @@
 
 use crate::body::{self, RequestBody};
 use crate::cache::{self, Entry, Pending};
-use crate::config::{Config, Trusted};
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::request::{self, Counters, Lookup, Refused};
 use crate::routing::{self, Routed};
 use crate::usage::UsageScanner;
+use ace_config::{Config, ConfigError, Trusted};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::health::{Change, Outcome};
 use ace_core::tables::Tables;
@@ -245,16 +245,53 @@ pub struct Setup {
     pub tables: Option<Tables<'static>>,
     /// Destination names, shared with each request's event.
     pub names: Vec<Arc<str>>,
+    /// Model routing, built against the tables; none when not configured.
+    pub routing: Option<routing::Routing>,
+    /// The response cache's parameters, built against the tables; none
+    /// when not configured.
+    pub cache: Option<cache::Cache>,
 }
 
 impl Setup {
-    /// The setup of `config`.
-    pub fn new(config: Config) -> Setup {
-        Setup {
-            tables: config.tables(),
-            names: config.names(),
+    /// The setup of `config`: its routing and cache built against its
+    /// tables, or the configuration error that names what is wrong.
+    pub fn new(config: Config) -> Result<Setup, ConfigError> {
+        let tables = config.tables();
+        let names = config.names();
+        let ids: Vec<&str> = config
+            .destinations
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        let routing = config
+            .model_routing
+            .as_ref()
+            .map(|r| routing::Routing::build(r, tables.as_ref(), &ids))
+            .transpose()?;
+        let cache = config
+            .cache
+            .as_ref()
+            .map(|c| cache::Cache::build(c, tables.as_ref()))
+            .transpose()?;
+        Ok(Setup {
+            tables,
+            names,
+            routing,
+            cache,
             config,
-        }
+        })
+    }
+
+    /// Parse, validate and build the plugin configuration `bytes`: what a
+    /// host does when a configuration arrives.
+    pub fn parse(bytes: &[u8]) -> Result<Setup, ConfigError> {
+        Setup::new(Config::parse(bytes)?)
+    }
+
+    /// The same for a configuration a filter ran with, to price its events
+    /// ([`Config::parse_for_pricing`]).
+    pub fn parse_for_pricing(bytes: &[u8]) -> Result<Setup, ConfigError> {
+        Setup::new(Config::parse_for_pricing(bytes)?)
     }
 
     /// Log what the configuration does, and what this host will not do of
@@ -580,12 +617,12 @@ impl Flow {
         // ended by trailers (Envoy has passed the body on by then, and a
         // rewrite could only be appended).
         let trailers = self.trailers;
-        let routing = cfg.routing.as_ref().filter(|_| {
+        let routing = setup.routing.as_ref().filter(|_| {
             raw.is_some() && body_model.is_some() && !trailers && host.can_replace_request_body()
         });
         // The cache only for requests safe to answer twice, and never for
         // ACE's own re-run of a failed request.
-        let cacheable = cfg
+        let cacheable = setup
             .cache
             .as_ref()
             .filter(|_| excluded.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some());
@@ -611,7 +648,7 @@ impl Flow {
                 // even where this request cannot be routed (trailers, a body
                 // that cannot be replaced): an entry a substitute produced
                 // is then still `substituted` to the model named.
-                let configured = cfg.routing.as_ref();
+                let configured = setup.routing.as_ref();
                 let named = configured.zip(model).and_then(|(r, m)| r.asked(m));
                 let key = cache::key(
                     &cfg.id,
@@ -1032,7 +1069,7 @@ impl Flow {
             }
         }
         let cfg = &setup.config;
-        if cfg.response_headers && cfg.routing.is_some() {
+        if cfg.response_headers && setup.routing.is_some() {
             let served = self
                 .event
                 .as_ref()
@@ -1095,7 +1132,7 @@ impl Flow {
     /// Response body arrived (`end_of_stream`: the last of it). Never
     /// holds the response: streams must flow.
     pub fn on_response_body<H: Host>(&mut self, setup: &Setup, host: &mut H, end_of_stream: bool) {
-        let max = setup.config.cache.as_ref().map_or(0, |c| c.max_entry_bytes);
+        let max = setup.cache.as_ref().map_or(0, |c| c.max_entry_bytes);
         let mut capture = self
             .extra
             .as_deref_mut()

@@ -1,15 +1,15 @@
 //! What a control snapshot costs a filter, at 16, 256 and 1,024
 //! destinations: its size, decoding it (`ace_snapshot::decode`), and
 //! decoding plus resolving it against the configuration
-//! (`ace_filter::control::decode`, what each Wasm VM or each dynamic
+//! (`ace_flow::control::decode`, what each Wasm VM or each dynamic
 //! fleet does once per version). Every destination reports load,
 //! capacity, a price and two warm models.
 //!
 //! ```sh
-//! cargo bench -p ace-filter --bench snapshot -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p ace-flow --bench snapshot -- --warm-up-time 1 --measurement-time 3
 //! ```
 
-use ace_filter::config::Config;
+use ace_config::Config;
 use ace_snapshot::{Load, Price, Report, Snapshot};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::hint::black_box;
@@ -64,7 +64,7 @@ fn snapshot(c: &mut Criterion) {
             b.iter(|| ace_snapshot::decode(black_box(bytes)))
         });
         g.bench_with_input(BenchmarkId::new("decode+resolve", n), &bytes, |b, bytes| {
-            b.iter(|| ace_filter::control::decode(&cfg, black_box(bytes)))
+            b.iter(|| ace_flow::control::decode(&cfg, black_box(bytes)))
         });
     }
     g.finish();

@@ -3,7 +3,7 @@
 //! back as themselves.
 #![no_main]
 #![forbid(unsafe_code)]
-use ace_filter::headers::Pairs;
+use ace_flow::headers::Pairs;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -10,8 +10,8 @@
 //! with a verified source (`attribute_sources`) takes its value from there
 //! and never from a header.
 
-use crate::config::{AttributeSource, OnMissing, Policy, Trusted};
 use crate::headers::Pairs;
+use ace_config::{AttributeSource, OnMissing, Policy, Trusted};
 use ace_core::tables::Tables;
 
 /// Why a request's attributes cannot be resolved.
@@ -127,7 +127,7 @@ pub fn no_trusted(_: &Trusted) -> Option<&'static [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use ace_config::Config;
     use ace_core::tables::{
         encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec, UNKNOWN,
     };
@@ -137,7 +137,7 @@ mod tests {
         try_config(on_missing, defaults).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn try_config(on_missing: &str, defaults: &str) -> Result<Config, crate::config::ConfigError> {
+    fn try_config(on_missing: &str, defaults: &str) -> Result<Config, ace_config::ConfigError> {
         try_config_sourced(on_missing, defaults, "{}")
     }
 
@@ -146,7 +146,7 @@ mod tests {
         on_missing: &str,
         defaults: &str,
         sources: &str,
-    ) -> Result<Config, crate::config::ConfigError> {
+    ) -> Result<Config, ace_config::ConfigError> {
         let spec = TableSpec {
             destinations: vec![DestinationSpec {
                 name: "a".into(),

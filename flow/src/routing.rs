@@ -25,27 +25,10 @@
 //! is rewritten ([`rewrite_model`]) before the request leaves, since the
 //! upstream serves the model its body names.
 
-use crate::config::{ConfigError, Warmth};
+use ace_config::{ConfigError, Warmth};
 use ace_core::tables::Tables;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
-/// The name of the computed attribute: whether the pair's model is
-/// another than the one the request named.
-pub const SUBSTITUTED: &str = "substituted";
-
-/// `model_routing` as configured.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RoutingSettings {
-    /// Class name to its member models, the reference model first (a
-    /// request naming the class is priced against it).
-    pub classes: BTreeMap<String, Vec<String>>,
-    /// Destination name to model to the model's token price on that
-    /// destination relative to the destination's own (default 1).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub cost_factors: BTreeMap<String, BTreeMap<String, f64>>,
-}
+pub use ace_config::{RoutingSettings, SUBSTITUTED};
 
 /// One model of some class.
 #[derive(Debug, Clone, PartialEq)]
@@ -525,7 +508,7 @@ fn string_end(body: &[u8], start: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::flow::Setup;
     use ace_core::tables::{
         encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec,
     };
@@ -533,7 +516,7 @@ mod tests {
 
     /// Two destinations serving models `a` and `b`; `computed` names the
     /// Bool attributes the tables have besides `model`.
-    fn config(computed: &[&str], extra: &str) -> Result<Config, crate::config::ConfigError> {
+    fn config(computed: &[&str], extra: &str) -> Result<Setup, ace_config::ConfigError> {
         let bools: Vec<(&str, &[&str])> = computed
             .iter()
             .map(|c| (*c, &["false", "true"][..]))
@@ -545,7 +528,7 @@ mod tests {
     fn config_with(
         computed: &[(&str, &[&str])],
         extra: &str,
-    ) -> Result<Config, crate::config::ConfigError> {
+    ) -> Result<Setup, ace_config::ConfigError> {
         let mut attributes = vec![AttributeSpec {
             name: "model".into(),
             values: vec!["a".into(), "b".into()],
@@ -576,7 +559,7 @@ mod tests {
         };
         let b64 = base64::engine::general_purpose::STANDARD
             .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")));
-        Config::parse(
+        Setup::parse(
             format!(
                 r#"{{"destinations":[{{"name":"d0","cluster":"c0"}},{{"name":"d1","cluster":"c1"}}],
                     "tables_base64":"{b64}","body":{{"read":true}}{extra}}}"#
@@ -645,7 +628,7 @@ mod tests {
     #[test]
     fn a_client_cannot_set_what_ace_computes() {
         let cfg = config(&["substituted", "cached"], "").unwrap_or_else(|e| panic!("{e}"));
-        let (tables, policy) = (cfg.tables().unwrap(), cfg.policy.as_ref().unwrap());
+        let (tables, policy) = (cfg.tables.unwrap(), cfg.config.policy.as_ref().unwrap());
         let sent: [(&[u8], &[u8]); 4] = [
             (b"x-ace-model", b"a"),
             (b"x-ace-substituted", b"true"),
@@ -677,7 +660,7 @@ mod tests {
             r#","model_routing":{"classes":{"c":["a","b"]},"cost_factors":{"d1":{"b":0.5}}}"#,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let (tables, routing) = (cfg.tables().unwrap(), cfg.routing.as_ref().unwrap());
+        let (tables, routing) = (cfg.tables.unwrap(), cfg.routing.as_ref().unwrap());
         let mut values = vec![0u32; 2];
         let mut pairs = Pairs::default();
         // Named `a`: d0 serves a, d1 serves the substitute b at half price.

@@ -31,6 +31,45 @@ use std::fmt;
 /// The header the filter writes and Envoy's route reads (`cluster_header`).
 pub const DEFAULT_DESTINATION_HEADER: &str = "x-ace-destination";
 
+/// The name of the computed attribute: whether the pair's model is
+/// another than the one the request named.
+pub const SUBSTITUTED: &str = "substituted";
+
+/// `model_routing` as configured.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingSettings {
+    /// Class name to its member models, the reference model first (a
+    /// request naming the class is priced against it).
+    pub classes: BTreeMap<String, Vec<String>>,
+    /// Destination name to model to the model's token price on that
+    /// destination relative to the destination's own (default 1).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cost_factors: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+/// The name of the computed attribute: whether the request is answered
+/// from the cache.
+pub const CACHED: &str = "cached";
+
+/// `cache` as configured.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSettings {
+    /// Entries kept (default 1,024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+    /// Largest response body stored (default 65,536).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entry_bytes: Option<usize>,
+    /// How long an entry is served, ms (default 300,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// Fraction of hits also sent upstream and compared (default 0.01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_fraction: Option<f64>,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -91,11 +130,12 @@ pub struct Config {
     /// The operator ran without policy tables on purpose
     /// (`"allow_no_policy": true`): every destination is feasible.
     pub no_policy: bool,
-    /// Model routing: which models may stand in for which, and what each
-    /// costs where (`model_routing`); none when absent.
-    pub routing: Option<crate::routing::Routing>,
-    /// The response cache (`cache`); none when absent.
-    pub cache: Option<crate::cache::Cache>,
+    /// Model routing as configured (`model_routing`); none when absent.
+    /// The flow builds it against the tables (`ace_flow::routing`).
+    pub model_routing: Option<RoutingSettings>,
+    /// The response cache as configured (`cache`); none when absent. The
+    /// flow builds it against the tables (`ace_flow::cache`).
+    pub cache: Option<CacheSettings>,
 }
 
 impl Config {
@@ -512,12 +552,12 @@ pub struct PluginConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<ControlSettings>,
     /// Model routing: equivalence classes and per-destination model
-    /// prices ([`crate::routing`]).
+    /// prices ([`RoutingSettings`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_routing: Option<crate::routing::RoutingSettings>,
-    /// The exact-match response cache ([`crate::cache`]).
+    pub model_routing: Option<RoutingSettings>,
+    /// The exact-match response cache ([`CacheSettings`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<crate::cache::CacheSettings>,
+    pub cache: Option<CacheSettings>,
 }
 
 /// Polling the control service, as configured (see [`Control`]).
@@ -918,23 +958,15 @@ impl Config {
             ));
         }
         let control = raw.control.map(Control::validate).transpose()?;
-        let tables = policy
-            .as_ref()
-            .and_then(|p| ace_core::tables::Tables::load(p.tables).ok());
-        let names: Vec<&str> = raw.destinations.iter().map(|d| d.name.as_str()).collect();
-        let routing = raw
-            .model_routing
-            .as_ref()
-            .map(|r| crate::routing::Routing::build(r, tables.as_ref(), &names))
-            .transpose()?;
-        let cache = raw
-            .cache
-            .as_ref()
-            .map(|c| crate::cache::Cache::build(c, tables.as_ref(), raw.body.read || pricing))
-            .transpose()?;
+        if raw.cache.is_some() && !raw.body.read && !pricing {
+            return Err(err(
+                "body.read",
+                "is false but `cache` is set: the cache key is the request body; set body.read",
+            ));
+        }
         Ok(Config {
-            routing,
-            cache,
+            model_routing: raw.model_routing,
+            cache: raw.cache,
             control,
             read_body: raw.body.read,
             max_body_bytes,
@@ -1108,7 +1140,7 @@ fn load_policy(
     let position = |n: &str| attributes.iter().position(|a| a.name == n);
     let (tenant, model) = (position("tenant"), position("model"));
     let mut computed = Vec::new();
-    for name in [crate::routing::SUBSTITUTED, crate::cache::CACHED] {
+    for name in [SUBSTITUTED, CACHED] {
         let Some(i) = position(name) else { continue };
         let no = tables.value_index(i as u32, "false");
         if no == UNKNOWN || tables.value_count(i as u32) != 2 {
@@ -1151,12 +1183,7 @@ fn load_policy(
 pub fn config_id(bytes: &[u8]) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(bytes);
-    let mut id = String::with_capacity(16);
-    for b in digest.iter().take(8) {
-        id.push(char::from(crate::event::hex_digit(b >> 4)));
-        id.push(char::from(crate::event::hex_digit(b & 15)));
-    }
-    id
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 /// FNV-1a over the names and clusters, in order.

@@ -16,11 +16,9 @@
 
 use crate::published;
 use ace_config::Config;
-use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
-use ace_core::health::{Change, Outcome};
 use ace_flow::control::Outside;
-use ace_flow::routing::Routed;
+use ace_flow::flow::{FleetAnswer, FleetOp};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// The process's state of one fleet, behind its lock.
@@ -89,62 +87,14 @@ impl Fleet {
         fleet
     }
 
-    /// Decide at `now` among the `feasible` destinations, warm for `model`
-    /// as the control service last said, and claim a slot on the one
-    /// chosen.
-    pub fn dispatch(
-        &self,
-        cfg: &Config,
-        now: u64,
-        feasible: &[u64],
-        model: Option<&str>,
-        req: &Request,
-    ) -> Result<Decision, Refusal> {
-        self.decide_with(cfg, now, |state, outside| {
-            state.decide(feasible, outside.warmth.mask(model), req, now)
-        })
-    }
-
-    /// [`Fleet::dispatch`] among a request's (destination, model) pairs
-    /// (model routing): each destination warm for, and priced at, the model
-    /// it would serve.
-    pub fn dispatch_routed(
-        &self,
-        cfg: &Config,
-        now: u64,
-        routed: &mut Routed<'_>,
-        req: &Request,
-    ) -> Result<Decision, Refusal> {
-        self.decide_with(cfg, now, |state, outside| {
-            let (feasible, warm, scale) = routed.parts(&outside.warmth);
-            state.decide_scaled(feasible, warm, scale, req, now)
-        })
-    }
-
-    /// Bring the fleet up to `now`, `decide` on it (and claim), and
-    /// reprice the destination chosen.
-    fn decide_with(
-        &self,
-        cfg: &Config,
-        now: u64,
-        decide: impl FnOnce(&mut FleetState, &Outside) -> Result<Decision, Refusal>,
-    ) -> Result<Decision, Refusal> {
+    /// Run the flow's `op` on this fleet at `now`, under the lock: the
+    /// control service's news taken first, then the whole transaction
+    /// ([`FleetOp::run`]).
+    pub fn run(&self, cfg: &Config, now: u64, op: FleetOp<'_, '_>) -> FleetAnswer {
         let mut f = lock(&self.0);
         f.catch_up(cfg, now);
         let Inner { state, outside, .. } = &mut *f;
-        state.advance(&cfg.models, &cfg.health, now);
-        let d = decide(state, outside)?;
-        state.reprice(d.index, &cfg.models, &cfg.health, now);
-        Ok(d)
-    }
-
-    /// Release destination `d`'s slot and fold in the request's outcome
-    /// (`None`: the client went away, blame no one).
-    pub fn settle(&self, cfg: &Config, d: usize, outcome: Option<Outcome>, now: u64) -> Change {
-        let mut f = lock(&self.0);
-        let change = f.state.settle(d, outcome, &cfg.health, now);
-        f.state.reprice(d, &cfg.models, &cfg.health, now);
-        change
+        op.run(state, &outside.warmth, &cfg.models, &cfg.health, now)
     }
 
     /// Requests in flight per destination.
@@ -205,6 +155,8 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ace_core::dispatch::Request;
+    use ace_core::health::Outcome;
 
     fn config(extra: &str) -> Config {
         Config::parse(
@@ -235,14 +187,31 @@ mod tests {
             latency_usd_per_s: 0.0,
         };
         let all = [0b11u64];
+        let claim = |f: &Fleet, now| {
+            let op = FleetOp::Claim {
+                feasible: &all,
+                model: None,
+                req: &req,
+            };
+            match f.run(&cfg, now, op) {
+                FleetAnswer::Claimed(Ok(d)) => d.index,
+                other => panic!("{other:?}"),
+            }
+        };
+        let settle = |f: &Fleet, d, outcome, now| {
+            let op = FleetOp::Settle {
+                d,
+                outcome,
+                policy: &p,
+            };
+            f.run(&cfg, now, op)
+        };
         for _ in 0..p.trip_after {
-            let d = a.dispatch(&cfg, 1, &all, None, &req).unwrap();
-            assert_eq!(d.index, 0, "the cheaper one until it trips");
-            a.settle(&cfg, 0, Some(Outcome::Failure { tenant: 0 }), 1);
+            assert_eq!(claim(&a, 1), 0, "the cheaper one until it trips");
+            settle(&a, 0, Some(Outcome::Failure { tenant: 0 }), 1);
         }
-        let d = b.dispatch(&cfg, 2, &all, None, &req).unwrap();
-        assert_eq!(d.index, 1, "tripped for the other configuration too");
-        b.settle(&cfg, 1, None, 2);
+        assert_eq!(claim(&b, 2), 1, "tripped for the other configuration too");
+        settle(&b, 1, None, 2);
         assert_eq!(b.in_flight(), vec![0, 0], "every slot released");
     }
 }

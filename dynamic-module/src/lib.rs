@@ -53,16 +53,13 @@ pub mod poller;
 pub mod published;
 
 use ace_config::{Config, Trusted};
-use ace_core::dispatch::{Decision, Refusal, Request};
-use ace_core::health::{Change, Outcome};
 use ace_dynamic_abi::{
     self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel,
     ModulePtr,
 };
-use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
 use ace_flow::request::{self, Counters};
-use ace_flow::routing::Routed;
 use fleet::Fleet;
 use std::cell::RefCell;
 use std::ffi::c_char;
@@ -520,30 +517,9 @@ impl Host for Dynamic<'_> {
         }
     }
 
-    fn claim(
-        &mut self,
-        now_ms: u64,
-        feasible: &[u64],
-        model: Option<&str>,
-        req: &Request,
-    ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+    fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
         let cfg = &self.shared.setup.config;
-        Ok(self
-            .shared
-            .fleet
-            .dispatch(cfg, now_ms, feasible, model, req))
-    }
-
-    fn claim_routed(
-        &mut self,
-        now_ms: u64,
-        routed: &mut Routed<'_>,
-        req: &Request,
-    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
-        let cfg = &self.shared.setup.config;
-        Ok(Some(
-            self.shared.fleet.dispatch_routed(cfg, now_ms, routed, req),
-        ))
+        Ok(self.shared.fleet.run(cfg, now_ms, op))
     }
 
     fn can_replace_request_body(&self) -> bool {
@@ -595,16 +571,6 @@ impl Host for Dynamic<'_> {
     fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
         self.envoy.send(status, content_type, body, "ace_cache_hit");
         true
-    }
-
-    fn settle(
-        &mut self,
-        d: usize,
-        outcome: Option<Outcome>,
-        now_ms: u64,
-    ) -> Result<Change, FleetUnavailable> {
-        let cfg = &self.shared.setup.config;
-        Ok(self.shared.fleet.settle(cfg, d, outcome, now_ms))
     }
 
     fn can_rerun(&self) -> bool {

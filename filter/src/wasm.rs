@@ -31,14 +31,14 @@
 
 use crate::host;
 use crate::state::{Mirror, Synced};
-use ace_core::dispatch::{Decision, Refusal, Request};
-use ace_core::health::{Change, Outcome};
+use ace_core::health::Change;
 use ace_flow::config::{Config, Control, Trusted};
 use ace_flow::control::{self, Answer, Heard, Outside};
-use ace_flow::flow::{self, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{
+    self, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
+};
 use ace_flow::headers::{Pairs, Span};
 use ace_flow::request::{self, Counters, EventIds};
-use ace_flow::routing::Routed;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use std::cell::RefCell;
@@ -733,46 +733,25 @@ impl Host for Wasm<'_> {
         self.plugin.metrics.add(counter, n);
     }
 
-    fn claim(
+    fn fleet(
         &mut self,
         now_ms: u64,
-        feasible: &[u64],
-        model: Option<&str>,
-        req: &Request,
-    ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+        mut op: FleetOp<'_, '_>,
+    ) -> Result<FleetAnswer, FleetUnavailable> {
+        // A quiet ending only releases a slot: owe it to the next write
+        // instead of writing now (see `state`).
+        {
+            let mut mirror = self.plugin.mirror.borrow_mut();
+            if let Some(d) = op.quiet_release(&mirror.state, now_ms) {
+                mirror.owe_release(d);
+                return Ok(FleetAnswer::Settled(Change::None));
+            }
+        }
         let outside = self.plugin.outside.borrow();
-        let warm = outside.warmth.mask(model);
         self.plugin
-            .update(now_ms, |m| {
-                match m.state.decide(feasible, warm, req, now_ms) {
-                    Ok(d) => (Some(d.index), Ok(d)),
-                    Err(r) => (None, Err(r)),
-                }
-            })
+            .update(now_ms, |m| op.apply(&mut m.state, &outside.warmth, now_ms))
             .map_err(|s| {
-                log::warn!("cannot read the shared fleet state: {s:?}");
-                FleetUnavailable
-            })
-    }
-
-    fn claim_routed(
-        &mut self,
-        now_ms: u64,
-        routed: &mut Routed<'_>,
-        req: &Request,
-    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
-        let outside = self.plugin.outside.borrow();
-        let (feasible, warm, scale) = routed.parts(&outside.warmth);
-        self.plugin
-            .update(now_ms, |m| {
-                match m.state.decide_scaled(feasible, warm, scale, req, now_ms) {
-                    Ok(d) => (Some(d.index), Ok(d)),
-                    Err(r) => (None, Err(r)),
-                }
-            })
-            .map(Some)
-            .map_err(|s| {
-                log::warn!("cannot read the shared fleet state: {s:?}");
+                log::warn!("cannot read or write the shared fleet state: {s:?}");
                 FleetUnavailable
             })
     }
@@ -830,32 +809,6 @@ impl Host for Wasm<'_> {
         host::send_local_response(status, &[("content-type", content_type)], body)
             .map_err(|s| log::error!("cannot answer from the cache: {s:?}"))
             .is_ok()
-    }
-
-    fn settle(
-        &mut self,
-        d: usize,
-        outcome: Option<Outcome>,
-        now_ms: u64,
-    ) -> Result<Change, FleetUnavailable> {
-        // A quiet ending only releases a slot: owe it to the next write
-        // instead of writing now (see `state`).
-        {
-            let mut mirror = self.plugin.mirror.borrow_mut();
-            if mirror.state.is_quiet(d, outcome, now_ms) {
-                mirror.owe_release(d);
-                return Ok(Change::None);
-            }
-        }
-        let policy = self.plugin.setup.config.health;
-        self.plugin
-            .update(now_ms, |m| {
-                (Some(d), m.state.settle(d, outcome, &policy, now_ms))
-            })
-            .map_err(|s| {
-                log::warn!("cannot update the shared fleet state: {s:?}");
-                FleetUnavailable
-            })
     }
 }
 

@@ -35,9 +35,12 @@ use crate::headers::{self, Pairs};
 use crate::request::{self, Counters, Lookup, Refused};
 use crate::routing::{self, Routed};
 use crate::usage::UsageScanner;
+use ace_config::Warmth;
 use ace_config::{Config, ConfigError, Trusted};
+use ace_core::cost::CostModel;
 use ace_core::dispatch::{Decision, Refusal, Request};
-use ace_core::health::{Change, Outcome};
+use ace_core::fleet::FleetState;
+use ace_core::health::{Change, HealthPolicy, Outcome};
 use ace_core::tables::Tables;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -64,6 +67,128 @@ pub const RESPONSE_HEADERS: [&str; 4] = [
 /// logged why).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FleetUnavailable;
+
+/// One change the flow makes to the fleet's shared state (health,
+/// in-flight counts, prices): the only way a request touches it.
+#[derive(Debug)]
+pub enum FleetOp<'r, 'p> {
+    /// Decide among the `feasible` destinations (warm for `model` as the
+    /// control service last said) and claim a slot on the one chosen
+    /// ([`FleetState::decide`]).
+    Claim {
+        /// Feasible destinations (a bitmask).
+        feasible: &'r [u64],
+        /// The model asked for, for warmth.
+        model: Option<&'r str>,
+        /// The request as the merit order sees it.
+        req: &'r Request,
+    },
+    /// Decide among a request's (destination, model) pairs under model
+    /// routing, each destination warm for and priced at the model it would
+    /// serve ([`FleetState::decide_scaled`]), and claim a slot.
+    ClaimRouted {
+        /// The pairs.
+        routed: &'r mut Routed<'p>,
+        /// The request as the merit order sees it.
+        req: &'r Request,
+    },
+    /// Release destination `d`'s slot and fold in the request's outcome
+    /// (`None`: the client went away, blame no one) ([`FleetState::settle`]).
+    Settle {
+        /// The destination.
+        d: usize,
+        /// What happened.
+        outcome: Option<Outcome>,
+        /// The health tunables.
+        policy: &'r HealthPolicy,
+    },
+}
+
+/// What a [`FleetOp`] came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FleetAnswer {
+    /// A claim's decision, or why no destination may take the request.
+    Claimed(Result<Decision, Refusal>),
+    /// A settle's effect on the destination's health.
+    Settled(Change),
+}
+
+impl FleetOp<'_, '_> {
+    /// Apply the op to `state`, current at `now_ms`, with `warmth`: the
+    /// destination it changed (to store and reprice; `None` for a refusal)
+    /// and its answer.
+    pub fn apply(
+        &mut self,
+        state: &mut FleetState,
+        warmth: &Warmth,
+        now_ms: u64,
+    ) -> (Option<usize>, FleetAnswer) {
+        match self {
+            FleetOp::Claim {
+                feasible,
+                model,
+                req,
+            } => claimed(state.decide(feasible, warmth.mask(*model), req, now_ms)),
+            FleetOp::ClaimRouted { routed, req } => {
+                let (feasible, warm, scale) = routed.parts(warmth);
+                claimed(state.decide_scaled(feasible, warm, scale, req, now_ms))
+            }
+            FleetOp::Settle { d, outcome, policy } => (
+                Some(*d),
+                FleetAnswer::Settled(state.settle(*d, *outcome, policy, now_ms)),
+            ),
+        }
+    }
+
+    /// The whole transaction on a state the host holds in its own memory:
+    /// brought up to `now_ms` under `models` and `policy`, the op applied,
+    /// the destination it changed repriced.
+    pub fn run(
+        mut self,
+        state: &mut FleetState,
+        warmth: &Warmth,
+        models: &[CostModel],
+        policy: &HealthPolicy,
+        now_ms: u64,
+    ) -> FleetAnswer {
+        state.advance(models, policy, now_ms);
+        let (changed, answer) = self.apply(state, warmth, now_ms);
+        if let Some(d) = changed {
+            state.reprice(d, models, policy, now_ms);
+        }
+        answer
+    }
+
+    /// The destination a settle only releases a slot of, changing no
+    /// health (a success within its SLO, or the client gone, on a
+    /// destination with no failures to clear): a host that pays for every
+    /// write may owe that release to its next write instead.
+    pub fn quiet_release(&self, state: &FleetState, now_ms: u64) -> Option<usize> {
+        match self {
+            FleetOp::Settle { d, outcome, .. } => {
+                state.is_quiet(*d, *outcome, now_ms).then_some(*d)
+            }
+            _ => None,
+        }
+    }
+}
+
+fn claimed(d: Result<Decision, Refusal>) -> (Option<usize>, FleetAnswer) {
+    (d.as_ref().ok().map(|d| d.index), FleetAnswer::Claimed(d))
+}
+
+/// A claim through `host`: the decision, why there is none, or that the
+/// fleet state could not be reached.
+fn claim<H: Host>(
+    host: &mut H,
+    now_ms: u64,
+    op: FleetOp<'_, '_>,
+) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+    match host.fleet(now_ms, op)? {
+        FleetAnswer::Claimed(d) => Ok(d),
+        FleetAnswer::Settled(_) => Err(FleetUnavailable),
+    }
+}
 
 /// What only Envoy can do for a request, as the flow needs it. Every
 /// method is infallible or reports failure in its result: a host never
@@ -125,28 +250,16 @@ pub trait Host {
     /// Count `n` on counter `counter` ([`Counters`] positions).
     fn count(&mut self, counter: usize, n: u64);
 
-    /// Decide at `now_ms` among the `feasible` destinations (the fleet
-    /// priced at `now_ms`, warm for `model` as the control service last
-    /// said: [`crate::control::Outside`]) and claim a slot on the one
-    /// chosen, in the fleet's shared state
-    /// ([`ace_core::fleet::FleetState::decide`]).
-    fn claim(
-        &mut self,
-        now_ms: u64,
-        feasible: &[u64],
-        model: Option<&str>,
-        req: &Request,
-    ) -> Result<Result<Decision, Refusal>, FleetUnavailable>;
-
-    /// Release destination `d`'s slot and fold in the request's `outcome`
-    /// (`None`: the client went away), in the fleet's shared state
-    /// ([`ace_core::fleet::FleetState::settle`]).
-    fn settle(
-        &mut self,
-        d: usize,
-        outcome: Option<Outcome>,
-        now_ms: u64,
-    ) -> Result<Change, FleetUnavailable>;
+    /// Run `op` on the fleet's shared state at `now_ms`, as one
+    /// transaction: the host brings its copy of the state up to `now_ms`,
+    /// runs [`FleetOp::apply`] with the warmth the control service last
+    /// gave it ([`crate::control::Outside`]), and stores the destination
+    /// the op changed (repriced). A host whose store can refuse a write
+    /// (the Wasm filter's compare-and-swap in shared data) may run `apply`
+    /// again on a fresher copy; an op is safe to re-run. What the op does
+    /// is the flow's, never the host's: [`FleetOp::run`] is the whole
+    /// transaction for a host that holds the state in its own memory.
+    fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable>;
 
     /// Whether this host can run a request again within the same request
     /// (`retry_next`).
@@ -180,24 +293,6 @@ pub trait Host {
     fn replace_request_body(&mut self, body: &[u8]) -> bool {
         let _ = body;
         false
-    }
-
-    /// Decide among a request's (destination, model) pairs
-    /// ([`crate::routing::Routed::parts`] gives the feasible destinations,
-    /// the warm mask under this host's warmth and each destination's price
-    /// factor: [`ace_core::fleet::FleetState::decide_scaled`]) and claim a
-    /// slot on the one chosen, like [`Host::claim`]. `Ok(None)`: this host
-    /// does not price pairs, and the flow calls [`Host::claim`] on the
-    /// same feasible destinations instead (compliant, each destination at
-    /// its own price).
-    fn claim_routed(
-        &mut self,
-        now_ms: u64,
-        routed: &mut Routed<'_>,
-        req: &Request,
-    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
-        let _ = (now_ms, routed, req);
-        Ok(None)
     }
 
     /// The cache entry in `slot` ([`crate::cache`]), appended to `into`;
@@ -718,13 +813,11 @@ impl Flow {
                     clear_bit(&mut w.pairs.mask, d);
                 }
                 let mut routed = Routed::new(&mut w.pairs, r);
-                let decided = match host.claim_routed(now, &mut routed, &req) {
-                    Ok(Some(d)) => d,
-                    Ok(None) => host
-                        .claim(now, routed.feasible(), model, &req)
-                        .map_err(|_| Stop::Fleet)?,
-                    Err(_) => return Err(Stop::Fleet),
+                let op = FleetOp::ClaimRouted {
+                    routed: &mut routed,
+                    req: &req,
                 };
+                let decided = claim(host, now, op).map_err(|_| Stop::Fleet)?;
                 let (decision, _) = chosen.insert((decided.map_err(Stop::NoDestination)?, now));
                 let served = w
                     .pairs
@@ -736,9 +829,12 @@ impl Flow {
                 // The destination that just failed this request.
                 clear_bit(&mut w.lookup.mask, d);
             }
-            let decided = host
-                .claim(now, &w.lookup.mask, model, &req)
-                .map_err(|_| Stop::Fleet)?;
+            let op = FleetOp::Claim {
+                feasible: &w.lookup.mask,
+                model,
+                req: &req,
+            };
+            let decided = claim(host, now, op).map_err(|_| Stop::Fleet)?;
             *chosen = Some((decided.map_err(Stop::NoDestination)?, now));
             Ok(Routing::Claimed(None, None))
         });
@@ -965,7 +1061,15 @@ impl Flow {
         };
         let d = decision.index;
         let now = now.unwrap_or_else(|| host.now_ms());
-        let result = host.settle(d, outcome, now);
+        let op = FleetOp::Settle {
+            d,
+            outcome,
+            policy: &setup.config.health,
+        };
+        let result = match host.fleet(now, op) {
+            Ok(FleetAnswer::Settled(change)) => Ok(change),
+            _ => Err(FleetUnavailable),
+        };
         if let Some(c) = Counters::destination_outcome(d, outcome) {
             host.count(c, 1);
         }

@@ -19,13 +19,10 @@
 use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
 use crate::fleet::Answer;
 use ace_config::{Config, Trusted};
-use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
-use ace_core::health::{Change, Outcome};
 use ace_flow::control::Outside;
-use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
-use ace_flow::routing::Routed;
 use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -77,24 +74,6 @@ impl SimHost {
 struct Envoy<'a> {
     h: &'a mut SimHost,
     cfg: &'a Config,
-}
-
-impl Envoy<'_> {
-    /// Bring the fleet up to `now_ms`, `decide` on it (and claim), and
-    /// reprice the destination chosen: what the dynamic module's fleet
-    /// does for both kinds of claim.
-    fn decide(
-        &mut self,
-        now_ms: u64,
-        decide: impl FnOnce(&mut FleetState, &Outside) -> Result<Decision, Refusal>,
-    ) -> Result<Decision, Refusal> {
-        let cfg = self.cfg;
-        let h = &mut *self.h;
-        h.fleet.advance(&cfg.models, &cfg.health, now_ms);
-        let d = decide(&mut h.fleet, &h.outside)?;
-        h.fleet.reprice(d.index, &cfg.models, &cfg.health, now_ms);
-        Ok(d)
-    }
 }
 
 impl Host for Envoy<'_> {
@@ -173,41 +152,16 @@ impl Host for Envoy<'_> {
 
     fn count(&mut self, _counter: usize, _n: u64) {}
 
-    fn claim(
-        &mut self,
-        now_ms: u64,
-        feasible: &[u64],
-        model: Option<&str>,
-        req: &Request,
-    ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
-        Ok(self.decide(now_ms, |fleet, outside| {
-            fleet.decide(feasible, outside.warmth.mask(model), req, now_ms)
-        }))
-    }
-
-    fn settle(
-        &mut self,
-        d: usize,
-        outcome: Option<Outcome>,
-        now_ms: u64,
-    ) -> Result<Change, FleetUnavailable> {
+    fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
         let cfg = self.cfg;
         let h = &mut *self.h;
-        let change = h.fleet.settle(d, outcome, &cfg.health, now_ms);
-        h.fleet.reprice(d, &cfg.models, &cfg.health, now_ms);
-        Ok(change)
-    }
-
-    fn claim_routed(
-        &mut self,
-        now_ms: u64,
-        routed: &mut Routed<'_>,
-        req: &Request,
-    ) -> Result<Option<Result<Decision, Refusal>>, FleetUnavailable> {
-        Ok(Some(self.decide(now_ms, |fleet, outside| {
-            let (feasible, warm, scale) = routed.parts(&outside.warmth);
-            fleet.decide_scaled(feasible, warm, scale, req, now_ms)
-        })))
+        Ok(op.run(
+            &mut h.fleet,
+            &h.outside.warmth,
+            &cfg.models,
+            &cfg.health,
+            now_ms,
+        ))
     }
 
     fn can_replace_request_body(&self) -> bool {

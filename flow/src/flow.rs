@@ -480,16 +480,184 @@ struct Extra {
     cache: Option<Pending>,
 }
 
-/// What routing came to, inside the worker's buffers.
-enum Routing {
+/// What the rungs came to, inside the worker's buffers.
+enum Climbed {
     /// A destination claimed (the decision is the flow's `chosen`), with
     /// the member served when model routing chose one other than the
-    /// model named, and the counterfactual it books against (its index,
-    /// list price and the named model's factor there).
+    /// model named, and, for a routed request, the counterfactual it books
+    /// against.
     Claimed(Option<usize>, Option<Option<Counterfactual>>),
     /// The cache has an answer the request may have (in the worker's
     /// `entry` buffer).
     Hit,
+}
+
+/// A claim: the decision, the routing member served (when another than
+/// the one named), and a routed request's counterfactual.
+type Claim = (Decision, Option<usize>, Option<Option<Counterfactual>>);
+
+/// One request, feasibility done, as the rungs see it. The rungs are
+/// tried in order, each on the feasible set the tables gave:
+///
+/// 1. [`Ask::cache_rung`]: an exact answer already given, that policy
+///    lets this request have (`cached` true, from the producer's
+///    destination);
+/// 2. [`Ask::routed_rung`]: a permitted cheaper model (model routing),
+///    each (destination, model) pair priced in one merit order;
+/// 3. [`Ask::merit_rung`]: the merit order over the feasible
+///    destinations, for the model named.
+///
+/// Nothing here adds a destination: every rung reads the tables' masks.
+struct Ask<'a> {
+    setup: &'a Setup,
+    event: &'a Event,
+    req: &'a Request,
+    /// The body as received (the cache key; the routing rewrite).
+    raw: Option<&'a [u8]>,
+    /// Model routing, where this request may be routed.
+    routing: Option<&'a crate::routing::Routing>,
+    /// The destination that failed this request (a re-run excludes it).
+    excluded: Option<usize>,
+    now: u64,
+}
+
+/// What the cache rung came to.
+enum CacheRung {
+    /// Nothing to look up (no body or tables to key on).
+    Skip,
+    /// Answer from the entry in the worker's buffer.
+    Hit,
+    /// Go on up the rungs: a miss to store, or a hit to check upstream.
+    Pending(Box<Pending>),
+}
+
+impl Ask<'_> {
+    fn model(&self) -> Option<&str> {
+        self.event.text(&self.event.model_requested)
+    }
+
+    /// The cache: an entry for this exact request, young enough, that
+    /// policy lets this request have. A cached answer is checked against
+    /// the configured classes even where this request cannot be routed
+    /// (trailers, a body that cannot be replaced): an entry a substitute
+    /// produced is then still `substituted` to the model named.
+    fn cache_rung<H: Host>(&self, c: &cache::Cache, w: &mut Worker, host: &mut H) -> CacheRung {
+        let (cfg, event, now) = (&self.setup.config, self.event, self.now);
+        let (Some(raw), Some(tables)) = (self.raw, self.setup.tables.as_ref()) else {
+            return CacheRung::Skip;
+        };
+        let configured = self.setup.routing.as_ref();
+        let named = configured.zip(self.model()).and_then(|(r, m)| r.asked(m));
+        let key = cache::key(
+            &cfg.id,
+            &w.lookup.values,
+            event.bytes(&event.tenant),
+            event.bytes(&event.data_class),
+            event.headers.get(":path"),
+            raw,
+        );
+        let slot = c.slot(&key);
+        let found = {
+            w.entry.clear();
+            host.cache_get(slot, &mut w.entry)
+        };
+        let hit = found
+            .then(|| Entry::decode(&w.entry))
+            .flatten()
+            .filter(|e| e.key == key && now.saturating_sub(e.created_ms) < c.ttl_ms)
+            .filter(|e| {
+                cache::may_serve(
+                    cfg,
+                    tables,
+                    &mut w.lookup,
+                    &mut w.scratch,
+                    c,
+                    configured,
+                    named,
+                    e,
+                )
+            })
+            .map(|e| e.digest);
+        let mut p = Box::new(Pending {
+            key,
+            slot,
+            ..Pending::default()
+        });
+        match hit {
+            Some(digest) => {
+                w.hits = w.hits.wrapping_add(1);
+                if c.check_every > 0 && w.hits.is_multiple_of(c.check_every) {
+                    // Checked: answered upstream, then compared.
+                    p.check = Some(digest);
+                } else {
+                    return CacheRung::Hit;
+                }
+            }
+            None => host.count(Counters::CACHE_MISSES, 1),
+        }
+        CacheRung::Pending(p)
+    }
+
+    /// Model routing: every (destination, model) pair the tables allow
+    /// for the models that may stand in for the one named, in one merit
+    /// order, each at its model's price there; `None` when this request is
+    /// not routed.
+    fn routed_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Option<Result<Claim, Stop>> {
+        let r = self.routing?;
+        let asked = r.asked(self.model()?)?;
+        let tables = self.setup.tables.as_ref()?;
+        r.expand(tables, &mut w.lookup.values, asked, &mut w.pairs);
+        // The counterfactual: the model named (a class's reference model),
+        // not substituted, at its price.
+        if asked.member.is_none()
+            && tables
+                .feasible(&w.lookup.values, &mut w.lookup.mask)
+                .is_err()
+        {
+            w.lookup.mask.fill(0);
+        }
+        let reference = r.reference(asked).map_or(usize::MAX, |m| {
+            r.members.iter().position(|x| x == m).unwrap_or(usize::MAX)
+        });
+        let cf = counterfactual(&self.setup.config, &w.lookup.mask, self.req, |d| {
+            r.factor(reference, d)
+        });
+        if let Some(d) = self.excluded {
+            clear_bit(&mut w.pairs.mask, d);
+        }
+        let mut routed = Routed::new(&mut w.pairs, r);
+        let op = FleetOp::ClaimRouted {
+            routed: &mut routed,
+            req: self.req,
+        };
+        let decision = match claim(host, self.now, op) {
+            Ok(Ok(d)) => d,
+            Ok(Err(refusal)) => return Some(Err(Stop::NoDestination(refusal))),
+            Err(FleetUnavailable) => return Some(Err(Stop::Fleet)),
+        };
+        let served = w
+            .pairs
+            .member(decision.index)
+            .filter(|m| Some(*m) != asked.member);
+        Some(Ok((decision, served, Some(cf))))
+    }
+
+    /// The merit order over the feasible destinations.
+    fn merit_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Result<Claim, Stop> {
+        if let Some(d) = self.excluded {
+            // The destination that just failed this request.
+            clear_bit(&mut w.lookup.mask, d);
+        }
+        let op = FleetOp::Claim {
+            feasible: &w.lookup.mask,
+            model: self.model(),
+            req: self.req,
+        };
+        let decision = claim(host, self.now, op)
+            .map_err(|_| Stop::Fleet)?
+            .map_err(Stop::NoDestination)?;
+        Ok((decision, None, None))
+    }
 }
 
 /// The counterfactual of a routed request: the cheapest pay-as-you-go
@@ -721,12 +889,10 @@ impl Flow {
             .cache
             .as_ref()
             .filter(|_| excluded.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some());
-        let mut pending: Option<Box<Pending>> = None;
-        // The claimed decision goes straight into the request's state.
         let chosen = &mut self.chosen;
-        // Feasibility first (the compiled Cedar tables), then the decision
-        // on the shared fleet, with this worker's lookup buffers.
-        let decided = with_worker(worker, |w| {
+        // Feasibility first (the compiled Cedar tables), then the rungs in
+        // order, with this worker's lookup buffers.
+        let climbed = with_worker(worker, |w| {
             request::feasible(
                 cfg,
                 setup.tables.as_ref(),
@@ -736,111 +902,34 @@ impl Flow {
                 &mut w.lookup,
             )
             .map_err(Stop::Refused)?;
-            let model = event.text(&event.model_requested);
-            let asked = routing.zip(model).and_then(|(r, m)| r.asked(m));
-            if let (Some(c), Some(raw), Some(tables)) = (cacheable, raw, setup.tables.as_ref()) {
-                // A cached answer is checked against the configured classes
-                // even where this request cannot be routed (trailers, a body
-                // that cannot be replaced): an entry a substitute produced
-                // is then still `substituted` to the model named.
-                let configured = setup.routing.as_ref();
-                let named = configured.zip(model).and_then(|(r, m)| r.asked(m));
-                let key = cache::key(
-                    &cfg.id,
-                    &w.lookup.values,
-                    event.bytes(&event.tenant),
-                    event.bytes(&event.data_class),
-                    event.headers.get(":path"),
-                    raw,
-                );
-                let slot = c.slot(&key);
-                let found = {
-                    w.entry.clear();
-                    host.cache_get(slot, &mut w.entry)
-                };
-                let hit = found
-                    .then(|| Entry::decode(&w.entry))
-                    .flatten()
-                    .filter(|e| e.key == key && now.saturating_sub(e.created_ms) < c.ttl_ms)
-                    .filter(|e| {
-                        cache::may_serve(
-                            cfg,
-                            tables,
-                            &mut w.lookup,
-                            &mut w.scratch,
-                            c,
-                            configured,
-                            named,
-                            e,
-                        )
-                    })
-                    .map(|e| e.digest);
-                let mut p = Box::new(Pending {
-                    key,
-                    slot,
-                    ..Pending::default()
-                });
-                match hit {
-                    Some(digest) => {
-                        w.hits = w.hits.wrapping_add(1);
-                        if c.check_every > 0 && w.hits % c.check_every == 0 {
-                            // Checked: answered upstream, then compared.
-                            p.check = Some(digest);
-                        } else {
-                            return Ok(Routing::Hit);
-                        }
-                    }
-                    None => host.count(Counters::CACHE_MISSES, 1),
-                }
-                pending = Some(p);
-            }
-            if let (Some(r), Some(asked), Some(tables)) = (routing, asked, setup.tables.as_ref()) {
-                r.expand(tables, &mut w.lookup.values, asked, &mut w.pairs);
-                // The counterfactual: the model named (a class's reference
-                // model), not substituted, at its price.
-                if asked.member.is_none()
-                    && tables
-                        .feasible(&w.lookup.values, &mut w.lookup.mask)
-                        .is_err()
-                {
-                    w.lookup.mask.fill(0);
-                }
-                let reference = r.reference(asked).map_or(usize::MAX, |m| {
-                    r.members.iter().position(|x| x == m).unwrap_or(usize::MAX)
-                });
-                let cf = counterfactual(cfg, &w.lookup.mask, &req, |d| r.factor(reference, d));
-                if let Some(d) = excluded {
-                    clear_bit(&mut w.pairs.mask, d);
-                }
-                let mut routed = Routed::new(&mut w.pairs, r);
-                let op = FleetOp::ClaimRouted {
-                    routed: &mut routed,
-                    req: &req,
-                };
-                let decided = claim(host, now, op).map_err(|_| Stop::Fleet)?;
-                let (decision, _) = chosen.insert((decided.map_err(Stop::NoDestination)?, now));
-                let served = w
-                    .pairs
-                    .member(decision.index)
-                    .filter(|m| Some(*m) != asked.member);
-                return Ok(Routing::Claimed(served, Some(cf)));
-            }
-            if let Some(d) = excluded {
-                // The destination that just failed this request.
-                clear_bit(&mut w.lookup.mask, d);
-            }
-            let op = FleetOp::Claim {
-                feasible: &w.lookup.mask,
-                model,
+            let ask = Ask {
+                setup,
+                event,
                 req: &req,
+                raw,
+                routing,
+                excluded,
+                now,
             };
-            let decided = claim(host, now, op).map_err(|_| Stop::Fleet)?;
-            *chosen = Some((decided.map_err(Stop::NoDestination)?, now));
-            Ok(Routing::Claimed(None, None))
+            let pending = match cacheable {
+                Some(c) => match ask.cache_rung(c, w, host) {
+                    CacheRung::Hit => return Ok((Climbed::Hit, None)),
+                    CacheRung::Pending(p) => Some(p),
+                    CacheRung::Skip => None,
+                },
+                None => None,
+            };
+            let claimed = match ask.routed_rung(w, host) {
+                Some(routed) => routed?,
+                None => ask.merit_rung(w, host)?,
+            };
+            let (decision, served, cf) = claimed;
+            *chosen = Some((decision, now));
+            Ok((Climbed::Claimed(served, cf), pending))
         });
-        let (served, cf) = match decided {
-            Ok(Routing::Hit) => return self.answer_from_cache(setup, worker, host, routing),
-            Ok(Routing::Claimed(served, cf)) => (served, cf),
+        let ((served, cf), pending) = match climbed {
+            Ok((Climbed::Hit, _)) => return self.answer_from_cache(setup, worker, host, routing),
+            Ok((Climbed::Claimed(served, cf), pending)) => ((served, cf), pending),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
             Err(Stop::NoDestination(refusal)) => {
                 host.count(Counters::NO_DESTINATION, 1);
@@ -858,6 +947,30 @@ impl Flow {
                 )
             }
         };
+        self.go(setup, host, (served, cf, pending), raw, routing, now)
+    }
+
+    /// Send the request to the destination claimed: book the routed
+    /// request's counterfactual, count the decision, rewrite the body's
+    /// model when a substitute serves it, record the decision in the event
+    /// and set the destination header Envoy's route reads. Any step that
+    /// fails releases the claim and answers 500: a request never leaves
+    /// half-routed.
+    fn go<H: Host>(
+        &mut self,
+        setup: &Setup,
+        host: &mut H,
+        (served, cf, pending): (
+            Option<usize>,
+            Option<Option<Counterfactual>>,
+            Option<Box<Pending>>,
+        ),
+        raw: Option<&[u8]>,
+        routing: Option<&crate::routing::Routing>,
+        now: u64,
+    ) -> Verdict {
+        let cfg = &setup.config;
+        let excluded = self.retry_of;
         let Some((decision, _)) = self.chosen.as_mut() else {
             return self.internal(host, "routed without a decision");
         };

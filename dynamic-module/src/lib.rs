@@ -51,6 +51,8 @@
 pub mod fleet;
 pub mod poller;
 pub mod published;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 use ace_config::{Config, Trusted};
 use ace_dynamic_abi::{
@@ -160,6 +162,10 @@ fn with_local<V: Default + 'static, T>(
 }
 
 fn now_ms() -> u64 {
+    #[cfg(feature = "test-support")]
+    if let Some(now) = test_support::clock() {
+        return now;
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

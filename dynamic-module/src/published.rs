@@ -45,3 +45,13 @@ pub fn publish(bytes: Vec<u8>, now_ms: u64) {
 pub fn heard(now_ms: u64) {
     HEARD_MS.fetch_max(now_ms, Ordering::AcqRel);
 }
+
+/// Forget everything published (a fresh process), for
+/// [`crate::test_support`]. The generation keeps counting, so no fleet
+/// mistakes an old snapshot for a new one.
+#[cfg(feature = "test-support")]
+pub(crate) fn reset() {
+    *SNAPSHOT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    HEARD_MS.store(0, Ordering::Release);
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}

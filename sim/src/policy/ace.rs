@@ -545,15 +545,8 @@ impl Policy for Ace {
             return;
         }
         let snapshot = self.snapshot(w);
-        let resolved = ace_snapshot::encode(&snapshot)
-            .ok()
-            .and_then(|bytes| ace_flow::control::decode(&self.setup.config, &bytes).ok());
-        let Some(resolved) = resolved else { return };
-        let cfg = &self.setup.config;
-        if let Some(h) = self.host.as_mut() {
-            let now = EPOCH_MS + w.now;
-            h.outside.accept(resolved, now);
-            h.outside.apply_to(&mut h.fleet, cfg, now);
+        if let Ok(bytes) = ace_snapshot::encode(&snapshot) {
+            self.take_snapshot(&bytes, EPOCH_MS + w.now);
         }
     }
 
@@ -574,6 +567,23 @@ impl Policy for Ace {
 }
 
 impl Ace {
+    /// Take the control service's snapshot `bytes` at `now_ms` (Unix ms),
+    /// as a poll would: decoded against the configuration, then in force
+    /// and applied to the fleet; a snapshot the configuration rejects
+    /// leaves the last one in force (false).
+    fn take_snapshot(&mut self, bytes: &[u8], now_ms: u64) -> bool {
+        let Ok(resolved) = ace_flow::control::decode(&self.setup.config, bytes) else {
+            return false;
+        };
+        let cfg = &self.setup.config;
+        let Some(h) = self.host.as_mut() else {
+            return false;
+        };
+        h.outside.accept(resolved, now_ms);
+        h.outside.apply_to(&mut h.fleet, cfg, now_ms);
+        true
+    }
+
     /// The model the flow substituted in the request just routed (it
     /// rewrote the body), if it did.
     fn take_substituted(&mut self) -> Option<String> {
@@ -610,6 +620,115 @@ impl Ace {
             h.headers
                 .push((ace_flow::flow::RETRY_HEADER.to_string(), m));
         }
+    }
+}
+
+/// The simulator's host driven one callback at a time from outside the
+/// engine: for the conformance suite (`ace-conformance`), which runs the
+/// same cases over every host. Times are Unix ms; requests are held by id
+/// until completed, so several may be in flight.
+#[derive(Debug)]
+pub struct Probe {
+    ace: Ace,
+    flows: HashMap<u64, Flow>,
+    next: u64,
+}
+
+/// Where [`Probe::request`] sent a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    /// To this cluster (the destination header's value).
+    Upstream(String),
+    /// Answered locally with this status.
+    Refused(u32),
+}
+
+impl Probe {
+    /// The simulator's host for `setup`, keeping its events.
+    pub fn new(setup: Setup) -> Probe {
+        Probe {
+            ace: Ace::new(setup, true, false),
+            flows: HashMap::new(),
+            next: 0,
+        }
+    }
+
+    /// Run a request's path at `now_ms` with `headers` and `body` (empty:
+    /// none): its id and where it went.
+    pub fn request(
+        &mut self,
+        now_ms: u64,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> (u64, Probed) {
+        if let Some(h) = self.ace.host.as_mut() {
+            h.headers = headers.to_vec();
+        }
+        self.ace.body = body.to_vec();
+        let (flow, route) = self.ace.run_request(now_ms.saturating_sub(EPOCH_MS));
+        let reply = self.ace.host.as_ref().and_then(|h| h.reply);
+        let probed = match route {
+            Route::To(d) => Probed::Upstream(
+                self.ace
+                    .setup
+                    .config
+                    .destinations
+                    .get(d)
+                    .map_or_else(String::new, |x| x.cluster.clone()),
+            ),
+            Route::Refuse(s) => Probed::Refused(reply.unwrap_or(u32::from(s))),
+        };
+        self.next += 1;
+        self.flows.insert(self.next, flow);
+        (self.next, probed)
+    }
+
+    /// The upstream answered request `id` at `now_ms`: `status`, `headers`
+    /// and the body in `chunks`.
+    pub fn respond(
+        &mut self,
+        id: u64,
+        now_ms: u64,
+        status: u32,
+        headers: &[(&'static str, String)],
+        chunks: &[Vec<u8>],
+    ) {
+        let Some(flow) = self.flows.get_mut(&id) else {
+            return;
+        };
+        self.ace
+            .with_host(now_ms.saturating_sub(EPOCH_MS), |setup, _, host| {
+                host.h.response.clear();
+                host.h.response.push((":status", status.to_string()));
+                host.h.response.extend(headers.iter().cloned());
+                flow.on_response_headers(setup, host);
+                for (i, c) in chunks.iter().enumerate() {
+                    host.h.response_chunk.clone_from(c);
+                    flow.on_response_body(setup, host, i + 1 == chunks.len());
+                }
+            });
+    }
+
+    /// Request `id` ended at `now_ms`: its event is written.
+    pub fn complete(&mut self, id: u64, now_ms: u64) {
+        let Some(mut flow) = self.flows.remove(&id) else {
+            return;
+        };
+        self.ace
+            .with_host(now_ms.saturating_sub(EPOCH_MS), |setup, worker, host| {
+                flow.on_complete(setup, worker, host)
+            });
+    }
+
+    /// The control service's snapshot `bytes` arrived at `now_ms`, as the
+    /// simulator takes one every interval; false if it was rejected.
+    pub fn snapshot(&mut self, bytes: &[u8], now_ms: u64) -> bool {
+        self.ace.take_snapshot(bytes, now_ms)
+    }
+
+    /// The event lines written since the last call.
+    pub fn take_events(&mut self) -> Vec<u8> {
+        self.ace.take_events()
     }
 }
 

@@ -299,6 +299,14 @@ impl<'vm> HttpStream<'vm> {
     /// Ends the stream: `on_log` (every map read-only), `on_done`,
     /// `on_delete`. The stream's data is gone afterwards.
     pub fn finish(self) -> Result<(), Error> {
+        self.finish_logged().map(drop)
+    }
+
+    /// [`HttpStream::finish`], returning the filter state as the access
+    /// log read it (after `on_log`): what `%FILTER_STATE(wasm.<key>)%`
+    /// logs, such as a filter's per-request event line written at
+    /// `on_log`.
+    pub fn finish_logged(self) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>, Error> {
         let id = self.id;
         let vm = self.vm;
         if let Some(st) = vm.stream_state_mut(id) {
@@ -306,15 +314,20 @@ impl<'vm> HttpStream<'vm> {
         }
         let f = vm.exports.log.clone();
         vm.call_void("proxy_on_log", id, f, |f, s| f.call(s, id as i32))?;
-        if let Some(st) = vm.stream_state_mut(id) {
-            st.access_log_phase = false;
-        }
+        let logged = match vm.stream_state_mut(id) {
+            Some(st) => {
+                st.access_log_phase = false;
+                st.filter_state.clone()
+            }
+            None => Default::default(),
+        };
         let f = vm.exports.done.clone();
         vm.call_ret("proxy_on_done", id, f, 1, |f, s| f.call(s, id as i32))?;
         let f = vm.exports.delete.clone();
         vm.call_void("proxy_on_delete", id, f, |f, s| f.call(s, id as i32))?;
         vm.store.data_mut().streams.remove(&id);
-        vm.settle()
+        vm.settle()?;
+        Ok(logged)
     }
 
     /// The request headers as they stand (what goes upstream once the

@@ -1,0 +1,471 @@
+//! The cases, each written once against [`Driver`], each run on every
+//! host (`tests/conformance.rs`).
+//!
+//! The fleet of every case ([`fleet`]): `eu-owned` (cluster `eu_owned`),
+//! owned GPUs in the EU, two slots, almost free, an SLO of one second; and
+//! `us-api` (cluster `us_api`), a pay-as-you-go API in the US. The policy
+//! attribute is the data class (`x-ace-data-class`): `personal_eu` may go
+//! only to the EU, `public` anywhere; a missing class is refused
+//! (`on_missing` reject), an unknown one matches no permit. Three failures
+//! trip a destination for a second.
+
+use crate::{Answer, Case, Driver, Req, Seen, Service, CONTROL, T0};
+use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
+use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
+use base64::Engine;
+use serde_json::Value;
+
+/// The fleet's configuration, with `extra` fields (each starting with a
+/// comma) added.
+pub fn fleet(extra: &str) -> String {
+    let spec = TableSpec {
+        destinations: vec![
+            DestinationSpec {
+                name: "eu-owned".into(),
+                cluster: "eu_owned".into(),
+            },
+            DestinationSpec {
+                name: "us-api".into(),
+                cluster: "us_api".into(),
+            },
+        ],
+        attributes: vec![AttributeSpec {
+            name: "data_class".into(),
+            values: vec!["personal_eu".into(), "public".into()],
+        }],
+        factors: vec![
+            FactorSpec {
+                kind: FactorKind::Permit,
+                attributes: vec![],
+                rows: vec![0b11],
+            },
+            FactorSpec {
+                kind: FactorKind::Forbid,
+                attributes: vec![0],
+                // Value 0 is the unknown one: forbidden everywhere;
+                // personal_eu: not the US; public: nothing.
+                rows: vec![0b11, 0b10, 0],
+            },
+        ],
+    };
+    let tables = base64::engine::general_purpose::STANDARD.encode(encode(&spec).unwrap());
+    format!(
+        r#"{{"destinations":[
+            {{"name":"eu-owned","cluster":"eu_owned","tier":"inhouse","capacity":2,
+              "usd_per_input_token":1e-8,"usd_per_output_token":1e-8,"slo_ms":1000}},
+            {{"name":"us-api","cluster":"us_api","tier":"payg",
+              "usd_per_input_token":2e-6,"usd_per_output_token":8e-6}}],
+          "tables_base64":"{tables}",
+          "body":{{"read":true}},
+          "response_headers":true,
+          "health":{{"trip_after":3,"base_cooldown_ms":1000}}{extra}}}"#
+    )
+}
+
+fn plain() -> String {
+    fleet("")
+}
+
+fn with_control() -> String {
+    fleet(&format!(",{CONTROL}"))
+}
+
+fn ok() -> Answer {
+    Answer::ok(r#"{"choices":[]}"#)
+}
+
+/// Where `seen` went, by cluster, or `refused <status>`.
+fn went(seen: &Seen) -> String {
+    match &seen.upstream {
+        Some(c) => c.clone(),
+        None => format!("refused {}", seen.status),
+    }
+}
+
+/// Where a `class` request goes now (answered 200 at once).
+fn route(h: &mut dyn Driver, class: &str) -> String {
+    went(&h.send(&Req::class(class), &ok()))
+}
+
+/// Counter `name` is `n`, on a host that keeps counters.
+fn counter(h: &mut dyn Driver, name: &str, n: u64) {
+    if let Some(v) = h.counter(name) {
+        assert_eq!(v, n, "counter {name} on {:?}", h.kind());
+    }
+}
+
+/// Response header `name` is `value`, on a host that shows them.
+fn header(seen: &Seen, name: &str, value: Option<&str>) {
+    if let Some(v) = seen.header(name) {
+        assert_eq!(v, value, "response header {name}: {:?}", seen.headers);
+    }
+}
+
+/// The local reply's error type is `kind`, on a host that shows the
+/// reply's body.
+fn reply(seen: &Seen, kind: &str) {
+    if let Some(r) = &seen.reply {
+        assert_eq!(r["error"]["type"], kind, "{r}");
+    }
+}
+
+fn f64_of(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Every case, in the order the tests list them.
+pub const ALL: &[Case] = &[
+    Case {
+        name: "refusals_name_their_reason",
+        config: plain,
+        skip: &[],
+        run: refusals_name_their_reason,
+    },
+    Case {
+        name: "the_cheapest_feasible_destination_is_chosen",
+        config: plain,
+        skip: &[],
+        run: the_cheapest_feasible_destination_is_chosen,
+    },
+    Case {
+        name: "failures_trip_then_spill_then_a_probe_closes",
+        config: plain,
+        skip: &[],
+        run: failures_trip_then_spill_then_a_probe_closes,
+    },
+    Case {
+        name: "a_429_moves_the_cap_left",
+        config: plain,
+        skip: &[],
+        run: a_429_moves_the_cap_left,
+    },
+    Case {
+        name: "a_slow_answer_derates",
+        config: plain,
+        skip: &[],
+        run: a_slow_answer_derates,
+    },
+    Case {
+        name: "usage_from_json_and_sse_is_booked",
+        config: plain,
+        skip: &[],
+        run: usage_from_json_and_sse_is_booked,
+    },
+    Case {
+        name: "a_held_body_decides_the_estimate",
+        config: plain,
+        skip: &[],
+        run: a_held_body_decides_the_estimate,
+    },
+    Case {
+        name: "a_good_snapshot_moves_the_choice",
+        config: with_control,
+        skip: &[],
+        run: a_good_snapshot_moves_the_choice,
+    },
+    Case {
+        name: "a_rejected_snapshot_leaves_the_last_good_one",
+        config: with_control,
+        skip: &[],
+        run: a_rejected_snapshot_leaves_the_last_good_one,
+    },
+    Case {
+        name: "a_rejected_snapshot_is_not_hearing_the_service",
+        config: with_control,
+        skip: &[],
+        run: a_rejected_snapshot_is_not_hearing_the_service,
+    },
+    Case {
+        name: "a_silent_service_goes_stale_and_its_loads_are_dropped",
+        config: with_control,
+        skip: &[],
+        run: a_silent_service_goes_stale_and_its_loads_are_dropped,
+    },
+    Case {
+        name: "a_stale_destination_load_is_priced_then_dropped",
+        config: with_control,
+        skip: &[],
+        run: a_stale_destination_load_is_priced_then_dropped,
+    },
+];
+
+/// No feasible destination: 503 `no_feasible_destination` (an unknown
+/// class matches no permit); no healthy one: 503 `no_healthy_destination`
+/// (the EU full, for EU-only data); a missing attribute under `on_missing`
+/// reject: 400 `missing_attribute`. Each with a JSON error and an event.
+fn refusals_name_their_reason(h: &mut dyn Driver) {
+    let e = h.send(&Req::default(), &ok());
+    assert_eq!((e.upstream.as_deref(), e.status), (None, 400), "{e:?}");
+    reply(&e, "missing_attribute");
+    assert_eq!(
+        e.event["reason"], "data_class",
+        "the attribute missing: {}",
+        e.event
+    );
+    let e = h.send(&Req::class("secret"), &ok());
+    assert_eq!((e.upstream.as_deref(), e.status), (None, 503), "{e:?}");
+    assert_eq!(e.event["reason"], "no_feasible_destination", "{}", e.event);
+    // Fill the EU's two slots: EU-only data has nowhere healthy to go.
+    let a = h.open(&Req::class("personal_eu"));
+    let b = h.open(&Req::class("personal_eu"));
+    assert_eq!(h.upstream(a).as_deref(), Some("eu_owned"));
+    assert_eq!(h.upstream(b).as_deref(), Some("eu_owned"));
+    let e = h.send(&Req::class("personal_eu"), &ok());
+    assert_eq!(went(&e), "refused 503", "{e:?}");
+    assert_eq!(e.event["reason"], "no_healthy_destination", "{}", e.event);
+    reply(&e, "no_feasible_destination");
+    // Public data spills to the API meanwhile.
+    assert_eq!(route(h, "public"), "us_api");
+    h.close(a, &ok());
+    h.close(b, &ok());
+    assert_eq!(route(h, "personal_eu"), "eu_owned", "slots released");
+    counter(h, "ace.no_destination", 2);
+}
+
+/// The cheapest feasible destination, with the operator headers and the
+/// event's fields.
+fn the_cheapest_feasible_destination_is_chosen(h: &mut dyn Driver) {
+    let e = h.send(&Req::class("public"), &ok());
+    assert_eq!(went(&e), "eu_owned");
+    assert_eq!(e.status, 200);
+    header(&e, "x-ace-destination", Some("eu-owned"));
+    header(&e, "x-ace-reason", Some("cheapest"));
+    header(&e, "x-ace-tier", Some("inhouse"));
+    let ev = &e.event;
+    assert_eq!(ev["destination"], "eu-owned", "{ev}");
+    assert_eq!(ev["reason"], "cheapest", "{ev}");
+    assert_eq!(ev["status"], 200, "{ev}");
+    assert_eq!(ev["tier"], "inhouse", "{ev}");
+    assert_eq!(ev["slo_met"], true, "{ev}");
+    assert!(
+        ev["event_id"].as_str().is_some_and(|s| s.len() == 32),
+        "{ev}"
+    );
+    let t = ev["time_ms"].as_u64().unwrap();
+    assert!((T0..T0 + 1_000).contains(&t), "{ev}");
+    counter(h, "ace.requests", 1);
+}
+
+/// Three 5xx trip the cheapest destination; the next request goes to the
+/// next rung (EU-only data is refused meanwhile); after the cooldown one
+/// probe goes back, and its success closes the breaker.
+fn failures_trip_then_spill_then_a_probe_closes(h: &mut dyn Driver) {
+    for _ in 0..3 {
+        let e = h.send(&Req::class("public"), &Answer::status(503));
+        assert_eq!((went(&e).as_str(), e.status), ("eu_owned", 503), "{e:?}");
+        assert_eq!(e.event["status"], 503);
+    }
+    counter(h, "ace.trips", 1);
+    assert_eq!(route(h, "public"), "us_api", "spilled past the trip");
+    assert_eq!(route(h, "personal_eu"), "refused 503");
+    h.advance(1_500);
+    assert_eq!(route(h, "public"), "eu_owned", "half-open probe");
+    assert_eq!(route(h, "public"), "eu_owned", "closed again");
+}
+
+/// A 429 cuts the EU's cap from two slots to one: with one request in
+/// flight it is full.
+fn a_429_moves_the_cap_left(h: &mut dyn Driver) {
+    let throttled = Answer::status(429).header("retry-after", "2");
+    let e = h.send(&Req::class("personal_eu"), &throttled);
+    assert_eq!((went(&e).as_str(), e.status), ("eu_owned", 429), "{e:?}");
+    counter(h, "ace.cap_cuts", 1);
+    let held = h.open(&Req::class("personal_eu"));
+    assert_eq!(h.upstream(held).as_deref(), Some("eu_owned"));
+    assert_eq!(route(h, "public"), "us_api", "one slot left, taken");
+    assert_eq!(route(h, "personal_eu"), "refused 503");
+    h.close(held, &ok());
+}
+
+/// An answer past the SLO derates the destination and the event says the
+/// SLO was missed.
+fn a_slow_answer_derates(h: &mut dyn Driver) {
+    let e = h.send(&Req::class("public"), &ok().took(5_000));
+    assert_eq!(went(&e), "eu_owned");
+    assert_eq!(e.event["slo_met"], false, "{}", e.event);
+    assert!(
+        e.event["latency_ms"].as_u64().unwrap() >= 5_000,
+        "{}",
+        e.event
+    );
+    counter(h, "ace.derates", 1);
+    let e = h.send(&Req::class("public"), &ok());
+    assert_eq!(e.event["slo_met"], true, "{}", e.event);
+}
+
+/// Token usage read from the response, JSON and SSE (split across
+/// chunks), booked at the chosen destination's prices, with the
+/// pay-as-you-go counterfactual.
+fn usage_from_json_and_sse_is_booked(h: &mut dyn Driver) {
+    let json = Answer::ok(r#"{"id":"x","usage":{"prompt_tokens":1200,"completion_tokens":345}}"#);
+    let e = h.send(&Req::class("public"), &json);
+    let ev = &e.event;
+    assert_eq!(
+        (ev["tokens_in"].as_u64(), ev["tokens_out"].as_u64()),
+        (Some(1200), Some(345)),
+        "{ev}"
+    );
+    assert_eq!(ev["tokens_estimated"], false, "{ev}");
+    let usd = f64_of(&ev["marginal_usd"]);
+    assert!((usd - 1545.0 * 1e-8).abs() < 1e-12, "{ev}");
+    let sse = Answer::ok("")
+        .header("content-type", "text/event-stream")
+        .chunks(&[
+            "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tok",
+            "ens\":7,\"completion_tokens\":9}}\n\ndata: [DONE]\n\n",
+        ]);
+    let e = h.send(&Req::class("public"), &sse);
+    let ev = &e.event;
+    assert_eq!(
+        (ev["tokens_in"].as_u64(), ev["tokens_out"].as_u64()),
+        (Some(7), Some(9)),
+        "{ev}"
+    );
+    let usd = f64_of(&ev["marginal_usd"]);
+    assert!((usd - 16.0 * 1e-8).abs() < 1e-12, "{ev}");
+    let cf = f64_of(&ev["counterfactual_usd"]);
+    assert!((cf - (7.0 * 2e-6 + 9.0 * 8e-6)).abs() < 1e-12, "{ev}");
+    counter(h, "ace.booked_nano_usd", 15_450 + 160);
+}
+
+/// A held body names the model and the output budget; a header naming
+/// another model conflicts.
+fn a_held_body_decides_the_estimate(h: &mut dyn Driver) {
+    let r =
+        Req::class("public").body(&[r#"{"model":"llama","max_tokens":"#, r#"77,"messages":[]}"#]);
+    let e = h.send(&r, &ok());
+    assert_eq!(went(&e), "eu_owned");
+    assert_eq!(e.event["model_requested"], "llama", "{}", e.event);
+    assert_eq!(e.event["tokens_out"], 77, "{}", e.event);
+    let e = h.send(&r.clone().header("x-ace-model", "gpt"), &ok());
+    assert_eq!(went(&e), "refused 400");
+    assert_eq!(e.event["reason"], "model_conflict", "{}", e.event);
+}
+
+/// A snapshot as the control service encodes it.
+fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {
+    ace_snapshot::encode(&Snapshot {
+        version,
+        generated_ms: T0,
+        reports,
+    })
+    .unwrap()
+}
+
+fn report(name: &str) -> Report {
+    Report {
+        name: name.to_string(),
+        ..Report::default()
+    }
+}
+
+/// `eu-owned` draining until far ahead.
+fn drained(version: u64) -> Vec<u8> {
+    let mut eu = report("eu-owned");
+    eu.drain = Some(Drain {
+        until_ms: T0 + 3_600_000,
+        reason: DrainReason::Operator,
+    });
+    snapshot(version, vec![eu, report("us-api")])
+}
+
+/// `eu-owned` reporting itself full (two running of two slots).
+fn full(version: u64, stale_since: Option<u64>) -> Vec<u8> {
+    let mut eu = report("eu-owned");
+    eu.load = Some(Load {
+        running: 2,
+        waiting: 4,
+        kv_permille: 0,
+        stale: stale_since.is_some(),
+        scraped_ms: stale_since.unwrap_or(0),
+    });
+    snapshot(version, vec![eu, report("us-api")])
+}
+
+/// A snapshot naming a destination this configuration does not know.
+fn unknown(version: u64) -> Vec<u8> {
+    snapshot(version, vec![report("eu-owned"), report("mars-gpu")])
+}
+
+/// A drain moves public data to the API and leaves EU-only data nowhere;
+/// the next snapshot, without it, brings both back.
+fn a_good_snapshot_moves_the_choice(h: &mut dyn Driver) {
+    assert_eq!(route(h, "public"), "eu_owned");
+    h.service(Service::Serves(drained(1)));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "us_api", "eu-owned drains");
+    assert_eq!(route(h, "personal_eu"), "refused 503");
+    h.service(Service::Serves(snapshot(2, vec![report("eu-owned")])));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "eu_owned", "drain over");
+}
+
+/// A snapshot naming an unknown destination is rejected whole: the drain
+/// of the last good one stays in force.
+fn a_rejected_snapshot_leaves_the_last_good_one(h: &mut dyn Driver) {
+    h.service(Service::Serves(drained(1)));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "us_api");
+    h.service(Service::Serves(unknown(2)));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "us_api", "the last good snapshot stays");
+    // Bytes that do not decode are rejected the same way.
+    h.service(Service::Serves(b"not a snapshot".to_vec()));
+    h.advance(1_000);
+    assert_eq!(route(h, "public"), "us_api", "the last good snapshot stays");
+}
+
+/// A rejected snapshot is not hearing the service: staleness counts from
+/// the last accepted answer, so the load figures of the last good one are
+/// dropped once `stale_after_ms` passes with only rejections.
+fn a_rejected_snapshot_is_not_hearing_the_service(h: &mut dyn Driver) {
+    h.service(Service::Serves(full(1, None)));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "us_api", "eu-owned reports itself full");
+    h.service(Service::Serves(unknown(2)));
+    h.advance(1_000);
+    assert_eq!(route(h, "public"), "us_api", "fresh yet: load still priced");
+    h.advance(4_000);
+    assert_eq!(
+        route(h, "public"),
+        "eu_owned",
+        "only rejections for over stale_after_ms: stale, load dropped"
+    );
+}
+
+/// A service that stops answering: past `stale_after_ms` the snapshot is
+/// stale and its load figures dropped (its drains kept); an answer makes it
+/// fresh again. A 304 keeps the snapshot in force fresh.
+fn a_silent_service_goes_stale_and_its_loads_are_dropped(h: &mut dyn Driver) {
+    h.service(Service::Serves(full(1, None)));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "us_api", "eu-owned reports itself full");
+    h.service(Service::NotModified);
+    h.advance(5_000);
+    assert_eq!(route(h, "public"), "us_api", "304s keep it fresh");
+    h.service(Service::Down);
+    h.advance(1_000);
+    assert_eq!(route(h, "public"), "us_api", "not stale yet");
+    h.advance(4_000);
+    assert_eq!(route(h, "public"), "eu_owned", "stale: load dropped");
+    h.service(Service::Serves(full(1, None)));
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "us_api", "heard again: fresh");
+}
+
+/// One destination's load the service holds (its scrapes failing) is
+/// priced for `held_load_ms` (here `stale_after_ms`, 3 s) from its last
+/// good scrape, then dropped, while the snapshot stays fresh.
+fn a_stale_destination_load_is_priced_then_dropped(h: &mut dyn Driver) {
+    let scraped = h.now();
+    h.service(Service::Serves(full(1, Some(scraped))));
+    h.advance(1_000);
+    assert_eq!(route(h, "public"), "us_api", "held load still priced");
+    h.advance(3_000);
+    assert_eq!(
+        route(h, "public"),
+        "eu_owned",
+        "held past held_load_ms: dropped"
+    );
+}

@@ -1,0 +1,57 @@
+//! Every case ([`ace_conformance::cases`]) on every host: one test per
+//! (case, host), named `<case>::<host>`.
+
+ace_conformance::fake_envoy_callbacks!();
+
+use ace_conformance::{check, HostKind};
+
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                use super::*;
+                #[test]
+                fn mock() {
+                    check(stringify!($case), HostKind::Mock);
+                }
+                #[test]
+                fn sim() {
+                    check(stringify!($case), HostKind::Sim);
+                }
+                #[test]
+                fn wasm() {
+                    check(stringify!($case), HostKind::Wasm);
+                }
+                #[test]
+                fn dynamic() {
+                    check(stringify!($case), HostKind::Dynamic);
+                }
+            }
+        )*
+
+        /// Every case in `cases::ALL` has its tests here.
+        #[test]
+        fn every_case_is_listed() {
+            let listed = [$(stringify!($case)),*];
+            for c in ace_conformance::cases::ALL {
+                assert!(listed.contains(&c.name), "add {} to tests/conformance.rs", c.name);
+            }
+            assert_eq!(listed.len(), ace_conformance::cases::ALL.len());
+        }
+    };
+}
+
+cases!(
+    refusals_name_their_reason,
+    the_cheapest_feasible_destination_is_chosen,
+    failures_trip_then_spill_then_a_probe_closes,
+    a_429_moves_the_cap_left,
+    a_slow_answer_derates,
+    usage_from_json_and_sse_is_booked,
+    a_held_body_decides_the_estimate,
+    a_good_snapshot_moves_the_choice,
+    a_rejected_snapshot_leaves_the_last_good_one,
+    a_rejected_snapshot_is_not_hearing_the_service,
+    a_silent_service_goes_stale_and_its_loads_are_dropped,
+    a_stale_destination_load_is_priced_then_dropped,
+);

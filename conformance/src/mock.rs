@@ -6,11 +6,9 @@
 
 use crate::{Answer, Driver, HostKind, Req, Seen, Service, T0};
 use ace_config::{Control, Trusted};
-use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
-use ace_core::health::{Change, Outcome};
 use ace_flow::control::{self, Outside};
-use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
 use ace_flow::request::Counters;
 use serde_json::Value;
@@ -213,32 +211,9 @@ impl Host for Mock {
         }
     }
 
-    fn claim(
-        &mut self,
-        now_ms: u64,
-        feasible: &[u64],
-        model: Option<&str>,
-        req: &Request,
-    ) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
-        let (m, p) = (&self.models, &self.policy);
-        self.fleet.advance(m, p, now_ms);
-        let warm = self.outside.warmth.mask(model);
-        let d = self.fleet.decide(feasible, warm, req, now_ms);
-        if let Ok(d) = &d {
-            self.fleet.reprice(d.index, m, p, now_ms);
-        }
-        Ok(d)
-    }
-
-    fn settle(
-        &mut self,
-        d: usize,
-        outcome: Option<Outcome>,
-        now_ms: u64,
-    ) -> Result<Change, FleetUnavailable> {
-        let change = self.fleet.settle(d, outcome, &self.policy, now_ms);
-        self.fleet.reprice(d, &self.models, &self.policy, now_ms);
-        Ok(change)
+    fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
+        let warmth = &self.outside.warmth;
+        Ok(op.run(&mut self.fleet, warmth, &self.models, &self.policy, now_ms))
     }
 
     fn can_rerun(&self) -> bool {

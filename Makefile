@@ -19,10 +19,11 @@ dynamic: setup
 	@sha256sum target/dylib/release/libace_dynamic.so
 
 # The main job: a real Envoy with the filter in front of local upstreams.
-# Built without the planner's MILP solver, which the demo does not use, so a
-# fresh machine does not compile HiGHS first.
+# `ace-demo` (demo/), a binary of its own so that the `ace` command does not
+# link the test harness. Built without the planner's MILP solver, which the
+# demo does not use, so a fresh machine does not compile HiGHS first.
 demo: setup
-	$(CARGO) run -q -p ace-cli --no-default-features --bin ace -- demo
+	$(CARGO) run -q -p ace-demo --bin ace-demo
 
 # The policy playground: build the page (wasm32-unknown-unknown) and serve it
 # on http://127.0.0.1:9920/ (playground/README.md).

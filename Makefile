@@ -33,11 +33,25 @@ playground: setup
 # Formatting, lints with warnings denied, the docs and the fuzz targets
 # (both cheap once clippy has checked the dependencies), then every test
 # (the real-Envoy tests build the .wasm from source in the same run).
+# scripts/prebuild.sh starts the builds the tests would otherwise run one
+# at a time (wasm filters, release dynamic modules, the playground's page,
+# each in its own target directory) in the background, so that they overlap
+# clippy and the test build; the tests run only once it is done, and build
+# again (a no-op, or their own failure) what it did not.
+# The tests: every target that has tests (libraries, binaries, tests/),
+# then the doc tests. Examples are not linked here: clippy --all-targets
+# has already compiled and checked them with warnings denied.
 test: setup
+	@bash scripts/prebuild.sh start
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@$(MAKE) --no-print-directory docs fuzz-check
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test --workspace --tests --no-run
+	@bash scripts/prebuild.sh wait
+	@status=0; \
+	$(CARGO) test --workspace --no-fail-fast --tests || status=$$?; \
+	$(CARGO) test --workspace --no-fail-fast --doc || status=$$?; \
+	exit $$status
 
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -19,10 +19,11 @@ dynamic: setup
 	@sha256sum target/dylib/release/libace_dynamic.so
 
 # The main job: a real Envoy with the filter in front of local upstreams.
-# Built without the planner's MILP solver, which the demo does not use, so a
-# fresh machine does not compile HiGHS first.
+# `ace-demo` (demo/), a binary of its own so that the `ace` command does not
+# link the test harness. Built without the planner's MILP solver, which the
+# demo does not use, so a fresh machine does not compile HiGHS first.
 demo: setup
-	$(CARGO) run -q -p ace-cli --no-default-features --bin ace -- demo
+	$(CARGO) run -q -p ace-demo --bin ace-demo
 
 # The policy playground: build the page (wasm32-unknown-unknown) and serve it
 # on http://127.0.0.1:9920/ (playground/README.md).
@@ -32,11 +33,25 @@ playground: setup
 # Formatting, lints with warnings denied, the docs and the fuzz targets
 # (both cheap once clippy has checked the dependencies), then every test
 # (the real-Envoy tests build the .wasm from source in the same run).
+# scripts/prebuild.sh starts the builds the tests would otherwise run one
+# at a time (wasm filters, release dynamic modules, the playground's page,
+# each in its own target directory) in the background, so that they overlap
+# clippy and the test build; the tests run only once it is done, and build
+# again (a no-op, or their own failure) what it did not.
+# The tests: every target that has tests (libraries, binaries, tests/),
+# then the doc tests. Examples are not linked here: clippy --all-targets
+# has already compiled and checked them with warnings denied.
 test: setup
+	@bash scripts/prebuild.sh start
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@$(MAKE) --no-print-directory docs fuzz-check
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test --workspace --tests --no-run
+	@bash scripts/prebuild.sh wait
+	@status=0; \
+	$(CARGO) test --workspace --no-fail-fast --tests || status=$$?; \
+	$(CARGO) test --workspace --no-fail-fast --doc || status=$$?; \
+	exit $$status
 
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -2,9 +2,10 @@
 //! the fleet cost, what all pay-as-you-go would have charged, and which
 //! savings were earned (see the `ace-ledger` crate and its README).
 
+use ace_cli::ingest_summary::print_summary;
 use ace_cli::{out, outln};
 use ace_ledger::book::Ledger;
-use ace_ledger::ingest::{Options, Summary};
+use ace_ledger::ingest::Options;
 use ace_ledger::report::terminal;
 use ace_ledger::trace::{self, Select};
 use ace_ledger::window::Rules;
@@ -182,54 +183,6 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Print what an ingest did; malformed lines with their numbers (the
-/// first `MAX_SHOWN`).
-pub fn print_summary(s: &Summary) {
-    const MAX_SHOWN: usize = 20;
-    outln!(
-        "{}: {} lines, {} events booked, {} already in the ledger, {} malformed{}",
-        terminal(&s.source),
-        s.lines,
-        s.new,
-        s.already,
-        s.rejected.len(),
-        if s.disagreements > 0 {
-            format!(", {} whose logged cost differs from the ledger's (booked at the ledger's; `ace ledger trace --flagged`)", s.disagreements)
-        } else {
-            String::new()
-        }
-    );
-    for r in s.rejected.iter().take(MAX_SHOWN) {
-        outln!(
-            "  {}:{}: {}",
-            terminal(&r.source),
-            r.line,
-            terminal(&r.error)
-        );
-    }
-    for c in s.conflicts.iter().take(MAX_SHOWN) {
-        outln!(
-            "  {}:{}: event id {} was stored for a different event; booked apart as {} (`ace ledger trace --flagged`)",
-            terminal(&c.source),
-            c.line,
-            c.event_id,
-            c.booked_as
-        );
-    }
-    if s.rejected.len() > MAX_SHOWN {
-        outln!(
-            "  ... and {} more malformed lines",
-            s.rejected.len() - MAX_SHOWN
-        );
-    }
-    if let Some(n) = s.incomplete {
-        outln!(
-            "  {}:{n}: incomplete last line (no newline yet), not booked; ingest again once it is complete",
-            terminal(&s.source)
-        );
-    }
-}
-
 fn ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {
     if a.files.is_empty() {
         return Err(anyhow!(
@@ -337,33 +290,4 @@ fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
     }
     out!("{}", trace::table(&rows, booked, &savings));
     Ok(ExitCode::SUCCESS)
-}
-
-/// The end of `ace demo`: book what each part of the demo served, from
-/// Envoy's real access log, in a throwaway ledger, and print the report.
-/// Each part is (name, the plugin configuration Envoy loaded, the log's
-/// lines).
-pub fn demo_summary(parts: &[(&str, &serde_json::Value, &Vec<String>)]) -> anyhow::Result<()> {
-    let dir = tempfile::Builder::new()
-        .prefix("ace-demo-ledger-")
-        .tempdir()
-        .context("cannot make a temp dir for the demo's ledger")?;
-    let mut ledger = Ledger::open(&dir.path().join("ledger.sqlite").display().to_string())?;
-    outln!("\nthe ledger: Envoy's access log of ACE events, booked and re-priced");
-    for (name, config, lines) in parts {
-        let id = ledger.register(config.to_string().as_bytes(), name)?;
-        let opts = Options {
-            v1_config: Some(id),
-            ..Options::default()
-        };
-        let mut bytes = lines.join("\n").into_bytes();
-        bytes.push(b'\n');
-        print_summary(&ledger.ingest_bytes(name, &bytes, &opts)?);
-    }
-    let rules = Rules {
-        window_ms: 60_000,
-        ..Rules::default()
-    };
-    outln!("\n{}", ledger.report(&rules)?.table());
-    Ok(())
 }

@@ -1,6 +1,6 @@
 //! The parts of the `ace` command that other crates (tests, tools) reuse.
 #![forbid(unsafe_code)]
 
-pub mod control_fleet;
+pub mod ingest_summary;
 pub mod output;
 pub mod plugin;

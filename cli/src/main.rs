@@ -10,7 +10,6 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod control;
-mod demo;
 mod ledger;
 mod plan;
 mod playground;
@@ -40,9 +39,6 @@ enum Command {
     /// Print the filter's plugin configuration for a policy directory:
     /// destinations with cost curves, and the compiled tables.
     PluginConfig(plugin::Args),
-    /// Start Envoy with the ACE filter and a few upstreams, send requests,
-    /// and print where each went and why.
-    Demo(demo::Args),
     /// The out-of-band control service: `serve` pulls load, warm models,
     /// prices, spot evictions and planned capacity and serves snapshots;
     /// `snapshot` fetches and prints one.
@@ -66,21 +62,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Policy(c) => policy::run(c),
         Command::Plan(a) => plan::run(a),
-        Command::Demo(a) => demo::run(a),
         Command::PluginConfig(a) => plugin::run(a),
         Command::Ledger(c) => ledger::run(c),
         Command::Control(c) => control::run(c),
         Command::Playground(a) => playground::run(a),
         Command::Sim(a) => sim::run(a),
     };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
-            ExitCode::FAILURE
-        }
-    }
+    ace_cli::output::exit_code(result)
 }

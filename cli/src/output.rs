@@ -8,6 +8,7 @@
 //! writes are written whatever happens to its report).
 
 use std::io::ErrorKind;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set once a write has failed: later output is dropped without retrying.
@@ -27,6 +28,21 @@ pub fn emit(r: std::io::Result<()>) {
 #[doc(hidden)]
 pub fn open() -> bool {
     !CLOSED.load(Ordering::Relaxed)
+}
+
+/// A command's exit: its own code, or on an error `error: ...` and each
+/// cause on stderr, and failure (the `ace` command's and the demo's).
+pub fn exit_code(result: anyhow::Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `println!` that never panics: see the [module docs](crate::output).

@@ -4,7 +4,9 @@
 //! Why it exists: everything ACE promises happens inside Envoy, and Envoy's
 //! behaviour around routing, local replies and retries is subtle enough that
 //! we check it against the real binary rather than a model of it. The same
-//! kit runs the end-to-end tests, the `ace demo`, and the load benchmarks.
+//! kit runs the end-to-end tests, the demo (`ace-demo`, `make demo`), and
+//! the load benchmarks. It is test code: no product crate depends on it
+//! (`tests/tests/crate_graph.rs` checks).
 //!
 //! - [`wasm::build`] builds a workspace cdylib for `wasm32-wasip1` (once per
 //!   process) with `scripts/build-wasm.sh`.

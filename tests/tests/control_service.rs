@@ -21,7 +21,7 @@ const INTERVAL: Duration = Duration::from_millis(500);
 /// How long the filter prices one destination's held (stale) load.
 const HELD_LOAD: Duration = Duration::from_millis(1500);
 
-use ace_cli::control_fleet::{gpu_feed, plan_line};
+use ace_demo::control_fleet::{gpu_feed, plan_line};
 
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
@@ -60,8 +60,8 @@ impl World {
         let dir = tmp.path().to_path_buf();
         let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
         let ports = (owned.port(), spot.port(), imds.port());
-        ace_cli::control_fleet::write(&dir, &policies, ports).unwrap();
-        let config = ace_cli::control_fleet::service_config(&dir, INTERVAL, TOKEN, now_ms());
+        ace_demo::control_fleet::write(&dir, &policies, ports).unwrap();
+        let config = ace_demo::control_fleet::service_config(&dir, INTERVAL, TOKEN, now_ms());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -146,7 +146,7 @@ impl Drop for World {
 }
 
 fn ask(envoy: &Envoy, data_class: &str) -> Response {
-    ace_cli::control_fleet::request(data_class)
+    ace_demo::control_fleet::request(data_class)
         .send(envoy.port())
         .unwrap_or_else(|e| panic!("request failed: {e}"))
 }

@@ -88,10 +88,7 @@ fn fleet_request_headers() -> Headers {
 /// The example fleet (`policies/`: twelve destinations, compiled Cedar
 /// tables), as `ace plugin-config policies` prints it.
 fn fleet_config() -> String {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-    ace_cli::plugin::build(&dir, false, false)
-        .unwrap_or_else(|e| panic!("plugin configuration of {}: {e:#}", dir.display()))
-        .to_string()
+    common::example_fleet_config(false)
 }
 
 /// The fleet request, with a JSON response that reports usage.

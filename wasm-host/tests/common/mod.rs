@@ -101,3 +101,22 @@ const ABI_AND_ALLOCATOR: &str = r#"
 pub fn wat_guest(text: &str) -> String {
     text.replace(";; ABI_AND_ALLOCATOR", ABI_AND_ALLOCATOR)
 }
+
+/// The example fleet's plugin configuration (`policies/`: twelve
+/// destinations, compiled Cedar tables), as `ace plugin-config policies`
+/// prints it (`--read-body` when `read_body`): the same library call the
+/// command makes ([`ace_policy::plugin::plugin_config`]), without linking
+/// the command.
+pub fn example_fleet_config(read_body: bool) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let fail = |e: &dyn std::fmt::Display| -> ! {
+        panic!("plugin configuration of {}: {e}", dir.display())
+    };
+    let project = ace_policy::load_dir(&dir).unwrap_or_else(|e| fail(&e));
+    let compiled = ace_policy::compile(&project).unwrap_or_else(|e| fail(&e));
+    let config = ace_policy::plugin::plugin_config(&project, &compiled, false, read_body)
+        .unwrap_or_else(|e| fail(&e));
+    serde_json::to_value(config)
+        .unwrap_or_else(|e| fail(&e))
+        .to_string()
+}

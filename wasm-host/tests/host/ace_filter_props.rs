@@ -17,10 +17,7 @@ use std::sync::OnceLock;
 fn config() -> &'static (String, Config) {
     static C: OnceLock<(String, Config)> = OnceLock::new();
     C.get_or_init(|| {
-        let dir = ace_harness::workspace_root().join("policies");
-        let json = ace_cli::plugin::build(&dir, false, true)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .to_string();
+        let json = crate::common::example_fleet_config(true);
         let parsed = Config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
         (json, parsed)
     })

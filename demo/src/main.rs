@@ -1,4 +1,4 @@
-//! `ace demo`: the main job, end to end, on this machine.
+//! `ace-demo` (`make demo`): the main job, end to end, on this machine.
 //!
 //! Builds the filter for wasm32-wasip1 (or, with `--dynamic-module`, as an
 //! Envoy dynamic module), starts a real Envoy with it in front
@@ -11,8 +11,14 @@
 //! price change and an eviction notice (scene 6), and model routing and
 //! the response cache under the example policies (scene 7). It grows with
 //! the product: what it shows is what ACE does today.
+//!
+//! A binary of its own, not a subcommand of `ace`: it plays against the
+//! test harness's scripted upstreams (`ace-harness`), which the product
+//! crates do not link.
+#![forbid(unsafe_code)]
 
 mod control;
+mod ledger;
 mod routing;
 
 use ace_cli::outln;
@@ -24,8 +30,14 @@ use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Arguments of `ace demo`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `ace-demo`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "ace-demo",
+    version,
+    about = "Start Envoy with the ACE filter and a few upstreams, send requests, \
+             and print where each went and why"
+)]
 pub struct Args {
     /// Requests in the opening burst.
     #[arg(long, default_value_t = 10)]
@@ -136,7 +148,12 @@ fn chat(envoy: &Envoy, i: usize) -> anyhow::Result<Response> {
     .with_context(|| format!("request {i}"))
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    let args = <Args as clap::Parser>::parse();
+    ace_cli::output::exit_code(run(args))
+}
+
+fn run(args: Args) -> anyhow::Result<ExitCode> {
     outln!("ACE demo: merit-order dispatch inside a real Envoy\n");
     let module = Module::build(args.dynamic_module)?;
     let size = std::fs::metadata(module.path())
@@ -259,7 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
          cool-down that grows on repeat, a 429 cuts its cap for retry-after, and clients can\n\
          never pick a destination themselves."
     );
-    crate::ledger::demo_summary(&[
+    ledger::summary(&[
         ("scenes 1-4", &fleet_config(), &served),
         ("scene 5", &policy_config, &policy_served),
         ("scene 7", &routing_config, &routing_served),

@@ -2,8 +2,8 @@
 //! EU pool, a US spot pool bought by the GPU-hour and a US API, one model,
 //! EU personal data kept in the EU by the example policies' residency
 //! rule; with the inputs `ace control serve` pulls (a GPU price feed and
-//! a planner file) next to the manifest. `ace demo` plays it, and the
-//! real-Envoy tests drive it.
+//! a planner file) next to the manifest. The demo's scene 6 plays it, and
+//! the real-Envoy tests drive it.
 
 use std::path::Path;
 use std::time::Duration;

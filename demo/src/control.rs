@@ -4,8 +4,8 @@
 //! and what it learns moves traffic: never past the policies.
 
 use super::Module;
-use ace_cli::control_fleet;
 use ace_cli::outln;
+use ace_demo::control_fleet;
 use ace_harness::client::Response;
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::model_server::ModelServer;

@@ -1,0 +1,240 @@
+//! The workspace's crate graph keeps the product apart from its tools
+//! (issue 36): read from `cargo metadata --format-version 1`, so every
+//! kind of dependency counts (normal, build, dev, renamed, optional,
+//! per-target).
+//!
+//! - No product crate reaches `ace-harness` (real Envoy, scripted
+//!   upstreams, the test kit) through normal or build dependencies, directly
+//!   or through another workspace crate. A product crate's own tests may
+//!   take it as a dev-dependency.
+//! - No product crate other than the adapter itself depends on
+//!   `ace-filter` (the proxy-wasm adapter) in any way: the compiler,
+//!   ledger, simulator and CLI read `ace-config` and `ace-flow`; only the
+//!   tools (`tests/`, `benches/`, `wasm-host/`) may load the Wasm filter.
+//! - The workspace's crates form no cycle, dev-dependencies included.
+//! - Every workspace crate is classified: a new crate is named in
+//!   [`PRODUCT`] or [`TOOLS`] before this passes.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+/// What ships: the crates a user's Envoy, the `ace` command or the
+/// browser playground are built from.
+const PRODUCT: &[&str] = &[
+    "ace-core",
+    "ace-snapshot",
+    "ace-config",
+    "ace-flow",
+    "ace-filter",
+    "ace-dynamic",
+    "ace-dynamic-abi",
+    "ace-policy",
+    "ace-playground",
+    "ace-planner",
+    "ace-control",
+    "ace-ledger",
+    "ace-sim",
+    "ace-cli",
+];
+
+/// What builds, tests, shows or measures the product, and ships nothing.
+const TOOLS: &[&str] = &[
+    "ace-harness",
+    "ace-demo",
+    "ace-tests",
+    "ace-benches",
+    "ace-bench-noop-filter",
+    "ace-bench-minimal-filter",
+    "ace-bench-dynamic-floor",
+    "ace-wasm-host",
+    "ace-example-header-rewrite",
+    "ace-example-local-auth",
+    "ace-example-http-callout",
+    "ace-example-body-rewrite",
+    "ace-example-callback-log",
+    "ace-example-grpc-callout",
+    "ace-example-metadata-probe",
+];
+
+/// One workspace dependency edge: (to, kind) with kind `normal`, `build`
+/// or `dev`.
+type Edges = BTreeMap<String, Vec<(String, String)>>;
+
+/// The workspace members and their dependencies on each other.
+fn workspace_edges() -> Edges {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    let out = Command::new(&cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .args(["--manifest-path", manifest])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cargo} metadata: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata printed JSON");
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .expect("workspace_members")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let packages = meta["packages"].as_array().expect("packages");
+    let names: BTreeSet<String> = packages
+        .iter()
+        .filter(|p| p["id"].as_str().is_some_and(|id| members.contains(id)))
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect();
+    let mut edges = Edges::new();
+    for p in packages {
+        let Some(name) = p["name"].as_str().filter(|n| names.contains(*n)) else {
+            continue;
+        };
+        let out = edges.entry(name.to_string()).or_default();
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let Some(to) = d["name"].as_str().filter(|n| names.contains(*n)) else {
+                continue;
+            };
+            // A dependency with a path inside the workspace; a registry
+            // crate of the same name would have no `path`.
+            if d["path"].is_null() {
+                continue;
+            }
+            let kind = d["kind"].as_str().unwrap_or("normal").to_string();
+            out.push((to.to_string(), kind));
+        }
+    }
+    edges
+}
+
+/// A path from `from` to `to` along edges of `kinds`, if there is one,
+/// as `from`, then each step with its kind.
+fn path(edges: &Edges, from: &str, to: &str, kinds: &[&str]) -> Option<Vec<String>> {
+    let mut seen = BTreeSet::new();
+    // (the crate reached, the path to it as printed)
+    let mut stack = vec![(from.to_string(), vec![from.to_string()])];
+    while let Some((at, shown)) = stack.pop() {
+        for (next, kind) in edges.get(&at).into_iter().flatten() {
+            if !kinds.contains(&kind.as_str()) {
+                continue;
+            }
+            let mut longer = shown.clone();
+            longer.push(format!("{next} ({kind})"));
+            if next == to {
+                return Some(longer);
+            }
+            if seen.insert(next.clone()) {
+                stack.push((next.clone(), longer));
+            }
+        }
+    }
+    None
+}
+
+/// Every problem with the graph, one line each (empty: none).
+fn problems(edges: &Edges) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in edges.keys() {
+        if !PRODUCT.contains(&name.as_str()) && !TOOLS.contains(&name.as_str()) {
+            out.push(format!(
+                "{name}: not classified; add it to PRODUCT or TOOLS in tests/tests/crate_graph.rs"
+            ));
+        }
+    }
+    for name in PRODUCT.iter().chain(TOOLS) {
+        if !edges.contains_key(*name) {
+            out.push(format!("{name}: listed here but not a workspace member"));
+        }
+    }
+    for product in PRODUCT {
+        if let Some(p) = path(edges, product, "ace-harness", &["normal", "build"]) {
+            out.push(format!(
+                "product crate depends on the test harness: {}",
+                p.join(" -> ")
+            ));
+        }
+        if *product == "ace-filter" {
+            continue;
+        }
+        for (to, kind) in edges.get(*product).into_iter().flatten() {
+            if to == "ace-filter" {
+                out.push(format!(
+                    "product crate depends on the Wasm adapter: {product} -> ace-filter ({kind})"
+                ));
+            }
+        }
+        if let Some(p) = path(edges, product, "ace-filter", &["normal", "build"]) {
+            out.push(format!(
+                "product crate reaches the Wasm adapter: {}",
+                p.join(" -> ")
+            ));
+        }
+    }
+    for name in edges.keys() {
+        if let Some(p) = path(edges, name, name, &["normal", "build", "dev"]) {
+            out.push(format!("cycle: {}", p.join(" -> ")));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn product_crates_do_not_depend_on_the_harness_or_the_wasm_adapter_and_there_is_no_cycle() {
+    let edges = workspace_edges();
+    let found = problems(&edges);
+    let count: usize = edges.values().map(Vec::len).sum();
+    eprintln!(
+        "crate graph: {} workspace crates ({} product), {count} edges between them",
+        edges.len(),
+        PRODUCT.len()
+    );
+    assert!(found.is_empty(), "crate graph:\n  {}", found.join("\n  "));
+}
+
+/// The checks find what they are for (on a graph made up here).
+#[test]
+fn the_checks_name_the_offending_edge() {
+    let mut edges = Edges::new();
+    for name in PRODUCT.iter().chain(TOOLS) {
+        edges.insert(name.to_string(), Vec::new());
+    }
+    let add = |edges: &mut Edges, from: &str, to: &str, kind: &str| {
+        edges
+            .entry(from.to_string())
+            .or_default()
+            .push((to.to_string(), kind.to_string()));
+    };
+    assert!(problems(&edges).is_empty());
+    add(&mut edges, "ace-cli", "ace-harness", "dev");
+    assert!(
+        problems(&edges).is_empty(),
+        "a dev edge to the harness is allowed"
+    );
+    add(&mut edges, "ace-cli", "ace-demo", "normal");
+    add(&mut edges, "ace-demo", "ace-harness", "normal");
+    add(&mut edges, "ace-sim", "ace-filter", "dev");
+    add(&mut edges, "ace-tests", "ace-ledger", "dev");
+    add(&mut edges, "ace-ledger", "ace-tests", "dev");
+    let found = problems(&edges);
+    assert_eq!(
+        found,
+        [
+            "cycle: ace-ledger -> ace-tests (dev) -> ace-ledger (dev)",
+            "cycle: ace-tests -> ace-ledger (dev) -> ace-tests (dev)",
+            "product crate depends on the Wasm adapter: ace-sim -> ace-filter (dev)",
+            "product crate depends on the test harness: ace-cli -> ace-demo (normal) -> ace-harness (normal)",
+        ],
+        "{found:#?}"
+    );
+}

@@ -11,7 +11,8 @@
 //! [`CONTROL_INTERVAL_MS`](crate::engine::CONTROL_INTERVAL_MS) it publishes a snapshot of the simulated fleet
 //! (each GPU server's running and waiting requests, spot prices, eviction
 //! notices as drains, resident models), which goes through the wire format
-//! and [`ace_flow::control::decode`] into the fleet state, as a poll
+//! and the filter's one consumer of control answers
+//! ([`ace_flow::control::Consumer`]) into the fleet state, as a poll
 //! would. Requests are sent as clients send them: the attribute headers
 //! and an OpenAI-style streamed chat body; answers come back as a model
 //! server's (status, `text/event-stream`, a final usage chunk).
@@ -22,7 +23,7 @@ use ace_config::{Config, Trusted};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::FleetState;
 use ace_core::health::{Change, Outcome};
-use ace_flow::control::Outside;
+use ace_flow::control::{Consumer, Delivery, Outside};
 use ace_flow::flow::{FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
 use ace_flow::routing::Routed;
@@ -39,7 +40,9 @@ struct SimHost {
     id_prefix: u64,
     ids: u64,
     fleet: FleetState,
-    outside: Outside,
+    /// What the simulated control service said, as the filter's consumer
+    /// takes it ([`ace_flow::control`] has the rules).
+    outside: Consumer,
     /// The request headers of the callback in progress.
     headers: Vec<(String, String)>,
     /// The request body chunk of the callback in progress.
@@ -296,7 +299,7 @@ impl Ace {
             id_prefix: run,
             ids: 0,
             fleet,
-            outside: Outside::new(cfg),
+            outside: Consumer::new(cfg, EPOCH_MS),
             headers: Vec::new(),
             chunk: Vec::new(),
             response: Vec::new(),
@@ -590,16 +593,21 @@ impl Policy for Ace {
         if !self.control {
             return;
         }
+        // Through the wire format and the one consumer, as a poll would be.
         let snapshot = self.snapshot(w);
-        let resolved = ace_snapshot::encode(&snapshot)
-            .ok()
-            .and_then(|bytes| ace_flow::control::decode(&self.setup.config, &bytes).ok());
-        let Some(resolved) = resolved else { return };
+        let Ok(bytes) = ace_snapshot::encode(&snapshot) else {
+            return;
+        };
         let cfg = &self.setup.config;
         if let Some(h) = self.host.as_mut() {
             let now = EPOCH_MS + w.now;
-            h.outside.accept(resolved, now);
-            h.outside.apply_to(&mut h.fleet, cfg, now);
+            let delivery = Delivery::Snapshot {
+                bytes: &bytes,
+                at_ms: now,
+            };
+            if h.outside.deliver(cfg, delivery, now).1 {
+                h.outside.apply_to(&mut h.fleet, cfg, now);
+            }
         }
     }
 

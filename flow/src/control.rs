@@ -36,22 +36,25 @@
 //!   snapshot, is not hearing. The same bytes as the snapshot in force,
 //!   sent again in full (a service that ignores `If-None-Match`), are
 //!   hearing, and are not applied again.
-//! - A rolled-back snapshot (a version lower than the one in force) is
-//!   refused while the snapshot in force is fresh, and taken once it is
-//!   stale. Why: the control service numbers versions
-//!   `max(previous + 1, now in Unix ms)`, so versions only go down when
-//!   its clock stepped back across a restart, or when something replays an
-//!   old answer. A replay interleaved with the real service never wins
-//!   (the real answers keep the newer snapshot fresh), and a restarted
-//!   service whose clock went back is followed after `stale_after_ms`,
-//!   the delay after which the filter would stop trusting the old one
-//!   anyway, instead of never. The same rolled-back snapshot heard again
-//!   (in full or as a 304 for it) is taken as soon as that delay has
-//!   passed. The same version with other bytes is not a rollback: it is
-//!   taken (a replica, or a restart within the same millisecond).
-//!   Snapshots a consumer of the same configuration already took
-//!   ([`Delivery::Relayed`]: the Wasm workers that did not poll) skip this
-//!   rule: it was the poller's to apply, and workers must not split.
+//! - Versions are compared for equality, not order. A snapshot with a
+//!   version lower than the one in force that this consumer has not had
+//!   before is taken at once: the control service numbers versions
+//!   `max(previous + 1, now in Unix ms)`, so a lower one is a service
+//!   restarted with its clock stepped back, or another replica whose
+//!   clock is behind (`control/README.md`, "Several replicas"), and either
+//!   is the service's newest knowledge; refusing it would freeze the
+//!   filter until the clock caught up. What is refused is a replay: a
+//!   snapshot (its ETag) that was in force here and has since been
+//!   replaced (one of the last 16), sent again, whatever its version. The
+//!   service never sends one (any change makes a new version), so it is
+//!   an old answer replayed (a cache, a stale replica flapping back): it
+//!   is refused ([`Rejected::Replayed`]) and not heard while the snapshot
+//!   in force is fresh, so it never undoes newer knowledge while the
+//!   service is heard; once the one in force is stale, it is taken when
+//!   it comes again (in full, or as a 304 for it), as the only answer
+//!   there is. Snapshots a consumer of the same configuration already
+//!   took ([`Delivery::Relayed`]: the Wasm workers that did not poll) skip
+//!   this rule: it was the poller's to apply, and workers must not split.
 //! - Losing the service never stops traffic: the last snapshot stays in
 //!   force, and once nothing has been heard for `stale_after_ms` it is
 //!   stale: its load figures are dropped (the filter's own in-flight counts
@@ -101,8 +104,9 @@ pub enum Rejected {
         /// Why.
         error: SignalError,
     },
-    /// Its version is lower than the one in force, which is still fresh.
-    RolledBack {
+    /// It was in force here before and has since been replaced (a
+    /// replayed answer), and the one in force is still fresh.
+    Replayed {
         /// Its version.
         version: u64,
         /// The version in force.
@@ -124,11 +128,11 @@ impl fmt::Display for Rejected {
                 f,
                 "control snapshot, destination `{name}`, field `{field}`: {error}"
             ),
-            Rejected::RolledBack { version, in_force } => write!(
+            Rejected::Replayed { version, in_force } => write!(
                 f,
-                "control snapshot version {version} is older than the one in force \
-                 ({in_force}): a replayed answer, or a service restarted with its clock behind; \
-                 it is taken only if the one in force goes stale (control.stale_after_ms)"
+                "control snapshot version {version} was in force before and has been replaced \
+                 (now version {in_force}): a replayed answer; it is taken only if the one in \
+                 force goes stale (control.stale_after_ms)"
             ),
         }
     }
@@ -398,8 +402,9 @@ pub fn etag(version: u64, checksum: u32) -> String {
 /// at the default interval.
 pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;
 
-/// How many distinct rejected snapshots a consumer remembers, so that
-/// each is logged and counted once.
+/// How many distinct rejected snapshots a consumer remembers (so that
+/// each is logged and counted once), and how many replaced ones (to know a
+/// replay).
 const REMEMBERED: usize = 16;
 
 /// What a transport delivered to a [`Consumer`].
@@ -465,9 +470,12 @@ pub struct Consumer {
     started_ms: u64,
     /// The ETags of the last rejected snapshots, oldest first.
     refused: Vec<String>,
-    /// The last snapshot refused only for rolling back, and its ETag: taken
-    /// if heard again once the one in force is stale.
-    rolled_back: Option<(String, Resolved)>,
+    /// The ETags of the last snapshots in force here and since replaced,
+    /// oldest first.
+    superseded: Vec<String>,
+    /// The last snapshot refused only as a replay, and its ETag: taken if
+    /// heard again once the one in force is stale.
+    replayed: Option<(String, Resolved)>,
 }
 
 impl Consumer {
@@ -483,7 +491,8 @@ impl Consumer {
             cluster,
             started_ms: now_ms,
             refused: Vec::new(),
-            rolled_back: None,
+            superseded: Vec::new(),
+            replayed: None,
         }
     }
 
@@ -564,10 +573,10 @@ impl Consumer {
             return Verdict::Heard;
         }
         if let Some(in_force) = self.outside.version {
-            if ordered && resolved.version < in_force && !self.stale_at(at_ms) {
+            if ordered && self.superseded.contains(&tag) && !self.stale_at(at_ms) {
                 let version = resolved.version;
-                self.rolled_back = Some((tag.clone(), resolved));
-                return self.refuse(tag, Rejected::RolledBack { version, in_force });
+                self.replayed = Some((tag.clone(), resolved));
+                return self.refuse(tag, Rejected::Replayed { version, in_force });
             }
         }
         self.take(resolved, at_ms)
@@ -578,11 +587,11 @@ impl Consumer {
             self.outside.heard(at_ms);
             return Verdict::Heard;
         }
-        // The rolled-back snapshot heard again: taken once the one in force
-        // is stale.
-        let again = matches!(&self.rolled_back, Some((tag, _)) if tag == etag);
+        // The replayed snapshot heard again: taken once the one in force is
+        // stale.
+        let again = matches!(&self.replayed, Some((tag, _)) if tag == etag);
         if again && self.stale_at(at_ms) {
-            if let Some((_, resolved)) = self.rolled_back.take() {
+            if let Some((_, resolved)) = self.replayed.take() {
                 return self.take(resolved, at_ms);
             }
         }
@@ -591,8 +600,15 @@ impl Consumer {
 
     fn take(&mut self, resolved: Resolved, at_ms: u64) -> Verdict {
         let version = resolved.version;
+        if let Some(old) = self.outside.etag() {
+            remember(&mut self.superseded, old);
+        }
         self.outside.accept(resolved, at_ms);
-        self.rolled_back = None;
+        if let Some(new) = self.outside.etag() {
+            self.superseded.retain(|t| *t != new);
+            self.refused.retain(|t| *t != new);
+        }
+        self.replayed = None;
         log::info!("control snapshot version {version} in force");
         Verdict::Accepted
     }
@@ -601,13 +617,18 @@ impl Consumer {
         let first = !self.refused.contains(&tag);
         if first {
             log::warn!("{why}; keeping the last good snapshot");
-            if self.refused.len() >= REMEMBERED {
-                self.refused.remove(0);
-            }
-            self.refused.push(tag);
+            remember(&mut self.refused, tag);
         }
         Verdict::Refused { why, first }
     }
+}
+
+/// Add `tag` to `list`, forgetting the oldest beyond [`REMEMBERED`].
+fn remember(list: &mut Vec<String>, tag: String) {
+    if list.len() >= REMEMBERED {
+        list.remove(0);
+    }
+    list.push(tag);
 }
 
 /// A consumer reads as what it holds in force (the request path reads

@@ -184,55 +184,71 @@ fn a_304_is_hearing_only_for_the_snapshot_in_force() {
 }
 
 #[test]
-fn a_rollback_is_refused_while_fresh_and_taken_once_stale() {
+fn a_lower_version_not_seen_before_is_taken_at_once() {
+    // The service restarted with its clock stepped back (or another
+    // replica, clock behind): versions are compared for equality.
     let cfg = config();
     let mut c = Consumer::new(&cfg, 0);
-    let newer = bytes(1_000_000, 6, 4, vec![]);
-    c.deliver(&cfg, snap(&newer, 1_000), 1_000);
-    // A replay of an old answer between real ones never wins.
+    c.deliver(&cfg, snap(&bytes(1_000_000, 6, 4, vec![]), 1_000), 1_000);
+    let restarted = bytes(900_000, 3, 1, vec![]);
+    let (v, changed) = c.deliver(&cfg, snap(&restarted, 1_500), 1_500);
+    assert!(v == Verdict::Accepted && changed);
+    assert_eq!(c.outside().version, Some(900_000));
+    assert_eq!(owned(&c, &cfg, 1_500), (Some(3), 1));
+}
+
+#[test]
+fn a_replayed_snapshot_is_refused_while_fresh_and_taken_once_stale() {
+    let cfg = config();
+    let mut c = Consumer::new(&cfg, 0);
     let old = bytes(999_000, 2, 0, vec![]);
-    let (v, _) = c.deliver(&cfg, snap(&old, 1_500), 1_500);
+    let newer = bytes(1_000_000, 6, 4, vec![]);
+    c.deliver(&cfg, snap(&old, 500), 500);
+    c.deliver(&cfg, snap(&newer, 1_000), 1_000);
+    // The replaced one replayed between real answers never wins.
+    let (v, changed) = c.deliver(&cfg, snap(&old, 1_500), 1_500);
     assert_eq!(
         v,
         Verdict::Refused {
-            why: Rejected::RolledBack {
+            why: Rejected::Replayed {
                 version: 999_000,
                 in_force: 1_000_000
             },
             first: true
         }
     );
+    assert!(!changed);
     c.deliver(&cfg, unchanged(&tag(&newer), 2_000), 2_000);
     assert!(matches!(
         c.deliver(&cfg, snap(&old, 4_500), 4_500).0,
         Verdict::Refused { first: false, .. }
     ));
     assert_eq!(c.outside().version, Some(1_000_000));
-    // The service restarted with its clock behind: only lower versions
-    // come. Refused, not heard, until the one in force is stale (3 s after
-    // it was last heard at 2 000), then taken.
-    let restarted = bytes(900_000, 3, 1, vec![]);
+    assert_eq!(c.outside().heard_ms, 2_000, "a replay is not hearing");
+    // Only the replay comes: taken once the one in force is stale (3 s
+    // after it was last heard at 2 000), as the only answer there is.
     assert!(matches!(
-        c.deliver(&cfg, snap(&restarted, 5_000), 5_000).0,
+        c.deliver(&cfg, snap(&old, 5_000), 5_000).0,
         Verdict::Refused { .. }
     ));
     assert_eq!(
-        c.deliver(&cfg, snap(&restarted, 5_001), 5_001).0,
+        c.deliver(&cfg, snap(&old, 5_001), 5_001).0,
         Verdict::Accepted
     );
-    assert_eq!(c.outside().version, Some(900_000));
+    assert_eq!(c.outside().version, Some(999_000));
     assert!(!c.stale());
-    assert_eq!(owned(&c, &cfg, 5_001), (Some(3), 1));
+    assert_eq!(owned(&c, &cfg, 5_001), (Some(2), 0));
 }
 
 #[test]
-fn a_rolled_back_snapshot_heard_as_a_304_is_taken_once_stale() {
+fn a_replay_heard_as_a_304_is_taken_once_stale() {
     // The dynamic module's poller sends the ETag of the last bytes it got,
-    // so a refused rollback comes back as 304s for it.
+    // so a refused replay comes back as 304s for it.
     let cfg = config();
     let mut c = Consumer::new(&cfg, 0);
-    let newer = bytes(50, 6, 4, vec![]);
     let older = bytes(40, 2, 0, vec![]);
+    let newer = bytes(50, 6, 4, vec![]);
+    c.deliver(&cfg, snap(&older, 500), 500);
     c.deliver(&cfg, snap(&newer, 1_000), 1_000);
     assert!(matches!(
         c.deliver(&cfg, snap(&older, 2_000), 2_000).0,
@@ -250,7 +266,7 @@ fn a_rolled_back_snapshot_heard_as_a_304_is_taken_once_stale() {
 }
 
 #[test]
-fn the_same_version_with_other_bytes_is_not_a_rollback() {
+fn the_same_version_with_other_bytes_is_taken() {
     let cfg = config();
     let mut c = Consumer::new(&cfg, 0);
     c.deliver(&cfg, snap(&bytes(7, 6, 4, vec![]), 1_000), 1_000);
@@ -263,11 +279,12 @@ fn the_same_version_with_other_bytes_is_not_a_rollback() {
 }
 
 #[test]
-fn a_relayed_rollback_is_taken_as_the_poller_took_it() {
+fn a_relayed_replay_is_taken_as_the_poller_took_it() {
     let cfg = config();
     let mut worker = Consumer::new(&cfg, 0);
-    worker.deliver(&cfg, snap(&bytes(50, 6, 4, vec![]), 1_000), 1_000);
     let older = bytes(40, 2, 0, vec![]);
+    worker.deliver(&cfg, snap(&older, 500), 500);
+    worker.deliver(&cfg, snap(&bytes(50, 6, 4, vec![]), 1_000), 1_000);
     let relayed = Delivery::Relayed {
         bytes: &older,
         at_ms: 1_100,

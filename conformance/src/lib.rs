@@ -237,28 +237,7 @@ pub struct Case {
 /// Where a host disagrees today with a rule a case encodes: (case, host,
 /// where and why). The case must fail on that host; when it passes, the
 /// host was fixed and the entry goes.
-pub const DIVERGENCES: &[(&str, HostKind, &str)] = &[
-    (
-        "a_rejected_snapshot_is_not_hearing_the_service",
-        HostKind::Dynamic,
-        "dynamic-module/src/poller.rs:246 publishes any snapshot that decodes and \
-         dynamic-module/src/published.rs:40 records it as heard; a fleet that then rejects it \
-         (unknown destination) still counts the service as heard \
-         (dynamic-module/src/fleet.rs:196), so staleness restarts from the rejected answer",
-    ),
-    (
-        "a_rejected_snapshot_is_not_hearing_the_service",
-        HostKind::Sim,
-        "sim/src/policy/ace.rs (Ace::take_snapshot, Ace::tick): the simulator's host never \
-         ages the snapshot in force (no Outside::age call): it cannot go stale",
-    ),
-    (
-        "a_silent_service_goes_stale_and_its_loads_are_dropped",
-        HostKind::Sim,
-        "sim/src/policy/ace.rs (Ace::take_snapshot, Ace::tick): the simulator's host never \
-         ages the snapshot in force (no Outside::age call): it cannot go stale",
-    ),
-];
+pub const DIVERGENCES: &[(&str, HostKind, &str)] = &[];
 
 /// A driver for `kind` running `config`.
 pub fn driver(kind: HostKind, config: &str) -> Box<dyn Driver> {

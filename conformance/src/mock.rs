@@ -7,7 +7,7 @@
 use crate::{Answer, Driver, HostKind, Req, Seen, Service, T0};
 use ace_config::{Control, Trusted};
 use ace_core::fleet::FleetState;
-use ace_flow::control::{self, Outside};
+use ace_flow::control::{Consumer, Delivery};
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
 use ace_flow::request::Counters;
@@ -25,7 +25,7 @@ pub struct Mock {
     /// The fleet's shared state.
     pub fleet: FleetState,
     /// What the control service said.
-    pub outside: Outside,
+    pub outside: Consumer,
     /// The control service's settings, if configured.
     pub control: Option<Control>,
     /// When the mock started (staleness counts from here until heard).
@@ -66,7 +66,7 @@ impl Mock {
             now: T0,
             ids: 0,
             fleet,
-            outside: Outside::new(cfg),
+            outside: Consumer::new(cfg, T0),
             control: cfg.control.clone(),
             started_ms: T0,
             models: cfg.models.clone(),
@@ -92,42 +92,37 @@ impl Mock {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Age the snapshot in force at the current time (the rules:
-    /// `Outside::age`), applying it to the fleet if that changed it.
+    /// Age the snapshot in force at the current time (the one consumer's
+    /// rules: `ace_flow::control::Consumer`), applying it to the fleet if
+    /// that changed it.
     pub fn age(&mut self, setup: &Setup) {
-        if let Some(c) = &self.control {
-            if self.outside.age(c, self.started_ms, self.now) {
-                self.outside
-                    .apply_to(&mut self.fleet, &setup.config, self.now);
-            }
+        if self.control.is_some() && self.outside.age(self.now) {
+            self.outside
+                .apply_to(&mut self.fleet, &setup.config, self.now);
         }
     }
 
     /// One poll of the control service, answered as `service` answers, at
-    /// the current time: a snapshot the configuration takes is in force
-    /// and heard; a rejected one changes nothing and is not heard; a 304
-    /// is heard for the snapshot in force; a failure is nothing.
+    /// the current time, through the one consumer: the poll asks with the
+    /// ETag of the snapshot in force, as the Wasm filter does.
     pub fn poll(&mut self, setup: &Setup, service: &Service) {
         let cfg = &setup.config;
-        match service {
-            Service::Down => {}
-            Service::NotModified => {
-                if self.outside.version.is_some() {
-                    self.outside.heard(self.now);
-                }
+        let now = self.now;
+        let etag = self.outside.etag();
+        let changed = match (service, etag.as_deref()) {
+            (Service::Down, _) | (Service::NotModified, None) => self.outside.age(now),
+            (Service::NotModified, Some(etag)) => {
+                let delivery = Delivery::Unchanged { etag, at_ms: now };
+                self.outside.deliver(cfg, delivery, now).1
             }
-            Service::Serves(bytes) => {
-                if let Ok(control::Answer::Snapshot { resolved, .. }) =
-                    control::answer(cfg, 200, bytes.clone())
-                {
-                    self.outside.accept(*resolved, self.now);
-                }
+            (Service::Serves(bytes), _) => {
+                let delivery = Delivery::Snapshot { bytes, at_ms: now };
+                self.outside.deliver(cfg, delivery, now).1
             }
+        };
+        if changed {
+            self.outside.apply_to(&mut self.fleet, cfg, now);
         }
-        if let Some(c) = &self.control {
-            self.outside.age(c, self.started_ms, self.now);
-        }
-        self.outside.apply_to(&mut self.fleet, cfg, self.now);
     }
 }
 
@@ -212,7 +207,7 @@ impl Host for Mock {
     }
 
     fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
-        let warmth = &self.outside.warmth;
+        let warmth = &self.outside.outside().warmth;
         Ok(op.run(&mut self.fleet, warmth, &self.models, &self.policy, now_ms))
     }
 

@@ -97,8 +97,14 @@ impl Driver for SimDriver {
             let mut next = (self.now - T0) / interval * interval + interval + T0;
             while next <= end {
                 self.now = next;
-                if let Service::Serves(bytes) = &self.service {
-                    self.probe.snapshot(bytes, next);
+                match &self.service {
+                    Service::Serves(bytes) => {
+                        self.probe.snapshot(bytes, next);
+                    }
+                    Service::NotModified => {
+                        self.probe.unchanged(next);
+                    }
+                    Service::Down => {}
                 }
                 next += interval;
             }

@@ -17,7 +17,7 @@
 use crate::published;
 use ace_config::Config;
 use ace_core::fleet::FleetState;
-use ace_flow::control::Outside;
+use ace_flow::control::{Consumer, Verdict};
 use ace_flow::flow::{FleetAnswer, FleetOp};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -30,13 +30,15 @@ pub struct Fleet(Mutex<Inner>);
 struct Inner {
     /// Health, load and prices ([`FleetState`]).
     state: FleetState,
-    /// What the control service said, as the newest configuration reads it.
-    outside: Outside,
-    /// The [`published`] generation `outside` reflects.
+    /// The newest configuration (what the control service says is read
+    /// against it).
+    cfg: Config,
+    /// What the control service said, as the newest configuration's
+    /// consumer took it (nothing, for a configuration without `control`:
+    /// it reads nothing published).
+    consumer: Consumer,
+    /// The [`published`] generation `consumer` has taken.
     generation: u64,
-    /// When the newest configuration arrived (staleness counts from here
-    /// until the service is first heard).
-    since_ms: u64,
 }
 
 /// Every live fleet, by configuration fingerprint.
@@ -66,18 +68,18 @@ impl Fleet {
         let fleet = found.unwrap_or_else(|| {
             let fleet = Arc::new(Fleet(Mutex::new(Inner {
                 state: FleetState::new(n),
-                outside: Outside::new(cfg),
+                cfg: cfg.clone(),
+                consumer: Consumer::new(cfg, now),
                 generation: 0,
-                since_ms: now,
             })));
             registry.push((cfg.fingerprint, Arc::downgrade(&fleet)));
             fleet
         });
         {
             let mut f = lock(&fleet.0);
-            f.outside = Outside::new(cfg);
+            f.cfg = cfg.clone();
+            f.consumer = Consumer::new(cfg, now);
             f.generation = 0;
-            f.since_ms = now;
             f.state
                 .live
                 .iter_mut()
@@ -92,9 +94,12 @@ impl Fleet {
     /// ([`FleetOp::run`]).
     pub fn run(&self, cfg: &Config, now: u64, op: FleetOp<'_, '_>) -> FleetAnswer {
         let mut f = lock(&self.0);
-        f.catch_up(cfg, now);
-        let Inner { state, outside, .. } = &mut *f;
-        op.run(state, &outside.warmth, &cfg.models, &cfg.health, now)
+        f.catch_up(now);
+        let Inner {
+            state, consumer, ..
+        } = &mut *f;
+        let warmth = &consumer.outside().warmth;
+        op.run(state, warmth, &cfg.models, &cfg.health, now)
     }
 
     /// Requests in flight per destination.
@@ -102,52 +107,67 @@ impl Fleet {
         lock(&self.0).state.in_flight.clone()
     }
 
-    /// Whether the snapshot in force is stale (for the gauge).
+    /// Whether the snapshot in force is stale.
     pub fn stale(&self) -> bool {
-        lock(&self.0).outside.stale
+        lock(&self.0).consumer.stale()
     }
 }
 
+/// Bring every live fleet whose configuration has `control` up to what was
+/// published and to `now` (the poller does on its timer, so that a fleet
+/// with no traffic still ages), and return the oldest age (ms) among them
+/// and whether any is stale: the `ace.control.*` gauges. `None`: no such
+/// fleet.
+pub fn catch_up_all(now: u64) -> Option<(u64, bool)> {
+    let fleets: Vec<Arc<Fleet>> = lock(&REGISTRY)
+        .iter()
+        .filter_map(|(_, w)| w.upgrade())
+        .collect();
+    let mut worst: Option<(u64, bool)> = None;
+    for fleet in fleets {
+        let mut f = lock(&fleet.0);
+        if f.cfg.control.is_some() {
+            f.catch_up(now);
+            let (age, stale) = worst.unwrap_or((0, false));
+            let c = &f.consumer;
+            worst = Some((age.max(c.age_ms(now)), stale || c.stale()));
+        }
+    }
+    worst
+}
+
 impl Inner {
-    /// Take what the poller published since the last request: a new
-    /// snapshot, a "not modified", or nothing heard for too long. Two
-    /// atomic loads when nothing changed.
-    fn catch_up(&mut self, cfg: &Config, now: u64) {
-        let Some(control) = &cfg.control else {
+    /// Take what the poller published since the last call, through this
+    /// configuration's consumer, and age the snapshot to `now`. One atomic
+    /// load and no more when nothing changed.
+    fn catch_up(&mut self, now: u64) {
+        if self.cfg.control.is_none() {
             return;
-        };
+        }
+        let consumer = &mut self.consumer;
         let generation = published::generation();
-        let heard = published::heard_ms();
         // The common case: nothing new, and the snapshot's freshness does
         // not change now.
-        let o = &self.outside;
-        let since = o.heard_ms.max(self.since_ms);
         if generation == self.generation
-            && heard <= o.heard_ms
-            && (o.stale || now.saturating_sub(since) <= control.stale_after_ms)
+            && (consumer.stale() || consumer.age_ms(now) <= consumer.stale_after_ms())
         {
             return;
         }
         let mut changed = false;
         if generation != self.generation {
+            let (new, generation) = published::since(self.generation);
             self.generation = generation;
-            if let Some(bytes) = published::snapshot() {
-                match ace_flow::control::decode(cfg, &bytes) {
-                    Ok(resolved) => {
-                        self.outside.accept(resolved, published::heard_ms());
-                        changed = true;
-                    }
-                    Err(e) => log::warn!("{e}; keeping the last good snapshot"),
+            for d in &new {
+                let (verdict, c) = consumer.deliver(&self.cfg, d.delivery(), now);
+                changed |= c;
+                if matches!(verdict, Verdict::Refused { first: true, .. }) {
+                    published::refused(1);
                 }
             }
         }
-        if heard > self.outside.heard_ms {
-            changed |= self.outside.stale;
-            self.outside.heard(heard);
-        }
-        changed |= self.outside.age(control, self.since_ms, now);
+        changed |= consumer.age(now);
         if changed {
-            self.outside.apply_to(&mut self.state, cfg, now);
+            consumer.apply_to(&mut self.state, &self.cfg, now);
         }
     }
 }

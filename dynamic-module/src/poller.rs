@@ -25,275 +25,132 @@
 //! initialized; this one signals at once, in `config_new`: traffic never
 //! waits for the control service.
 //!
-//! Per firing of its timer: the `ace.control.age_ms` gauge (how long since
-//! the service last answered, or since polling began) and
-//! `ace.control.stale` (1 once that passes `stale_after_ms`), then a poll
-//! unless one is in flight, with the last ETag in `If-None-Match`. A 200
-//! whose bytes decode as a snapshot is published (a fleet resolves its
-//! names later, against its own configuration, and may still reject it);
-//! a 304 counts as heard; anything else is an error: counted
-//! (`ace.control.errors`) and logged once per distinct problem, until a
-//! poll succeeds again. Counters `ace.control.polls` and
-//! `ace.control.snapshots` count polls sent and snapshots published.
+//! Per firing of its timer: every fleet catches up with what was
+//! published and ages its snapshot, then the `ace.control.age_ms` gauge
+//! (the oldest fleet's time since the service was last heard by its
+//! configuration, or since polling began) and `ace.control.stale` (1 while
+//! any fleet's snapshot is stale); with no fleet that has a `control`
+//! object, both follow the transport alone (the last 200 or 304). Then a
+//! poll unless one is in flight, with `If-None-Match` the ETag of the last
+//! snapshot received. The poller only moves bytes
+//! ([`ace_flow::control::Poller`] has the transport's steps): a 200's body
+//! is published (a new one counted by `ace.control.snapshots`; the same
+//! bytes as the last one again are published as "not modified" for them),
+//! a 304 is published as "not modified" for the ETag sent, and each fleet
+//! feeds both to its own configuration's consumer
+//! ([`ace_flow::control::Consumer`], which has the rules: a rejected
+//! snapshot, or a 304 for one, is not hearing). A failed poll or any other
+//! status is an error: counted (`ace.control.errors`) and logged once per
+//! distinct problem, until an answer comes again; each snapshot a fleet
+//! rejects is counted there once too. Counter `ace.control.polls` counts
+//! polls sent.
 
-use crate::published;
+use crate::published::{self, Published};
 use ace_config::Control;
 use ace_dynamic_abi::bootstrap::{self, CalloutResult, Response, Timer};
 use ace_dynamic_abi::{EnvoyBuffer, EnvoyHeader, ModulePtr};
-use ace_flow::control::{PollError, Rejected};
+use ace_flow::control::{self, Answered, Reply, Transport};
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::rc::Rc;
+use std::sync::Arc;
 
-/// The poller's metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    /// Counter: polls sent.
-    Polls,
-    /// Counter: new snapshots published.
-    Snapshots,
-    /// Counter: polls that brought nothing usable.
-    Errors,
-    /// Gauge: ms since the service last answered (or polling began).
-    AgeMs,
-    /// Gauge: 1 while that age is over `stale_after_ms`.
-    Stale,
-}
-
-impl Metric {
-    /// Every metric, in id order.
-    pub const ALL: [Metric; 5] = [
-        Metric::Polls,
-        Metric::Snapshots,
-        Metric::Errors,
-        Metric::AgeMs,
-        Metric::Stale,
-    ];
-
-    /// Its name in Envoy's stats.
-    pub fn name(self) -> &'static str {
-        match self {
-            Metric::Polls => "ace.control.polls",
-            Metric::Snapshots => "ace.control.snapshots",
-            Metric::Errors => "ace.control.errors",
-            Metric::AgeMs => "ace.control.age_ms",
-            Metric::Stale => "ace.control.stale",
-        }
-    }
-
-    fn is_counter(self) -> bool {
-        matches!(self, Metric::Polls | Metric::Snapshots | Metric::Errors)
-    }
-}
+pub use ace_flow::control::Metric;
 
 /// What the poller needs of Envoy (and of the process's [`published`]
-/// slot), so that its steps run without either in tests.
-pub trait Host {
-    /// Send a poll; its id, or why it could not be sent.
-    fn send(
-        &mut self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        timeout_ms: u64,
-    ) -> Result<u64, String>;
-    /// Add `n` to a counter.
-    fn count(&mut self, metric: Metric, n: u64);
+/// slot and fleets), so that its steps run without either in tests.
+pub trait Host: Transport {
     /// Set a gauge.
     fn gauge(&mut self, metric: Metric, value: u64);
-    /// Publish a snapshot's bytes, heard at `now_ms`.
-    fn publish(&mut self, bytes: Vec<u8>, now_ms: u64);
-    /// The service answered (perhaps "not modified") at `now_ms`.
-    fn heard(&mut self, now_ms: u64);
-    /// When the service last answered (0: never).
-    fn heard_ms(&self) -> u64;
-}
-
-/// How a poll ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    /// No response (Envoy's reason).
-    Failed(String),
-    /// A response: its `:status` (if it had a readable one), its `etag`
-    /// header and its body.
-    Answer {
-        /// `:status`.
-        status: Option<u32>,
-        /// The `etag` header.
-        etag: Option<String>,
-        /// The body.
-        body: Vec<u8>,
-    },
+    /// Publish a delivery for the fleets.
+    fn publish(&mut self, delivery: Published);
+    /// Bring every fleet up to `now_ms`: the oldest age among those with a
+    /// `control` object and whether any is stale (`None`: no such fleet),
+    /// and how many snapshots they refused for the first time since the
+    /// last call.
+    fn fleets(&mut self, now_ms: u64) -> (Option<(u64, bool)>, u64);
 }
 
 /// The poller's state, host-free.
 #[derive(Debug)]
 pub struct Poller {
-    control: Control,
+    poll: control::Poller,
     /// When polling began (the age counts from here until first heard).
     started_ms: u64,
-    /// The poll in flight: its id and when it was sent.
-    pending: Option<(u64, u64)>,
-    /// The ETag to send in `If-None-Match`.
-    etag: Option<String>,
-    /// The identity ([`ace_snapshot::etag`]) of the last snapshot
-    /// published, so that a service that ignores `If-None-Match` does not
-    /// make every fleet decode the same bytes again.
+    /// When the service last answered (a 200 or a 304; 0: never), for the
+    /// gauges when no fleet reads the control service.
+    answered_ms: u64,
+    /// The ETag of the last snapshot published, so that a service that
+    /// ignores `If-None-Match` does not make every fleet decode the same
+    /// bytes again.
     published: Option<String>,
-    /// The last problem logged, so that a lasting one is logged once.
-    problem: Option<String>,
 }
 
 impl Poller {
     /// A poller for `control`, starting at `now_ms`.
     pub fn new(control: Control, now_ms: u64) -> Poller {
         Poller {
-            control,
+            poll: control::Poller::new(control),
             started_ms: now_ms,
-            pending: None,
-            etag: None,
+            answered_ms: 0,
             published: None,
-            problem: None,
         }
     }
 
     /// The settings.
     pub fn control(&self) -> &Control {
-        &self.control
+        self.poll.control()
     }
 
     /// The poll in flight, if any.
     pub fn pending(&self) -> Option<u64> {
-        self.pending.map(|(id, _)| id)
+        self.poll.pending()
     }
 
     /// The last problem logged (cleared when a poll succeeds).
     pub fn problem(&self) -> Option<&str> {
-        self.problem.as_deref()
+        self.poll.problem()
     }
 
-    /// The timer fired at `now_ms`: set the age gauges, and poll unless a
-    /// poll is in flight.
+    /// The timer fired at `now_ms`: catch the fleets up, set the age
+    /// gauges, and poll unless a poll is in flight.
     pub fn tick(&mut self, host: &mut impl Host, now_ms: u64) {
-        let since = host.heard_ms().max(self.started_ms);
-        let age = now_ms.saturating_sub(since);
+        let (fleets, refused) = host.fleets(now_ms);
+        if refused > 0 {
+            host.count(Metric::Errors, refused);
+        }
+        let (age, stale) = fleets.unwrap_or_else(|| {
+            let age = now_ms.saturating_sub(self.answered_ms.max(self.started_ms));
+            (age, age > self.control().stale_after_ms)
+        });
         host.gauge(Metric::AgeMs, age);
-        host.gauge(Metric::Stale, u64::from(age > self.control.stale_after_ms));
-        if let Some((_, sent_ms)) = self.pending {
-            // Envoy ends every callout by its timeout; one that never came
-            // back is given up, not waited on for ever.
-            let patience = self
-                .control
-                .timeout_ms
-                .saturating_add(self.control.interval_ms);
-            if now_ms.saturating_sub(sent_ms) <= patience {
-                return;
-            }
-            self.pending = None;
-            let problem = format!(
-                "control poll through cluster `{}` never completed; polling again",
-                self.control.cluster
-            );
-            self.trouble(host, problem);
-        }
-        let sent = {
-            let headers = ace_flow::control::poll_headers(&self.control, self.etag.as_deref());
-            host.send(&self.control.cluster, &headers, self.control.timeout_ms)
-        };
-        match sent {
-            Ok(id) => {
-                self.pending = Some((id, now_ms));
-                host.count(Metric::Polls, 1);
-            }
-            Err(why) => {
-                let problem = format!(
-                    "cannot poll the control service through cluster `{}`: {why}; keeping the \
-                     last snapshot",
-                    self.control.cluster
-                );
-                self.trouble(host, problem);
-            }
-        }
+        host.gauge(Metric::Stale, u64::from(stale));
+        let etag = self.published.clone();
+        self.poll.poll(host, etag.as_deref(), now_ms);
     }
 
     /// Poll `id` ended with `reply` at `now_ms` (a reply to anything but
-    /// the poll in flight is ignored).
+    /// the poll in flight is ignored): publish what it brought.
     pub fn done(&mut self, host: &mut impl Host, id: u64, reply: Reply, now_ms: u64) {
-        if self.pending() != Some(id) {
-            return;
-        }
-        self.pending = None;
-        let cluster = &self.control.cluster;
-        let problem = match reply {
-            Reply::Failed(why) => {
-                PollError::Failed(format!("through cluster `{cluster}`: {why}")).to_string()
-            }
-            Reply::Answer {
-                status: Some(304), ..
-            } => {
-                host.heard(now_ms);
-                return self.fine();
-            }
-            Reply::Answer {
-                status: Some(200),
-                etag,
-                body,
-            } => match ace_snapshot::decode(&body) {
-                Ok(_) => {
-                    let identity = ace_snapshot::etag(&body);
-                    if identity.is_some() && identity == self.published {
-                        host.heard(now_ms);
-                    } else {
-                        host.publish(body, now_ms);
-                        host.count(Metric::Snapshots, 1);
-                        self.published = identity.clone();
+        let delivery = match self.poll.answer(host, id, reply) {
+            None => return,
+            Some(Answered::Unchanged(etag)) => Published::Unchanged(etag, now_ms),
+            Some(Answered::Snapshot(bytes)) => {
+                let tag = ace_snapshot::etag(&bytes);
+                match tag {
+                    Some(tag) if self.published.as_deref() == Some(tag.as_str()) => {
+                        Published::Unchanged(tag, now_ms)
                     }
-                    self.etag = etag.filter(|e| !e.is_empty()).or(identity);
-                    return self.fine();
+                    tag => {
+                        self.published = tag;
+                        host.count(Metric::Snapshots, 1);
+                        Published::Snapshot(Arc::new(bytes), now_ms)
+                    }
                 }
-                Err(e) => {
-                    let e = PollError::Rejected(Rejected::Decode(e));
-                    format!("control snapshot from cluster `{cluster}`: {e}")
-                }
-            },
-            Reply::Answer {
-                status: Some(s), ..
-            } => {
-                let hint = if matches!(s, 502..=504) {
-                    " (also Envoy's own answer when it cannot reach the service in time: is \
-                     `ace control serve` running at the cluster's address?)"
-                } else {
-                    ""
-                };
-                format!(
-                    "control poll through cluster `{cluster}`: {}{hint}; keeping the last snapshot",
-                    PollError::Status(s)
-                )
             }
-            Reply::Answer { status: None, .. } => format!(
-                "control poll through cluster `{cluster}`: an answer without a status; keeping \
-                 the last snapshot"
-            ),
         };
-        self.trouble(host, problem);
-    }
-
-    /// Count a failed poll; log `problem` unless it is the one logged last.
-    fn trouble(&mut self, host: &mut impl Host, problem: String) {
-        host.count(Metric::Errors, 1);
-        if self.problem.as_deref() != Some(problem.as_str()) {
-            log::warn!("{problem}");
-            self.problem = Some(problem);
-        }
-    }
-
-    /// A poll went well: the next problem is news again.
-    fn fine(&mut self) {
-        if self.problem.take().is_some() {
-            log::info!(
-                "control service answers again through cluster `{}`",
-                self.control.cluster
-            );
-        }
+        self.answered_ms = self.answered_ms.max(now_ms);
+        host.publish(delivery);
     }
 }
 
@@ -328,7 +185,7 @@ impl Envoy<'_> {
     }
 }
 
-impl Host for Envoy<'_> {
+impl Transport for Envoy<'_> {
     fn send(
         &mut self,
         cluster: &str,
@@ -357,23 +214,22 @@ impl Host for Envoy<'_> {
             self.envoy.increment_counter(id, n);
         }
     }
+}
 
+impl Host for Envoy<'_> {
     fn gauge(&mut self, metric: Metric, value: u64) {
         if let Some(id) = self.id(metric) {
             self.envoy.set_gauge(id, value);
         }
     }
 
-    fn publish(&mut self, bytes: Vec<u8>, now_ms: u64) {
-        published::publish(bytes, now_ms);
+    fn publish(&mut self, delivery: Published) {
+        published::publish(delivery);
     }
 
-    fn heard(&mut self, now_ms: u64) {
-        published::heard(now_ms);
-    }
-
-    fn heard_ms(&self) -> u64 {
-        published::heard_ms()
+    fn fleets(&mut self, now_ms: u64) -> (Option<(u64, bool)>, u64) {
+        let worst = crate::fleet::catch_up_all(now_ms);
+        (worst, published::take_refused())
     }
 }
 
@@ -549,10 +405,6 @@ pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_http_callout_done(
                 .header(":status")
                 .and_then(|s| std::str::from_utf8(s).ok())
                 .and_then(|s| s.parse().ok());
-            let etag = response
-                .header("etag")
-                .and_then(|e| std::str::from_utf8(e).ok())
-                .map(str::to_string);
             // Only a snapshot's body is worth copying.
             let body = if status == Some(200) {
                 response.body().fold(Vec::new(), |mut all, chunk| {
@@ -562,7 +414,7 @@ pub extern "C" fn envoy_dynamic_module_on_bootstrap_extension_http_callout_done(
             } else {
                 Vec::new()
             };
-            Reply::Answer { status, etag, body }
+            Reply::Answer { status, body }
         }
         failed => Reply::Failed(failed.to_string()),
     };
@@ -605,11 +457,13 @@ mod tests {
         refuse: Option<String>,
         counted: Vec<(Metric, u64)>,
         gauges: Vec<(Metric, u64)>,
-        published: Vec<Vec<u8>>,
-        heard_ms: u64,
+        published: Vec<Published>,
+        /// What the fleets report.
+        fleets: Option<(u64, bool)>,
+        refused: u64,
     }
 
-    impl Host for Fake {
+    impl Transport for Fake {
         fn send(&mut self, _: &str, headers: &[(&str, &str)], _: u64) -> Result<u64, String> {
             if let Some(why) = &self.refuse {
                 return Err(why.clone());
@@ -621,18 +475,17 @@ mod tests {
         fn count(&mut self, metric: Metric, n: u64) {
             self.counted.push((metric, n));
         }
+    }
+
+    impl Host for Fake {
         fn gauge(&mut self, metric: Metric, value: u64) {
             self.gauges.push((metric, value));
         }
-        fn publish(&mut self, bytes: Vec<u8>, now_ms: u64) {
-            self.published.push(bytes);
-            self.heard_ms = now_ms;
+        fn publish(&mut self, delivery: Published) {
+            self.published.push(delivery);
         }
-        fn heard(&mut self, now_ms: u64) {
-            self.heard_ms = now_ms;
-        }
-        fn heard_ms(&self) -> u64 {
-            self.heard_ms
+        fn fleets(&mut self, _: u64) -> (Option<(u64, bool)>, u64) {
+            (self.fleets, std::mem::take(&mut self.refused))
         }
     }
 
@@ -650,6 +503,10 @@ mod tests {
                 .rev()
                 .find(|(m, _)| *m == metric)
                 .map(|(_, v)| *v)
+        }
+        fn snapshots(&self) -> usize {
+            let new = |p: &&Published| matches!(p, Published::Snapshot(..));
+            self.published.iter().filter(new).count()
         }
     }
 
@@ -677,11 +534,17 @@ mod tests {
         .unwrap()
     }
 
-    fn ok(body: Vec<u8>, etag: Option<&str>) -> Reply {
+    fn ok(body: Vec<u8>) -> Reply {
         Reply::Answer {
             status: Some(200),
-            etag: etag.map(str::to_string),
             body,
+        }
+    }
+
+    fn not_modified() -> Reply {
+        Reply::Answer {
+            status: Some(304),
+            body: vec![],
         }
     }
 
@@ -695,44 +558,36 @@ mod tests {
         assert!(first.contains(&(":authority".into(), "ace_control".into())));
         assert!(first.contains(&("authorization".into(), "Bearer t".into())));
         assert!(!first.iter().any(|(k, _)| k == "if-none-match"));
-        p.done(&mut h, 1, ok(snapshot(1), Some("\"v1\"")), 1_600);
-        assert_eq!(h.published.len(), 1);
+        p.done(&mut h, 1, ok(snapshot(1)), 1_600);
+        assert_eq!(h.snapshots(), 1);
         assert_eq!(h.count_of(Metric::Snapshots), 1);
         p.tick(&mut h, 2_000);
-        assert!(h.sent[1].contains(&("if-none-match".into(), "\"v1\"".into())));
-        p.done(
-            &mut h,
-            2,
-            Reply::Answer {
-                status: Some(304),
-                etag: None,
-                body: vec![],
-            },
-            2_100,
+        let tag = ace_snapshot::etag(&snapshot(1)).unwrap();
+        assert!(h.sent[1].contains(&("if-none-match".into(), tag.clone())));
+        p.done(&mut h, 2, not_modified(), 2_100);
+        assert_eq!(
+            h.published.last(),
+            Some(&Published::Unchanged(tag, 2_100)),
+            "a 304 is published for the ETag sent"
         );
-        assert_eq!(h.heard_ms, 2_100);
-        assert_eq!(h.published.len(), 1, "a 304 publishes nothing");
+        assert_eq!(h.snapshots(), 1, "a 304 publishes no snapshot");
         assert_eq!(h.count_of(Metric::Polls), 2);
         assert_eq!(h.count_of(Metric::Errors), 0);
     }
 
     #[test]
-    fn the_same_bytes_again_are_heard_not_republished() {
+    fn the_same_bytes_again_are_published_as_unchanged() {
         let (mut p, mut h) = (poller(), Fake::default());
         p.tick(&mut h, 1_000);
-        p.done(&mut h, 1, ok(snapshot(1), None), 1_100);
+        p.done(&mut h, 1, ok(snapshot(1)), 1_100);
         p.tick(&mut h, 1_500);
+        p.done(&mut h, 2, ok(snapshot(1)), 1_600);
+        assert_eq!(h.snapshots(), 1);
         let tag = ace_snapshot::etag(&snapshot(1)).unwrap();
-        assert!(
-            h.sent[1].contains(&("if-none-match".into(), tag)),
-            "without an etag header, the snapshot's own"
-        );
-        p.done(&mut h, 2, ok(snapshot(1), None), 1_600);
-        assert_eq!(h.published.len(), 1);
-        assert_eq!(h.heard_ms, 1_600);
+        assert_eq!(h.published.last(), Some(&Published::Unchanged(tag, 1_600)));
         p.tick(&mut h, 2_000);
-        p.done(&mut h, 3, ok(snapshot(2), None), 2_100);
-        assert_eq!(h.published.len(), 2, "a new version is published");
+        p.done(&mut h, 3, ok(snapshot(2)), 2_100);
+        assert_eq!(h.snapshots(), 2, "a new version is published");
     }
 
     #[test]
@@ -742,7 +597,6 @@ mod tests {
             p.tick(&mut h, *at);
             let reply = Reply::Answer {
                 status: Some(503),
-                etag: None,
                 body: vec![],
             };
             p.done(&mut h, i as u64 + 1, reply, at + 10);
@@ -753,24 +607,19 @@ mod tests {
             problem.contains("503") && problem.contains("ace_control"),
             "{problem}"
         );
+        assert!(h.published.is_empty());
+        // Bytes that do not decode are moved like any: the fleets reject
+        // them, and their first rejections are counted on the next tick.
         p.tick(&mut h, 2_500);
-        p.done(&mut h, 4, ok(b"garbage".to_vec(), None), 2_510);
-        let garbage = p.problem().unwrap();
-        assert!(
-            garbage.contains("keeping the last good snapshot"),
-            "{garbage}"
-        );
-        assert!(
-            h.published.is_empty(),
-            "bytes that do not decode are not published"
-        );
-        p.tick(&mut h, 3_000);
-        p.done(&mut h, 5, ok(snapshot(1), None), 3_010);
+        p.done(&mut h, 4, ok(b"garbage".to_vec()), 2_510);
         assert_eq!(p.problem(), None, "the next problem is news again");
+        h.refused = 2;
+        p.tick(&mut h, 3_000);
+        assert_eq!(h.count_of(Metric::Errors), 5);
     }
 
     #[test]
-    fn age_and_staleness_gauges_follow_the_last_answer() {
+    fn age_and_staleness_gauges_follow_the_fleets_or_else_the_last_answer() {
         let (mut p, mut h) = (poller(), Fake::default());
         p.tick(&mut h, 1_000);
         assert_eq!(h.last_gauge(Metric::AgeMs), Some(0));
@@ -783,10 +632,15 @@ mod tests {
         p.tick(&mut h, 2_600);
         assert_eq!(h.last_gauge(Metric::AgeMs), Some(1_600));
         assert_eq!(h.last_gauge(Metric::Stale), Some(1));
-        p.done(&mut h, 2, ok(snapshot(1), None), 2_700);
+        p.done(&mut h, 2, ok(snapshot(1)), 2_700);
         p.tick(&mut h, 3_000);
         assert_eq!(h.last_gauge(Metric::AgeMs), Some(300));
         assert_eq!(h.last_gauge(Metric::Stale), Some(0));
+        // A fleet that rejected everything since is stale, whatever came.
+        h.fleets = Some((2_000, true));
+        p.tick(&mut h, 3_500);
+        assert_eq!(h.last_gauge(Metric::AgeMs), Some(2_000));
+        assert_eq!(h.last_gauge(Metric::Stale), Some(1));
     }
 
     #[test]
@@ -799,7 +653,7 @@ mod tests {
         h.refuse = None;
         p.tick(&mut h, 1_500);
         assert_eq!(p.pending(), Some(1));
-        p.done(&mut h, 7, ok(snapshot(1), None), 1_600);
+        p.done(&mut h, 7, ok(snapshot(1)), 1_600);
         assert_eq!(p.pending(), Some(1), "another id's answer is ignored");
         p.tick(&mut h, 2_400);
         assert_eq!(h.sent.len(), 1, "within timeout and an interval: wait");

@@ -33,7 +33,7 @@ use crate::host;
 use crate::state::{Mirror, Synced};
 use ace_core::health::Change;
 use ace_flow::config::{Config, Control, Trusted};
-use ace_flow::control::{self, Answer, Heard, Outside};
+use ace_flow::control::{self, Answered, Consumer, Delivery, Heard, Metric, Reply};
 use ace_flow::flow::{
     self, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
 };
@@ -67,8 +67,9 @@ struct Plugin {
     state_key: String,
     /// This worker's copy of the fleet state (one VM is single-threaded).
     mirror: RefCell<Mirror>,
-    /// What the control service said, as this VM applied it.
-    outside: RefCell<Outside>,
+    /// What the control service said, as this VM's consumer took it
+    /// ([`ace_flow::control`] has the rules).
+    outside: RefCell<Consumer>,
     /// Polling the control service, when configured.
     poller: Option<RefCell<Poller>>,
     /// Reused per-request buffers.
@@ -176,11 +177,11 @@ impl RootContext for AceRoot {
                     metrics: Metrics::define(config),
                     state_key: format!("ace.fleet.{:016x}", config.fingerprint),
                     mirror: RefCell::new(Mirror::new(config.destinations.len())),
-                    outside: RefCell::new(Outside::new(config)),
+                    outside: RefCell::new(Consumer::new(config, now)),
                     poller: config
                         .control
                         .clone()
-                        .map(|c| RefCell::new(Poller::new(c, config.fingerprint, now))),
+                        .map(|c| RefCell::new(Poller::new(c, config.fingerprint))),
                     worker: RefCell::new(Worker::default()),
                     ids: RefCell::new(EventIds::new(request::random_u64())),
                     setup,
@@ -314,83 +315,102 @@ impl Plugin {
 
 /// Polling the control service from this worker: one poll per interval
 /// per Envoy, by whichever worker takes the lease in shared data first;
-/// the answer is stored in shared data for the other workers, which
-/// decode each version once ([`ace_flow::control`] has the rules).
+/// the poller's consumer decides, and only a snapshot it took is stored in
+/// shared data for the other workers, which relay it to their own
+/// consumer once per version and checksum ([`ace_flow::control`] has the
+/// rules and the transport steps; here only the lease and the bytes).
 #[derive(Debug)]
 struct Poller {
-    control: Control,
+    /// The transport's state (the poll in flight, problems logged once).
+    poll: control::Poller,
     /// Shared-data keys: the lease, what was heard, the snapshot's bytes.
     lease_key: String,
     heard_key: String,
     snapshot_key: String,
-    /// When polling began (staleness counts from here until first heard).
-    started_ms: u64,
     /// Until when another worker holds the lease, as last read: no need
     /// to read it again before then.
     lease_until: u64,
     /// When to read the shared record of what was heard next (every half
     /// interval: a new snapshot reaches this worker within one).
     next_read_ms: u64,
-    /// The token of this worker's poll in flight.
-    pending: Option<u32>,
-    /// The last problem logged, so that a lasting one is logged once.
+    /// The last problem reading shared data, so that it is logged once.
     problem: Option<String>,
-    /// Counter ids: polls, snapshots taken, errors; gauge ids: the
-    /// snapshot's age (ms) and whether it is stale (0 or 1).
-    polls: u32,
-    snapshots: u32,
-    errors: u32,
-    age_ms: u32,
-    stale: u32,
+    /// Envoy's metric id per [`Metric::ALL`] entry (0: not defined).
+    ids: [u32; 5],
 }
 
+/// The Wasm side of [`control::Transport`]: the SDK's call, and counters.
+struct Calls<'a, F> {
+    ids: &'a [u32; 5],
+    call: Option<F>,
+}
+
+fn metric_id(ids: &[u32; 5], metric: Metric) -> u32 {
+    let i = Metric::ALL.iter().position(|m| *m == metric);
+    i.and_then(|i| ids.get(i)).copied().unwrap_or(0)
+}
+
+impl<F> control::Transport for Calls<'_, F>
+where
+    F: FnOnce(&str, Vec<(&str, &str)>, Duration) -> Result<u32, Status>,
+{
+    fn send(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u64,
+    ) -> Result<u64, String> {
+        let call = self.call.take().ok_or("one call per tick")?;
+        match call(cluster, headers.to_vec(), Duration::from_millis(timeout_ms)) {
+            Ok(token) => Ok(u64::from(token)),
+            Err(s) => Err(format!(
+                "{s:?} (is the cluster defined in Envoy's configuration?)"
+            )),
+        }
+    }
+
+    fn count(&mut self, metric: Metric, n: u64) {
+        let id = metric_id(self.ids, metric);
+        if id != 0 {
+            let _ = host::increment_metric(id, n.min(i64::MAX as u64) as i64);
+        }
+    }
+}
+
+/// A transport that sends nothing (for answers): counters only.
+type Counts<'a> = Calls<'a, fn(&str, Vec<(&str, &str)>, Duration) -> Result<u32, Status>>;
+
 impl Poller {
-    fn new(control: Control, fingerprint: u64, now_ms: u64) -> Poller {
+    fn new(control: Control, fingerprint: u64) -> Poller {
         let key = |what: &str| format!("ace.control.{fingerprint:016x}.{what}");
-        let define = |name: &str, counter: bool| {
-            let id = if counter {
-                host::define_counter(name)
+        let ids = Metric::ALL.map(|m| {
+            let id = if m.is_counter() {
+                host::define_counter(m.name())
             } else {
-                host::define_gauge(name)
+                host::define_gauge(m.name())
             };
             id.unwrap_or_else(|s| {
-                log::warn!("cannot define metric {name}: {s:?}");
+                log::warn!("cannot define metric {}: {s:?}", m.name());
                 0
             })
-        };
+        });
         Poller {
             lease_key: key("lease"),
             heard_key: key("heard"),
             snapshot_key: key("snapshot"),
-            started_ms: now_ms,
             lease_until: 0,
             next_read_ms: 0,
-            pending: None,
             problem: None,
-            polls: define("ace.control.polls", true),
-            snapshots: define("ace.control.snapshots", true),
-            errors: define("ace.control.errors", true),
-            age_ms: define("ace.control.age_ms", false),
-            stale: define("ace.control.stale", false),
-            control,
+            ids,
+            poll: control::Poller::new(control),
         }
     }
 
-    /// Log `problem` unless it is the one logged last; count it.
+    /// Log a shared-data problem unless it is the one logged last.
     fn trouble(&mut self, problem: String) {
-        if self.errors != 0 {
-            let _ = host::increment_metric(self.errors, 1);
-        }
         if self.problem.as_deref() != Some(problem.as_str()) {
             log::warn!("{problem}");
             self.problem = Some(problem);
-        }
-    }
-
-    /// A poll went well: the next problem is news again.
-    fn fine(&mut self) {
-        if self.problem.take().is_some() {
-            log::info!("control service `{}` answers again", self.control.cluster);
         }
     }
 }
@@ -407,62 +427,70 @@ impl Plugin {
             return;
         };
         let mut p = poller.borrow_mut();
-        let cfg = &self.setup.config;
-        let mut outside = self.outside.borrow_mut();
         let mut changed = false;
-        let read = now >= p.next_read_ms;
-        if read {
-            p.next_read_ms = now.saturating_add(p.control.interval_ms / 2);
+        if now >= p.next_read_ms {
+            p.next_read_ms = now.saturating_add(p.poll.control().interval_ms / 2);
+            changed |= self.relay(&mut p, now);
         }
-        let heard = read.then(|| host::shared_data(&p.heard_key));
-        if let Some(Ok((Some(bytes), _))) = heard {
-            if let Some(heard) = Heard::decode(&bytes) {
-                // The service answered (the poller wrote when); whether a
-                // snapshot came with it is a separate question: one that
-                // answers only "not modified", before any snapshot, is
-                // alive all the same, as the dynamic module counts it.
-                let mut alive = true;
-                if !outside.holds(heard.version, heard.checksum) {
-                    match host::shared_data(&p.snapshot_key) {
-                        Ok((Some(snapshot), _)) => match control::decode(cfg, &snapshot) {
-                            Ok(resolved) => {
-                                outside.accept(resolved, heard.at_ms);
-                                changed = true;
-                            }
-                            Err(e) => {
-                                alive = false;
-                                p.trouble(format!("{e}; keeping the last good snapshot"));
-                            }
-                        },
-                        Ok((None, _)) => {}
-                        Err(s) => {
-                            alive = false;
-                            p.trouble(format!("cannot read the control snapshot: {s:?}"));
-                        }
-                    }
-                }
-                if alive && heard.at_ms > outside.heard_ms {
-                    changed |= outside.stale;
-                    outside.heard(heard.at_ms);
-                }
+        let mut consumer = self.outside.borrow_mut();
+        changed |= consumer.age(now);
+        let gauge = |m, v| {
+            let id = metric_id(&p.ids, m);
+            if id != 0 {
+                let _ = host::record_metric(id, v);
             }
-        }
-        changed |= outside.age(&p.control, p.started_ms, now);
-        let since = outside.heard_ms.max(p.started_ms);
-        let _ = host::record_metric(p.age_ms, now.saturating_sub(since));
-        let _ = host::record_metric(p.stale, u64::from(outside.stale));
+        };
+        gauge(Metric::AgeMs, consumer.age_ms(now));
+        gauge(Metric::Stale, u64::from(consumer.stale()));
         if changed {
-            let mut mirror = self.mirror.borrow_mut();
-            outside.apply_to(&mut mirror.state, cfg, now);
+            consumer.apply_to(&mut self.mirror.borrow_mut().state, &self.setup.config, now);
         }
-        drop(outside);
-        if p.pending.is_none() {
+        drop(consumer);
+        if p.poll.pending().is_none() {
             self.poll(&mut p, now, call);
         }
     }
 
+    /// Relay what the poller stored to this worker's consumer: the stored
+    /// snapshot if it is not the one in force, else that the service was
+    /// heard (when). Returns whether what is in force changed.
+    fn relay(&self, p: &mut Poller, now: u64) -> bool {
+        let heard = match host::shared_data(&p.heard_key) {
+            Ok((Some(bytes), _)) => Heard::decode(&bytes),
+            _ => None,
+        };
+        let Some(heard) = heard else {
+            return false;
+        };
+        let cfg = &self.setup.config;
+        let mut consumer = self.outside.borrow_mut();
+        if consumer.holds(heard.version, heard.checksum) {
+            let delivery = Delivery::Unchanged {
+                etag: &heard.etag,
+                at_ms: heard.at_ms,
+            };
+            return consumer.deliver(cfg, delivery, now).1;
+        }
+        match host::shared_data(&p.snapshot_key) {
+            Ok((Some(bytes), _)) => {
+                let delivery = Delivery::Relayed {
+                    bytes: &bytes,
+                    at_ms: heard.at_ms,
+                };
+                consumer.deliver(cfg, delivery, now).1
+            }
+            Ok((None, _)) => false,
+            Err(s) => {
+                drop(consumer);
+                p.trouble(format!("cannot read the control snapshot: {s:?}"));
+                false
+            }
+        }
+    }
+
     /// Poll the control service if the lease is free (one poll per
-    /// interval per Envoy, whichever worker ticks first).
+    /// interval per Envoy, whichever worker ticks first), with the ETag of
+    /// the snapshot in force as the poller stored it.
     fn poll(
         &self,
         p: &mut Poller,
@@ -479,31 +507,23 @@ impl Plugin {
             p.lease_until = control::lease::until(lease.as_deref()).unwrap_or(0);
             return;
         }
-        let taken = control::lease::taken(now, p.control.interval_ms);
+        let taken = control::lease::taken(now, p.poll.control().interval_ms);
         if host::set_shared_data(&p.lease_key, &taken, cas.or(Some(0))).is_err() {
             return; // another worker took it
         }
-        let etag = host::shared_data(&p.heard_key)
-            .ok()
-            .and_then(|(b, _)| Heard::decode(&b?))
-            .map(|h| h.etag)
-            .filter(|e| !e.is_empty());
-        let headers = control::poll_headers(&p.control, etag.as_deref());
-        let timeout = Duration::from_millis(p.control.timeout_ms);
-        match call(&p.control.cluster, headers, timeout) {
-            Ok(token) => {
-                p.pending = Some(token);
-                let _ = host::increment_metric(p.polls, 1);
-            }
-            Err(s) => {
-                let problem = format!(
-                    "cannot poll the control service through cluster `{}`: {s:?} (is the \
-                     cluster defined in Envoy's configuration?)",
-                    p.control.cluster
-                );
-                p.trouble(problem);
-            }
+        // This worker's consumer takes what the last poller stored first,
+        // so that the ETag it sends is the one in force, and a 304 for it
+        // is heard.
+        if self.relay(p, now) {
+            let consumer = self.outside.borrow();
+            consumer.apply_to(&mut self.mirror.borrow_mut().state, &self.setup.config, now);
         }
+        let etag = self.outside.borrow().etag();
+        let mut calls = Calls {
+            ids: &p.ids,
+            call: Some(call),
+        };
+        p.poll.poll(&mut calls, etag.as_deref(), now);
     }
 
     /// The answer to this worker's poll `token`.
@@ -512,75 +532,73 @@ impl Plugin {
             return;
         };
         let mut p = poller.borrow_mut();
-        if p.pending != Some(token) {
+        if p.poll.pending() != Some(u64::from(token)) {
             return;
         }
-        p.pending = None;
         let status = (headers > 0)
             .then(|| host::header_pairs(MapType::HttpCallResponseHeaders).ok())
             .flatten()
             .and_then(|h| ace_flow::headers::number::<u32>(h.get(":status")));
-        let Some(status) = status else {
-            let problem = format!(
-                "control poll through cluster `{}` failed (no answer within {} ms, or no \
-                 healthy host); keeping the last snapshot",
-                p.control.cluster, p.control.timeout_ms
-            );
-            p.trouble(problem);
+        let reply = match status {
+            None => Reply::Failed(format!(
+                "no answer within {} ms, or no healthy host",
+                p.poll.control().timeout_ms
+            )),
+            Some(200) => Reply::Answer {
+                status,
+                body: host::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                    .unwrap_or_default(),
+            },
+            Some(_) => Reply::Answer {
+                status,
+                body: Vec::new(),
+            },
+        };
+        let ids = p.ids;
+        let mut counts: Counts<'_> = Calls {
+            ids: &ids,
+            call: None,
+        };
+        let Some(answered) = p.poll.answer(&mut counts, u64::from(token), reply) else {
             return;
         };
-        let body = if status == 200 {
-            host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
         let cfg = &self.setup.config;
-        let heard = host::shared_data(&p.heard_key)
-            .ok()
-            .and_then(|(b, _)| Heard::decode(&b?))
-            .unwrap_or_default();
-        match control::answer(cfg, status, body) {
-            Ok(Answer::Snapshot {
-                bytes,
-                resolved,
-                etag,
-            }) => {
-                let version = resolved.version;
-                let checksum = resolved.checksum.unwrap_or_default();
-                let stored = host::set_shared_data(&p.snapshot_key, &bytes, None).and_then(|()| {
-                    let heard = Heard {
-                        version,
-                        checksum,
-                        at_ms: now,
-                        etag,
-                    };
-                    host::set_shared_data(&p.heard_key, &heard.encode(), None)
-                });
-                if let Err(s) = stored {
-                    p.trouble(format!("cannot store the control snapshot: {s:?}"));
-                    return;
-                }
-                let _ = host::increment_metric(p.snapshots, 1);
-                p.fine();
-                let mut outside = self.outside.borrow_mut();
-                outside.accept(*resolved, now);
-                outside.apply_to(&mut self.mirror.borrow_mut().state, cfg, now);
+        let mut consumer = self.outside.borrow_mut();
+        let (verdict, changed) = consumer.deliver(cfg, answered.delivery(now), now);
+        use control::{Transport, Verdict};
+        let stored = match (&verdict, &answered) {
+            (Verdict::Accepted, Answered::Snapshot(bytes)) => {
+                counts.count(Metric::Snapshots, 1);
+                Some(host::set_shared_data(&p.snapshot_key, bytes, None))
             }
-            Ok(Answer::NotModified) => {
-                let heard = Heard {
-                    at_ms: now,
-                    ..heard
-                };
-                let _ = host::set_shared_data(&p.heard_key, &heard.encode(), None);
-                p.fine();
-                let mut outside = self.outside.borrow_mut();
-                let was_stale = outside.stale;
-                outside.heard(now);
-                if was_stale {
-                    outside.apply_to(&mut self.mirror.borrow_mut().state, cfg, now);
-                }
+            (Verdict::Heard, _) => Some(Ok(())),
+            (Verdict::Refused { first: true, .. }, _) => {
+                counts.count(Metric::Errors, 1);
+                None
             }
-            Err(e) => p.trouble(e.to_string()),
+            // A 304 is only ever for the ETag sent, the one in force: it
+            // cannot bring a snapshot to store.
+            _ => None,
+        };
+        // What the other workers relay: the snapshot in force and when the
+        // service was last heard, only ever a snapshot this consumer took.
+        if let Some(stored) = stored {
+            let heard = Heard {
+                version: consumer.version.unwrap_or_default(),
+                checksum: consumer.checksum.unwrap_or_default(),
+                at_ms: consumer.heard_ms,
+                etag: consumer.etag().unwrap_or_default(),
+            };
+            let stored =
+                stored.and_then(|()| host::set_shared_data(&p.heard_key, &heard.encode(), None));
+            if let Err(s) = stored {
+                drop(consumer);
+                p.trouble(format!("cannot store the control snapshot: {s:?}"));
+                return;
+            }
+        }
+        if changed {
+            consumer.apply_to(&mut self.mirror.borrow_mut().state, cfg, now);
         }
     }
 }

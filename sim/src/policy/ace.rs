@@ -11,7 +11,8 @@
 //! [`CONTROL_INTERVAL_MS`](crate::engine::CONTROL_INTERVAL_MS) it publishes a snapshot of the simulated fleet
 //! (each GPU server's running and waiting requests, spot prices, eviction
 //! notices as drains, resident models), which goes through the wire format
-//! and [`ace_flow::control::decode`] into the fleet state, as a poll
+//! and the filter's one consumer of control answers
+//! ([`ace_flow::control::Consumer`]) into the fleet state, as a poll
 //! would. Requests are sent as clients send them: the attribute headers
 //! and an OpenAI-style streamed chat body; answers come back as a model
 //! server's (status, `text/event-stream`, a final usage chunk).
@@ -20,7 +21,7 @@ use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
 use crate::fleet::Answer;
 use ace_config::{Config, Trusted};
 use ace_core::fleet::FleetState;
-use ace_flow::control::Outside;
+use ace_flow::control::{Consumer, Delivery};
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
 use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
@@ -36,7 +37,9 @@ struct SimHost {
     id_prefix: u64,
     ids: u64,
     fleet: FleetState,
-    outside: Outside,
+    /// What the simulated control service said, as the filter's consumer
+    /// takes it ([`ace_flow::control`] has the rules).
+    outside: Consumer,
     /// The request headers of the callback in progress.
     headers: Vec<(String, String)>,
     /// The request body chunk of the callback in progress.
@@ -155,9 +158,14 @@ impl Host for Envoy<'_> {
     fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
         let cfg = self.cfg;
         let h = &mut *self.h;
+        // The snapshot in force ages between deliveries, as in every host
+        // that polls (`ace_flow::control::Consumer`).
+        if cfg.control.is_some() && h.outside.age(now_ms) {
+            h.outside.apply_to(&mut h.fleet, cfg, now_ms);
+        }
         Ok(op.run(
             &mut h.fleet,
-            &h.outside.warmth,
+            &h.outside.outside().warmth,
             &cfg.models,
             &cfg.health,
             now_ms,
@@ -250,7 +258,7 @@ impl Ace {
             id_prefix: run,
             ids: 0,
             fleet,
-            outside: Outside::new(cfg),
+            outside: Consumer::new(cfg, EPOCH_MS),
             headers: Vec::new(),
             chunk: Vec::new(),
             response: Vec::new(),
@@ -544,6 +552,7 @@ impl Policy for Ace {
         if !self.control {
             return;
         }
+        // Through the wire format and the one consumer, as a poll would be.
         let snapshot = self.snapshot(w);
         if let Ok(bytes) = ace_snapshot::encode(&snapshot) {
             self.take_snapshot(&bytes, EPOCH_MS + w.now);
@@ -572,16 +581,40 @@ impl Ace {
     /// and applied to the fleet; a snapshot the configuration rejects
     /// leaves the last one in force (false).
     fn take_snapshot(&mut self, bytes: &[u8], now_ms: u64) -> bool {
-        let Ok(resolved) = ace_flow::control::decode(&self.setup.config, bytes) else {
-            return false;
-        };
         let cfg = &self.setup.config;
         let Some(h) = self.host.as_mut() else {
             return false;
         };
-        h.outside.accept(resolved, now_ms);
-        h.outside.apply_to(&mut h.fleet, cfg, now_ms);
-        true
+        let delivery = Delivery::Snapshot {
+            bytes,
+            at_ms: now_ms,
+        };
+        let (verdict, changed) = h.outside.deliver(cfg, delivery, now_ms);
+        if changed {
+            h.outside.apply_to(&mut h.fleet, cfg, now_ms);
+        }
+        verdict == ace_flow::control::Verdict::Accepted
+    }
+
+    /// Take a "not modified" at `now_ms` for the snapshot in force, as a
+    /// poll asking with its ETag would get.
+    fn take_unchanged(&mut self, now_ms: u64) -> bool {
+        let cfg = &self.setup.config;
+        let Some(h) = self.host.as_mut() else {
+            return false;
+        };
+        let Some(etag) = h.outside.etag() else {
+            return false;
+        };
+        let delivery = Delivery::Unchanged {
+            etag: &etag,
+            at_ms: now_ms,
+        };
+        let (verdict, changed) = h.outside.deliver(cfg, delivery, now_ms);
+        if changed {
+            h.outside.apply_to(&mut h.fleet, cfg, now_ms);
+        }
+        verdict == ace_flow::control::Verdict::Heard
     }
 
     /// The model the flow substituted in the request just routed (it
@@ -724,6 +757,13 @@ impl Probe {
     /// simulator takes one every interval; false if it was rejected.
     pub fn snapshot(&mut self, bytes: &[u8], now_ms: u64) -> bool {
         self.ace.take_snapshot(bytes, now_ms)
+    }
+
+    /// The control service answered "not modified" at `now_ms` to a poll
+    /// for the snapshot in force; false if that was not hearing it (no
+    /// snapshot in force).
+    pub fn unchanged(&mut self, now_ms: u64) -> bool {
+        self.ace.take_unchanged(now_ms)
     }
 
     /// The event lines written since the last call.

@@ -175,13 +175,7 @@ impl Put for Option<Text> {
 impl Put for Option<Arc<str>> {
     #[inline(always)]
     fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
-        match self {
-            Some(s) => {
-                out.extend_from_slice(k.key);
-                string(out, s.as_bytes());
-            }
-            None => out.extend_from_slice(k.null),
-        }
+        opt_str(self.as_deref(), k, out);
     }
     fn blank(_: &Arc<str>) -> Self {
         None
@@ -191,16 +185,22 @@ impl Put for Option<Arc<str>> {
 impl Put for Option<&'static str> {
     #[inline(always)]
     fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
-        match self {
-            Some(s) => {
-                out.extend_from_slice(k.key);
-                string(out, s.as_bytes());
-            }
-            None => out.extend_from_slice(k.null),
-        }
+        opt_str(self.as_deref(), k, out);
     }
     fn blank(_: &Arc<str>) -> Self {
         None
+    }
+}
+
+/// An optional string field.
+#[inline(always)]
+fn opt_str(s: Option<&str>, k: &Keys, out: &mut Vec<u8>) {
+    match s {
+        Some(s) => {
+            out.extend_from_slice(k.key);
+            string(out, s.as_bytes());
+        }
+        None => out.extend_from_slice(k.null),
     }
 }
 

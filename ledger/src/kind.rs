@@ -73,6 +73,14 @@ fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
+fn int_val(v: &i64) -> Val {
+    Val::Int(Some(*v))
+}
+
+fn int_get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
+    need(c.int(i)?, i)
+}
+
 fn within_a_day(name: &str, v: u64) -> Result<(), LineError> {
     if v > MAX_LATENCY_MS {
         return Err(LineError::Invalid(format!(
@@ -148,10 +156,10 @@ impl Kind for U32 {
         i64::from(v)
     }
     fn val(v: &i64) -> Val {
-        Val::Int(Some(*v))
+        int_val(v)
     }
     fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-        need(c.int(i)?, i)
+        int_get(c, i)
     }
 }
 
@@ -174,10 +182,10 @@ impl Kind for EpochMs {
         clamp(v)
     }
     fn val(v: &i64) -> Val {
-        Val::Int(Some(*v))
+        int_val(v)
     }
     fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-        need(c.int(i)?, i)
+        int_get(c, i)
     }
 }
 
@@ -193,10 +201,10 @@ impl Kind for Ms {
         clamp(v)
     }
     fn val(v: &i64) -> Val {
-        Val::Int(Some(*v))
+        int_val(v)
     }
     fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-        need(c.int(i)?, i)
+        int_get(c, i)
     }
 }
 

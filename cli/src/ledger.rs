@@ -95,6 +95,17 @@ pub enum Command {
     Export(ExportArgs),
     /// The requests behind a figure: their ids, costs and savings.
     Trace(TraceArgs),
+    /// Migrate a store an earlier `ace` wrote to this release's tables, in
+    /// place, and say what was done (every subcommand also migrates the
+    /// store it opens; this does it alone, e.g. before upgrading a fleet).
+    Migrate(MigrateArgs),
+}
+
+/// Arguments of `ace ledger migrate`.
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    store: StoreArg,
 }
 
 /// Arguments of `ace ledger ingest`.
@@ -180,7 +191,30 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
         Command::Report(a) => report(a),
         Command::Export(a) => export(a),
         Command::Trace(a) => trace(a),
+        Command::Migrate(a) => migrate(a),
     }
+}
+
+fn migrate(a: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let store = ace_ledger::store::open(&a.store.store)?;
+    let done = store.migrated();
+    if done.is_empty() {
+        outln!(
+            "{}: already {}, nothing to do",
+            terminal(&a.store.store),
+            ace_ledger::store::STORE_SCHEMA
+        );
+    } else {
+        outln!(
+            "{}: migrated to {}:",
+            terminal(&a.store.store),
+            ace_ledger::store::STORE_SCHEMA
+        );
+        for sql in done {
+            outln!("  {sql}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {

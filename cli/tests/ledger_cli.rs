@@ -142,3 +142,33 @@ fn config_id(bytes: &[u8]) -> String {
     let out = child.wait_with_output().expect("sha256sum");
     String::from_utf8_lossy(&out.stdout)[..16].to_string()
 }
+
+/// `ace ledger migrate` brings a store an earlier release wrote (here
+/// `ace.ledger/2`, which lacked the `upstream_ms` column) to this
+/// release's tables in place and says what it ran; run again, it has
+/// nothing to do.
+#[test]
+fn migrate_upgrades_an_older_store_in_place() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("old.sqlite");
+    let store = store.to_str().expect("utf8");
+    let (ok, out, err) = ace(dir.path(), &["ledger", "migrate", "--store", store]);
+    assert!(ok, "{err}");
+    assert!(out.contains("nothing to do"), "{out}");
+    rusqlite::Connection::open(store)
+        .expect("sqlite")
+        .execute_batch(
+            "ALTER TABLE ace_events DROP COLUMN upstream_ms;
+             UPDATE ace_meta SET value = 'ace.ledger/2' WHERE key = 'schema';",
+        )
+        .expect("made older");
+    let (ok, out, err) = ace(dir.path(), &["ledger", "migrate", "--store", store]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("migrated to ace.ledger/3")
+            && out.contains("ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT"),
+        "{out}"
+    );
+    let (ok, out, _) = ace(dir.path(), &["ledger", "migrate", "--store", store]);
+    assert!(ok && out.contains("nothing to do"), "{out}");
+}

@@ -26,86 +26,273 @@ pub const PROPERTY: &str = "ace_event";
 use crate::headers::{Pairs, Span};
 use std::sync::Arc;
 
-/// One request's event.
+/// One request's event: the fields of the line, as
+/// [`event_fields!`](crate::event_fields) defines them (see
+/// [`crate::schema`]), and three the line does not carry.
 ///
 /// The text that comes from request headers is not copied: the event
 /// keeps the request's header buffer (already allocated by the one read of
 /// the map) and points into it, so a request costs no allocation per field.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Event {
-    /// [`SCHEMA`].
-    pub schema: &'static str,
-    /// ACE's own id for the request, unique (32 hex digits; a client's
-    /// `x-request-id` may repeat).
-    pub event_id: [u8; 32],
-    /// The configuration the request was decided under
-    /// ([`ace_config::Config::id`]).
-    pub config: Arc<str>,
-    /// The request's headers, which [`Text::Header`] fields point into.
-    pub headers: Pairs,
-    /// Envoy's `x-request-id`.
-    pub request_id: Option<Text>,
-    /// When the decision was made, ms since the Unix epoch.
-    pub time_ms: u64,
-    /// `x-ace-tenant`.
-    pub tenant: Option<Text>,
-    /// `x-ace-data-class`.
-    pub data_class: Option<Text>,
-    /// `x-ace-latency-class`.
-    pub latency_class: Option<Text>,
-    /// The model the client asked for (`x-ace-model`, else the body's
-    /// `model`): a model, or a class of models under model routing.
-    pub model_requested: Option<Text>,
-    /// The model that served it, when model routing chose another than
-    /// the one named (the line's `model_served` is `model_requested`
-    /// otherwise).
-    pub model_served: Option<Text>,
-    /// Destination name, when one was chosen (shared with the
-    /// configuration, not copied).
-    pub destination: Option<Arc<str>>,
-    /// Its tier.
-    pub tier: Option<&'static str>,
-    /// Estimated input tokens.
-    pub tokens_in: u32,
-    /// Estimated output tokens.
-    pub tokens_out: u32,
-    /// Whether the token counts are estimates (true until usage parsing).
-    pub tokens_estimated: bool,
-    /// Response status sent to the client.
-    pub status: u32,
-    /// Time to response headers, ms.
-    pub latency_ms: u64,
-    /// The destination's SLO, ms.
-    pub slo_ms: Option<u64>,
-    /// Whether the SLO held (`None` when there is no SLO).
-    pub slo_met: Option<bool>,
-    /// True marginal cost, USD (0 when refused).
-    pub marginal_usd: f64,
-    /// All-pay-as-you-go counterfactual, USD.
-    pub counterfactual_usd: Option<f64>,
-    /// Decision reason or refusal code.
-    pub reason: &'static str,
-    /// Whether the model was resident on the destination (`None` when
-    /// none was chosen).
-    pub warm: Option<bool>,
-    /// Whether a reserved destination served past its commitment, at its
-    /// overage price.
-    pub overage: bool,
-    /// Whether the upstream reported more tokens than the request allowed
-    /// (the counts are capped; the excess is not booked).
-    pub usage_capped: bool,
-    /// Whether the answer came from ACE's cache.
-    pub cached: bool,
-    /// A hit checked against the upstream (reason `cache_check`) whose
-    /// fresh answer said something else than the cached one.
-    pub cache_false_hit: bool,
-    /// The request's tenant as a health key (not logged): the tenant
-    /// attribute's value index plus one, 1 without tenants.
-    pub tenant_key: u32,
-    /// When the upstream had the whole request, ms (not logged): latency
-    /// for health is measured from here, so a client's slow upload is not
-    /// the destination's slowness.
-    pub sent_ms: u64,
+macro_rules! define_event {
+    (
+        $(#[doc = $fdoc:literal])* $first:ident : $ffty:ty $(, via $fvia:ident)? => $fkind:ident, $fpresence:ident;
+        $( $(#[doc = $doc:literal])* $name:ident : $fty:ty $(, via $via:ident)? => $kind:ident, $presence:ident; )*
+    ) => {
+        /// One request's event (see [`crate::schema`] for its fields).
+        #[derive(Debug, Clone, PartialEq, Default)]
+        pub struct Event {
+            $(#[doc = $fdoc])* pub $first: $ffty,
+            $( $(#[doc = $doc])* pub $name: $fty, )*
+            /// The request's headers, which [`Text::Header`] fields point
+            /// into (not logged).
+            pub headers: Pairs,
+            /// The request's tenant as a health key (not logged): the
+            /// tenant attribute's value index plus one, 1 without tenants.
+            pub tenant_key: u32,
+            /// When the upstream had the whole request, ms (not logged):
+            /// latency for health is measured from here, so a client's
+            /// slow upload is not the destination's slowness.
+            pub sent_ms: u64,
+        }
+
+        impl Event {
+            /// An event with every field empty (null, 0, `false`) but its
+            /// configuration and headers: what a request starts from,
+            /// without building (and dropping) a default `Arc`.
+            pub fn blank(config: &Arc<str>, headers: Pairs) -> Event {
+                Event {
+                    $first: <$ffty as Put>::blank(config),
+                    $( $name: <$fty as Put>::blank(config), )*
+                    headers,
+                    tenant_key: 0,
+                    sent_ms: 0,
+                }
+            }
+
+            /// Every field, the first as `{"name":value`, the others as
+            /// `,"name":value`.
+            #[inline(always)]
+            fn write_fields(&self, out: &mut Vec<u8>) {
+                put_field!(self, out, "{", $first $(; $fvia)?);
+                $( put_field!(self, out, ",", $name $(; $via)?); )*
+            }
+        }
+    };
+}
+
+/// Write one field: `prefix`, its key, its value (one copy for the key and
+/// a constant value).
+macro_rules! put_field {
+    ($e:expr, $out:expr, $prefix:literal, $name:ident $(; $via:ident)?) => {{
+        const KEYS: Keys = Keys {
+            key: concat!($prefix, "\"", stringify!($name), "\":").as_bytes(),
+            t: concat!($prefix, "\"", stringify!($name), "\":true").as_bytes(),
+            f: concat!($prefix, "\"", stringify!($name), "\":false").as_bytes(),
+            null: concat!($prefix, "\"", stringify!($name), "\":null").as_bytes(),
+        };
+        Put::put(field_value!($e; $name $(; $via)?), $e, &KEYS, $out);
+    }};
+}
+
+/// The value the writer writes for a field: the field, or its getter's.
+macro_rules! field_value {
+    ($e:expr; $name:ident) => {
+        &$e.$name
+    };
+    ($e:expr; $name:ident; $via:ident) => {
+        $e.$via()
+    };
+}
+
+crate::event_fields!(define_event);
+
+/// A field's key written alone and with each constant value, so that a
+/// boolean or a null costs one copy.
+struct Keys {
+    key: &'static [u8],
+    t: &'static [u8],
+    f: &'static [u8],
+    null: &'static [u8],
+}
+
+/// How a field's Rust type is written (and what a blank event holds).
+trait Put {
+    /// Write `,"name":value`.
+    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>);
+    /// The empty value (`config` is the request's configuration id).
+    fn blank(config: &Arc<str>) -> Self;
+}
+
+impl Put for &'static str {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(k.key);
+        string(out, self.as_bytes());
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        ""
+    }
+}
+
+impl Put for [u8; 32] {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(k.key);
+        string(out, self);
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        [0; 32]
+    }
+}
+
+impl Put for Arc<str> {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(k.key);
+        string(out, self.as_bytes());
+    }
+    fn blank(config: &Arc<str>) -> Self {
+        Arc::clone(config)
+    }
+}
+
+impl Put for Option<Text> {
+    #[inline(always)]
+    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
+        match e.bytes(self) {
+            Some(b) => {
+                out.extend_from_slice(k.key);
+                string(out, b);
+            }
+            None => out.extend_from_slice(k.null),
+        }
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
+    }
+}
+
+impl Put for Option<Arc<str>> {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        opt_str(self.as_deref(), k, out);
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
+    }
+}
+
+impl Put for Option<&'static str> {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        opt_str(self.as_deref(), k, out);
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
+    }
+}
+
+/// An optional string field.
+#[inline(always)]
+fn opt_str(s: Option<&str>, k: &Keys, out: &mut Vec<u8>) {
+    match s {
+        Some(s) => {
+            out.extend_from_slice(k.key);
+            string(out, s.as_bytes());
+        }
+        None => out.extend_from_slice(k.null),
+    }
+}
+
+impl Put for u32 {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(k.key);
+        out.extend_from_slice(itoa::Buffer::new().format(*self).as_bytes());
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        0
+    }
+}
+
+impl Put for u64 {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(k.key);
+        out.extend_from_slice(itoa::Buffer::new().format(*self).as_bytes());
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        0
+    }
+}
+
+impl Put for Option<u64> {
+    #[inline(always)]
+    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
+        match self {
+            Some(v) => v.put(e, k, out),
+            None => out.extend_from_slice(k.null),
+        }
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
+    }
+}
+
+impl Put for bool {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(if *self { k.t } else { k.f });
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        false
+    }
+}
+
+impl Put for Option<bool> {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        out.extend_from_slice(match self {
+            Some(true) => k.t,
+            Some(false) => k.f,
+            None => k.null,
+        });
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
+    }
+}
+
+/// A dollar amount as a JSON number: fixed-point, rounded to the
+/// picodollar (1e-12 USD, far below any price), which formats with integer
+/// arithmetic; amounts of ten million dollars and more use the shortest
+/// round-trip form; `null` if not finite (JSON has no NaN or infinity).
+impl Put for f64 {
+    #[inline(always)]
+    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
+        if self.is_finite() {
+            out.extend_from_slice(k.key);
+            out.extend_from_slice(UsdBuffer::default().format_bytes(*self));
+        } else {
+            out.extend_from_slice(k.null);
+        }
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        0.0
+    }
+}
+
+impl Put for Option<f64> {
+    #[inline(always)]
+    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
+        match self {
+            Some(v) => v.put(e, k, out),
+            None => out.extend_from_slice(k.null),
+        }
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
+    }
 }
 
 /// A text field of an [`Event`].
@@ -165,112 +352,22 @@ impl Event {
     }
 
     /// Write the JSON line into `out`, replacing what it held. Fields are
-    /// always present (`null` when unknown), in a fixed order.
+    /// always present (`null` when unknown), in the order
+    /// [`event_fields!`](crate::event_fields) lists them.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         out.clear();
-        out.extend_from_slice(b"{\"schema\":");
-        string(out, self.schema.as_bytes());
-        out.extend_from_slice(b",\"event_id\":");
-        string(out, &self.event_id);
-        out.extend_from_slice(b",\"config\":");
-        string(out, self.config.as_bytes());
-        out.extend_from_slice(b",\"request_id\":");
-        self.opt_text(out, &self.request_id);
-        out.extend_from_slice(b",\"time_ms\":");
-        out.extend_from_slice(itoa::Buffer::new().format(self.time_ms).as_bytes());
-        out.extend_from_slice(b",\"tenant\":");
-        self.opt_text(out, &self.tenant);
-        out.extend_from_slice(b",\"data_class\":");
-        self.opt_text(out, &self.data_class);
-        out.extend_from_slice(b",\"latency_class\":");
-        self.opt_text(out, &self.latency_class);
-        out.extend_from_slice(b",\"model_requested\":");
-        self.opt_text(out, &self.model_requested);
-        out.extend_from_slice(b",\"model_served\":");
+        self.write_fields(out);
+        out.push(b'}');
+    }
+
+    /// The model that served the request: the one routing chose, else the
+    /// one asked for.
+    pub fn served(&self) -> &Option<Text> {
         if self.model_served.is_some() {
-            self.opt_text(out, &self.model_served);
+            &self.model_served
         } else {
-            self.opt_text(out, &self.model_requested);
+            &self.model_requested
         }
-        out.extend_from_slice(b",\"destination\":");
-        opt_string(out, self.destination.as_deref());
-        out.extend_from_slice(b",\"tier\":");
-        opt_string(out, self.tier);
-        out.extend_from_slice(b",\"tokens_in\":");
-        out.extend_from_slice(itoa::Buffer::new().format(self.tokens_in).as_bytes());
-        out.extend_from_slice(b",\"tokens_out\":");
-        out.extend_from_slice(itoa::Buffer::new().format(self.tokens_out).as_bytes());
-        out.extend_from_slice(if self.tokens_estimated {
-            b",\"tokens_estimated\":true,\"status\":"
-        } else {
-            b",\"tokens_estimated\":false,\"status\":"
-        });
-        out.extend_from_slice(itoa::Buffer::new().format(self.status).as_bytes());
-        out.extend_from_slice(b",\"latency_ms\":");
-        out.extend_from_slice(itoa::Buffer::new().format(self.latency_ms).as_bytes());
-        out.extend_from_slice(b",\"slo_ms\":");
-        match self.slo_ms {
-            Some(v) => out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()),
-            None => out.extend_from_slice(b"null"),
-        }
-        out.extend_from_slice(match self.slo_met {
-            Some(true) => b",\"slo_met\":true,\"marginal_usd\":",
-            Some(false) => b",\"slo_met\":false,\"marginal_usd\":",
-            None => b",\"slo_met\":null,\"marginal_usd\":",
-        });
-        number(out, self.marginal_usd);
-        out.extend_from_slice(b",\"counterfactual_usd\":");
-        match self.counterfactual_usd {
-            Some(v) => number(out, v),
-            None => out.extend_from_slice(b"null"),
-        }
-        out.extend_from_slice(b",\"reason\":");
-        string(out, self.reason.as_bytes());
-        out.extend_from_slice(match self.warm {
-            Some(true) => b",\"warm\":true",
-            Some(false) => b",\"warm\":false",
-            None => b",\"warm\":null",
-        });
-        out.extend_from_slice(if self.overage {
-            b",\"overage\":true"
-        } else {
-            b",\"overage\":false"
-        });
-        out.extend_from_slice(if self.usage_capped {
-            b",\"usage_capped\":true"
-        } else {
-            b",\"usage_capped\":false"
-        });
-        out.extend_from_slice(if self.cached {
-            b",\"cached\":true"
-        } else {
-            b",\"cached\":false"
-        });
-        out.extend_from_slice(if self.cache_false_hit {
-            b",\"cache_false_hit\":true}"
-        } else {
-            b",\"cache_false_hit\":false}"
-        });
-    }
-
-    fn opt_text(&self, out: &mut Vec<u8>, t: &Option<Text>) {
-        match self.bytes(t) {
-            Some(b) => string(out, b),
-            None => out.extend_from_slice(b"null"),
-        }
-    }
-}
-
-/// A dollar amount as a JSON number: fixed-point, rounded to the
-/// picodollar (1e-12 USD, far below any price), which formats with integer
-/// arithmetic; amounts of ten million dollars and more use the shortest
-/// round-trip form; `null` if not finite (JSON has no NaN or infinity).
-fn number(out: &mut Vec<u8>, v: f64) {
-    if v.is_finite() {
-        let mut buf = UsdBuffer::default();
-        out.extend_from_slice(buf.format_bytes(v));
-    } else {
-        out.extend_from_slice(b"null");
     }
 }
 
@@ -385,13 +482,6 @@ fn needs_escape(b: &[u8]) -> bool {
     flagged(a)
 }
 
-fn opt_string(out: &mut Vec<u8>, s: Option<&str>) {
-    match s {
-        Some(s) => string(out, s.as_bytes()),
-        None => out.extend_from_slice(b"null"),
-    }
-}
-
 /// The lowercase hex digit of `n` (its low four bits).
 pub fn hex_digit(n: u8) -> u8 {
     match n & 15 {
@@ -478,6 +568,7 @@ mod tests {
             event_id: *b"0123456789abcdef0000000000000001",
             config: "00112233aabbccdd".into(),
             warm: Some(true),
+            upstream_ms: Some(9),
             ..Event::default()
         };
         let line = e.to_json();
@@ -497,7 +588,7 @@ mod tests {
              \"model_served\":\"m\",\"destination\":\"owned\",\"tier\":\"inhouse\",\"tokens_in\":10,\
              \"tokens_out\":20,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
              \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\",\
-             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false}"
+             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false,\"upstream_ms\":9}"
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         for k in [

@@ -1218,8 +1218,15 @@ impl Flow {
         // From when the upstream had the whole request; from the decision
         // if it answered before the request ended.
         let latency_ms = now.saturating_sub(if sent > 0 { sent } else { started });
-        let upstream = matches!(status, 0 | 500..=599)
-            && host.response_header(request::UPSTREAM_TIME_HEADER, |v| v.is_some());
+        // Present only on an upstream's answer; its value is the
+        // upstream's own time.
+        let service_time = host.response_header(request::UPSTREAM_TIME_HEADER, |v| {
+            v.map(|v| headers::number::<u64>(Some(v)))
+        });
+        if let Some(e) = self.event.as_mut() {
+            e.upstream_ms = service_time.flatten();
+        }
+        let upstream = matches!(status, 0 | 500..=599) && service_time.is_some();
         let outcome = if status == 429 {
             host.response_header("retry-after", |v| {
                 request::outcome(status, v, upstream, tenant, latency_ms, slo_ms)

@@ -33,6 +33,7 @@ pub mod flow;
 pub mod headers;
 pub mod request;
 pub mod routing;
+pub mod schema;
 pub mod usage;
 
 pub use ace_config as config;

@@ -65,39 +65,19 @@ pub fn capture(cfg: &Config, headers: Pairs, now: u64, event_id: [u8; 32]) -> He
         span(latency_class),
         span(request_id),
     );
+    // The rest blank (`Event::blank`, not `..Event::default()`, which
+    // would build and drop a default `Arc` per request).
     let mut event = Event {
         schema: event::SCHEMA,
         event_id,
-        config: std::sync::Arc::clone(&cfg.id),
-        headers,
         request_id,
         time_ms: now,
         tenant,
         data_class,
         latency_class,
         model_requested: model,
-        model_served: None,
-        destination: None,
-        tier: None,
-        tokens_in: 0,
-        tokens_out: 0,
         tokens_estimated: true,
-        status: 0,
-        latency_ms: 0,
-        slo_ms: None,
-        slo_met: None,
-        marginal_usd: 0.0,
-        counterfactual_usd: None,
-        reason: "",
-        // Every field spelled out: `..Event::default()` would build (and
-        // drop) a whole default event, its `Arc` included, per request.
-        warm: None,
-        overage: false,
-        usage_capped: false,
-        cached: false,
-        cache_false_hit: false,
-        tenant_key: 0,
-        sent_ms: 0,
+        ..Event::blank(&cfg.id, headers)
     };
     // A verified source's value stands in the event for what the client's
     // header claimed.

@@ -382,12 +382,17 @@ fn personal_data_stays_in_the_eu_and_is_refused_when_the_eu_is_down() {
     let e = send(&s, &w, &mut m, &req("personal_eu"), ok);
     assert_eq!(e["status"], 503, "{e}");
     assert_eq!(e["reason"], "no_healthy_destination");
+    assert_eq!(e["upstream_ms"], Value::Null, "no upstream answered");
     let (status, body) = m.replies.last().cloned().unwrap_or_else(|| panic!());
     assert_eq!(status, 503);
     assert_eq!(body["error"]["type"], "no_feasible_destination");
     // Public data spills to the API meanwhile.
     let e = send(&s, &w, &mut m, &req("public"), ok);
     assert_eq!(e["destination"], "us-api", "{e}");
+    assert_eq!(
+        e["upstream_ms"], 3,
+        "the upstream's own time, from Envoy's header"
+    );
     finish(&s, &w, &mut m, a, Some(ok("")), 5);
     finish(&s, &w, &mut m, b, Some(ok("")), 5);
     assert_eq!(m.fleet.in_flight, vec![0, 0], "every slot released");

@@ -31,80 +31,54 @@ pub const MAX_TIME_MS: u64 = 4_102_444_800_000;
 /// summed per pool, so an absurd one would claim a pool busy for ages.
 pub const MAX_LATENCY_MS: u64 = 86_400_000;
 
-/// The schema this ledger reads in full.
-pub const SCHEMA_V2: &str = "ace.event/2";
+/// The schema this ledger reads in full: the one the filter of this
+/// release writes.
+pub const SCHEMA_V2: &str = ace_flow::event::SCHEMA;
 /// The older schema: no `event_id`, `config`, `warm`, `overage`,
 /// `usage_capped` or `cached`.
 pub const SCHEMA_V1: &str = "ace.event/1";
 
-/// One request's event, as logged.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Event {
-    /// [`SCHEMA_V2`] or [`SCHEMA_V1`].
-    pub schema: String,
-    /// 32 lowercase hex digits (v2); for v1, derived from the line.
-    #[serde(default)]
-    pub event_id: Option<String>,
-    /// First 16 hex digits of the SHA-256 of the plugin configuration
-    /// (v2); for v1, the configuration given at ingest.
-    #[serde(default)]
-    pub config: Option<String>,
-    /// Envoy's `x-request-id`.
-    pub request_id: Option<String>,
-    /// Decision time, ms since the Unix epoch.
-    pub time_ms: u64,
-    /// `x-ace-tenant`.
-    pub tenant: Option<String>,
-    /// `x-ace-data-class`.
-    pub data_class: Option<String>,
-    /// `x-ace-latency-class`.
-    pub latency_class: Option<String>,
-    /// The model asked for.
-    pub model_requested: Option<String>,
-    /// The model that served it.
-    pub model_served: Option<String>,
-    /// The destination chosen (none when refused).
-    pub destination: Option<String>,
-    /// Its tier.
-    pub tier: Option<String>,
-    /// Input tokens (actual when the upstream reported usage).
-    pub tokens_in: u32,
-    /// Output tokens.
-    pub tokens_out: u32,
-    /// Whether the counts are estimates.
-    pub tokens_estimated: bool,
-    /// Status sent to the client (0 when none).
-    pub status: u32,
-    /// Time to response headers, ms.
-    pub latency_ms: u64,
-    /// The destination's SLO, ms.
-    pub slo_ms: Option<u64>,
-    /// Whether it held.
-    pub slo_met: Option<bool>,
-    /// The filter's marginal cost, USD (checked, never booked).
-    pub marginal_usd: Option<f64>,
-    /// The filter's counterfactual, USD (checked, never booked).
-    pub counterfactual_usd: Option<f64>,
-    /// Decision reason or refusal code.
-    pub reason: String,
-    /// Whether the model was resident (null when no destination).
-    #[serde(default)]
-    pub warm: Option<bool>,
-    /// A reserved destination served past its cap at its overage price.
-    #[serde(default)]
-    pub overage: bool,
-    /// The upstream reported more tokens than the request allowed.
-    #[serde(default)]
-    pub usage_capped: bool,
-    /// Served from cache.
-    #[serde(default)]
-    pub cached: bool,
-    /// A cache hit the filter checked against the upstream (reason
-    /// `cache_check`) whose fresh answer differed: a false hit, which the
-    /// window rule counts.
-    #[serde(default)]
-    pub cache_false_hit: bool,
+/// The reader's struct: one field per entry of `ace_flow::event_fields!`,
+/// typed by its kind ([`crate::kind`]); a field `Added` after
+/// `ace.event/1` defaults (null, `false`) when a line lacks it.
+macro_rules! reader_struct {
+    (@acc [$($out:tt)*]) => {
+        /// One request's event, as logged (its fields are
+        /// `ace_flow::event_fields!`).
+        #[derive(Debug, Clone, PartialEq, Deserialize)]
+        pub struct Event { $($out)* }
+    };
+    (@acc [$($out:tt)*] $(#[doc = $doc:literal])* $name:ident : $fty:ty $(, via $via:ident)? => $kind:ident, Always; $($rest:tt)*) => {
+        reader_struct! { @acc [$($out)* $(#[doc = $doc])* pub $name: <$crate::kind::$kind as $crate::kind::Kind>::Read,] $($rest)* }
+    };
+    (@acc [$($out:tt)*] $(#[doc = $doc:literal])* $name:ident : $fty:ty $(, via $via:ident)? => $kind:ident, Added; $($rest:tt)*) => {
+        reader_struct! { @acc [$($out)* $(#[doc = $doc])* #[serde(default)] pub $name: <$crate::kind::$kind as $crate::kind::Kind>::Read,] $($rest)* }
+    };
+    ($($entries:tt)*) => {
+        reader_struct! { @acc [] $($entries)* }
+    };
 }
+ace_flow::event_fields!(reader_struct);
+
+/// Each field's check and storable text, by its kind.
+macro_rules! reader_checks {
+    ($( $(#[doc = $doc:literal])* $name:ident : $fty:ty $(, via $via:ident)? => $kind:ident, $presence:ident; )*) => {
+        impl Event {
+            /// Refuse a field outside what the ledger books (a time or
+            /// latency out of range), naming it.
+            fn check_fields(&self) -> Result<(), LineError> {
+                $( <$crate::kind::$kind as $crate::kind::Kind>::check(stringify!($name), &self.$name)?; )*
+                Ok(())
+            }
+
+            /// Make every text field storable.
+            fn make_storable(&mut self) {
+                $( <$crate::kind::$kind as $crate::kind::Kind>::storable(&mut self.$name); )*
+            }
+        }
+    };
+}
+ace_flow::event_fields!(reader_checks);
 
 /// Why a line is not an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,48 +140,6 @@ fn escape_invalid_utf8(line: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-impl Event {
-    /// Every optional text field, to make them storable at once.
-    fn optional_texts(&mut self) -> [&mut Option<String>; 10] {
-        [
-            &mut self.event_id,
-            &mut self.config,
-            &mut self.request_id,
-            &mut self.tenant,
-            &mut self.data_class,
-            &mut self.latency_class,
-            &mut self.model_requested,
-            &mut self.model_served,
-            &mut self.destination,
-            &mut self.tier,
-        ]
-    }
-
-    /// Refuse a time or latency outside the bounds, naming the field.
-    fn check_ranges(&self) -> Result<(), LineError> {
-        if !(MIN_TIME_MS..MAX_TIME_MS).contains(&self.time_ms) {
-            return Err(LineError::Invalid(format!(
-                "field `time_ms` is {}, outside the times the ledger books \
-                 ({MIN_TIME_MS}..{MAX_TIME_MS}: 2000-01-01 to 2100-01-01 UTC, in ms since the \
-                 epoch); the writer's clock or the line is wrong",
-                self.time_ms
-            )));
-        }
-        for (name, v) in [
-            ("latency_ms", Some(self.latency_ms)),
-            ("slo_ms", self.slo_ms),
-        ] {
-            if let Some(v) = v.filter(|v| *v > MAX_LATENCY_MS) {
-                return Err(LineError::Invalid(format!(
-                    "field `{name}` is {v}, more than the ledger books ({MAX_LATENCY_MS} ms, \
-                     one day); the line is wrong"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Parse one line (without its newline). A v1 line gets its key from the
 /// line and `v1_config` as its configuration.
 pub fn parse(line: &[u8], v1_config: Option<&str>) -> Result<Event, LineError> {
@@ -238,9 +170,8 @@ pub fn parse(line: &[u8], v1_config: Option<&str>) -> Result<Event, LineError> {
     }
     let mut e: Event = serde_json::from_slice(trimmed)
         .map_err(|e| LineError::Invalid(format!("field error: {e}")))?;
-    e.check_ranges()?;
-    storable(&mut e.reason);
-    e.optional_texts().into_iter().flatten().for_each(storable);
+    e.check_fields()?;
+    e.make_storable();
     if e.schema == SCHEMA_V1 {
         e.event_id = Some(line_key(original));
         e.config = v1_config.map(str::to_string);
@@ -291,5 +222,45 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("`config`"));
+    }
+
+    /// A field added later (`upstream_ms`): lines written before it was
+    /// (the `V2` line above has none) still read, as null; lines that
+    /// carry it read it; an absurd value is refused naming it.
+    #[test]
+    fn a_field_added_later_is_optional_in_older_lines() {
+        assert_eq!(parse(V2.as_bytes(), None).unwrap().upstream_ms, None);
+        let with = V2.replace("\"cached\":false}", "\"cached\":false,\"upstream_ms\":7}");
+        assert_eq!(parse(with.as_bytes(), None).unwrap().upstream_ms, Some(7));
+        let absurd = with.replace(":7}", ":172800000}");
+        let e = parse(absurd.as_bytes(), None).unwrap_err().to_string();
+        assert!(e.contains("`upstream_ms`"), "{e}");
+    }
+
+    /// The writer's line reads back field for field.
+    #[test]
+    fn the_writers_line_reads_back() {
+        let e = ace_flow::event::Event {
+            schema: ace_flow::event::SCHEMA,
+            event_id: *b"0123456789abcdef0123456789abcdef",
+            config: "0123456789abcdef".into(),
+            time_ms: 1_796_342_400_000,
+            tenant: Some("t".into()),
+            tokens_in: 3,
+            latency_ms: 40,
+            marginal_usd: 0.5,
+            reason: "cheapest",
+            cache_false_hit: true,
+            upstream_ms: Some(31),
+            ..Default::default()
+        };
+        let r = parse(e.to_json().as_bytes(), None).unwrap();
+        assert_eq!(r.tenant.as_deref(), Some("t"));
+        assert_eq!(
+            (r.tokens_in, r.latency_ms, r.upstream_ms),
+            (3, 40, Some(31))
+        );
+        assert_eq!(r.marginal_usd, Some(0.5));
+        assert!(r.cache_false_hit);
     }
 }

@@ -28,6 +28,7 @@ pub mod event;
 pub mod focus;
 pub mod html;
 pub mod ingest;
+pub mod kind;
 pub mod money;
 pub mod price;
 pub mod report;

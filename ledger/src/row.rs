@@ -1,96 +1,120 @@
 //! The stored record of one event: what was logged plus the ledger's own
 //! figures, in one flat shape that both stores hold column for column.
 //!
-//! The column list lives here once, with the conversions to and from
-//! untyped column values, so SQLite and PostgreSQL cannot drift apart.
+//! The row, its column list and the conversions to and from untyped
+//! column values are derived here from the event's one definition
+//! (`ace_flow::event_fields!`, each field typed by its [`crate::kind`]),
+//! so SQLite and PostgreSQL cannot drift apart, and a new event field is
+//! a new column with no change here.
 
 use crate::event::Event;
 use crate::money::Nano;
 use crate::price::{self, Priced};
 
-/// One booked event.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Row {
-    pub event_id: String,
-    pub schema: String,
-    pub config: String,
-    pub request_id: Option<String>,
-    pub time_ms: i64,
-    pub tenant: Option<String>,
-    pub data_class: Option<String>,
-    pub latency_class: Option<String>,
-    pub model_requested: Option<String>,
-    pub model_served: Option<String>,
-    pub destination: Option<String>,
-    pub tier: Option<String>,
-    pub tokens_in: i64,
-    pub tokens_out: i64,
-    pub tokens_estimated: bool,
-    pub status: i64,
-    pub latency_ms: i64,
-    pub slo_ms: Option<i64>,
-    pub slo_met: Option<bool>,
-    pub warm: Option<bool>,
-    pub overage: bool,
-    pub usage_capped: bool,
-    pub cached: bool,
-    pub cache_false_hit: bool,
-    pub reason: String,
-    /// The filter's marginal cost, nano-dollars (compared, not booked).
-    pub filter_marginal: Option<Nano>,
-    /// The filter's counterfactual, nano-dollars (compared, not booked).
-    pub filter_counterfactual: Option<Nano>,
-    /// The ledger's true marginal cost.
-    pub booked: Nano,
-    /// Cheapest feasible pay-as-you-go, model asked for.
-    pub counterfactual: Option<Nano>,
-    /// Cheapest feasible pay-as-you-go, model served.
-    pub served_counterfactual: Option<Nano>,
-    /// The filter's figures that disagree with the ledger's, and
-    /// [`CONFLICT_FLAG`] on an event booked apart because another event
-    /// held its id (comma-separated).
-    pub flags: String,
+/// The row's struct, columns and conversions: one per entry of
+/// `ace_flow::event_fields!`, typed by its kind ([`crate::kind`]), then
+/// the ledger's own figures.
+macro_rules! row {
+    ($( $(#[doc = $doc:literal])* $name:ident : $fty:ty $(, via $via:ident)? => $kind:ident, $presence:ident; )*) => {
+        /// One booked event: what was logged (the fields of
+        /// `ace_flow::event_fields!`), then the ledger's own figures.
+        #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+        pub struct Row {
+            $( $(#[doc = $doc])* pub $name: <$crate::kind::$kind as $crate::kind::Kind>::Stored, )*
+            /// The ledger's true marginal cost.
+            pub booked: Nano,
+            /// Cheapest feasible pay-as-you-go, model asked for.
+            pub counterfactual: Option<Nano>,
+            /// Cheapest feasible pay-as-you-go, model served.
+            pub served_counterfactual: Option<Nano>,
+            /// The filter's figures that disagree with the ledger's, and
+            /// [`CONFLICT_FLAG`] on an event booked apart because another
+            /// event held its id (comma-separated).
+            pub flags: String,
+        }
+
+        /// How many columns a row has.
+        pub const COLUMN_COUNT: usize = [$(stringify!($name)),*].len() + 4;
+
+        /// The columns, in order, with their SQL types (valid in SQLite and
+        /// PostgreSQL alike), and the value each takes in rows stored
+        /// before it was added.
+        pub const COLUMNS: [(&str, &str); COLUMN_COUNT] = [
+            $( (column!($name), <$crate::kind::$kind as $crate::kind::Kind>::SQL), )*
+            ("booked_nano", "BIGINT NOT NULL"),
+            ("counterfactual_nano", "BIGINT"),
+            ("served_counterfactual_nano", "BIGINT"),
+            ("flags", "TEXT NOT NULL"),
+        ];
+
+        /// The value each column takes in rows stored before it was added
+        /// (SQL), in [`COLUMNS`] order.
+        pub const EMPTY: [&str; COLUMN_COUNT] = [
+            $( <$crate::kind::$kind as $crate::kind::Kind>::EMPTY, )*
+            "0", "NULL", "NULL", "''",
+        ];
+
+        impl Row {
+            /// What event `e` logged, with none of the ledger's figures.
+            fn logged_by(e: Event) -> Row {
+                Row {
+                    $( $name: <$crate::kind::$kind as $crate::kind::Kind>::stored(e.$name), )*
+                    booked: 0,
+                    counterfactual: None,
+                    served_counterfactual: None,
+                    flags: String::new(),
+                }
+            }
+
+            /// The column values, in [`COLUMNS`] order.
+            pub fn values(&self) -> [Val; COLUMN_COUNT] {
+                [
+                    $( <$crate::kind::$kind as $crate::kind::Kind>::val(&self.$name), )*
+                    Val::Int(Some(self.booked)),
+                    Val::Int(self.counterfactual),
+                    Val::Int(self.served_counterfactual),
+                    Val::Text(Some(self.flags.clone())),
+                ]
+            }
+
+            /// Read a row back from its columns.
+            pub fn read(c: &dyn Cols) -> anyhow::Result<Row> {
+                let mut i = 0;
+                $(
+                    let $name = <$crate::kind::$kind as $crate::kind::Kind>::get(c, i)?;
+                    i += 1;
+                )*
+                Ok(Row {
+                    $( $name, )*
+                    booked: need(c.int(i)?, i)?,
+                    counterfactual: c.int(i + 1)?,
+                    served_counterfactual: c.int(i + 2)?,
+                    flags: need(c.text(i + 3)?, i + 3)?,
+                })
+            }
+        }
+    };
 }
+
+/// A field's column: its name, but for the two the store named before the
+/// fields were defined in one place.
+macro_rules! column {
+    (marginal_usd) => {
+        "filter_marginal_nano"
+    };
+    (counterfactual_usd) => {
+        "filter_counterfactual_nano"
+    };
+    ($name:ident) => {
+        stringify!($name)
+    };
+}
+
+ace_flow::event_fields!(row);
 
 /// The flag of a row booked under a derived id because a different event
 /// was stored under its `event_id` first (see `ingest`).
 pub const CONFLICT_FLAG: &str = "event_id_conflict";
-
-/// The columns, in order, with their SQL types (valid in SQLite and
-/// PostgreSQL alike).
-pub const COLUMNS: [(&str, &str); 31] = [
-    ("event_id", "TEXT PRIMARY KEY"),
-    ("schema", "TEXT NOT NULL"),
-    ("config", "TEXT NOT NULL"),
-    ("request_id", "TEXT"),
-    ("time_ms", "BIGINT NOT NULL"),
-    ("tenant", "TEXT"),
-    ("data_class", "TEXT"),
-    ("latency_class", "TEXT"),
-    ("model_requested", "TEXT"),
-    ("model_served", "TEXT"),
-    ("destination", "TEXT"),
-    ("tier", "TEXT"),
-    ("tokens_in", "BIGINT NOT NULL"),
-    ("tokens_out", "BIGINT NOT NULL"),
-    ("tokens_estimated", "BOOLEAN NOT NULL"),
-    ("status", "BIGINT NOT NULL"),
-    ("latency_ms", "BIGINT NOT NULL"),
-    ("slo_ms", "BIGINT"),
-    ("slo_met", "BOOLEAN"),
-    ("warm", "BOOLEAN"),
-    ("overage", "BOOLEAN NOT NULL"),
-    ("usage_capped", "BOOLEAN NOT NULL"),
-    ("cached", "BOOLEAN NOT NULL"),
-    ("cache_false_hit", "BOOLEAN NOT NULL"),
-    ("reason", "TEXT NOT NULL"),
-    ("filter_marginal_nano", "BIGINT"),
-    ("filter_counterfactual_nano", "BIGINT"),
-    ("booked_nano", "BIGINT NOT NULL"),
-    ("counterfactual_nano", "BIGINT"),
-    ("served_counterfactual_nano", "BIGINT"),
-    ("flags", "TEXT NOT NULL"),
-];
 
 /// An untyped column value, as both stores bind it.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,7 +131,8 @@ pub trait Cols {
     fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>>;
 }
 
-fn need<T>(v: Option<T>, i: usize) -> anyhow::Result<T> {
+/// `v`, which column `i` holds NOT NULL.
+pub(crate) fn need<T>(v: Option<T>, i: usize) -> anyhow::Result<T> {
     v.ok_or_else(|| {
         let name = COLUMNS.get(i).map_or("?", |c| c.0);
         anyhow::anyhow!("column `{name}` is NULL in the store; it is NOT NULL in the schema")
@@ -119,117 +144,13 @@ impl Row {
     pub fn new(e: Event, config: String, p: Priced) -> Row {
         let flags = price::disagreements(&e, &p);
         Row {
-            event_id: e.event_id.unwrap_or_default(),
-            schema: e.schema,
             config,
-            request_id: e.request_id,
-            time_ms: e.time_ms.min(i64::MAX as u64) as i64,
-            tenant: e.tenant,
-            data_class: e.data_class,
-            latency_class: e.latency_class,
-            model_requested: e.model_requested,
-            model_served: e.model_served,
-            destination: e.destination,
-            tier: e.tier,
-            tokens_in: i64::from(e.tokens_in),
-            tokens_out: i64::from(e.tokens_out),
-            tokens_estimated: e.tokens_estimated,
-            status: i64::from(e.status),
-            latency_ms: e.latency_ms.min(i64::MAX as u64) as i64,
-            slo_ms: e.slo_ms.map(|v| v.min(i64::MAX as u64) as i64),
-            slo_met: e.slo_met,
-            warm: e.warm,
-            overage: e.overage,
-            usage_capped: e.usage_capped,
-            cached: e.cached,
-            cache_false_hit: e.cache_false_hit,
-            reason: e.reason,
-            filter_marginal: price::filter_nano(e.marginal_usd),
-            filter_counterfactual: price::filter_nano(e.counterfactual_usd),
             booked: p.booked,
             counterfactual: p.counterfactual,
             served_counterfactual: p.served_counterfactual,
             flags,
+            ..Row::logged_by(e)
         }
-    }
-
-    /// The column values, in [`COLUMNS`] order.
-    pub fn values(&self) -> [Val; 31] {
-        use Val::{Bool as B, Int as I, Text as T};
-        let s = |v: &Option<String>| T(v.clone());
-        [
-            T(Some(self.event_id.clone())),
-            T(Some(self.schema.clone())),
-            T(Some(self.config.clone())),
-            s(&self.request_id),
-            I(Some(self.time_ms)),
-            s(&self.tenant),
-            s(&self.data_class),
-            s(&self.latency_class),
-            s(&self.model_requested),
-            s(&self.model_served),
-            s(&self.destination),
-            s(&self.tier),
-            I(Some(self.tokens_in)),
-            I(Some(self.tokens_out)),
-            B(Some(self.tokens_estimated)),
-            I(Some(self.status)),
-            I(Some(self.latency_ms)),
-            I(self.slo_ms),
-            B(self.slo_met),
-            B(self.warm),
-            B(Some(self.overage)),
-            B(Some(self.usage_capped)),
-            B(Some(self.cached)),
-            B(Some(self.cache_false_hit)),
-            T(Some(self.reason.clone())),
-            I(self.filter_marginal),
-            I(self.filter_counterfactual),
-            I(Some(self.booked)),
-            I(self.counterfactual),
-            I(self.served_counterfactual),
-            T(Some(self.flags.clone())),
-        ]
-    }
-
-    /// Read a row back from its columns.
-    pub fn read(c: &dyn Cols) -> anyhow::Result<Row> {
-        let t = |i| need(c.text(i)?, i);
-        let n = |i| need(c.int(i)?, i);
-        let b = |i| need(c.boolean(i)?, i);
-        Ok(Row {
-            event_id: t(0)?,
-            schema: t(1)?,
-            config: t(2)?,
-            request_id: c.text(3)?,
-            time_ms: n(4)?,
-            tenant: c.text(5)?,
-            data_class: c.text(6)?,
-            latency_class: c.text(7)?,
-            model_requested: c.text(8)?,
-            model_served: c.text(9)?,
-            destination: c.text(10)?,
-            tier: c.text(11)?,
-            tokens_in: n(12)?,
-            tokens_out: n(13)?,
-            tokens_estimated: b(14)?,
-            status: n(15)?,
-            latency_ms: n(16)?,
-            slo_ms: c.int(17)?,
-            slo_met: c.boolean(18)?,
-            warm: c.boolean(19)?,
-            overage: b(20)?,
-            usage_capped: b(21)?,
-            cached: b(22)?,
-            cache_false_hit: b(23)?,
-            reason: t(24)?,
-            filter_marginal: c.int(25)?,
-            filter_counterfactual: c.int(26)?,
-            booked: n(27)?,
-            counterfactual: c.int(28)?,
-            served_counterfactual: c.int(29)?,
-            flags: t(30)?,
-        })
     }
 
     /// This row without the ledger's own figures (booked cost,

@@ -96,37 +96,19 @@ mod tests {
 
     fn row(booked: Nano, c: Option<Nano>, cs: Option<Nano>, tier: &str, cached: bool) -> Row {
         Row {
-            event_id: String::new(),
-            schema: String::new(),
-            config: String::new(),
-            request_id: None,
-            time_ms: 0,
-            tenant: None,
-            data_class: None,
-            latency_class: None,
             model_requested: Some("big".into()),
             model_served: Some("small".into()),
             destination: Some("d".into()),
             tier: Some(tier.into()),
             tokens_in: 1,
             tokens_out: 1,
-            tokens_estimated: false,
             status: 200,
             latency_ms: 1,
-            slo_ms: None,
-            slo_met: None,
-            warm: None,
-            overage: false,
-            usage_capped: false,
             cached,
-            cache_false_hit: false,
-            reason: String::new(),
-            filter_marginal: None,
-            filter_counterfactual: None,
             booked,
             counterfactual: c,
             served_counterfactual: cs,
-            flags: String::new(),
+            ..Row::default()
         }
     }
 

@@ -503,24 +503,26 @@ fn an_earlier_configuration_refused_now_still_prices_its_events() {
 #[test]
 fn a_store_of_the_previous_schema_is_migrated_when_opened() {
     let (_dir, url) = common::sqlite_url();
-    {
-        let conn = rusqlite::Connection::open(&url).expect("sqlite");
-        let cols: Vec<String> = ace_ledger::row::COLUMNS
-            .iter()
-            .map(|(n, t)| format!("{n} {t}"))
-            .collect();
-        conn.execute_batch(&format!(
-            "CREATE TABLE ace_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-             CREATE TABLE ace_configs (id TEXT PRIMARY KEY, json TEXT NOT NULL);
-             CREATE TABLE ace_rejects (source TEXT NOT NULL, line BIGINT NOT NULL,
-                 error TEXT NOT NULL, PRIMARY KEY (source, line));
-             CREATE TABLE ace_events ({});
-             INSERT INTO ace_meta VALUES ('schema', 'ace.ledger/1');
-             INSERT INTO ace_rejects VALUES ('old.log', 7, 'not a JSON object');",
-            cols.join(", ")
-        ))
+    // `ace.ledger/1`: the event table as `ace.ledger/2` had it (the
+    // frozen SQL of commit a4dc722), rejected lines keyed by source and
+    // line.
+    let v1 = common::LEDGER_V2_AT_A4DC722
+        .replace(
+            "ace_rejects (key TEXT PRIMARY KEY, source TEXT NOT NULL, \
+             line BIGINT NOT NULL, error TEXT NOT NULL, event_id TEXT)",
+            "ace_rejects (source TEXT NOT NULL, line BIGINT NOT NULL, \
+             error TEXT NOT NULL, PRIMARY KEY (source, line))",
+        )
+        .replace("'ace.ledger/2'", "'ace.ledger/1'")
+        .replace(
+            "VALUES ('k1', 'old.log', 7, 'not a JSON object', NULL)",
+            "VALUES ('old.log', 7, 'not a JSON object')",
+        );
+    assert!(v1.contains("PRIMARY KEY (source, line)") && v1.contains("ace.ledger/1"));
+    rusqlite::Connection::open(&url)
+        .expect("sqlite")
+        .execute_batch(&v1)
         .expect("old store");
-    }
     let (mut ledger, s) = common::golden_ledger(&url);
     assert_eq!(s.new, 10);
     let stored = ledger.store.rejects().expect("rejects");
@@ -529,6 +531,35 @@ fn a_store_of_the_previous_schema_is_migrated_when_opened() {
     assert_eq!((old.line, old.key.as_str()), (7, "v1:old.log:7"));
     let reopened = Ledger::open(&url);
     assert!(reopened.is_ok());
+}
+
+/// A store as commit a4dc722 wrote it (`ace.ledger/2`, its SQL frozen in
+/// `common::LEDGER_V2_AT_A4DC722`) is migrated in place when opened and
+/// reads its rows back.
+#[test]
+fn a_store_as_commit_a4dc722_wrote_it_is_migrated_and_reads_back() {
+    let (_dir, url) = common::sqlite_url();
+    rusqlite::Connection::open(&url)
+        .expect("sqlite")
+        .execute_batch(common::LEDGER_V2_AT_A4DC722)
+        .expect("the older store");
+    common::check_the_v2_store_migrates(&url);
+}
+
+/// A store with an event column this release does not know (a newer
+/// release wrote it) is refused, naming the column, not misread.
+#[test]
+fn a_store_a_newer_release_wrote_is_refused() {
+    let (_dir, url) = common::sqlite_url();
+    drop(ace_ledger::store::open(&url).expect("new store"));
+    rusqlite::Connection::open(&url)
+        .expect("sqlite")
+        .execute_batch("ALTER TABLE ace_events ADD COLUMN from_the_future TEXT")
+        .expect("alter");
+    let Err(e) = ace_ledger::store::open(&url) else {
+        panic!("a store with an unknown column opened");
+    };
+    assert!(e.to_string().contains("from_the_future"), "{e}");
 }
 
 /// The hostile file (`tests/golden/hostile.ndjson`): everything bookable

@@ -115,3 +115,17 @@ fn the_hostile_file_gives_the_same_report_in_sqlite_and_postgres() {
     );
     assert_eq!(b.report(&rules).expect("report"), rb);
 }
+
+/// A store as commit a4dc722 wrote it (`ace.ledger/2`, its SQL frozen in
+/// `common::LEDGER_V2_AT_A4DC722`), in a real PostgreSQL, is migrated in
+/// place when opened and reads its rows back.
+#[test]
+fn a_postgres_store_as_commit_a4dc722_wrote_it_is_migrated_and_reads_back() {
+    let pg = common::pg::Pg::start();
+    let url = pg.database("older");
+    postgres::Client::connect(&url, postgres::NoTls)
+        .expect("connect")
+        .batch_execute(common::LEDGER_V2_AT_A4DC722)
+        .expect("the older store");
+    common::check_the_v2_store_migrates(&url);
+}

@@ -11,9 +11,13 @@
 //! under a known id is booked apart and reported, never dropped (see
 //! [`crate::ingest`]).
 //!
-//! A store written by the previous version of these tables is migrated in
-//! place when opened ([`migrate_sql`]); one written by a later version is
-//! refused.
+//! A store written by an earlier version of these tables is migrated in
+//! place when opened ([`migrate_sql`]; `ace ledger migrate --store URL`
+//! does it alone and says what it did); one written by a later version
+//! (an unknown version, or a column this release does not know) is
+//! refused. The event columns come from the event's one definition
+//! (`ace_flow::event_fields!`, see [`crate::row`]): a column the store
+//! lacks is added to it, so a new event field needs no migration code.
 
 mod postgres;
 mod sqlite;
@@ -22,11 +26,23 @@ use crate::row::{Row, COLUMNS};
 use anyhow::{bail, Context};
 
 /// The version of the store's tables; a store written by another version
-/// is refused rather than misread.
-pub const STORE_SCHEMA: &str = "ace.ledger/2";
+/// is migrated ([`migrate_sql`]) or refused rather than misread. Adding an
+/// event column needs no new version: a store lacking it is given it, and
+/// a release that does not know a column refuses the store.
+pub const STORE_SCHEMA: &str = "ace.ledger/3";
 
-/// The previous version, which [`migrate_sql`] upgrades.
+/// The version whose rejected lines were keyed by source and line
+/// ([`migrate_sql`] rekeys them).
 pub const STORE_SCHEMA_V1: &str = "ace.ledger/1";
+
+/// The version before event columns were added by migration (it lacks
+/// `upstream_ms`).
+pub const STORE_SCHEMA_V2: &str = "ace.ledger/2";
+
+/// The command that migrates a store (what a refusal names).
+pub fn migrate_command(url: &str) -> String {
+    format!("ace ledger migrate --store '{url}'")
+}
 
 /// A line that was not booked, kept so that a report can say what was not
 /// booked.
@@ -65,6 +81,11 @@ pub trait Store: Send {
     fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()>;
     /// Every recorded malformed line.
     fn rejects(&mut self) -> anyhow::Result<Vec<Reject>>;
+    /// The statements the opening migration ran (empty when the store was
+    /// current).
+    fn migrated(&self) -> &[String] {
+        &[]
+    }
     /// Every row, by time then event id.
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()>;
 }
@@ -87,7 +108,7 @@ pub fn schema_sql() -> Vec<String> {
         "CREATE TABLE IF NOT EXISTS ace_configs (id TEXT PRIMARY KEY, json TEXT NOT NULL)".into(),
         REJECTS_TABLE.into(),
         format!(
-            "CREATE TABLE IF NOT EXISTS ace_events ({})",
+            "CREATE TABLE IF NOT EXISTS ace_events ({}, PRIMARY KEY (event_id))",
             cols.join(", ")
         ),
         "CREATE INDEX IF NOT EXISTS ace_events_time ON ace_events (time_ms, event_id)".into(),
@@ -108,29 +129,65 @@ pub const META_TABLE: &str =
     "CREATE TABLE IF NOT EXISTS ace_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)";
 
 /// The statements (one transaction) that upgrade a store holding schema
-/// `found` to [`STORE_SCHEMA`]; empty when there is nothing to do. From
-/// [`STORE_SCHEMA_V1`], whose rejected lines were keyed by source and line
-/// number: each keeps its source, line and error, keyed by those.
-pub fn migrate_sql(found: Option<&str>) -> Vec<String> {
-    if found != Some(STORE_SCHEMA_V1) {
+/// `found` whose event table has `columns` (none when it has no such
+/// table yet) to [`STORE_SCHEMA`]; empty when there is nothing to do (or
+/// the version is not one this release migrates, which
+/// [`check_schema`] refuses).
+///
+/// From [`STORE_SCHEMA_V1`], whose rejected lines were keyed by source and
+/// line number: each keeps its source, line and error, keyed by those.
+/// From any earlier version: every column of [`COLUMNS`] the table lacks
+/// is added, rows stored before holding its empty value (null, 0,
+/// `false`).
+pub fn migrate_sql(found: Option<&str>, columns: &[String]) -> Vec<String> {
+    let known = [STORE_SCHEMA_V1, STORE_SCHEMA_V2, STORE_SCHEMA];
+    let Some(found) = found.filter(|f| known.contains(f)) else {
         return Vec::new();
+    };
+    let mut sql: Vec<String> = Vec::new();
+    if found == STORE_SCHEMA_V1 {
+        sql.extend([
+            "ALTER TABLE ace_rejects RENAME TO ace_rejects_v1".into(),
+            REJECTS_TABLE.into(),
+            "INSERT INTO ace_rejects (key, source, line, error, event_id) \
+             SELECT 'v1:' || source || ':' || CAST(line AS TEXT), source, line, error, NULL \
+             FROM ace_rejects_v1"
+                .into(),
+            "DROP TABLE ace_rejects_v1".into(),
+        ]);
     }
-    vec![
-        "ALTER TABLE ace_rejects RENAME TO ace_rejects_v1".into(),
-        REJECTS_TABLE.into(),
-        "INSERT INTO ace_rejects (key, source, line, error, event_id) \
-         SELECT 'v1:' || source || ':' || CAST(line AS TEXT), source, line, error, NULL \
-         FROM ace_rejects_v1"
-            .into(),
-        "DROP TABLE ace_rejects_v1".into(),
-        format!("UPDATE ace_meta SET value = '{STORE_SCHEMA}' WHERE key = 'schema'"),
-    ]
+    if !columns.is_empty() {
+        for ((name, ty), empty) in COLUMNS.iter().zip(crate::row::EMPTY) {
+            if !columns.iter().any(|c| c == name) {
+                let default = if ty.contains("NOT NULL") {
+                    format!(" DEFAULT {empty}")
+                } else {
+                    String::new()
+                };
+                sql.push(format!(
+                    "ALTER TABLE ace_events ADD COLUMN {name} {ty}{default}"
+                ));
+            }
+        }
+    }
+    if found != STORE_SCHEMA {
+        sql.push(format!(
+            "UPDATE ace_meta SET value = '{STORE_SCHEMA}' WHERE key = 'schema'"
+        ));
+    }
+    sql
 }
 
-/// Refuse a store whose tables another version wrote.
-pub fn check_schema(found: Option<String>, url: &str) -> anyhow::Result<()> {
+/// Refuse a store whose tables another version wrote: an unknown version,
+/// or event `columns` this release does not know.
+pub fn check_schema(found: Option<String>, columns: &[String], url: &str) -> anyhow::Result<()> {
     match found.as_deref() {
-        Some(STORE_SCHEMA) => Ok(()),
+        Some(STORE_SCHEMA) => {}
+        Some(STORE_SCHEMA_V1 | STORE_SCHEMA_V2) => bail!(
+            "the ledger store {url} holds schema {found:?}, older than this `ace` reads \
+             ({STORE_SCHEMA:?}); migrate it in place with `{}`",
+            migrate_command(url)
+        ),
         Some(other) => bail!(
             "the ledger store {url} holds schema {other:?} but this `ace` reads {STORE_SCHEMA:?}; \
              use the `ace` release that wrote it, or ingest the access logs into a new store"
@@ -139,7 +196,26 @@ pub fn check_schema(found: Option<String>, url: &str) -> anyhow::Result<()> {
             "the ledger store {url} has no schema version; it was not created by `ace ledger`"
         ),
     }
+    let unknown: Vec<&str> = columns
+        .iter()
+        .map(String::as_str)
+        .filter(|c| !COLUMNS.iter().any(|(n, _)| n == c))
+        .collect();
+    if !unknown.is_empty() {
+        bail!(
+            "the ledger store {url} has event columns this `ace` does not know ({}): a newer \
+             `ace` wrote it; use that release (or a later one)",
+            unknown.join(", ")
+        );
+    }
+    Ok(())
 }
+
+/// The names of the event table's columns, SQLite.
+pub const SQLITE_COLUMNS: &str = "SELECT name FROM pragma_table_info('ace_events')";
+/// The names of the event table's columns, PostgreSQL.
+pub const POSTGRES_COLUMNS: &str = "SELECT column_name::text FROM information_schema.columns \
+     WHERE table_name = 'ace_events' AND table_schema = current_schema()";
 
 /// `INSERT` of one row, skipping a stored id (`$n` placeholders, read by
 /// both engines).

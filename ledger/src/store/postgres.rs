@@ -46,6 +46,7 @@ impl Cols for postgres::Row {
 pub struct Postgres {
     client: Client,
     url: String,
+    migrated: Vec<String>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -76,8 +77,13 @@ impl Postgres {
             "cannot create the tables",
             &name,
         )?;
-        let mut store = Postgres { client, url: name };
-        let migrate = super::migrate_sql(store.schema()?.as_deref());
+        let mut store = Postgres {
+            client,
+            url: name,
+            migrated: Vec::new(),
+        };
+        let columns = store.columns()?;
+        let migrate = super::migrate_sql(store.schema()?.as_deref(), &columns);
         if !migrate.is_empty() {
             store.in_transaction(|tx, url| {
                 for sql in &migrate {
@@ -86,12 +92,23 @@ impl Postgres {
                 Ok(())
             })?;
         }
+        store.migrated = migrate;
         for sql in super::schema_sql() {
             let r = store.client.batch_execute(&sql);
             at(r, "cannot create the tables", &store.url)?;
         }
-        super::check_schema(store.schema()?, &store.url)?;
+        let columns = store.columns()?;
+        super::check_schema(store.schema()?, &columns, &store.url)?;
         Ok(store)
+    }
+
+    /// The event table's columns (none before it exists).
+    fn columns(&mut self) -> anyhow::Result<Vec<String>> {
+        let r = self.client.query(super::POSTGRES_COLUMNS, &[]);
+        Ok(at(r, "cannot read the columns", &self.url)?
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect())
     }
 
     /// The stored schema version.
@@ -188,6 +205,10 @@ impl Store for Postgres {
             .iter()
             .map(|r| at(read(r), "cannot read a reject", &url))
             .collect()
+    }
+
+    fn migrated(&self) -> &[String] {
+        &self.migrated
     }
 
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {

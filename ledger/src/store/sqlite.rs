@@ -35,6 +35,7 @@ impl Cols for rusqlite::Row<'_> {
 pub struct Sqlite {
     conn: Connection,
     url: String,
+    migrated: Vec<String>,
 }
 
 impl Sqlite {
@@ -52,8 +53,12 @@ impl Sqlite {
             "cannot create the tables",
             &url,
         )?;
-        let mut store = Sqlite { conn, url };
-        let migrate = super::migrate_sql(store.schema()?.as_deref());
+        let mut store = Sqlite {
+            conn,
+            url,
+            migrated: Vec::new(),
+        };
+        let migrate = super::migrate_sql(store.schema()?.as_deref(), &store.columns()?);
         if !migrate.is_empty() {
             store.in_transaction(|tx, url| {
                 for sql in &migrate {
@@ -62,12 +67,30 @@ impl Sqlite {
                 Ok(())
             })?;
         }
+        store.migrated = migrate;
         for sql in super::schema_sql() {
             let r = store.conn.execute(&sql, []);
             at(r, "cannot create the tables", &store.url)?;
         }
-        super::check_schema(store.schema()?, &store.url)?;
+        let columns = store.columns()?;
+        super::check_schema(store.schema()?, &columns, &store.url)?;
         Ok(store)
+    }
+
+    /// The event table's columns (none before it exists).
+    fn columns(&self) -> anyhow::Result<Vec<String>> {
+        let mut st = at(
+            self.conn.prepare(super::SQLITE_COLUMNS),
+            "cannot read the columns",
+            &self.url,
+        )?;
+        let rows = at(
+            st.query_map([], |r| r.get::<_, String>(0)),
+            "cannot read the columns",
+            &self.url,
+        )?;
+        rows.map(|r| at(r, "cannot read the columns", &self.url))
+            .collect()
     }
 
     /// The stored schema version.
@@ -179,6 +202,10 @@ impl Store for Sqlite {
         });
         let rows = at(rows, "cannot read rejects", &url)?;
         rows.map(|r| at(r, "cannot read a reject", &url)).collect()
+    }
+
+    fn migrated(&self) -> &[String] {
+        &self.migrated
     }
 
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {

@@ -96,3 +96,104 @@ pub const HOSTILE_REJECTED: [i64; 9] = [2, 3, 4, 5, 11, 12, 13, 15, 17];
 pub fn hostile_ledger(url: &str) -> (Ledger, Summary) {
     ledger_of(url, "hostile.ndjson", hostile_events)
 }
+
+/// A store as `ace.ledger/2` wrote it: the tables `schema_sql` created at
+/// commit a4dc722 (ace-ledger before the event's fields were defined in
+/// one place), frozen here as SQL valid in SQLite and PostgreSQL alike,
+/// with one rejected line and one booked event.
+pub const LEDGER_V2_AT_A4DC722: &str = "
+CREATE TABLE IF NOT EXISTS ace_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ace_configs (id TEXT PRIMARY KEY, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ace_rejects (key TEXT PRIMARY KEY, source TEXT NOT NULL, \
+    line BIGINT NOT NULL, error TEXT NOT NULL, event_id TEXT);
+CREATE TABLE IF NOT EXISTS ace_events (event_id TEXT PRIMARY KEY, schema TEXT NOT NULL, \
+    config TEXT NOT NULL, request_id TEXT, time_ms BIGINT NOT NULL, tenant TEXT, \
+    data_class TEXT, latency_class TEXT, model_requested TEXT, model_served TEXT, \
+    destination TEXT, tier TEXT, tokens_in BIGINT NOT NULL, tokens_out BIGINT NOT NULL, \
+    tokens_estimated BOOLEAN NOT NULL, status BIGINT NOT NULL, latency_ms BIGINT NOT NULL, \
+    slo_ms BIGINT, slo_met BOOLEAN, warm BOOLEAN, overage BOOLEAN NOT NULL, \
+    usage_capped BOOLEAN NOT NULL, cached BOOLEAN NOT NULL, cache_false_hit BOOLEAN NOT NULL, \
+    reason TEXT NOT NULL, filter_marginal_nano BIGINT, filter_counterfactual_nano BIGINT, \
+    booked_nano BIGINT NOT NULL, counterfactual_nano BIGINT, served_counterfactual_nano BIGINT, \
+    flags TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS ace_events_time ON ace_events (time_ms, event_id);
+INSERT INTO ace_meta (key, value) VALUES ('schema', 'ace.ledger/2') ON CONFLICT (key) DO NOTHING;
+INSERT INTO ace_rejects VALUES ('k1', 'old.log', 7, 'not a JSON object', NULL);
+INSERT INTO ace_events VALUES ('0123456789abcdef0123456789abcdef', 'ace.event/2', \
+    '00000000000000ff', 'r-old', 1796342400000, 'acme', NULL, 'interactive', 'm', 'm', 'd', \
+    'payg', 10, 20, FALSE, 200, 12, 100, TRUE, TRUE, FALSE, FALSE, FALSE, FALSE, 'cheapest', \
+    250, 1000, 250, 1000, 1000, '');
+";
+
+/// The event [`LEDGER_V2_AT_A4DC722`] holds, as current code reads it back.
+pub fn ledger_v2_row() -> ace_ledger::row::Row {
+    ace_ledger::row::Row {
+        event_id: "0123456789abcdef0123456789abcdef".into(),
+        schema: "ace.event/2".into(),
+        config: "00000000000000ff".into(),
+        request_id: Some("r-old".into()),
+        time_ms: 1_796_342_400_000,
+        tenant: Some("acme".into()),
+        latency_class: Some("interactive".into()),
+        model_requested: Some("m".into()),
+        model_served: Some("m".into()),
+        destination: Some("d".into()),
+        tier: Some("payg".into()),
+        tokens_in: 10,
+        tokens_out: 20,
+        status: 200,
+        latency_ms: 12,
+        slo_ms: Some(100),
+        slo_met: Some(true),
+        warm: Some(true),
+        reason: "cheapest".into(),
+        marginal_usd: Some(250),
+        counterfactual_usd: Some(1000),
+        booked: 250,
+        counterfactual: Some(1000),
+        served_counterfactual: Some(1000),
+        ..Default::default()
+    }
+}
+
+/// A store [`LEDGER_V2_AT_A4DC722`] made at `url` opens with current code,
+/// migrated in place (one column added, the version bumped), reads its
+/// row back, books the golden events beside it, and reopens as it is.
+pub fn check_the_v2_store_migrates(url: &str) {
+    let mut store = ace_ledger::store::open(url).expect("the older store opens");
+    assert_eq!(
+        store.migrated(),
+        [
+            "ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT",
+            "UPDATE ace_meta SET value = 'ace.ledger/3' WHERE key = 'schema'",
+        ]
+    );
+    let old = ledger_v2_row();
+    assert_eq!(store.get(&old.event_id).expect("get"), Some(old.clone()));
+    assert_eq!(
+        store
+            .get(&old.event_id)
+            .expect("get")
+            .map(|r| r.upstream_ms),
+        Some(None)
+    );
+    let rejects = store.rejects().expect("rejects");
+    assert_eq!((rejects.len(), rejects[0].line), (1, 7));
+    drop(store);
+    let (mut ledger, s) = golden_ledger(url);
+    assert_eq!(s.new, 10, "the golden events book beside the old row");
+    let mut rows = Vec::new();
+    ledger
+        .store
+        .scan(&mut |r| {
+            rows.push(r);
+            Ok(())
+        })
+        .expect("scan");
+    assert_eq!(rows.len(), 11);
+    assert!(rows.contains(&old));
+    assert!(
+        ledger.store.migrated().is_empty(),
+        "migrated once, current since"
+    );
+}

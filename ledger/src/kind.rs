@@ -1,0 +1,273 @@
+//! What the ledger does with each kind of event field: the type it reads
+//! from the line, the check it makes, the type and SQL column it stores.
+//!
+//! The fields themselves are `ace_flow::event_fields!` (see
+//! `ace_flow::schema`), each naming one of the kinds here: the reader
+//! ([`crate::event::Event`]), the row ([`crate::row::Row`]) and the
+//! store's columns are derived from that list and these kinds, so a new
+//! field needs nothing in this crate.
+
+use crate::event::{LineError, MAX_LATENCY_MS, MAX_TIME_MS, MIN_TIME_MS};
+use crate::money::Nano;
+use crate::row::{need, Cols, Val};
+use std::fmt::Debug;
+
+/// One kind of field (`ace_flow::schema::Kind`).
+pub trait Kind {
+    /// As read from the line.
+    type Read: serde::de::DeserializeOwned + Debug + Clone + PartialEq;
+    /// As stored in a row.
+    type Stored: Debug + Clone + PartialEq + Eq + Default + serde::Serialize;
+    /// The column's SQL type (valid in SQLite and PostgreSQL alike).
+    const SQL: &'static str;
+    /// The value an added `NOT NULL` column takes in rows stored before
+    /// it existed (SQL).
+    const EMPTY: &'static str = "NULL";
+    /// Refuse a value outside what the ledger books, naming the field.
+    fn check(_name: &str, _v: &Self::Read) -> Result<(), LineError> {
+        Ok(())
+    }
+    /// Make text storable in both stores (see [`crate::event::storable`]).
+    fn storable(_v: &mut Self::Read) {}
+    /// The stored value.
+    fn stored(v: Self::Read) -> Self::Stored;
+    /// As a column value.
+    fn val(v: &Self::Stored) -> Val;
+    /// Read column `i` back.
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Self::Stored>;
+}
+
+/// A string, never null.
+#[derive(Debug)]
+pub struct Str;
+/// An id: hex in current lines, absent from older ones.
+#[derive(Debug)]
+pub struct Id;
+/// A string or null.
+#[derive(Debug)]
+pub struct StrOrNull;
+/// An integer below 2^32.
+#[derive(Debug)]
+pub struct U32;
+/// ms since the epoch, 2000 to 2100.
+#[derive(Debug)]
+pub struct EpochMs;
+/// A duration, up to a day.
+#[derive(Debug)]
+pub struct Ms;
+/// A duration or null.
+#[derive(Debug)]
+pub struct MsOrNull;
+/// A boolean.
+#[derive(Debug)]
+pub struct Bool;
+/// A boolean or null.
+#[derive(Debug)]
+pub struct BoolOrNull;
+/// A dollar amount the filter computed (checked, never booked), stored in
+/// nano-dollars.
+#[derive(Debug)]
+pub struct Usd;
+
+fn clamp(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
+
+fn int_val(v: &i64) -> Val {
+    Val::Int(Some(*v))
+}
+
+fn int_get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
+    need(c.int(i)?, i)
+}
+
+fn within_a_day(name: &str, v: u64) -> Result<(), LineError> {
+    if v > MAX_LATENCY_MS {
+        return Err(LineError::Invalid(format!(
+            "field `{name}` is {v}, more than the ledger books ({MAX_LATENCY_MS} ms, \
+             one day); the line is wrong"
+        )));
+    }
+    Ok(())
+}
+
+impl Kind for Str {
+    type Read = String;
+    type Stored = String;
+    const SQL: &'static str = "TEXT NOT NULL";
+    const EMPTY: &'static str = "''";
+    fn storable(v: &mut String) {
+        crate::event::storable(v);
+    }
+    fn stored(v: String) -> String {
+        v
+    }
+    fn val(v: &String) -> Val {
+        Val::Text(Some(v.clone()))
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<String> {
+        need(c.text(i)?, i)
+    }
+}
+
+impl Kind for Id {
+    type Read = Option<String>;
+    type Stored = String;
+    const SQL: &'static str = "TEXT NOT NULL";
+    const EMPTY: &'static str = "''";
+    fn storable(v: &mut Option<String>) {
+        v.iter_mut().for_each(crate::event::storable);
+    }
+    fn stored(v: Option<String>) -> String {
+        v.unwrap_or_default()
+    }
+    fn val(v: &String) -> Val {
+        Val::Text(Some(v.clone()))
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<String> {
+        need(c.text(i)?, i)
+    }
+}
+
+impl Kind for StrOrNull {
+    type Read = Option<String>;
+    type Stored = Option<String>;
+    const SQL: &'static str = "TEXT";
+    fn storable(v: &mut Option<String>) {
+        v.iter_mut().for_each(crate::event::storable);
+    }
+    fn stored(v: Option<String>) -> Option<String> {
+        v
+    }
+    fn val(v: &Option<String>) -> Val {
+        Val::Text(v.clone())
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<String>> {
+        c.text(i)
+    }
+}
+
+impl Kind for U32 {
+    type Read = u32;
+    type Stored = i64;
+    const SQL: &'static str = "BIGINT NOT NULL";
+    const EMPTY: &'static str = "0";
+    fn stored(v: u32) -> i64 {
+        i64::from(v)
+    }
+    fn val(v: &i64) -> Val {
+        int_val(v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
+        int_get(c, i)
+    }
+}
+
+impl Kind for EpochMs {
+    type Read = u64;
+    type Stored = i64;
+    const SQL: &'static str = "BIGINT NOT NULL";
+    const EMPTY: &'static str = "0";
+    fn check(name: &str, v: &u64) -> Result<(), LineError> {
+        if !(MIN_TIME_MS..MAX_TIME_MS).contains(v) {
+            return Err(LineError::Invalid(format!(
+                "field `{name}` is {v}, outside the times the ledger books \
+                 ({MIN_TIME_MS}..{MAX_TIME_MS}: 2000-01-01 to 2100-01-01 UTC, in ms since the \
+                 epoch); the writer's clock or the line is wrong"
+            )));
+        }
+        Ok(())
+    }
+    fn stored(v: u64) -> i64 {
+        clamp(v)
+    }
+    fn val(v: &i64) -> Val {
+        int_val(v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
+        int_get(c, i)
+    }
+}
+
+impl Kind for Ms {
+    type Read = u64;
+    type Stored = i64;
+    const SQL: &'static str = "BIGINT NOT NULL";
+    const EMPTY: &'static str = "0";
+    fn check(name: &str, v: &u64) -> Result<(), LineError> {
+        within_a_day(name, *v)
+    }
+    fn stored(v: u64) -> i64 {
+        clamp(v)
+    }
+    fn val(v: &i64) -> Val {
+        int_val(v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
+        int_get(c, i)
+    }
+}
+
+impl Kind for MsOrNull {
+    type Read = Option<u64>;
+    type Stored = Option<i64>;
+    const SQL: &'static str = "BIGINT";
+    fn check(name: &str, v: &Option<u64>) -> Result<(), LineError> {
+        v.map_or(Ok(()), |v| within_a_day(name, v))
+    }
+    fn stored(v: Option<u64>) -> Option<i64> {
+        v.map(clamp)
+    }
+    fn val(v: &Option<i64>) -> Val {
+        Val::Int(*v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<i64>> {
+        c.int(i)
+    }
+}
+
+impl Kind for Bool {
+    type Read = bool;
+    type Stored = bool;
+    const SQL: &'static str = "BOOLEAN NOT NULL";
+    const EMPTY: &'static str = "FALSE";
+    fn stored(v: bool) -> bool {
+        v
+    }
+    fn val(v: &bool) -> Val {
+        Val::Bool(Some(*v))
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<bool> {
+        need(c.boolean(i)?, i)
+    }
+}
+
+impl Kind for BoolOrNull {
+    type Read = Option<bool>;
+    type Stored = Option<bool>;
+    const SQL: &'static str = "BOOLEAN";
+    fn stored(v: Option<bool>) -> Option<bool> {
+        v
+    }
+    fn val(v: &Option<bool>) -> Val {
+        Val::Bool(*v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<bool>> {
+        c.boolean(i)
+    }
+}
+
+impl Kind for Usd {
+    type Read = Option<f64>;
+    type Stored = Option<Nano>;
+    const SQL: &'static str = "BIGINT";
+    fn stored(v: Option<f64>) -> Option<Nano> {
+        crate::price::filter_nano(v)
+    }
+    fn val(v: &Option<Nano>) -> Val {
+        Val::Int(*v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<Nano>> {
+        c.int(i)
+    }
+}

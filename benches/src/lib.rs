@@ -1,7 +1,7 @@
 //! `envoy-load`'s measurements (`src/bin/envoy-load.rs` is its command
 //! line), a module per part: what each variant runs ([`variant`]), the
 //! Envoys beyond the harness's builder ([`setup`]), the load generators
-//! ([`load`]), one measured run ([`bench`]: latency, throughput, Envoy's
+//! ([`load`]), one measured run ([`bench`](mod@bench): latency, throughput, Envoy's
 //! CPU per request), instructions under callgrind ([`callgrind`]), the
 //! price of one host call ([`calibrate`]) and the summary ([`report`]).
 //!

@@ -5,7 +5,7 @@
 //! The callbacks (`envoy_dynamic_module_callback_*`, declared in
 //! `dynamic-module/abi/src/lib.rs` and `abi/src/bootstrap.rs`) are symbols
 //! the module calls and Envoy exports. A test binary defines them with
-//! [`fake_envoy_callbacks!`] (the binary's own object is linked whole, so
+//! [`fake_envoy_callbacks!`](crate::fake_envoy_callbacks) (the binary's own object is linked whole, so
 //! the module's references resolve to them); each forwards to a function
 //! here. Every handle Envoy would pass is a pointer to this fake's own
 //! state: a [`Stream`] per request, the process-wide [`Fake`] (counters,
@@ -153,7 +153,7 @@ fn envoy_buffer(b: &[u8]) -> EnvoyBuffer {
     }
 }
 
-/// The callbacks' bodies, called by [`fake_envoy_callbacks!`]'s symbols.
+/// The callbacks' bodies, called by [`fake_envoy_callbacks!`](crate::fake_envoy_callbacks)'s symbols.
 /// Each is `unsafe`: its pointers are the module's, valid for the call.
 #[allow(clippy::missing_safety_doc, missing_docs)]
 pub mod cb {

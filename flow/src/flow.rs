@@ -17,10 +17,11 @@
 //! 2. [`Flow::on_request_body`] / [`Flow::on_request_trailers`]: gather the
 //!    held body up to its bound, then route on it;
 //! 3. routing: feasibility from the compiled tables (fail closed), then the
-//!    merit-order decision and a claimed slot ([`Host::claim`]), then the
+//!    rungs (`Ask`: the cache, model routing, the merit order), a claimed
+//!    slot ([`FleetOp::Claim`] through [`Host::fleet`]), then the
 //!    destination header;
 //! 4. [`Flow::on_response_headers`]: what the answer means for the
-//!    destination's health ([`Host::settle`]), the operator headers, and
+//!    destination's health ([`FleetOp::Settle`]), the operator headers, and
 //!    the usage scan; under `retry_next`, on a host that can, a failed
 //!    request is run again without the destination that failed
 //!    ([`Verdict::Rerun`]);

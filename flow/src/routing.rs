@@ -377,7 +377,7 @@ impl Pairs {
 }
 
 /// The pairs of one request as a host decides among them
-/// ([`crate::flow::Host::claim_routed`]).
+/// ([`crate::flow::FleetOp::ClaimRouted`]).
 #[derive(Debug)]
 pub struct Routed<'a> {
     pairs: &'a mut Pairs,

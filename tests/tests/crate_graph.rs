@@ -41,6 +41,7 @@ const PRODUCT: &[&str] = &[
 /// What builds, tests, shows or measures the product, and ships nothing.
 const TOOLS: &[&str] = &[
     "ace-harness",
+    "ace-conformance",
     "ace-demo",
     "ace-tests",
     "ace-benches",

@@ -118,6 +118,7 @@ impl FleetOp<'_, '_> {
     /// Apply the op to `state`, current at `now_ms`, with `warmth`: the
     /// destination it changed (to store and reprice; `None` for a refusal)
     /// and its answer.
+    #[inline]
     pub fn apply(
         &mut self,
         state: &mut FleetState,
@@ -164,6 +165,7 @@ impl FleetOp<'_, '_> {
     /// health (a success within its SLO, or the client gone, on a
     /// destination with no failures to clear): a host that pays for every
     /// write may owe that release to its next write instead.
+    #[inline]
     pub fn quiet_release(&self, state: &FleetState, now_ms: u64) -> Option<usize> {
         match self {
             FleetOp::Settle { d, outcome, .. } => {
@@ -174,6 +176,7 @@ impl FleetOp<'_, '_> {
     }
 }
 
+#[inline]
 fn claimed(d: Result<Decision, Refusal>) -> (Option<usize>, FleetAnswer) {
     (d.as_ref().ok().map(|d| d.index), FleetAnswer::Claimed(d))
 }

@@ -132,18 +132,33 @@ fn one_poll_per_interval_however_many_workers() -> Result<(), Error> {
     Ok(())
 }
 
-/// A service that has only ever answered "not modified" is alive for
-/// every worker, not only the one whose poll it answered.
+/// A service that answers "not modified" for the snapshot in force is
+/// alive for every worker, not only the one whose poll it answered; one
+/// that has never sent a snapshot is not heard by a 304 (the rules in
+/// `ace_flow::control`), so it goes stale like a silent one.
 #[test]
-fn a_service_answering_only_not_modified_is_never_stale() -> Result<(), Error> {
+fn not_modified_for_the_snapshot_in_force_keeps_every_worker_fresh() -> Result<(), Error> {
     let clock = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let service: Shared = Arc::default();
-    service.lock().unwrap().not_modified_only = true;
+    service.lock().unwrap().snapshot = Some(Snapshot {
+        version: 1,
+        generated_ms: 0,
+        reports: vec![report("owned")],
+    });
     let process = Process::new();
     let mut workers = [
         start(&process, &service, clock)?,
         start(&process, &service, clock)?,
     ];
+    for _ in 0..20 {
+        for w in &mut workers {
+            w.advance(Duration::from_millis(100))?;
+        }
+    }
+    assert_eq!(service.lock().unwrap().full, 1, "the snapshot was taken");
+    // From now on every answer is a bare 304 (no ETag header): unchanged
+    // for the ETag the poll sent, which is the snapshot in force.
+    service.lock().unwrap().not_modified_only = true;
     for _ in 0..200 {
         for w in &mut workers {
             w.advance(Duration::from_millis(100))?;
@@ -159,6 +174,36 @@ fn a_service_answering_only_not_modified_is_never_stale() -> Result<(), Error> {
         assert!(stale.is_empty(), "{stale:?}");
     }
     assert_eq!(gauge(&process, "ace.control.stale"), Some(0));
+    Ok(())
+}
+
+#[test]
+fn not_modified_before_any_snapshot_is_not_hearing() -> Result<(), Error> {
+    let clock = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let service: Shared = Arc::default();
+    service.lock().unwrap().not_modified_only = true;
+    let process = Process::new();
+    let mut workers = [
+        start(&process, &service, clock)?,
+        start(&process, &service, clock)?,
+    ];
+    for _ in 0..50 {
+        for w in &mut workers {
+            w.advance(Duration::from_millis(100))?;
+        }
+    }
+    assert!(service.lock().unwrap().polls >= 4, "polled throughout");
+    for w in &workers {
+        let stale = w
+            .logs()
+            .iter()
+            .filter(|l| l.message.contains("stale"))
+            .count();
+        assert_eq!(stale, 1, "each worker says once that it heard nothing");
+    }
+    assert_eq!(gauge(&process, "ace.control.stale"), Some(1));
+    // Traffic still flows on the configuration alone.
+    assert_eq!(route(&mut workers[0])?, "c_owned");
     Ok(())
 }
 

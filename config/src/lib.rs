@@ -249,6 +249,7 @@ impl Warmth {
 
     /// The warm mask for a request for `model`. With no model named, no
     /// cold load can be attributed, so every destination counts as warm.
+    #[inline]
     pub fn mask(&self, model: Option<&str>) -> &[u64] {
         let Some(model) = model else {
             return &self.all;

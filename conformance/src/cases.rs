@@ -18,6 +18,11 @@ use serde_json::Value;
 /// The fleet's configuration, with `extra` fields (each starting with a
 /// comma) added.
 pub fn fleet(extra: &str) -> String {
+    fleet_with(r#"{"read":true}"#, extra)
+}
+
+/// [`fleet`] with body settings `body`.
+pub fn fleet_with(body: &str, extra: &str) -> String {
     let spec = TableSpec {
         destinations: vec![
             DestinationSpec {
@@ -56,7 +61,7 @@ pub fn fleet(extra: &str) -> String {
             {{"name":"us-api","cluster":"us_api","tier":"payg",
               "usd_per_input_token":2e-6,"usd_per_output_token":8e-6}}],
           "tables_base64":"{tables}",
-          "body":{{"read":true}},
+          "body":{body},
           "response_headers":true,
           "health":{{"trip_after":3,"base_cooldown_ms":1000}}{extra}}}"#
     )

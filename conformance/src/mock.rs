@@ -8,9 +8,9 @@ use crate::{Answer, Driver, HostKind, Req, Seen, Service, T0};
 use ace_config::{Control, Trusted};
 use ace_core::fleet::FleetState;
 use ace_flow::control::{Consumer, Delivery};
+use ace_flow::counters::Counter;
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
-use ace_flow::request::Counters;
 use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ pub struct Mock {
     pub models: Vec<ace_core::cost::CostModel>,
     /// The health policy.
     pub policy: ace_core::health::HealthPolicy,
-    /// Counters, by [`Counters`] position.
+    /// Counters, by [`Counter::index`].
     pub counters: Vec<u64>,
     /// Counter names, by position.
     pub counter_names: Vec<String>,
@@ -71,8 +71,8 @@ impl Mock {
             started_ms: T0,
             models: cfg.models.clone(),
             policy: cfg.health,
-            counters: vec![0; Counters::names(cfg).len()],
-            counter_names: Counters::names(cfg),
+            counters: vec![0; Counter::names(cfg).len()],
+            counter_names: Counter::names(cfg),
             events: vec![],
             headers: vec![],
             chunk: vec![],
@@ -200,8 +200,8 @@ impl Host for Mock {
         true
     }
 
-    fn count(&mut self, counter: usize, n: u64) {
-        if let Some(c) = self.counters.get_mut(counter) {
+    fn count(&mut self, counter: Counter, n: u64) {
+        if let Some(c) = self.counters.get_mut(counter.index()) {
             *c += n;
         }
     }

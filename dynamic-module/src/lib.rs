@@ -59,9 +59,10 @@ use ace_dynamic_abi::{
     self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel,
     ModulePtr,
 };
+use ace_flow::counters::Counter;
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
-use ace_flow::request::{self, Counters};
+use ace_flow::request;
 use fleet::Fleet;
 use std::cell::RefCell;
 use std::ffi::c_char;
@@ -112,7 +113,7 @@ struct Shared {
     setup: Setup,
     /// Health and load, shared with every configuration of this fleet.
     fleet: Arc<Fleet>,
-    /// Envoy's id per counter ([`Counters`] order); `None` if Envoy refused
+    /// Envoy's id per counter ([`Counter::index`] order); `None` if Envoy refused
     /// to define it.
     counters: Vec<Option<usize>>,
     /// The response cache's slots (`cache.slots` of them once used), in
@@ -234,7 +235,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     setup.announce(true);
     let config = &setup.config;
     // Envoy freezes counter creation after this hook: define them all now.
-    let counters = Counters::names(config)
+    let counters = Counter::names(config)
         .iter()
         .map(|name| match handle.define_counter(name) {
             Ok(id) => Some(id),
@@ -515,8 +516,8 @@ impl Host for Dynamic<'_> {
         self.envoy.set_filter_state(EVENT_KEY, line)
     }
 
-    fn count(&mut self, counter: usize, n: u64) {
-        if let Some(Some(id)) = self.shared.counters.get(counter) {
+    fn count(&mut self, counter: Counter, n: u64) {
+        if let Some(Some(id)) = self.shared.counters.get(counter.index()) {
             if n > 0 {
                 self.envoy.increment_counter(*id, n);
             }

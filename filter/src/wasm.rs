@@ -34,11 +34,12 @@ use crate::state::{Mirror, Synced};
 use ace_core::health::Change;
 use ace_flow::config::{Config, Control, Trusted};
 use ace_flow::control::{self, Answered, Consumer, Delivery, Heard, Metric, Reply};
+use ace_flow::counters::Counter;
 use ace_flow::flow::{
     self, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
 };
 use ace_flow::headers::{Pairs, Span};
-use ace_flow::request::{self, Counters, EventIds};
+use ace_flow::request::{self, EventIds};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use std::cell::RefCell;
@@ -80,7 +81,7 @@ struct Plugin {
     ids: RefCell<EventIds>,
 }
 
-/// Proxy-wasm counters ([`Counters`]), shown by Envoy as `wasmcustom.ace.*`
+/// Proxy-wasm counters ([`Counter`]), shown by Envoy as `wasmcustom.ace.*`
 /// (Prometheus output strips the namespace).
 ///
 /// Counts are kept in the VM and handed to Envoy on the worker's tick
@@ -99,7 +100,7 @@ struct Metrics {
 
 impl Metrics {
     fn define(config: &Config) -> Metrics {
-        let ids: Vec<u32> = Counters::names(config)
+        let ids: Vec<u32> = Counter::names(config)
             .iter()
             .map(|name| match host::define_counter(name) {
                 Ok(id) => id,
@@ -747,8 +748,8 @@ impl Host for Wasm<'_> {
             .is_ok()
     }
 
-    fn count(&mut self, counter: usize, n: u64) {
-        self.plugin.metrics.add(counter, n);
+    fn count(&mut self, counter: Counter, n: u64) {
+        self.plugin.metrics.add(counter.index(), n);
     }
 
     fn fleet(

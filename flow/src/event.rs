@@ -328,6 +328,7 @@ impl Event {
     }
 
     /// The bytes of a text field.
+    #[inline]
     pub fn bytes<'a>(&'a self, t: &'a Option<Text>) -> Option<&'a [u8]> {
         match t.as_ref()? {
             Text::Header(span) => self.headers.at(*span),
@@ -337,6 +338,7 @@ impl Event {
 
     /// A text field as text; a value that is not UTF-8 reads as
     /// [`NOT_UTF8`].
+    #[inline]
     pub fn text<'a>(&'a self, t: &'a Option<Text>) -> Option<&'a str> {
         self.bytes(t)
             .map(|b| std::str::from_utf8(b).unwrap_or(NOT_UTF8))

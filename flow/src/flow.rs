@@ -6,8 +6,9 @@
 //! only Envoy can do (read and set headers, read the body, answer locally,
 //! read the clock, keep the fleet's shared state, count, write the event).
 //! An adapter implements [`Host`] and maps Envoy's callbacks onto
-//! [`Flow`]'s; it holds no policy of its own. `tests/flow.rs` drives the
-//! whole flow through a mock host.
+//! [`Flow`]'s; it holds no policy of its own. The conformance suite
+//! (`conformance/`) runs the same cases over every host, and drives the
+//! whole flow step by step through its mock host (`conformance/tests/flow.rs`).
 //!
 //! The order a request goes through:
 //!
@@ -31,9 +32,10 @@
 
 use crate::body::{self, RequestBody};
 use crate::cache::{self, Entry, Pending};
+use crate::counters::{Counter, Fleet};
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
-use crate::request::{self, Counters, Lookup, Refused};
+use crate::request::{self, Lookup, Refused};
 use crate::routing::{self, Routed};
 use crate::usage::UsageScanner;
 use ace_config::Warmth;
@@ -251,8 +253,8 @@ pub trait Host {
     /// Hand the request's event line to Envoy's access log.
     fn write_event(&mut self, line: &[u8]) -> bool;
 
-    /// Count `n` on counter `counter` ([`Counters`] positions).
-    fn count(&mut self, counter: usize, n: u64);
+    /// Count `n` on `counter`.
+    fn count(&mut self, counter: Counter, n: u64);
 
     /// Run `op` on the fleet's shared state at `now_ms`, as one
     /// transaction: the host brings its copy of the state up to `now_ms`,
@@ -536,6 +538,7 @@ enum CacheRung {
 }
 
 impl Ask<'_> {
+    #[inline]
     fn model(&self) -> Option<&str> {
         self.event.text(&self.event.model_requested)
     }
@@ -597,7 +600,7 @@ impl Ask<'_> {
                     return CacheRung::Hit;
                 }
             }
-            None => host.count(Counters::CACHE_MISSES, 1),
+            None => host.count(Fleet::CacheMisses.into(), 1),
         }
         CacheRung::Pending(p)
     }
@@ -732,10 +735,11 @@ impl Flow {
         }
         host.count(
             if self.retry_of.is_some() {
-                Counters::RETRIES
+                Fleet::Retries
             } else {
-                Counters::REQUESTS
-            },
+                Fleet::Requests
+            }
+            .into(),
             1,
         );
         let wants_body = head.wants_body(cfg, end_of_stream);
@@ -936,7 +940,7 @@ impl Flow {
             Ok((Climbed::Claimed(served, cf), pending)) => ((served, cf), pending),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
             Err(Stop::NoDestination(refusal)) => {
-                host.count(Counters::NO_DESTINATION, 1);
+                host.count(Fleet::NoDestination.into(), 1);
                 return self.refuse(host, &Refused::no_destination(refusal));
             }
             Err(Stop::Fleet) => {
@@ -990,11 +994,11 @@ impl Flow {
         if let Some(p) = pending {
             self.extra.get_or_insert_with(Box::default).cache = Some(*p);
         }
-        for (counter, n) in Counters::decided(decision) {
+        for (counter, n) in Counter::decided(decision) {
             host.count(counter, n);
         }
         if cfg.no_policy {
-            host.count(Counters::WITHOUT_POLICY, 1);
+            host.count(Fleet::WithoutPolicy.into(), 1);
         }
         let Some(dest) = cfg.destinations.get(decision.index) else {
             self.settle(setup, host, None, Some(now));
@@ -1018,7 +1022,7 @@ impl Flow {
             {
                 host.set_request_header("x-ace-model", name);
             }
-            host.count(Counters::SUBSTITUTIONS, 1);
+            host.count(Fleet::Substitutions.into(), 1);
             if let Some(e) = self.event.as_mut() {
                 e.model_served = Some(Text::Owned(name.to_string()));
             }
@@ -1072,7 +1076,7 @@ impl Flow {
         let Some((producer, model, status, tokens_in, tokens_out, estimated)) = sent else {
             return self.internal(host, "cannot answer from the cache");
         };
-        host.count(Counters::CACHE_HITS, 1);
+        host.count(Fleet::CacheHits.into(), 1);
         let Some(e) = self.event.as_mut() else {
             return Verdict::Answered;
         };
@@ -1187,12 +1191,12 @@ impl Flow {
             Ok(FleetAnswer::Settled(change)) => Ok(change),
             _ => Err(FleetUnavailable),
         };
-        if let Some(c) = Counters::destination_outcome(d, outcome) {
+        if let Some(c) = Counter::outcome(d, outcome) {
             host.count(c, 1);
         }
         match result {
             Ok(change) => {
-                if let Some(c) = Counters::change(change) {
+                if let Some(c) = Counter::change(change) {
                     host.count(c, 1);
                 }
                 if change != Change::None {
@@ -1410,8 +1414,8 @@ impl Flow {
         if p.oversize && p.check.is_some() {
             // The fresh answer outgrew the bound the entry fits in: they
             // differ. Counted, and the entry dropped (nothing replaces it).
-            host.count(Counters::CACHE_CHECKS, 1);
-            host.count(Counters::CACHE_FALSE_HITS, 1);
+            host.count(Fleet::CacheChecks.into(), 1);
+            host.count(Fleet::CacheFalseHits.into(), 1);
             e.cache_false_hit = true;
             host.cache_put(p.slot, &[]);
             log::warn!(
@@ -1424,9 +1428,9 @@ impl Flow {
         }
         let digest = cache::content_digest(&p.body, p.sse);
         if let Some(check) = p.check {
-            host.count(Counters::CACHE_CHECKS, 1);
+            host.count(Fleet::CacheChecks.into(), 1);
             if check != digest {
-                host.count(Counters::CACHE_FALSE_HITS, 1);
+                host.count(Fleet::CacheFalseHits.into(), 1);
                 e.cache_false_hit = true;
                 log::warn!(
                     "cache false hit: a checked entry differs from the upstream's answer; replaced"
@@ -1453,7 +1457,7 @@ impl Flow {
         };
         let bytes = entry.encode();
         if host.cache_put(p.slot, &bytes) {
-            host.count(Counters::CACHE_STORES, 1);
+            host.count(Fleet::CacheStores.into(), 1);
         }
         let _ = setup;
     }
@@ -1488,7 +1492,7 @@ impl Flow {
                 _ => e.finish(0, "client_gone"),
             }
         }
-        for (counter, n) in Counters::booked(e) {
+        for (counter, n) in Counter::booked(e) {
             host.count(counter, n);
         }
         let written = with_worker(worker, |w| {

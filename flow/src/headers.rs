@@ -126,6 +126,7 @@ pub fn number<T: std::str::FromStr>(value: Option<&[u8]>) -> Option<T> {
 }
 
 /// Whether `value` contains `needle`, ASCII case-insensitive.
+#[inline]
 pub fn has(value: Option<&[u8]>, needle: &str) -> bool {
     let needle = needle.as_bytes();
     value.is_some_and(|v| {
@@ -178,6 +179,7 @@ pub struct Iter<'a> {
 impl<'a> Iterator for Iter<'a> {
     type Item = (&'a [u8], &'a [u8]);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.index >= self.count {
             return None;

@@ -28,6 +28,7 @@ pub mod attributes;
 pub mod body;
 pub mod cache;
 pub mod control;
+pub mod counters;
 pub mod event;
 pub mod flow;
 pub mod headers;

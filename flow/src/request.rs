@@ -3,7 +3,7 @@
 //! headers say ([`capture`]), what it asks of the core ([`plan`]), which
 //! destinations may serve it ([`feasible`]), what an answer means for the
 //! destination's health ([`outcome`]), what the request turned out to cost
-//! ([`book_usage`]), and the counters both hosts report ([`Counters`]).
+//! ([`book_usage`]); the counters they report are [`crate::counters`].
 
 use crate::attributes::{self, AttributeError};
 use crate::body::{self, BodyError, RequestBody};
@@ -13,7 +13,7 @@ use crate::usage::Usage;
 use ace_config::Config;
 use ace_config::Trusted;
 use ace_core::dispatch::{Decision, Refusal, Request};
-use ace_core::health::{Change, Outcome, ANY_TENANT, MAX_TENANT};
+use ace_core::health::{Outcome, ANY_TENANT, MAX_TENANT};
 use ace_core::tables::Tables;
 use std::sync::Arc;
 
@@ -148,6 +148,7 @@ impl EventIds {
     }
 
     /// The next id.
+    #[inline]
     pub fn next_id(&mut self) -> [u8; 32] {
         self.next = self.next.wrapping_add(1);
         event_id(self.prefix, self.next)
@@ -155,6 +156,7 @@ impl EventIds {
 }
 
 /// Event id `n` under `prefix`: both as 16 lowercase hex digits.
+#[inline]
 pub fn event_id(prefix: u64, n: u64) -> [u8; 32] {
     let mut out = [b'0'; 32];
     for (i, byte) in out.iter_mut().enumerate() {
@@ -445,6 +447,7 @@ pub fn record(event: &mut Event, cfg: &Config, names: &[Arc<str>], decision: &De
 /// 5xx that Envoy made itself (a refused connection, a timeout) is blamed
 /// on no tenant, while an upstream's 5xx is blamed on the request's tenant
 /// `tenant_key` (see the `trip_tenants` health rule).
+#[inline]
 pub fn outcome(
     status: u32,
     retry_after: Option<&[u8]>,
@@ -479,6 +482,7 @@ pub const UPSTREAM_TIME_HEADER: &str = "x-envoy-upstream-service-time";
 /// the context window, output by the request's `max_tokens` (else the
 /// context window). The excess is not booked, and `usage_capped` says so.
 /// `max_output` is the request's own output budget, if it gave one.
+#[inline]
 pub fn book_usage(
     event: &mut Event,
     cfg: &Config,
@@ -493,6 +497,7 @@ pub fn book_usage(
 /// scaled by `counterfactual_scale`: the price factor there of the model
 /// the request named (model routing; the booked prices are the
 /// decision's, already at the served model's).
+#[inline]
 pub fn book_usage_scaled(
     event: &mut Event,
     cfg: &Config,
@@ -521,6 +526,7 @@ pub fn book_usage_scaled(
 /// The response headers ACE adds when `response_headers` is on:
 /// destination, reason, tier and booked cost. `cost` is scratch space for
 /// the formatted cost.
+#[inline]
 pub fn response_headers<'a>(
     cfg: &'a Config,
     decision: &Decision,
@@ -539,166 +545,9 @@ pub fn response_headers<'a>(
     ])
 }
 
-/// USD as whole nano-dollars for the dollar counters (0 when not positive).
-pub fn nano_usd(usd: f64) -> u64 {
-    if usd.is_finite() && usd > 0.0 {
-        // Rounds half up (usd > 0); the cast saturates.
-        (usd * 1e9 + 0.5) as u64
-    } else {
-        0
-    }
-}
-
-/// The counters both adapters report, by position: the fleet-wide ones,
-/// then three per destination. Envoy shows them under its own prefix
-/// (`wasmcustom.` for the Wasm filter); dollars are counted in nano-USD.
-#[derive(Debug, Clone, Copy)]
-pub struct Counters;
-
-impl Counters {
-    /// Requests seen.
-    pub const REQUESTS: usize = 0;
-    /// Requests refused with no feasible, healthy destination.
-    pub const NO_DESTINATION: usize = 1;
-    /// Destinations tripped out.
-    pub const TRIPS: usize = 2;
-    /// Capacity caps cut by a 429.
-    pub const CAP_CUTS: usize = 3;
-    /// Destinations derated for slowness.
-    pub const DERATES: usize = 4;
-    /// Booked (true marginal) cost, nano-USD.
-    pub const BOOKED_NANO_USD: usize = 5;
-    /// The all-pay-as-you-go counterfactual, nano-USD.
-    pub const COUNTERFACTUAL_NANO_USD: usize = 6;
-    /// Requests run again on the next destination (`retry_next`, the
-    /// dynamic module); not counted again in [`Counters::REQUESTS`].
-    pub const RETRIES: usize = 7;
-    /// Requests routed with no policy tables (`allow_no_policy`).
-    pub const WITHOUT_POLICY: usize = 8;
-    /// Requests served by another model than the one they named.
-    pub const SUBSTITUTIONS: usize = 9;
-    /// Requests answered from the cache.
-    pub const CACHE_HITS: usize = 10;
-    /// Cacheable requests the cache had no answer for.
-    pub const CACHE_MISSES: usize = 11;
-    /// Answers stored in the cache.
-    pub const CACHE_STORES: usize = 12;
-    /// Hits sent upstream as well, to check them.
-    pub const CACHE_CHECKS: usize = 13;
-    /// Checked hits whose fresh answer differed: the false-hit rate is
-    /// this over [`Counters::CACHE_CHECKS`].
-    pub const CACHE_FALSE_HITS: usize = 14;
-    const FLEET: [&'static str; 15] = [
-        "ace.requests",
-        "ace.no_destination",
-        "ace.trips",
-        "ace.cap_cuts",
-        "ace.derates",
-        "ace.booked_nano_usd",
-        "ace.counterfactual_nano_usd",
-        "ace.retries",
-        "ace.requests_without_policy",
-        "ace.model_substitutions",
-        "ace.cache.hits",
-        "ace.cache.misses",
-        "ace.cache.stores",
-        "ace.cache.checks",
-        "ace.cache.false_hits",
-    ];
-
-    /// Every counter's name for `cfg`, in position order.
-    pub fn names(cfg: &Config) -> Vec<String> {
-        let mut names: Vec<String> = Self::FLEET.iter().map(|s| s.to_string()).collect();
-        for (d, m) in cfg.destinations.iter().zip(&cfg.models) {
-            let base = format!("ace.destination.{}.tier.{}", d.name, m.tier.as_str());
-            for what in ["requests", "failures", "throttled"] {
-                names.push(format!("{base}.{what}"));
-            }
-        }
-        names
-    }
-
-    /// What a decision counts: one request on its destination.
-    pub fn decided(decision: &Decision) -> [(usize, u64); 1] {
-        [(Self::destination_requests(decision.index), 1)]
-    }
-
-    /// What a finished request books: the dollars of its final event (its
-    /// reported usage when the upstream gave one, else the bounded
-    /// estimate), so that the counters and the event log agree.
-    pub fn booked(event: &Event) -> [(usize, u64); 2] {
-        let served = event.destination.is_some();
-        [
-            (
-                Self::BOOKED_NANO_USD,
-                if served {
-                    nano_usd(event.marginal_usd)
-                } else {
-                    0
-                },
-            ),
-            (
-                Self::COUNTERFACTUAL_NANO_USD,
-                if served {
-                    nano_usd(event.counterfactual_usd.unwrap_or(0.0))
-                } else {
-                    0
-                },
-            ),
-        ]
-    }
-
-    /// Requests sent to destination `d`.
-    pub const fn destination_requests(d: usize) -> usize {
-        Self::FLEET.len() + 3 * d
-    }
-
-    /// The per-destination counter an outcome on `d` counts in, if any.
-    pub fn destination_outcome(d: usize, outcome: Option<Outcome>) -> Option<usize> {
-        match outcome? {
-            Outcome::Failure { .. } => Some(Self::FLEET.len() + 3 * d + 1),
-            Outcome::Throttled { .. } => Some(Self::FLEET.len() + 3 * d + 2),
-            Outcome::Success { .. } => None,
-        }
-    }
-
-    /// The counter a health change counts in, if any.
-    pub fn change(change: Change) -> Option<usize> {
-        match change {
-            Change::Tripped { .. } => Some(Self::TRIPS),
-            Change::CapCut { .. } => Some(Self::CAP_CUTS),
-            Change::Derated { .. } => Some(Self::DERATES),
-            Change::Recovered | Change::None => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counter_positions_match_names() {
-        let cfg = Config::parse(
-            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"a"},{"name":"b","cluster":"b","tier":"payg","usd_per_input_token":1e-6,"usd_per_output_token":1e-6}]}"#,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let names = Counters::names(&cfg);
-        let at = |i: usize| names.get(i).map(String::as_str);
-        assert_eq!(at(Counters::REQUESTS), Some("ace.requests"));
-        assert_eq!(
-            at(Counters::COUNTERFACTUAL_NANO_USD),
-            Some("ace.counterfactual_nano_usd")
-        );
-        assert!(at(Counters::destination_requests(1))
-            .is_some_and(|n| n.starts_with("ace.destination.b.tier.payg.requests")));
-        let fail = Counters::destination_outcome(1, Some(Outcome::Failure { tenant: 0 }));
-        assert!(fail
-            .and_then(at)
-            .is_some_and(|n| n.ends_with("b.tier.payg.failures")));
-        assert_eq!(names.len(), 15 + 6);
-        assert_eq!(at(Counters::RETRIES), Some("ace.retries"));
-    }
 
     #[test]
     fn error_bodies_are_json_naming_the_problem() {

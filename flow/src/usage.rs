@@ -54,6 +54,7 @@ pub struct UsageScanner {
 impl UsageScanner {
     /// A scanner for a response; `sse` when its content type is
     /// `text/event-stream`.
+    #[inline]
     pub fn new(sse: bool) -> UsageScanner {
         UsageScanner {
             sse: sse.then_some(Line::Prefix(0)),

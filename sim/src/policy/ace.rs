@@ -153,7 +153,7 @@ impl Host for Envoy<'_> {
         true
     }
 
-    fn count(&mut self, _counter: usize, _n: u64) {}
+    fn count(&mut self, _counter: ace_flow::counters::Counter, _n: u64) {}
 
     fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
         let cfg = self.cfg;

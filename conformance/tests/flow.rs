@@ -1,22 +1,19 @@
-//! The whole request flow through a mock host: what every adapter must do
-//! alike, checked without Envoy (the real-Envoy suites in `tests/` run the
-//! same flow inside both builds).
+//! The whole request flow, step by step, on the suite's reference host
+//! ([`ace_conformance::mock::Mock`]): the cases that look inside the flow
+//! (a request held mid-way, the fleet's slots, a re-run), which the
+//! four-host cases of `conformance.rs` see only from outside. The
+//! real-Envoy suites in `tests/` run the same flow inside both builds.
 //!
-//! The mock keeps the fleet in one [`FleetState`] (as the dynamic module
-//! does), answers from scripted upstreams keyed by the cluster the flow
-//! chose, and records every local reply, counter and event line.
+//! Upstreams are scripted, keyed by the cluster the flow chose.
 
 #![allow(clippy::panic, clippy::indexing_slicing)] // a test fails by panicking
 
-use ace_config::{Config, Trusted};
-use ace_core::fleet::FleetState;
+use ace_config::Config;
+use ace_conformance::mock::Mock;
+use ace_conformance::Answer;
 use ace_core::health::Outcome;
-use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
-use ace_flow::control::Outside;
-use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
-use ace_flow::headers::Pairs;
-use ace_flow::request::Counters;
-use base64::Engine;
+use ace_flow::counters::{Counter, Fleet};
+use ace_flow::flow::{Flow, Setup, Verdict, Worker};
 use serde_json::Value;
 use std::cell::RefCell;
 
@@ -26,242 +23,10 @@ fn setup(extra: &str) -> Setup {
     setup_with(r#"{"read":true}"#, extra)
 }
 
-/// [`setup`] with body settings `body`.
+/// [`setup`] with body settings `body`: the conformance suite's fleet.
 fn setup_with(body: &str, extra: &str) -> Setup {
-    let spec = TableSpec {
-        destinations: vec![
-            DestinationSpec {
-                name: "eu-owned".into(),
-                cluster: "eu_owned".into(),
-            },
-            DestinationSpec {
-                name: "us-api".into(),
-                cluster: "us_api".into(),
-            },
-        ],
-        attributes: vec![AttributeSpec {
-            name: "data_class".into(),
-            values: vec!["personal_eu".into(), "public".into()],
-        }],
-        factors: vec![
-            FactorSpec {
-                kind: FactorKind::Permit,
-                attributes: vec![],
-                rows: vec![0b11],
-            },
-            FactorSpec {
-                kind: FactorKind::Forbid,
-                attributes: vec![0],
-                // Value 0 is the unknown one: forbidden everywhere;
-                // personal_eu: not the US; public: nothing.
-                rows: vec![0b11, 0b10, 0],
-            },
-        ],
-    };
-    let tables = base64::engine::general_purpose::STANDARD
-        .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")));
-    let json = format!(
-        r#"{{"destinations":[
-            {{"name":"eu-owned","cluster":"eu_owned","tier":"inhouse","capacity":2,
-              "usd_per_input_token":1e-8,"usd_per_output_token":1e-8,"slo_ms":1000}},
-            {{"name":"us-api","cluster":"us_api","tier":"payg",
-              "usd_per_input_token":2e-6,"usd_per_output_token":8e-6}}],
-          "tables_base64":"{tables}",
-          "body":{body},
-          "health":{{"trip_after":3,"base_cooldown_ms":1000}}{extra}}}"#
-    );
+    let json = ace_conformance::cases::fleet_with(body, extra);
     Setup::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// What a scripted upstream answers.
-#[derive(Clone, Debug)]
-struct Answer {
-    status: u32,
-    headers: Vec<(&'static str, String)>,
-    body: Vec<Vec<u8>>,
-}
-
-impl Answer {
-    fn ok(body: &str) -> Answer {
-        Answer {
-            status: 200,
-            headers: vec![
-                ("content-type", "application/json".into()),
-                ("x-envoy-upstream-service-time", "3".into()),
-            ],
-            body: vec![body.as_bytes().to_vec()],
-        }
-    }
-
-    fn status(status: u32) -> Answer {
-        Answer {
-            status,
-            headers: vec![("x-envoy-upstream-service-time", "1".into())],
-            body: vec![],
-        }
-    }
-}
-
-/// The mock host: one per fleet; its per-request fields are reset by
-/// [`Mock::request`].
-struct Mock {
-    now: u64,
-    ids: u64,
-    fleet: FleetState,
-    /// What the control service said (tests apply snapshots to it).
-    outside: Outside,
-    setup_models: Vec<ace_core::cost::CostModel>,
-    policy: ace_core::health::HealthPolicy,
-    counters: Vec<u64>,
-    events: Vec<Value>,
-    /// This request's headers, as the upstream will see them.
-    headers: Vec<(String, String)>,
-    /// The body chunk of the current body callback.
-    chunk: Vec<u8>,
-    /// The response headers of the current request.
-    response: Vec<(String, String)>,
-    /// Local replies sent.
-    replies: Vec<(u32, Value)>,
-    /// Metadata a verified source reads.
-    metadata: Option<Vec<u8>>,
-    /// Whether this host can run a request again, and whether it marked
-    /// the current run superseded.
-    can_rerun: bool,
-    superseded: bool,
-}
-
-impl Mock {
-    fn new(setup: &Setup) -> Mock {
-        let cfg = &setup.config;
-        let mut fleet = FleetState::new(cfg.destinations.len());
-        fleet.reprice_all(&cfg.models, &cfg.health, 0);
-        Mock {
-            now: 1_000,
-            ids: 0,
-            fleet,
-            outside: Outside::new(cfg),
-            setup_models: cfg.models.clone(),
-            policy: cfg.health,
-            counters: vec![0; Counters::names(cfg).len()],
-            events: vec![],
-            headers: vec![],
-            chunk: vec![],
-            response: vec![],
-            replies: vec![],
-            metadata: None,
-            can_rerun: false,
-            superseded: false,
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-impl Host for Mock {
-    fn now_ms(&mut self) -> u64 {
-        self.now
-    }
-
-    fn next_event_id(&mut self) -> [u8; 32] {
-        self.ids += 1;
-        ace_flow::request::event_id(7, self.ids)
-    }
-
-    fn request_headers(&mut self) -> Pairs {
-        Pairs::encode(
-            self.headers
-                .iter()
-                .map(|(k, v)| (k.as_bytes(), v.as_bytes())),
-        )
-    }
-
-    fn remove_request_header(&mut self, name: &str) -> bool {
-        self.headers.retain(|(k, _)| k != name);
-        true
-    }
-
-    fn set_request_header(&mut self, name: &str, value: &str) -> bool {
-        self.remove_request_header(name);
-        self.headers.push((name.to_string(), value.to_string()));
-        true
-    }
-
-    fn clear_route_cache(&mut self) {}
-
-    fn request_body(&mut self, into: &mut Vec<u8>, room: usize) -> usize {
-        let take = room.min(self.chunk.len());
-        into.extend_from_slice(&self.chunk[..take]);
-        self.chunk.len()
-    }
-
-    fn trusted(&mut self, _source: &Trusted) -> Option<Vec<u8>> {
-        self.metadata.clone()
-    }
-
-    fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
-        f(self
-            .response
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_bytes()))
-    }
-
-    fn set_response_header(&mut self, name: &str, value: &str) {
-        self.response.retain(|(k, _)| k != name);
-        self.response.push((name.to_string(), value.to_string()));
-    }
-
-    fn response_body(&mut self, mut f: impl FnMut(&[u8])) {
-        f(&self.chunk);
-    }
-
-    fn send_local(&mut self, status: u32, body: &[u8], _details: &str) -> bool {
-        let v = serde_json::from_slice(body).unwrap_or_else(|e| panic!("reply not JSON: {e}"));
-        self.replies.push((status, v));
-        true
-    }
-
-    fn envoy_response_code(&mut self) -> Option<u32> {
-        None
-    }
-
-    fn write_event(&mut self, line: &[u8]) -> bool {
-        let v = serde_json::from_slice(line).unwrap_or_else(|e| panic!("event not JSON: {e}"));
-        self.events.push(v);
-        true
-    }
-
-    fn count(&mut self, counter: usize, n: u64) {
-        self.counters[counter] += n;
-    }
-
-    fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable> {
-        let warmth = &self.outside.warmth;
-        Ok(op.run(
-            &mut self.fleet,
-            warmth,
-            &self.setup_models,
-            &self.policy,
-            now_ms,
-        ))
-    }
-
-    fn can_rerun(&self) -> bool {
-        self.can_rerun
-    }
-
-    fn replayable(&mut self, _bytes: usize) -> bool {
-        true
-    }
-
-    fn mark_superseded(&mut self, superseded: bool) {
-        self.superseded = superseded;
-    }
 }
 
 /// A request as a client sends it.
@@ -396,8 +161,8 @@ fn personal_data_stays_in_the_eu_and_is_refused_when_the_eu_is_down() {
     finish(&s, &w, &mut m, a, Some(ok("")), 5);
     finish(&s, &w, &mut m, b, Some(ok("")), 5);
     assert_eq!(m.fleet.in_flight, vec![0, 0], "every slot released");
-    assert_eq!(m.counters[Counters::NO_DESTINATION], 1);
-    assert_eq!(m.counters[Counters::REQUESTS], 4);
+    assert_eq!(m.counters[Counter::from(Fleet::NoDestination).index()], 1);
+    assert_eq!(m.counters[Counter::from(Fleet::Requests).index()], 4);
 }
 
 #[test]
@@ -443,7 +208,7 @@ fn a_client_never_chooses_the_destination() {
     let e = send(&s, &w, &mut m, &mark, ok);
     assert_eq!(e["reason"], "cheapest", "{e}");
     assert_eq!(m.header("x-ace-retry"), None, "removed before the upstream");
-    assert_eq!(m.counters[Counters::RETRIES], 0);
+    assert_eq!(m.counters[Counter::from(Fleet::Retries).index()], 0);
 }
 
 #[test]
@@ -463,7 +228,7 @@ fn failures_trip_then_a_probe_closes_the_breaker() {
         assert_eq!(e["destination"], "eu-owned");
         assert_eq!(e["status"], 503);
     }
-    assert_eq!(m.counters[Counters::TRIPS], 1);
+    assert_eq!(m.counters[Counter::from(Fleet::Trips).index()], 1);
     let e = send(&s, &w, &mut m, &req("public"), failing);
     assert_eq!(e["destination"], "us-api", "spilled past the trip: {e}");
     // Personal data has nowhere else: refused while the EU is tripped.
@@ -475,8 +240,8 @@ fn failures_trip_then_a_probe_closes_the_breaker() {
     assert_eq!(e["destination"], "eu-owned", "half-open probe: {e}");
     let e = send(&s, &w, &mut m, &req("public"), ok);
     assert_eq!(e["destination"], "eu-owned", "closed again: {e}");
-    let fails = Counters::destination_outcome(0, Some(Outcome::Failure { tenant: 0 }));
-    assert_eq!(fails.map(|c| m.counters[c]), Some(3));
+    let fails = Counter::outcome(0, Some(Outcome::Failure { tenant: 0 }));
+    assert_eq!(fails.map(|c| m.counters[c.index()]), Some(3));
 }
 
 #[test]
@@ -485,14 +250,13 @@ fn envoys_own_5xx_counts_as_a_failure_blamed_on_no_tenant() {
     let w = RefCell::new(Worker::default());
     let mut m = Mock::new(&s);
     let refused = |_: &str| Answer {
-        status: 503,
         headers: vec![],
-        body: vec![],
+        ..Answer::status(503)
     };
     for _ in 0..3 {
         send(&s, &w, &mut m, &req("public"), refused);
     }
-    assert_eq!(m.counters[Counters::TRIPS], 1);
+    assert_eq!(m.counters[Counter::from(Fleet::Trips).index()], 1);
 }
 
 #[test]
@@ -504,27 +268,26 @@ fn a_slow_answer_derates_and_a_429_cuts_the_cap() {
     let f = start(&s, &w, &mut m, &req("public"));
     assert_eq!(f.cluster.as_deref(), Some("eu_owned"));
     finish(&s, &w, &mut m, f, Some(ok("")), 5_000);
-    assert_eq!(m.counters[Counters::DERATES], 1);
+    assert_eq!(m.counters[Counter::from(Fleet::Derates).index()], 1);
     let e = m.events.last().cloned().unwrap_or_default();
     assert_eq!(e["slo_met"], false, "{e}");
     let throttled = |_: &str| Answer {
-        status: 429,
         headers: vec![
             ("retry-after", "2".into()),
             ("x-envoy-upstream-service-time", "1".into()),
         ],
-        body: vec![],
+        ..Answer::status(429)
     };
     let e = send(&s, &w, &mut m, &req("personal_eu"), throttled);
     assert_eq!(e["status"], 429);
-    assert_eq!(m.counters[Counters::CAP_CUTS], 1);
-    let throttled_on = Counters::destination_outcome(
+    assert_eq!(m.counters[Counter::from(Fleet::CapCuts).index()], 1);
+    let throttled_on = Counter::outcome(
         0,
         Some(Outcome::Throttled {
             retry_after_ms: None,
         }),
     );
-    assert_eq!(throttled_on.map(|c| m.counters[c]), Some(1));
+    assert_eq!(throttled_on.map(|c| m.counters[c.index()]), Some(1));
     // The cap moved left, from 2 slots to 1: with one request in flight
     // the EU is full; public data spills, personal data is refused.
     let held = start(&s, &w, &mut m, &req("personal_eu"));
@@ -562,6 +325,7 @@ fn usage_from_json_and_from_a_stream_is_booked_at_the_decisions_prices() {
             b"data: {\"choices\":[],\"usage\":{\"prompt_tok".to_vec(),
             b"ens\":7,\"completion_tokens\":9}}\n\ndata: [DONE]\n\n".to_vec(),
         ],
+        took_ms: 5,
     };
     let e = send(&s, &w, &mut m, &req("public"), sse);
     assert_eq!(
@@ -575,7 +339,7 @@ fn usage_from_json_and_from_a_stream_is_booked_at_the_decisions_prices() {
     // The counterfactual is the API's list price for the same tokens.
     let cf = e["counterfactual_usd"].as_f64().unwrap_or(-1.0);
     assert!((cf - (7.0 * 2e-6 + 9.0 * 8e-6)).abs() < 1e-12, "{cf}");
-    let booked = m.counters[Counters::BOOKED_NANO_USD];
+    let booked = m.counters[Counter::from(Fleet::BookedNanoUsd).index()];
     assert_eq!(booked, 15_450 + 160, "counters book what the events say");
 }
 
@@ -629,7 +393,7 @@ fn a_client_that_leaves_releases_its_slot_and_blames_no_one() {
         (&Value::from(0), &Value::from("client_gone"))
     );
     assert_eq!(m.fleet.in_flight, vec![0, 0]);
-    assert_eq!(m.counters[Counters::TRIPS], 0);
+    assert_eq!(m.counters[Counter::from(Fleet::Trips).index()], 0);
 }
 
 #[test]
@@ -645,7 +409,7 @@ fn no_policy_is_refused_unless_asked_for_and_then_counted() {
     let mut m = Mock::new(&s);
     let e = send(&s, &w, &mut m, &Req::default(), ok);
     assert_eq!(e["destination"], "a", "{e}");
-    assert_eq!(m.counters[Counters::WITHOUT_POLICY], 1);
+    assert_eq!(m.counters[Counter::from(Fleet::WithoutPolicy).index()], 1);
 }
 
 #[test]
@@ -692,7 +456,7 @@ fn retry_next_reruns_a_failed_request_once_without_the_failed_destination() {
         (&e["destination"], &e["reason"]),
         (&Value::from("us-api"), &Value::from("retry"))
     );
-    assert_eq!(m.counters[Counters::RETRIES], 1);
+    assert_eq!(m.counters[Counter::from(Fleet::Retries).index()], 1);
     // A re-run that fails is answered, never run a third time.
     let f = start(&s, &w, &mut m, &req("public"));
     m.response = vec![(":status".into(), "503".into())];

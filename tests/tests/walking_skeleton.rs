@@ -128,7 +128,7 @@ fn without_envoy_on_path_the_test_fails_naming_envoy_and_setup() {
     let out = std::process::Command::new(exe)
         .args([
             "--exact",
-            "wasm::request_arrives_at_the_upstream_the_filter_chose",
+            "walking_skeleton::wasm::request_arrives_at_the_upstream_the_filter_chose",
             "--nocapture",
         ])
         .env("PATH", new_path)

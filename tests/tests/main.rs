@@ -1,0 +1,28 @@
+//! ACE's real-Envoy integration tests, one module per subject, built as one
+//! test binary: each file here used to be a binary of its own, and linking
+//! twenty-two binaries against the harness, the CLI, the simulator and the
+//! ledger was a good part of `make test`'s build. Run one subject with
+//! `cargo test -p ace-tests --test envoy hostile::` (the module's name).
+
+mod body;
+mod compliance_props;
+mod configs;
+mod control_dynamic;
+mod control_service;
+mod crate_graph;
+mod dynamic_module;
+mod events;
+mod example_fleet;
+mod feasibility;
+mod hostile;
+mod hostile_load;
+mod istio;
+mod ledger_stream;
+mod reload;
+mod retry;
+mod routing;
+mod routing_props;
+mod sim_replay;
+mod spill;
+mod trusted;
+mod walking_skeleton;

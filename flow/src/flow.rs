@@ -145,8 +145,11 @@ impl FleetOp<'_, '_> {
     }
 
     /// The whole transaction on a state the host holds in its own memory:
-    /// brought up to `now_ms` under `models` and `policy`, the op applied,
-    /// the destination it changed repriced.
+    /// for a claim, the slate brought up to `now_ms` under `models` and
+    /// `policy` (a decision reads every destination's price at `now_ms`);
+    /// the op applied; the destination it changed repriced. A settle
+    /// changes one destination and reprices it, and leaves the others'
+    /// timed changes to the next claim's advance, which sees them alike.
     pub fn run(
         mut self,
         state: &mut FleetState,
@@ -155,7 +158,9 @@ impl FleetOp<'_, '_> {
         policy: &HealthPolicy,
         now_ms: u64,
     ) -> FleetAnswer {
-        state.advance(models, policy, now_ms);
+        if !matches!(self, FleetOp::Settle { .. }) {
+            state.advance(models, policy, now_ms);
+        }
         let (changed, answer) = self.apply(state, warmth, now_ms);
         if let Some(d) = changed {
             state.reprice(d, models, policy, now_ms);

@@ -56,8 +56,8 @@ pub mod test_support;
 
 use ace_config::{Config, Trusted};
 use ace_dynamic_abi::{
-    self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, LogLevel,
-    ModulePtr,
+    self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, HeaderPairs,
+    LogLevel, ModulePtr,
 };
 use ace_flow::counters::Counter;
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
@@ -421,6 +421,8 @@ impl Stream {
         let mut host = Dynamic {
             shared: &self.shared,
             envoy: self.envoy,
+            response: Vec::new(),
+            response_read: false,
         };
         with_worker(|w| f(&mut self.flow, &self.shared.setup, w, &mut host))
     }
@@ -430,6 +432,28 @@ impl Stream {
 struct Dynamic<'a> {
     shared: &'a Shared,
     envoy: Filter,
+    /// The response headers as Envoy's buffers, read in one call when the
+    /// flow first asks for one in this callback (it asks for three or
+    /// four; each `get_header` costs Envoy a key copy and a scan), and
+    /// read again after the flow changes the map, whose buffers may move.
+    /// The list is this worker's scratch, handed back on drop.
+    response: Vec<EnvoyHeader>,
+    /// Whether `response` holds the map as it is now.
+    response_read: bool,
+}
+
+impl Drop for Dynamic<'_> {
+    fn drop(&mut self) {
+        if self.response.capacity() > 0 {
+            let mut list = std::mem::take(&mut self.response);
+            list.clear();
+            with_scratch(|s| {
+                if s.headers.capacity() < list.capacity() {
+                    s.headers = list;
+                }
+            });
+        }
+    }
 }
 
 impl Host for Dynamic<'_> {
@@ -489,11 +513,23 @@ impl Host for Dynamic<'_> {
     }
 
     fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
-        self.envoy.with_header(HeaderMap::Response, name, f)
+        if !self.response_read {
+            if self.response.capacity() == 0 {
+                self.response = with_scratch(|s| std::mem::take(&mut s.headers));
+            }
+            self.envoy
+                .headers_into(HeaderMap::Response, &mut self.response);
+            self.response_read = true;
+        }
+        // SAFETY: read in this callback (a `Dynamic` lives for one), and
+        // read again after every change this host makes to the map.
+        let mut pairs = unsafe { HeaderPairs::over(&self.response) };
+        f(pairs.find(|(k, _)| *k == name.as_bytes()).map(|(_, v)| v))
     }
 
     fn set_response_header(&mut self, name: &str, value: &str) {
         self.envoy.set_header(HeaderMap::Response, name, value);
+        self.response_read = false;
     }
 
     fn response_body(&mut self, f: impl FnMut(&[u8])) {

@@ -304,10 +304,21 @@ impl ConfigHandle {
 }
 
 /// The (name, value) pairs of a header map Envoy filled in
-/// [`Filter::with_headers`]; they exist only inside its closure, while the
-/// hook that read them runs.
+/// [`Filter::with_headers`] (they exist only inside its closure, while the
+/// hook that read them runs) or [`Filter::headers_into`].
 #[derive(Debug, Clone)]
 pub struct HeaderPairs<'h>(std::slice::Iter<'h, EnvoyHeader>);
+
+impl<'h> HeaderPairs<'h> {
+    /// The pairs of `headers`, filled by [`Filter::headers_into`].
+    ///
+    /// # Safety
+    /// Only inside the hook that filled them, and only while their map is
+    /// unchanged since: Envoy's buffers move when the map changes.
+    pub unsafe fn over(headers: &'h [EnvoyHeader]) -> HeaderPairs<'h> {
+        HeaderPairs(headers.iter())
+    }
+}
 
 impl<'h> Iterator for HeaderPairs<'h> {
     type Item = (&'h [u8], &'h [u8]);
@@ -330,14 +341,23 @@ impl Filter {
         scratch: &mut Vec<EnvoyHeader>,
         f: impl FnOnce(HeaderPairs<'_>) -> T,
     ) -> T {
+        self.headers_into(map, scratch);
+        f(HeaderPairs(scratch.iter()))
+    }
+
+    /// Every header of `map` into `into`, as Envoy's buffers, in one call
+    /// and without copying a byte: for a hook that looks up several
+    /// headers (one `get_header` costs Envoy a key copy and a scan of the
+    /// map each time). Read them with [`HeaderPairs::over`], inside this
+    /// hook and before the map changes.
+    pub fn headers_into(self, map: HeaderMap, into: &mut Vec<EnvoyHeader>) {
         let map = map as u32;
         // SAFETY: `self` is live for this hook.
         let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self, map) };
         // SAFETY: as above; `fill` hands a pointer with room for `n`.
-        fill(scratch, n, |out| unsafe {
+        fill(into, n, |out| unsafe {
             envoy_dynamic_module_callback_http_get_headers(self, map, out)
         });
-        f(HeaderPairs(scratch.iter()))
     }
 
     /// The first value of header `name` in `map`, handed to `f`.

@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 TARGET=wasm32-unknown-unknown
-PROFILE=playground
+PROFILE=wasm
 TARGET_DIR=${ACE_PLAYGROUND_TARGET_DIR:-$ROOT/target/playground-wasm}
 SITE="$TARGET_DIR/site"
 
@@ -38,6 +38,7 @@ fi
 
 # The standard library's own strip would drop the sections wasm-bindgen
 # reads; wasm-bindgen removes them itself.
+export CARGO_PROFILE_WASM_STRIP=false
 if rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
     cargo build -q --profile "$PROFILE" --target "$TARGET" --target-dir "$TARGET_DIR" -p ace-playground >&2
 else

@@ -360,29 +360,6 @@ impl Filter {
         });
     }
 
-    /// The first value of header `name` in `map`, handed to `f`.
-    pub fn with_header<T>(
-        self,
-        map: HeaderMap,
-        name: &str,
-        f: impl FnOnce(Option<&[u8]>) -> T,
-    ) -> T {
-        let mut out = EnvoyBuffer::EMPTY;
-        // SAFETY: `self` is live; `out` outlives the call.
-        let found = unsafe {
-            envoy_dynamic_module_callback_http_get_header(
-                self,
-                map as u32,
-                ModuleBuffer::of(name.as_bytes()),
-                &mut out,
-                0,
-                std::ptr::null_mut(),
-            )
-        };
-        // SAFETY: Envoy's buffer, read before this hook returns.
-        f(found.then(|| unsafe { out.bytes() }))
-    }
-
     /// Set header `name` of `map` to `value`, replacing every earlier value.
     pub fn set_header(self, map: HeaderMap, name: &str, value: &str) -> bool {
         // SAFETY: `self` is live; Envoy copies key and value.

@@ -71,8 +71,9 @@ pub struct Args {
     charts: Option<PathBuf>,
     /// Write every run's events (the filter's access-log line format, one
     /// per request; ACE's written by the filter's own code) into this
-    /// directory, with the plugin configuration that `ace ledger ingest
-    /// --config` needs.
+    /// directory, with the plugin configurations that `ace ledger ingest
+    /// --config` needs (`plugin-config.json`, and for ACE without model
+    /// routing `plugin-config-ace-no-model-routing.json`).
     #[arg(long, value_name = "DIR")]
     events: Option<PathBuf>,
     /// Inject this failure instead of the default set (repeatable):
@@ -126,6 +127,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot create `{}`", dir.display()))?;
         std::fs::write(dir.join("plugin-config.json"), &sim.config_json)
             .with_context(|| format!("cannot write into `{}`", dir.display()))?;
+        // ACE without model routing runs (and its lines name) its own.
+        if kinds.contains(&PolicyKind::AceNoRouting) {
+            let name = format!("plugin-config-{}.json", PolicyKind::AceNoRouting.name());
+            std::fs::write(
+                dir.join(&name),
+                sim.config_json_of(PolicyKind::AceNoRouting)?,
+            )
+            .with_context(|| format!("cannot write `{name}` into `{}`", dir.display()))?;
+        }
     }
     let runs = run_all(&sim, &kinds, &seeds, args.events.as_deref(), args.threads)?;
     let policies = kinds

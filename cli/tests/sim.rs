@@ -174,57 +174,96 @@ fn bad_input_is_named() {
     }
 }
 
+/// Every policy's events, ingested into the ledger, give back the
+/// simulator's own cost and counterfactual to the nano-dollar: one pricing
+/// (the ledger's) for every figure, refused and failed requests included.
 #[test]
-fn the_ledger_books_a_simulation_as_it_books_envoy() {
+fn the_ledger_books_every_policy_at_the_simulators_price() {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events");
+    let out = dir.path().join("c.json");
+    // The default faults (an outage, error bursts, a slowdown, evictions)
+    // make refused, failed and re-run requests.
     let o = ace(&[
         "sim",
         "--synthetic",
-        "1000",
+        "1500",
         "--copies",
         "1",
         "--seeds",
-        "1",
-        "--policy",
-        "ace",
-        "--policy",
-        "litellm-cost-based",
+        "2",
         "--events",
         events.to_str().expect("utf-8"),
+        "--json",
+        out.to_str().expect("utf-8"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let log = events.join("ace-seed1.log");
-    let lines = std::fs::read_to_string(&log).expect("events written");
-    assert_eq!(
-        lines.lines().count(),
-        1000,
-        "one event per simulated request"
-    );
-    let store = dir.path().join("ledger.sqlite");
-    let config = events.join("plugin-config.json");
-    // ACE's lines (the filter's own code) and a gateway's (the simulator's,
-    // same fields) are booked alike.
-    for log in [log, events.join("litellm-cost-based-seed1.log")] {
-        let o = ace(&[
-            "ledger",
-            "ingest",
-            "--store",
-            store.to_str().expect("utf-8"),
-            "--config",
-            config.to_str().expect("utf-8"),
-            log.to_str().expect("utf-8"),
-        ]);
-        let text = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            o.status.success(),
-            "{text}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        assert!(
-            text.contains("1000 events booked") && text.contains(" 0 malformed"),
-            "{}: {text}",
-            log.display()
-        );
+    let sim: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("json written")).expect("json");
+    let policies = sim["policies"].as_array().expect("policies");
+    assert_eq!(policies.len(), 10, "every policy ran");
+    let configs = [
+        events.join("plugin-config.json"),
+        events.join("plugin-config-ace-no-model-routing.json"),
+    ];
+    let mut not_served = 0;
+    for p in policies {
+        let name = p["policy"].as_str().expect("name");
+        for (seed, run) in p["runs"].as_array().expect("runs").iter().enumerate() {
+            let seed = seed + 1;
+            let log = events.join(format!("{name}-seed{seed}.log"));
+            let lines = std::fs::read_to_string(&log).expect("events written");
+            assert!(lines.lines().count() >= 1500, "{name}: a line per request");
+            let store = dir.path().join(format!("{name}-{seed}.sqlite"));
+            let mut args = vec![
+                "ledger",
+                "ingest",
+                "--store",
+                store.to_str().expect("utf-8"),
+            ];
+            for c in &configs {
+                args.extend(["--config", c.to_str().expect("utf-8")]);
+            }
+            args.push(log.to_str().expect("utf-8"));
+            let o = ace(&args);
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success() && text.contains(" 0 malformed"),
+                "{name} seed {seed}: {text}{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let o = ace(&[
+                "ledger",
+                "report",
+                "--store",
+                store.to_str().expect("utf-8"),
+                "--format",
+                "json",
+            ]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let ledger: serde_json::Value = serde_json::from_slice(&o.stdout).expect("report");
+            assert_eq!(run["unpriced"], 0, "{name} seed {seed}: lines priced");
+            assert_eq!(
+                ledger["unpriced"].as_array().map(Vec::len),
+                Some(0),
+                "{name} seed {seed}: every line priced"
+            );
+            for (sim_field, ledger_field) in [
+                ("cost", "booked"),
+                ("counterfactual", "counterfactual"),
+                ("cost_served", "booked_served"),
+            ] {
+                let figure = run[sim_field].as_i64();
+                assert!(figure.is_some_and(|n| n > 0), "{name}: {sim_field} {run}");
+                assert_eq!(
+                    figure,
+                    ledger[ledger_field].as_i64(),
+                    "{name} seed {seed}: the simulator's {sim_field} against the ledger's \
+                     {ledger_field}, nano-dollars"
+                );
+            }
+            not_served += ledger["not_served"].as_u64().expect("not_served");
+        }
     }
+    assert!(not_served > 0, "the runs had refused or failed requests");
 }

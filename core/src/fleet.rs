@@ -133,6 +133,18 @@ impl FleetState {
         Ok(d)
     }
 
+    /// The prices the control service set on destination `d`: what a
+    /// request decided there now is priced with.
+    #[inline]
+    pub fn live_prices(&self, d: usize) -> LivePrices {
+        self.live
+            .get(d)
+            .map_or(LivePrices::default(), |l| LivePrices {
+                usd_per_token: l.usd_per_token,
+                usd_per_hour: l.usd_per_hour,
+            })
+    }
+
     /// Claim a slot on destination `d` (not repriced).
     #[inline]
     pub fn claim(&mut self, d: usize, now_ms: u64) {
@@ -225,6 +237,18 @@ pub struct Live {
     pub usd_per_token: Option<(f64, f64)>,
     /// The current hourly price of the destination's GPUs, USD, when it
     /// changed since the configuration was written (GPU-hour tiers).
+    pub usd_per_hour: Option<f64>,
+}
+
+/// A destination's prices as the control service set them, where it set
+/// them: what a request decided on them was priced with, for its event to
+/// carry and the ledger to book in place of the configuration's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LivePrices {
+    /// Per input and output token, USD (in-house, reserved and
+    /// pay-as-you-go destinations).
+    pub usd_per_token: Option<(f64, f64)>,
+    /// Per hour of the destination's GPUs, USD (spot and on-demand).
     pub usd_per_hour: Option<f64>,
 }
 

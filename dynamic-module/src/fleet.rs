@@ -214,7 +214,7 @@ mod tests {
                 req: &req,
             };
             match f.run(&cfg, now, op) {
-                FleetAnswer::Claimed(Ok(d)) => d.index,
+                FleetAnswer::Claimed(Ok((d, _))) => d.index,
                 other => panic!("{other:?}"),
             }
         };

@@ -295,6 +295,50 @@ impl Put for Option<f64> {
     }
 }
 
+/// A price a request was decided on (USD per token or per hour), where
+/// the control service had set one: written to the picodollar when there
+/// is one, and left out of the line when there is none (a reader takes an
+/// absent field as null), so the common line pays nothing for it. Eight
+/// bytes (none is NaN, which no price is), as the event moves with the
+/// request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price(f64);
+
+impl Price {
+    /// No price.
+    pub const NONE: Price = Price(f64::NAN);
+
+    /// `usd`, or none.
+    #[inline]
+    pub fn of(usd: Option<f64>) -> Price {
+        Price(usd.filter(|v| !v.is_nan()).unwrap_or(f64::NAN))
+    }
+
+    /// The price, if there is one.
+    #[inline]
+    pub fn get(self) -> Option<f64> {
+        (!self.0.is_nan()).then_some(self.0)
+    }
+}
+
+impl Default for Price {
+    fn default() -> Price {
+        Price::NONE
+    }
+}
+
+impl Put for Price {
+    #[inline(always)]
+    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
+        if let Some(v) = self.get() {
+            v.put(e, k, out);
+        }
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        Price::NONE
+    }
+}
+
 /// A text field of an [`Event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Text {
@@ -591,6 +635,20 @@ mod tests {
              \"tokens_out\":20,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
              \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\",\
              \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false,\"upstream_ms\":9}"
+        );
+        // The prices a control service set, where it set them: written to
+        // the picodollar, after the fields every line has.
+        let mut live = e.clone();
+        live.live_usd_per_input_token = Price::of(Some(1.5e-7));
+        live.live_usd_per_output_token = Price::of(Some(6e-7));
+        live.live_usd_per_hour = Price::of(Some(2.5));
+        assert_eq!(
+            live.to_json(),
+            line.replace(
+                "}",
+                ",\"live_usd_per_input_token\":0.00000015,\
+                 \"live_usd_per_output_token\":0.0000006,\"live_usd_per_hour\":2.5}"
+            )
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         for k in [

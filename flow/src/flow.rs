@@ -42,7 +42,7 @@ use ace_config::Warmth;
 use ace_config::{Config, ConfigError, Trusted};
 use ace_core::cost::CostModel;
 use ace_core::dispatch::{Decision, Refusal, Request};
-use ace_core::fleet::FleetState;
+use ace_core::fleet::{FleetState, LivePrices};
 use ace_core::health::{Change, HealthPolicy, Outcome};
 use ace_core::tables::Tables;
 use std::cell::RefCell;
@@ -110,8 +110,10 @@ pub enum FleetOp<'r, 'p> {
 /// What a [`FleetOp`] came to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FleetAnswer {
-    /// A claim's decision, or why no destination may take the request.
-    Claimed(Result<Decision, Refusal>),
+    /// A claim's decision and the control service's prices on the
+    /// destination chosen (what the request is priced with), or why no
+    /// destination may take the request.
+    Claimed(Result<(Decision, LivePrices), Refusal>),
     /// A settle's effect on the destination's health.
     Settled(Change),
 }
@@ -132,10 +134,14 @@ impl FleetOp<'_, '_> {
                 feasible,
                 model,
                 req,
-            } => claimed(state.decide(feasible, warmth.mask(*model), req, now_ms)),
+            } => {
+                let d = state.decide(feasible, warmth.mask(*model), req, now_ms);
+                claimed(state, d)
+            }
             FleetOp::ClaimRouted { routed, req } => {
                 let (feasible, warm, scale) = routed.parts(warmth);
-                claimed(state.decide_scaled(feasible, warm, scale, req, now_ms))
+                let d = state.decide_scaled(feasible, warm, scale, req, now_ms);
+                claimed(state, d)
             }
             FleetOp::Settle { d, outcome, policy } => (
                 Some(*d),
@@ -184,8 +190,13 @@ impl FleetOp<'_, '_> {
 }
 
 #[inline]
-fn claimed(d: Result<Decision, Refusal>) -> (Option<usize>, FleetAnswer) {
-    (d.as_ref().ok().map(|d| d.index), FleetAnswer::Claimed(d))
+fn claimed(state: &FleetState, d: Result<Decision, Refusal>) -> (Option<usize>, FleetAnswer) {
+    let changed = d.as_ref().ok().map(|d| d.index);
+    let d = d.map(|d| {
+        let live = state.live_prices(d.index);
+        (d, live)
+    });
+    (changed, FleetAnswer::Claimed(d))
 }
 
 /// A claim through `host`: the decision, why there is none, or that the
@@ -194,7 +205,7 @@ fn claim<H: Host>(
     host: &mut H,
     now_ms: u64,
     op: FleetOp<'_, '_>,
-) -> Result<Result<Decision, Refusal>, FleetUnavailable> {
+) -> Result<Result<(Decision, LivePrices), Refusal>, FleetUnavailable> {
     match host.fleet(now_ms, op)? {
         FleetAnswer::Claimed(d) => Ok(d),
         FleetAnswer::Settled(_) => Err(FleetUnavailable),
@@ -497,15 +508,32 @@ enum Climbed {
     /// the member served when model routing chose one other than the
     /// model named, and, for a routed request, the counterfactual it books
     /// against.
-    Claimed(Option<usize>, Option<Option<Counterfactual>>),
+    Claimed(Option<usize>, Option<Option<Counterfactual>>, LivePrices),
     /// The cache has an answer the request may have (in the worker's
     /// `entry` buffer).
     Hit,
 }
 
+/// What a request won besides its decision (the flow's `chosen`): the
+/// routing member served (when another than the one named), a routed
+/// request's counterfactual, the cache check pending, and the control
+/// service's prices on the destination.
+struct Won {
+    served: Option<usize>,
+    cf: Option<Option<Counterfactual>>,
+    pending: Option<Box<Pending>>,
+    live: LivePrices,
+}
+
 /// A claim: the decision, the routing member served (when another than
-/// the one named), and a routed request's counterfactual.
-type Claim = (Decision, Option<usize>, Option<Option<Counterfactual>>);
+/// the one named), a routed request's counterfactual, and the control
+/// service's prices on the destination chosen.
+type Claim = (
+    Decision,
+    Option<usize>,
+    Option<Option<Counterfactual>>,
+    LivePrices,
+);
 
 /// One request, feasibility done, as the rungs see it. The rungs are
 /// tried in order, each on the feasible set the tables gave:
@@ -642,7 +670,7 @@ impl Ask<'_> {
             routed: &mut routed,
             req: self.req,
         };
-        let decision = match claim(host, self.now, op) {
+        let (decision, live) = match claim(host, self.now, op) {
             Ok(Ok(d)) => d,
             Ok(Err(refusal)) => return Some(Err(Stop::NoDestination(refusal))),
             Err(FleetUnavailable) => return Some(Err(Stop::Fleet)),
@@ -651,7 +679,7 @@ impl Ask<'_> {
             .pairs
             .member(decision.index)
             .filter(|m| Some(*m) != asked.member);
-        Some(Ok((decision, served, Some(cf))))
+        Some(Ok((decision, served, Some(cf), live)))
     }
 
     /// The merit order over the feasible destinations.
@@ -665,10 +693,10 @@ impl Ask<'_> {
             model: self.model(),
             req: self.req,
         };
-        let decision = claim(host, self.now, op)
+        let (decision, live) = claim(host, self.now, op)
             .map_err(|_| Stop::Fleet)?
             .map_err(Stop::NoDestination)?;
-        Ok((decision, None, None))
+        Ok((decision, None, None, live))
     }
 }
 
@@ -936,13 +964,13 @@ impl Flow {
                 Some(routed) => routed?,
                 None => ask.merit_rung(w, host)?,
             };
-            let (decision, served, cf) = claimed;
+            let (decision, served, cf, live) = claimed;
             *chosen = Some((decision, now));
-            Ok((Climbed::Claimed(served, cf), pending))
+            Ok((Climbed::Claimed(served, cf, live), pending))
         });
-        let ((served, cf), pending) = match climbed {
+        let ((served, cf, live), pending) = match climbed {
             Ok((Climbed::Hit, _)) => return self.answer_from_cache(setup, worker, host, routing),
-            Ok((Climbed::Claimed(served, cf), pending)) => ((served, cf), pending),
+            Ok((Climbed::Claimed(served, cf, live), pending)) => ((served, cf, live), pending),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
             Err(Stop::NoDestination(refusal)) => {
                 host.count(Fleet::NoDestination.into(), 1);
@@ -960,7 +988,13 @@ impl Flow {
                 )
             }
         };
-        self.go(setup, host, (served, cf, pending), raw, routing, now)
+        let won = Won {
+            served,
+            cf,
+            pending,
+            live,
+        };
+        self.go(setup, host, won, raw, routing, now)
     }
 
     /// Send the request to the destination claimed: book the routed
@@ -973,15 +1007,17 @@ impl Flow {
         &mut self,
         setup: &Setup,
         host: &mut H,
-        (served, cf, pending): (
-            Option<usize>,
-            Option<Option<Counterfactual>>,
-            Option<Box<Pending>>,
-        ),
+        won: Won,
         raw: Option<&[u8]>,
         routing: Option<&crate::routing::Routing>,
         now: u64,
     ) -> Verdict {
+        let Won {
+            served,
+            cf,
+            pending,
+            live,
+        } = won;
         let cfg = &setup.config;
         let excluded = self.retry_of;
         let Some((decision, _)) = self.chosen.as_mut() else {
@@ -1034,7 +1070,7 @@ impl Flow {
         }
         let checking = self.pending().is_some_and(|p| p.check.is_some());
         if let (Some(e), Some((decision, _))) = (self.event.as_mut(), self.chosen.as_ref()) {
-            request::record(e, cfg, &setup.names, decision);
+            request::record(e, cfg, &setup.names, decision, &live);
             if excluded.is_some() {
                 e.reason = RETRY_REASON;
             }

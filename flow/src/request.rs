@@ -7,12 +7,13 @@
 
 use crate::attributes::{self, AttributeError};
 use crate::body::{self, BodyError, RequestBody};
-use crate::event::{self, Event, Text};
+use crate::event::{self, Event, Price, Text};
 use crate::headers::{self, Pairs};
 use crate::usage::Usage;
 use ace_config::Config;
 use ace_config::Trusted;
 use ace_core::dispatch::{Decision, Refusal, Request};
+use ace_core::fleet::LivePrices;
 use ace_core::health::{Outcome, ANY_TENANT, MAX_TENANT};
 use ace_core::tables::Tables;
 use std::sync::Arc;
@@ -428,8 +429,15 @@ pub fn attribute_reason(name: &str) -> &'static str {
     }
 }
 
-/// Record the decision in the request's event.
-pub fn record(event: &mut Event, cfg: &Config, names: &[Arc<str>], decision: &Decision) {
+/// Record the decision in the request's event, with the control
+/// service's prices it was priced with (`live`).
+pub fn record(
+    event: &mut Event,
+    cfg: &Config,
+    names: &[Arc<str>],
+    decision: &Decision,
+    live: &LivePrices,
+) {
     event.destination = names.get(decision.index).cloned();
     event.tier = cfg.models.get(decision.index).map(|m| m.tier.as_str());
     event.slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
@@ -438,6 +446,9 @@ pub fn record(event: &mut Event, cfg: &Config, names: &[Arc<str>], decision: &De
     event.reason = decision.reason.as_str();
     event.warm = Some(decision.warm);
     event.overage = decision.overage;
+    event.live_usd_per_input_token = Price::of(live.usd_per_token.map(|p| p.0));
+    event.live_usd_per_output_token = Price::of(live.usd_per_token.map(|p| p.1));
+    event.live_usd_per_hour = Price::of(live.usd_per_hour);
 }
 
 /// What an answer (its `:status` and `retry-after` values) `latency_ms`

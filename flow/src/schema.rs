@@ -112,6 +112,17 @@ macro_rules! event_fields {
             /// (queues, the network, an upload). Null when no upstream
             /// answered (refused, from the cache, a failed connection).
             upstream_ms: Option<u64> => MsOrNull, Added;
+            /// The destination's price per input token, USD, as the
+            /// control service had set it when the request was decided
+            /// (the ledger books it in place of the configuration's);
+            /// absent when the configuration's held.
+            live_usd_per_input_token: Price => Rate, Added;
+            /// The same per output token.
+            live_usd_per_output_token: Price => Rate, Added;
+            /// The hourly price of the destination's GPUs, USD, as the
+            /// control service had set it (spot and on-demand); absent
+            /// when the configuration's held.
+            live_usd_per_hour: Price => Rate, Added;
         }
     };
 }
@@ -140,6 +151,10 @@ pub enum Kind {
     /// A dollar amount (fixed-point to the picodollar), or null when not
     /// finite.
     Usd,
+    /// A price (USD per token or per hour, fixed-point to the
+    /// picodollar), absent (or null) when there is none; priced with, so
+    /// its range is checked.
+    Rate,
 }
 
 impl Kind {
@@ -156,6 +171,7 @@ impl Kind {
             Kind::Bool => "boolean",
             Kind::BoolOrNull => "boolean | null",
             Kind::Usd => "number (USD) | null",
+            Kind::Rate => "number (USD per token or hour) | absent",
         }
     }
 }

@@ -69,6 +69,15 @@ pub struct BoolOrNull;
 #[derive(Debug)]
 pub struct Usd;
 
+/// A price the request was decided on (USD per token or per hour),
+/// stored in picodollars: the line's twelve decimals, exactly. Its range
+/// is pricing's to check ([`ace_pricing::price`]), which refuses the line.
+#[derive(Debug)]
+pub struct Rate;
+
+/// Picodollars per dollar.
+const PICO_PER_USD: f64 = 1e12;
+
 fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
@@ -254,6 +263,23 @@ impl Kind for BoolOrNull {
     }
     fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<bool>> {
         c.boolean(i)
+    }
+}
+
+impl Kind for Rate {
+    type Read = Option<f64>;
+    type Stored = Option<i64>;
+    const SQL: &'static str = "BIGINT";
+    fn stored(v: Option<f64>) -> Option<i64> {
+        v.map(|usd| (usd * PICO_PER_USD).round())
+            .filter(|p| p.is_finite() && p.abs() < 9.0e18)
+            .map(|p| p as i64)
+    }
+    fn val(v: &Option<i64>) -> Val {
+        Val::Int(*v)
+    }
+    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<i64>> {
+        c.int(i)
     }
 }
 

@@ -29,7 +29,7 @@ pub mod focus;
 pub mod html;
 pub mod ingest;
 pub mod kind;
-pub mod money;
+pub use ace_pricing::money;
 pub mod price;
 pub mod report;
 pub mod row;

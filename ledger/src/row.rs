@@ -180,12 +180,13 @@ impl Row {
         self.flags.split(',').any(|f| f == CONFLICT_FLAG)
     }
 
-    /// Whether the request was served: a destination (or the cache)
-    /// answered with anything but a 5xx or a 429. Only served requests earn
-    /// savings.
+    /// Whether the request was served ([`ace_pricing::served`]). Only
+    /// served requests earn savings.
     pub fn served(&self) -> bool {
-        (self.destination.is_some() || self.cached)
-            && (1..500).contains(&self.status)
-            && self.status != 429
+        ace_pricing::served(
+            self.destination.is_some(),
+            self.cached,
+            u32::try_from(self.status).unwrap_or(u32::MAX),
+        )
     }
 }

@@ -4,12 +4,14 @@
 //!
 //! The loop owns the fleet ([`Upstream`]s) and the clock; a [`Policy`]
 //! only chooses. Every policy meets the same arrivals, the same failures
-//! and the same evictions (each drawn from its own seeded stream), and is
-//! priced by the same cost curves, so the figures differ only by the
-//! choices made.
+//! and the same evictions (each drawn from its own seeded stream), and
+//! every request is priced from the event line it writes, by the ledger's
+//! own pricing ([`ace_pricing`]), so the figures differ only by the
+//! choices made, and the ledger reading a run's lines books what the run
+//! reports, to the nano-dollar.
 
 use crate::fleet::{Answer, Upstream};
-use crate::metrics::{Metrics, RequestOutcome};
+use crate::metrics::{Booking, Metrics, RequestOutcome};
 use crate::mix::Profile;
 use crate::rng::Rng;
 use crate::slo::Targets;
@@ -147,6 +149,14 @@ pub trait Policy {
         let _ = r;
         None
     }
+
+    /// The books of request `r`, which is over, for a policy that writes
+    /// its own event lines ([`Policy::writes_events`]): those lines,
+    /// priced. The loop prices the lines it writes for the others.
+    fn booked(&mut self, r: u32) -> Option<Booking> {
+        let _ = r;
+        None
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -199,8 +209,6 @@ struct Attempt {
     /// Sent (queued or running) and not over.
     sent: bool,
     answer: Option<Answer>,
-    /// Cost booked when it started, USD.
-    usd: f64,
     /// The request's attempts so far, this one last.
     tried: Vec<usize>,
     /// Killed by an eviction before its end.
@@ -209,6 +217,8 @@ struct Attempt {
     held_slot: bool,
     /// The model served, when not the one asked for.
     model: Option<String>,
+    /// The GPU-hour price it started at, where the market had moved it.
+    live_usd_per_hour: Option<f64>,
 }
 
 /// The attempts in flight, in reusable slots.
@@ -269,9 +279,8 @@ pub struct Run<'a> {
     pub targets: &'a Targets,
     /// The seed (for the fleet's own draws).
     pub seed: u64,
-    /// Per profile, the cheapest feasible pay-as-you-go destination's
-    /// (input, output) list prices: the counterfactual.
-    pub counterfactual: &'a [Option<(f64, f64)>],
+    /// The configuration the loop's event lines name, which prices them.
+    pub pricing: &'a ace_flow::Setup,
     /// The configuration id events name, the destination names, and the
     /// first half of every event id.
     pub event_names: (std::sync::Arc<str>, Vec<std::sync::Arc<str>>, u64),
@@ -282,18 +291,21 @@ struct Loop<'a> {
     up: Vec<Upstream>,
     reqs: &'a [Req],
     profiles: &'a [Profile],
-    counterfactual: &'a [Option<(f64, f64)>],
     rng: Rng,
     attempts: Attempts,
     timeline: Timeline,
     metrics: Metrics,
-    /// Events the loop writes for a policy that writes none.
-    events: Option<EventWriter>,
+    /// The books of a policy that writes no event lines of its own.
+    books: Books<'a>,
 }
 
-/// Writes the filter's event line for a request a policy other than ACE
-/// decided, so that the ledger reads every run alike.
-struct EventWriter {
+/// Makes the filter's event line for a request a policy other than ACE
+/// decided, so that the ledger reads every run alike, and prices it with
+/// the ledger's pricing; the line is kept when the run writes events.
+struct Books<'a> {
+    pricing: &'a ace_flow::Setup,
+    /// Keep the lines (the run writes events).
+    write: bool,
     id_prefix: u64,
     config: std::sync::Arc<str>,
     names: Vec<std::sync::Arc<str>>,
@@ -303,9 +315,10 @@ struct EventWriter {
     line: Vec<u8>,
 }
 
-impl EventWriter {
+impl Books<'_> {
+    /// Request `r`'s line, priced (and kept when the run writes events).
     #[allow(clippy::too_many_arguments)]
-    fn write(
+    fn book(
         &mut self,
         r: u32,
         req: &Req,
@@ -313,7 +326,7 @@ impl EventWriter {
         o: &RequestOutcome,
         ttft_ms: Option<u64>,
         served_model: Option<&str>,
-    ) {
+    ) -> Booking {
         use ace_flow::event::{Event, Text, SCHEMA};
         let text = |s: Option<&str>| s.map(Text::from);
         let d = o.dest;
@@ -321,7 +334,7 @@ impl EventWriter {
         let latency_ms = ttft_ms.unwrap_or(o.e2e_ms);
         let slo_ms = d.and_then(|d| self.slo_ms.get(d).copied().flatten());
         let ok = (200..300).contains(&o.status) && o.served;
-        let e = Event {
+        let mut e = Event {
             schema: SCHEMA,
             event_id: id,
             config: self.config.clone(),
@@ -340,15 +353,38 @@ impl EventWriter {
             latency_ms,
             slo_ms,
             slo_met: slo_ms.map(|s| ok && latency_ms <= s),
-            marginal_usd: o.usd,
-            counterfactual_usd: o.counterfactual,
             reason: if d.is_some() { "simulated" } else { "refused" },
-            warm: d.map(|_| true),
+            warm: d.map(|_| !o.cold),
+            overage: o.overage,
+            live_usd_per_hour: ace_flow::event::Price::of(o.live_usd_per_hour),
             ..Event::default()
         };
+        // Priced from the line itself, as the ledger reads it (its prices
+        // to the picodollar, as written), so the two agree exactly.
         e.write_json(&mut self.line);
-        self.buf.extend_from_slice(&self.line);
-        self.buf.push(b'\n');
+        let mut booking = Booking::default();
+        let priced = match serde_json::from_slice::<ace_pricing::Facts>(&self.line) {
+            Ok(facts) => {
+                let priced = ace_pricing::price(&facts, self.pricing, &self.config);
+                booking.add(facts.served(), priced.clone());
+                priced.ok()
+            }
+            Err(_) => {
+                booking.unpriced += 1;
+                None
+            }
+        };
+        if self.write {
+            // The filter's own figures: what the books say.
+            if let Some(p) = priced {
+                e.marginal_usd = ace_pricing::money::usd_f64(p.booked);
+                e.counterfactual_usd = p.counterfactual.map(ace_pricing::money::usd_f64);
+                e.write_json(&mut self.line);
+            }
+            self.buf.extend_from_slice(&self.line);
+            self.buf.push(b'\n');
+        }
+        booking
     }
 }
 
@@ -363,7 +399,9 @@ impl Run<'_> {
         progress: &dyn Fn(u64),
     ) -> std::io::Result<Metrics> {
         let end = self.reqs.last().map_or(0, |r| r.at_ms);
-        let writer = (events.is_some() && !policy.writes_events()).then(|| EventWriter {
+        let books = Books {
+            pricing: self.pricing,
+            write: events.is_some() && !policy.writes_events(),
             config: self.event_names.0.clone(),
             names: self.event_names.1.clone(),
             id_prefix: self.event_names.2,
@@ -371,17 +409,16 @@ impl Run<'_> {
             slo_ms: self.up.iter().map(|u| u.p.slo_ms).collect(),
             buf: Vec::new(),
             line: Vec::new(),
-        });
+        };
         let mut l = Loop {
             metrics: Metrics::new(&self.up, self.targets, self.reqs.len()),
             up: self.up,
             reqs: self.reqs,
             profiles: self.profiles,
-            counterfactual: self.counterfactual,
             rng: Rng::fork(self.seed, "fleet-answers"),
             attempts: Attempts::default(),
             timeline: Timeline::default(),
-            events: writer,
+            books,
         };
         l.timeline.push(0, Ev::Tick);
         l.timeline.push(0, Ev::Sample);
@@ -445,21 +482,25 @@ impl Run<'_> {
 }
 
 impl Loop<'_> {
-    /// Request `r` is over: its figures, and its event when the loop
-    /// writes them.
+    /// Request `r` is over (and `policy` told so): its figures, priced
+    /// from its event lines, the policy's own or the loop's.
     fn finish_request(
         &mut self,
+        policy: &mut dyn Policy,
         r: u32,
         req: &Req,
         outcome: RequestOutcome,
         served_model: Option<&str>,
     ) {
         let profile = self.profiles.get(req.profile as usize);
-        if let Some(w) = self.events.as_mut() {
+        let booking = if policy.writes_events() {
+            policy.booked(r).unwrap_or_default()
+        } else {
             let ttft = self.metrics.ttft(r, req);
-            w.write(r, req, profile, &outcome, ttft, served_model);
-        }
-        self.metrics.record(r, req, profile, outcome);
+            self.books
+                .book(r, req, profile, &outcome, ttft, served_model)
+        };
+        self.metrics.record(r, req, profile, outcome, booking);
     }
 
     /// Hand the events written so far (the policy's or the loop's) to
@@ -470,10 +511,10 @@ impl Loop<'_> {
         events: &mut Option<&mut dyn std::io::Write>,
     ) -> std::io::Result<()> {
         drain(policy, events)?;
-        if let (Some(w), Some(out)) = (self.events.as_mut(), events.as_mut()) {
-            if !w.buf.is_empty() {
-                out.write_all(&w.buf)?;
-                w.buf.clear();
+        if let Some(out) = events.as_mut() {
+            if !self.books.buf.is_empty() {
+                out.write_all(&self.books.buf)?;
+                self.books.buf.clear();
             }
         }
         Ok(())
@@ -543,8 +584,8 @@ impl Loop<'_> {
                     outcome.served = true;
                     self.metrics.first_byte(r, now);
                 }
-                self.finish_request(r, &req, outcome, None);
                 policy.finished_without_service(&self.world(now), r);
+                self.finish_request(policy, r, &req, outcome, None);
                 self.drain(policy, events)?;
             }
         }
@@ -583,22 +624,10 @@ impl Loop<'_> {
                 .get(req.profile as usize)
                 .map_or("", |p| p.model.as_str()),
         };
-        let running_before = u.running;
         let answer = u.admit(now, req.prompt, req.output, model, &mut self.rng);
         a.held_slot = crate::fleet::holds_slot(u.p.slots, answer.status);
-        a.usd = if (200..300).contains(&answer.status) {
-            let m = u.cost_at(now);
-            let price = if answer.overage {
-                let o = m.overage_usd_per_token.unwrap_or(0.0);
-                (f64::from(req.prompt) + f64::from(req.output)) * o
-            } else {
-                m.marginal_usd(req.prompt, req.output, true, running_before, None)
-                    .unwrap_or(0.0)
-            };
-            price + if answer.cold { u.p.cold_load_usd } else { 0.0 }
-        } else {
-            0.0
-        };
+        let hourly = u.cost_at(now).usd_per_gpu_hour;
+        a.live_usd_per_hour = (hourly != u.p.cost.usd_per_gpu_hour).then_some(hourly);
         a.answer = Some(answer);
         self.timeline.push(now + answer.first_ms, Ev::First(id, g));
         if (200..300).contains(&answer.status) {
@@ -699,13 +728,14 @@ impl Loop<'_> {
             }
             Next::Deliver => {
                 let req = self.req(r);
+                policy.finished_without_service(&self.world(now), r);
                 self.finish_request(
+                    policy,
                     r,
                     &req,
                     RequestOutcome::failed(answer.status, now.saturating_sub(req.at_ms), d),
                     None,
                 );
-                policy.finished_without_service(&self.world(now), r);
                 self.drain(policy, events)
             }
         }
@@ -723,32 +753,29 @@ impl Loop<'_> {
         let Some(a) = self.attempts.get(id, g) else {
             return Ok(());
         };
-        let (r, d, usd, broken) = (a.req, usize::from(a.dest), a.usd, a.broken);
+        let (r, d, broken) = (a.req, usize::from(a.dest), a.broken);
+        let live_usd_per_hour = a.live_usd_per_hour;
         let served_model = a.model.clone();
-        let status = a.answer.map_or(0, |x| x.status);
+        let answer = a.answer.unwrap_or(Answer::failed(0));
         self.release(id, g, now);
         self.attempts.end(id);
         let req = self.req(r);
-        let counterfactual = self
-            .counterfactual
-            .get(req.profile as usize)
-            .copied()
-            .flatten()
-            .map(|(i, o)| f64::from(req.prompt) * i + f64::from(req.output) * o);
+        policy.done(&self.world(now), r, d, !broken);
         self.finish_request(
+            policy,
             r,
             &req,
             RequestOutcome {
-                status,
+                status: answer.status,
                 served: !broken,
                 e2e_ms: now.saturating_sub(req.at_ms),
                 dest: Some(d),
-                usd,
-                counterfactual,
+                cold: answer.cold,
+                overage: answer.overage,
+                live_usd_per_hour,
             },
             served_model.as_deref(),
         );
-        policy.done(&self.world(now), r, d, !broken);
         self.drain(policy, events)
     }
 }

@@ -107,8 +107,9 @@ pub struct Simulation {
     pub profiles: Vec<Profile>,
     /// SLO targets.
     pub targets: Targets,
-    /// Per profile, the cheapest feasible pay-as-you-go list prices.
-    pub counterfactual: Vec<Option<(f64, f64)>>,
+    /// The configuration, built: what prices every request (the ledger's
+    /// pricing, [`ace_pricing`]).
+    pub pricing: ace_flow::Setup,
     /// Injected failures; `None`: the default set, drawn per seed.
     pub faults: Option<Vec<Fault>>,
     /// Whether ACE gets the control service's snapshots.
@@ -206,9 +207,9 @@ impl Simulation {
         targets: Targets,
         seed: u64,
     ) -> Result<Simulation, SimError> {
-        let cfg = ace_flow::Setup::parse(&config_json)
-            .map_err(|e| SimError(format!("the filter configuration: {e}")))?
-            .config;
+        let pricing = ace_flow::Setup::parse(&config_json)
+            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+        let cfg = &pricing.config;
         if places.len() != cfg.destinations.len() {
             return Err(SimError(format!(
                 "the manifest has {} destinations and the filter configuration {}: regenerate the configuration with `ace plugin-config`",
@@ -216,8 +217,8 @@ impl Simulation {
                 cfg.destinations.len()
             )));
         }
-        let params = params(&cfg, places)?;
-        let mut mix = Mix::new(mix_source, mix_text, &cfg, models_tp).map_err(|e| SimError(e.0))?;
+        let params = params(cfg, places)?;
+        let mut mix = Mix::new(mix_source, mix_text, cfg, models_tp).map_err(|e| SimError(e.0))?;
         let mut rng = Rng::fork(seed, "mix");
         let reqs: Vec<Req> = arrivals
             .iter()
@@ -229,24 +230,13 @@ impl Simulation {
             })
             .collect();
         let profiles = mix.profiles;
-        let counterfactual = profiles
-            .iter()
-            .map(|p| {
-                params
-                    .iter()
-                    .enumerate()
-                    .filter(|(d, x)| x.tier == Tier::Payg && p.allows(*d))
-                    .map(|(_, x)| x.cost.rest_prices())
-                    .min_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1)))
-            })
-            .collect();
         Ok(Simulation {
             config_json,
             params,
             reqs,
             profiles,
             targets,
-            counterfactual,
+            pricing,
             faults: None,
             control: true,
         })
@@ -303,6 +293,21 @@ impl Simulation {
         up
     }
 
+    /// The filter configuration `kind` runs with, which its event lines
+    /// name: the run's, but for ACE without model routing, which runs it
+    /// without `model_routing` (another configuration id).
+    pub fn config_json_of(&self, kind: PolicyKind) -> Result<Vec<u8>, SimError> {
+        if kind != PolicyKind::AceNoRouting {
+            return Ok(self.config_json.clone());
+        }
+        let mut v: serde_json::Value = serde_json::from_slice(&self.config_json)
+            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("model_routing");
+        }
+        serde_json::to_vec(&v).map_err(|e| SimError(e.to_string()))
+    }
+
     /// A fresh `kind` policy for seed `seed`; `events`: keep its events.
     pub fn policy(
         &self,
@@ -314,16 +319,7 @@ impl Simulation {
         let listed = policy::listed(&up, &self.profiles);
         Ok(match kind {
             PolicyKind::Ace | PolicyKind::AceNoRouting => {
-                let bytes = if kind == PolicyKind::AceNoRouting {
-                    let mut v: serde_json::Value = serde_json::from_slice(&self.config_json)
-                        .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
-                    if let Some(o) = v.as_object_mut() {
-                        o.remove("model_routing");
-                    }
-                    serde_json::to_vec(&v).map_err(|e| SimError(e.to_string()))?
-                } else {
-                    self.config_json.clone()
-                };
+                let bytes = self.config_json_of(kind)?;
                 let mut cfg = Config::parse(&bytes)
                     .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
                 // The dynamic module's re-run: what a failure costs a
@@ -359,8 +355,7 @@ impl Simulation {
         progress: &dyn Fn(u64),
     ) -> Result<Metrics, SimError> {
         let mut p = self.policy(kind, seed, events.is_some())?;
-        let cfg = Config::parse(&self.config_json)
-            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+        let cfg = &self.pricing.config;
         Run {
             event_names: (cfg.id.clone(), cfg.names(), run_id(kind, seed)),
             up: self.fleet(seed),
@@ -368,7 +363,7 @@ impl Simulation {
             profiles: &self.profiles,
             targets: &self.targets,
             seed,
-            counterfactual: &self.counterfactual,
+            pricing: &self.pricing,
         }
         .go(p.as_mut(), events, progress)
         .map_err(|e| SimError(format!("cannot write events: {e}")))

@@ -5,6 +5,8 @@ use crate::fleet::Upstream;
 use crate::mix::Profile;
 use crate::slo::Targets;
 use ace_core::cost::Tier;
+use ace_pricing::money::{usd_f64, Nano};
+use ace_pricing::{PriceError, Priced};
 use serde::Serialize;
 
 /// How one request ended.
@@ -18,11 +20,13 @@ pub struct RequestOutcome {
     pub e2e_ms: u64,
     /// Where its last attempt went.
     pub dest: Option<usize>,
-    /// What it cost, USD.
-    pub usd: f64,
-    /// What the cheapest feasible pay-as-you-go destination would have
-    /// charged, USD (`None`: none is feasible).
-    pub counterfactual: Option<f64>,
+    /// Whether that attempt had to load the model first.
+    pub cold: bool,
+    /// Whether it was served past a reserved commitment.
+    pub overage: bool,
+    /// The GPU-hour price it ran at, where the market had moved it from
+    /// the configuration's (spot).
+    pub live_usd_per_hour: Option<f64>,
 }
 
 impl RequestOutcome {
@@ -33,8 +37,9 @@ impl RequestOutcome {
             served: false,
             e2e_ms: after_ms,
             dest: None,
-            usd: 0.0,
-            counterfactual: None,
+            cold: false,
+            overage: false,
+            live_usd_per_hour: None,
         }
     }
 
@@ -44,6 +49,50 @@ impl RequestOutcome {
             dest: Some(dest),
             ..RequestOutcome::refused(status, after_ms)
         }
+    }
+}
+
+/// What the books say of one request: the sums over its event lines (a
+/// request re-run on another destination writes one per attempt), each
+/// priced by [`ace_pricing`], exactly as the ledger books those lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Booking {
+    /// Booked marginal cost.
+    pub booked: Nano,
+    /// The counterfactual of the lines that count as served
+    /// ([`ace_pricing::served`]; their booked cost where pay-as-you-go
+    /// could not have served them).
+    pub counterfactual: Nano,
+    /// Booked cost of those lines.
+    pub booked_served: Nano,
+    /// Lines the pricing refused (a configuration the run does not
+    /// match): a bug in the run, which tests hold at 0.
+    pub unpriced: u32,
+}
+
+impl Booking {
+    /// Add one line: its facts, priced (or why not).
+    pub fn add(&mut self, served: bool, priced: Result<Priced, PriceError>) {
+        match priced {
+            Ok(p) => {
+                self.booked = self.booked.saturating_add(p.booked);
+                if served {
+                    self.booked_served = self.booked_served.saturating_add(p.booked);
+                    self.counterfactual = self
+                        .counterfactual
+                        .saturating_add(p.counterfactual_or_booked());
+                }
+            }
+            Err(_) => self.unpriced += 1,
+        }
+    }
+
+    /// Add `other`'s lines.
+    pub fn merge(&mut self, other: Booking) {
+        self.booked = self.booked.saturating_add(other.booked);
+        self.counterfactual = self.counterfactual.saturating_add(other.counterfactual);
+        self.booked_served = self.booked_served.saturating_add(other.booked_served);
+        self.unpriced += other.unpriced;
     }
 }
 
@@ -69,14 +118,25 @@ pub struct Metrics {
     pub requests: u64,
     /// Served whole (2xx, not broken by an eviction).
     pub served: u64,
-    /// What was spent, USD (the tiers' marginal costs).
-    pub cost_usd: f64,
+    /// What was spent: the booked marginal cost of every event line, as
+    /// the ledger books them ([`Booking`]).
+    pub cost: Nano,
     /// What all pay-as-you-go would have charged for the served requests
-    /// that had a feasible pay-as-you-go destination, USD.
+    /// (the ledger's counterfactual).
+    pub counterfactual: Nano,
+    /// What this run spent on those same requests.
+    pub cost_served: Nano,
+    /// Spend per tier (Tier::ALL order).
+    pub cost_by_tier_nano: [Nano; 5],
+    /// Event lines the pricing refused (0 in a sound run).
+    pub unpriced: u64,
+    /// [`Metrics::cost`], USD (for tables and charts; never summed).
+    pub cost_usd: f64,
+    /// [`Metrics::counterfactual`], USD.
     pub counterfactual_usd: f64,
-    /// What this run spent on those same requests, USD.
+    /// [`Metrics::cost_served`], USD.
     pub cost_with_counterfactual_usd: f64,
-    /// Spend per tier (Tier::ALL order), USD.
+    /// [`Metrics::cost_by_tier_nano`], USD.
     pub cost_by_tier: [f64; 5],
     /// Served requests per tier.
     pub served_by_tier: [u64; 5],
@@ -165,6 +225,7 @@ impl Metrics {
         req: &crate::engine::Req,
         profile: Option<&Profile>,
         o: RequestOutcome,
+        b: Booking,
     ) {
         self.requests += 1;
         let class = profile.map_or(usize::MAX, |p| self.targets.index(&p.latency_class));
@@ -174,11 +235,14 @@ impl Metrics {
             .filter(|t| **t != u32::MAX)
             .map(|t| u64::from(*t).saturating_sub(req.at_ms));
         let served = o.served && (200..300).contains(&o.status);
-        self.cost_usd += o.usd;
+        self.cost = self.cost.saturating_add(b.booked);
+        self.counterfactual = self.counterfactual.saturating_add(b.counterfactual);
+        self.cost_served = self.cost_served.saturating_add(b.booked_served);
+        self.unpriced += u64::from(b.unpriced);
         if let Some(d) = o.dest {
             if let Some(t) = self.tiers.get(d) {
-                if let Some(c) = self.cost_by_tier.get_mut(t.position()) {
-                    *c += o.usd;
+                if let Some(c) = self.cost_by_tier_nano.get_mut(t.position()) {
+                    *c = c.saturating_add(b.booked);
                 }
                 if served {
                     if let Some(c) = self.served_by_tier.get_mut(t.position()) {
@@ -192,10 +256,6 @@ impl Metrics {
         }
         if served {
             self.served += 1;
-            if let Some(c) = o.counterfactual {
-                self.counterfactual_usd += c;
-                self.cost_with_counterfactual_usd += o.usd;
-            }
         } else {
             *self.failed_by_status.entry(o.status).or_default() += 1;
         }
@@ -234,6 +294,10 @@ impl Metrics {
     /// The run is over: hourly utilisation averaged, per-request state
     /// dropped.
     pub fn finish(&mut self) {
+        self.cost_usd = usd_f64(self.cost);
+        self.counterfactual_usd = usd_f64(self.counterfactual);
+        self.cost_with_counterfactual_usd = usd_f64(self.cost_served);
+        self.cost_by_tier = self.cost_by_tier_nano.map(usd_f64);
         self.owned_utilisation = self
             .util_sum
             .iter()
@@ -275,11 +339,11 @@ impl Metrics {
         met as f64 / self.cost_usd.max(1e-9)
     }
 
-    /// Spend over what all pay-as-you-go would have charged, for the
-    /// requests that had a feasible pay-as-you-go destination.
+    /// Spend on the served requests over what all pay-as-you-go would
+    /// have charged for them.
     pub fn cost_vs_counterfactual(&self) -> f64 {
-        if self.counterfactual_usd > 0.0 {
-            self.cost_with_counterfactual_usd / self.counterfactual_usd
+        if self.counterfactual > 0 {
+            usd_f64(self.cost_served) / usd_f64(self.counterfactual)
         } else {
             0.0
         }

@@ -106,16 +106,21 @@ impl World {
         start(&self.envoy_builder(filter))
     }
 
-    fn envoy_builder(&self, filter: Filter) -> EnvoyBuilder {
-        require_envoy();
-        let plugin =
+    /// The plugin configuration the filter loads (`ace plugin-config` of
+    /// the fleet, with the control service and response headers on).
+    fn plugin(&self) -> String {
+        let mut plugin =
             ace_cli::plugin::build(&self.dir, false, false).unwrap_or_else(|e| panic!("{e:#}"));
-        let mut plugin = plugin;
         plugin["response_headers"] = json!(true);
         plugin["control"] = json!({"cluster": "ace_control", "token": TOKEN,
             "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000,
             "held_load_ms": HELD_LOAD.as_millis() as u64});
-        let plugin = plugin;
+        plugin.to_string()
+    }
+
+    fn envoy_builder(&self, filter: Filter) -> EnvoyBuilder {
+        require_envoy();
+        let plugin = self.plugin();
         let control = json!({"cluster": "ace_control", "token": TOKEN,
             "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 2000});
         let mut b = EnvoyBuilder::new();
@@ -130,7 +135,7 @@ impl World {
         }
         // The tables decide on the model, so the filter reads the body.
         filter
-            .add_reading_body(b, &plugin.to_string())
+            .add_reading_body(b, &plugin)
             .concurrency(2)
             .cluster("eu_owned", self.owned.port())
             .cluster("us_spot", self.spot.port())
@@ -270,6 +275,88 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     eu_data_stays_in_the_eu(&envoy);
 }
 
+/// A spot price moved through the control service mid-run: each event
+/// carries the price its request was decided on, and the ledger, reading
+/// Envoy's access log, books every request at exactly the filter's own
+/// figure (no disagreement), at the price the decision saw rather than the
+/// configuration's.
+fn the_ledger_books_the_spot_price_the_filter_decided_on(filter: Filter) {
+    let w = World::new();
+    let plugin = w.plugin();
+    let envoy = start(
+        &w.envoy_builder(filter)
+            .access_log_line(filter.event_log_line()),
+    );
+    let two_polls = 2 * INTERVAL + Duration::from_millis(1500);
+    until_public_goes_to(&envoy, "eu-owned", two_polls);
+    write(&w.dir.join("gpu.json"), &gpu_feed(0.01));
+    until_public_goes_to(&envoy, "us-spot", two_polls + INTERVAL);
+    let first = ask(&envoy, "public")
+        .header("x-ace-cost-usd")
+        .map(str::to_string);
+    // Cheaper still: the booked cost follows.
+    write(&w.dir.join("gpu.json"), &gpu_feed(0.004));
+    let t0 = Instant::now();
+    while ask(&envoy, "public")
+        .header("x-ace-cost-usd")
+        .map(str::to_string)
+        == first
+    {
+        assert!(
+            t0.elapsed() < two_polls * 2,
+            "the new spot price never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    // Envoy flushes its access log about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = envoy.access_log_lines().len();
+    for _ in 0..10 {
+        assert_eq!(served(&ask(&envoy, "public")), "us-spot");
+    }
+    let lines = envoy.wait_access_log(before + 10, Duration::from_secs(10));
+    assert!(lines.len() >= before + 10, "{} lines", lines.len());
+
+    let spot_prices: std::collections::BTreeSet<String> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["destination"] == "us-spot")
+        .filter_map(|e| e.get("live_usd_per_hour").map(|p| p.to_string()))
+        .collect();
+    assert!(
+        spot_prices.len() >= 2,
+        "the spot events carry both prices they were decided on: {spot_prices:?}"
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut ledger =
+        ace_ledger::book::Ledger::open(&dir.path().join("l.sqlite").display().to_string())
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    ledger
+        .register(plugin.as_bytes(), "plugin config")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let log = lines.join("\n") + "\n";
+    let s = ledger
+        .ingest_bytes(
+            "access.log",
+            log.as_bytes(),
+            &ace_ledger::ingest::Options::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        (s.new as usize, s.rejected.len(), s.disagreements),
+        (lines.len(), 0, 0),
+        "every event booked at the filter's own figure: {s:?}"
+    );
+    let report = ledger
+        .report(&ace_ledger::window::Rules::default())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        report.by_tier.contains_key("spot"),
+        "{:?}",
+        report.by_tier.keys()
+    );
+}
+
 /// One model server stops answering its scrapes: the service holds its
 /// last figures, marked stale, and the filter prices them for
 /// `control.held_load_ms` from their scrape, then drops them, while the
@@ -336,6 +423,7 @@ fn one_poll_per_interval_per_envoy_with_four_workers(filter: Filter) {
 
 ace_tests::for_each_filter!(
     the_control_service_moves_traffic_and_never_feasibility,
+    the_ledger_books_the_spot_price_the_filter_decided_on,
     a_hung_scrape_stops_being_priced_after_the_bound,
     one_poll_per_interval_per_envoy_with_four_workers,
 );

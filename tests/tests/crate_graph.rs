@@ -33,6 +33,7 @@ const PRODUCT: &[&str] = &[
     "ace-playground",
     "ace-planner",
     "ace-control",
+    "ace-pricing",
     "ace-ledger",
     "ace-sim",
     "ace-cli",

@@ -157,7 +157,7 @@ pub fn ledger_v2_row() -> ace_ledger::row::Row {
 }
 
 /// A store [`LEDGER_V2_AT_A4DC722`] made at `url` opens with current code,
-/// migrated in place (one column added, the version bumped), reads its
+/// migrated in place (the columns added since, the version bumped), reads its
 /// row back, books the golden events beside it, and reopens as it is.
 pub fn check_the_v2_store_migrates(url: &str) {
     let mut store = ace_ledger::store::open(url).expect("the older store opens");
@@ -165,6 +165,9 @@ pub fn check_the_v2_store_migrates(url: &str) {
         store.migrated(),
         [
             "ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT",
+            "ALTER TABLE ace_events ADD COLUMN live_usd_per_input_token BIGINT",
+            "ALTER TABLE ace_events ADD COLUMN live_usd_per_output_token BIGINT",
+            "ALTER TABLE ace_events ADD COLUMN live_usd_per_hour BIGINT",
             "UPDATE ace_meta SET value = 'ace.ledger/3' WHERE key = 'schema'",
         ]
     );

@@ -19,6 +19,7 @@
 
 use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
 use crate::fleet::Answer;
+use crate::metrics::Booking;
 use ace_config::{Config, Trusted};
 use ace_core::fleet::FleetState;
 use ace_flow::control::{Consumer, Delivery};
@@ -54,6 +55,8 @@ struct SimHost {
     events: Vec<u8>,
     /// Whether events are kept.
     keep_events: bool,
+    /// The lines of the request being completed, to price.
+    pending: Vec<u8>,
     /// The body the upstream receives when the flow replaced it (model
     /// routing).
     served_body: Option<Vec<u8>>,
@@ -146,6 +149,8 @@ impl Host for Envoy<'_> {
     }
 
     fn write_event(&mut self, line: &[u8]) -> bool {
+        self.h.pending.extend_from_slice(line);
+        self.h.pending.push(b'\n');
         if self.h.keep_events {
             self.h.events.extend_from_slice(line);
             self.h.events.push(b'\n');
@@ -228,6 +233,8 @@ pub struct Ace {
     flows: HashMap<u32, InFlight>,
     /// The model each request in flight is served by, when substituted.
     served: HashMap<u32, String>,
+    /// The books of each request completed and not yet asked for.
+    booked: HashMap<u32, Booking>,
     /// Destination index of each configured cluster name.
     clusters: HashMap<String, usize>,
     version: u64,
@@ -266,6 +273,7 @@ impl Ace {
             reply: None,
             events: Vec::new(),
             keep_events: events,
+            pending: Vec::new(),
             served_body: None,
             cache: HashMap::new(),
             cached: false,
@@ -281,6 +289,7 @@ impl Ace {
             host: Some(host),
             flows: HashMap::new(),
             served: HashMap::new(),
+            booked: HashMap::new(),
             clusters,
             version: 0,
             pad: "x".repeat(64 * 1024),
@@ -385,6 +394,20 @@ impl Ace {
                 flow.on_complete(setup, worker, host);
             }
         });
+        // Priced as the ledger prices the lines the flow just wrote.
+        let Some(h) = self.host.as_mut() else { return };
+        let mut booking = Booking::default();
+        for line in h.pending.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            match serde_json::from_slice::<ace_pricing::Facts>(line) {
+                Ok(facts) => booking.add(
+                    facts.served(),
+                    ace_pricing::price(&facts, &self.setup, &self.setup.config.id),
+                ),
+                Err(_) => booking.unpriced += 1,
+            }
+        }
+        h.pending.clear();
+        self.booked.entry(r).or_default().merge(booking);
     }
 
     /// The snapshot the control service would publish now.
@@ -565,6 +588,10 @@ impl Policy for Ace {
 
     fn served_model(&self, r: u32) -> Option<&str> {
         self.served.get(&r).map(String::as_str)
+    }
+
+    fn booked(&mut self, r: u32) -> Option<Booking> {
+        Some(self.booked.remove(&r).unwrap_or_default())
     }
 
     fn take_events(&mut self) -> Vec<u8> {

@@ -93,7 +93,38 @@ pub struct Facts<'a> {
     pub live_usd_per_hour: Option<f64>,
 }
 
-impl Facts<'_> {
+impl<'a> Facts<'a> {
+    /// The facts of the flow's event `e` exactly as a reader of its line
+    /// gets them back, without writing the line: its text and counts as
+    /// they are, its prices as written (to the picodollar) and read again
+    /// by the same JSON parser as the ledger's.
+    pub fn of(e: &'a ace_flow::event::Event) -> Facts<'a> {
+        let text = |t| e.text(t).map(Cow::Borrowed);
+        let written = |p: ace_flow::event::Price| {
+            let usd = p.get()?;
+            let mut buf = ace_flow::event::UsdBuffer::default();
+            serde_json::from_str(buf.format(usd)).ok()
+        };
+        Facts {
+            destination: e.destination.as_deref().map(Cow::Borrowed),
+            tier: e.tier.map(Cow::Borrowed),
+            tokens_in: e.tokens_in,
+            tokens_out: e.tokens_out,
+            status: e.status,
+            warm: e.warm,
+            overage: e.overage,
+            cached: e.cached,
+            model_requested: text(&e.model_requested),
+            model_served: text(e.served()),
+            tenant: text(&e.tenant),
+            data_class: text(&e.data_class),
+            latency_class: text(&e.latency_class),
+            live_usd_per_input_token: written(e.live_usd_per_input_token),
+            live_usd_per_output_token: written(e.live_usd_per_output_token),
+            live_usd_per_hour: written(e.live_usd_per_hour),
+        }
+    }
+
     /// Whether the request counts as served ([`served`]).
     pub fn served(&self) -> bool {
         served(self.destination.is_some(), self.cached, self.status)
@@ -132,6 +163,78 @@ impl std::fmt::Display for PriceError {
 /// Price `e` under `setup` (the configuration with id `cfg_id`, which
 /// errors name).
 pub fn price(e: &Facts<'_>, setup: &Setup, cfg_id: &str) -> Result<Priced, PriceError> {
+    price_with(e, setup, cfg_id, None)
+}
+
+/// The feasible sets of the attribute combinations already priced under
+/// one configuration: pricing many lines of one configuration (a
+/// simulated run, an ingest) then looks the tables up once per
+/// combination, not once per line. Bounded: past [`Memo::MAX`]
+/// combinations it starts afresh, so hostile lines cannot grow it.
+#[derive(Debug, Default)]
+pub struct Memo {
+    masks: std::collections::HashMap<Vec<u8>, Vec<u64>>,
+    key: Vec<u8>,
+}
+
+impl Memo {
+    /// The most combinations kept.
+    pub const MAX: usize = 4096;
+
+    /// [`price`], remembering feasible sets. `setup` must be the same
+    /// configuration on every call.
+    pub fn price(
+        &mut self,
+        e: &Facts<'_>,
+        setup: &Setup,
+        cfg_id: &str,
+    ) -> Result<Priced, PriceError> {
+        price_with(e, setup, cfg_id, Some(self))
+    }
+
+    /// The feasible set for `e` with `model` and `substituted`.
+    fn feasible(
+        &mut self,
+        e: &Facts<'_>,
+        cfg: &Config,
+        model: Option<&str>,
+        substituted: bool,
+    ) -> &[u64] {
+        self.key.clear();
+        for v in [
+            e.tenant.as_deref(),
+            e.data_class.as_deref(),
+            e.latency_class.as_deref(),
+            model,
+        ] {
+            match v {
+                // Length-prefixed: no two tuples share a key.
+                Some(v) => {
+                    self.key.push(1);
+                    self.key.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                    self.key.extend_from_slice(v.as_bytes());
+                }
+                None => self.key.push(0),
+            }
+        }
+        self.key.push(u8::from(substituted));
+        if !self.masks.contains_key(&self.key) {
+            if self.masks.len() >= Memo::MAX {
+                self.masks.clear();
+            }
+            let mask = feasible(e, cfg, model, substituted);
+            self.masks.insert(self.key.clone(), mask);
+        }
+        self.masks.get(&self.key).map_or(&[], Vec::as_slice)
+    }
+}
+
+fn price_with(
+    e: &Facts<'_>,
+    setup: &Setup,
+    cfg_id: &str,
+    mut memo: Option<&mut Memo>,
+) -> Result<Priced, PriceError> {
     let cfg = &setup.config;
     let Some(dest) = e.destination.as_deref() else {
         return Ok(Priced::default());
@@ -183,7 +286,7 @@ pub fn price(e: &Facts<'_>, setup: &Setup, cfg_id: &str) -> Result<Priced, Price
         .zip(named)
         .and_then(|(r, n)| r.reference_of(n))
         .or(named);
-    let counterfactual = cheapest_payg(e, setup, reference, false)?;
+    let counterfactual = cheapest_payg(e, setup, reference, false, memo.as_deref_mut())?;
     let substituted = e.model_served.is_some()
         && e.model_served != e.model_requested
         && setup
@@ -195,7 +298,7 @@ pub fn price(e: &Facts<'_>, setup: &Setup, cfg_id: &str) -> Result<Priced, Price
     let served_counterfactual = if e.model_served == e.model_requested || e.model_served.is_none() {
         counterfactual
     } else {
-        cheapest_payg(e, setup, e.model_served.as_deref(), substituted)?
+        cheapest_payg(e, setup, e.model_served.as_deref(), substituted, memo)?
     };
     Ok(Priced {
         booked,
@@ -261,14 +364,22 @@ fn cheapest_payg(
     setup: &Setup,
     model: Option<&str>,
     substituted: bool,
+    memo: Option<&mut Memo>,
 ) -> Result<Option<Nano>, PriceError> {
     let cfg = &setup.config;
-    let mask = feasible(e, cfg, model, substituted);
+    let owned;
+    let mask = match memo {
+        Some(m) => m.feasible(e, cfg, model, substituted),
+        None => {
+            owned = feasible(e, cfg, model, substituted);
+            &owned
+        }
+    };
     let best = cfg
         .models
         .iter()
         .enumerate()
-        .filter(|(i, m)| m.tier.is_pay_as_you_go() && bit(&mask, *i))
+        .filter(|(i, m)| m.tier.is_pay_as_you_go() && bit(mask, *i))
         .map(|(i, m)| {
             m.rest_usd(e.tokens_in, e.tokens_out) * factor(setup.routing.as_ref(), i, model)
         })

@@ -304,6 +304,7 @@ struct Loop<'a> {
 /// the ledger's pricing; the line is kept when the run writes events.
 struct Books<'a> {
     pricing: &'a ace_flow::Setup,
+    memo: ace_pricing::Memo,
     /// Keep the lines (the run writes events).
     write: bool,
     id_prefix: u64,
@@ -359,28 +360,19 @@ impl Books<'_> {
             live_usd_per_hour: ace_flow::event::Price::of(o.live_usd_per_hour),
             ..Event::default()
         };
-        // Priced from the line itself, as the ledger reads it (its prices
-        // to the picodollar, as written), so the two agree exactly.
-        e.write_json(&mut self.line);
+        // Priced as the ledger reads the line back (its prices to the
+        // picodollar, as written), so the two agree exactly.
+        let facts = ace_pricing::Facts::of(&e);
+        let priced = self.memo.price(&facts, self.pricing, &self.config);
         let mut booking = Booking::default();
-        let priced = match serde_json::from_slice::<ace_pricing::Facts>(&self.line) {
-            Ok(facts) => {
-                let priced = ace_pricing::price(&facts, self.pricing, &self.config);
-                booking.add(facts.served(), priced.clone());
-                priced.ok()
-            }
-            Err(_) => {
-                booking.unpriced += 1;
-                None
-            }
-        };
+        booking.add(facts.served(), priced.clone());
         if self.write {
             // The filter's own figures: what the books say.
-            if let Some(p) = priced {
+            if let Ok(p) = priced {
                 e.marginal_usd = ace_pricing::money::usd_f64(p.booked);
                 e.counterfactual_usd = p.counterfactual.map(ace_pricing::money::usd_f64);
-                e.write_json(&mut self.line);
             }
+            e.write_json(&mut self.line);
             self.buf.extend_from_slice(&self.line);
             self.buf.push(b'\n');
         }
@@ -401,6 +393,7 @@ impl Run<'_> {
         let end = self.reqs.last().map_or(0, |r| r.at_ms);
         let books = Books {
             pricing: self.pricing,
+            memo: ace_pricing::Memo::default(),
             write: events.is_some() && !policy.writes_events(),
             config: self.event_names.0.clone(),
             names: self.event_names.1.clone(),

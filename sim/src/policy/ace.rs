@@ -235,6 +235,8 @@ pub struct Ace {
     served: HashMap<u32, String>,
     /// The books of each request completed and not yet asked for.
     booked: HashMap<u32, Booking>,
+    /// What pricing remembers of the configuration.
+    memo: ace_pricing::Memo,
     /// Destination index of each configured cluster name.
     clusters: HashMap<String, usize>,
     version: u64,
@@ -290,6 +292,7 @@ impl Ace {
             flows: HashMap::new(),
             served: HashMap::new(),
             booked: HashMap::new(),
+            memo: ace_pricing::Memo::default(),
             clusters,
             version: 0,
             pad: "x".repeat(64 * 1024),
@@ -401,7 +404,7 @@ impl Ace {
             match serde_json::from_slice::<ace_pricing::Facts>(line) {
                 Ok(facts) => booking.add(
                     facts.served(),
-                    ace_pricing::price(&facts, &self.setup, &self.setup.config.id),
+                    self.memo.price(&facts, &self.setup, &self.setup.config.id),
                 ),
                 Err(_) => booking.unpriced += 1,
             }

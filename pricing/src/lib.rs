@@ -538,6 +538,29 @@ mod tests {
     }
 
     #[test]
+    fn the_memo_prices_as_the_tables_do() {
+        let setup = setup();
+        let mut memo = Memo::default();
+        for extra in [
+            "",
+            r#","tenant":"a""#,
+            r#","tenant":"b","data_class":"phi""#,
+            r#","live_usd_per_hour":2.0"#,
+            r#","model_served":"n""#,
+        ] {
+            for _ in 0..2 {
+                let text = line(extra);
+                let facts: Facts = serde_json::from_str(&text).expect("facts");
+                assert_eq!(
+                    memo.price(&facts, &setup, "cfg"),
+                    price(&facts, &setup, "cfg"),
+                    "{extra}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn only_a_destination_or_the_cache_answering_below_500_is_served() {
         assert!(served(true, false, 200));
         assert!(served(false, true, 200));

@@ -338,6 +338,7 @@ impl EnvoyBuilder {
             bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
                 ["typed_config"]["access_log"][0]["filter"] = filter.clone();
         }
+        exclusive_listeners(&mut bootstrap);
         bootstrap
     }
 
@@ -359,6 +360,7 @@ impl EnvoyBuilder {
         {
             l.insert("address".into(), local(listener_port));
         }
+        exclusive_listeners(&mut b);
         let managers = b
             .pointer_mut("/static_resources/listeners")
             .and_then(Value::as_array_mut)
@@ -462,6 +464,24 @@ impl EnvoyBuilder {
         };
         envoy.wait_ready(self.ready_timeout)?;
         Ok(envoy)
+    }
+}
+
+/// Envoy binds its listeners with `SO_REUSEPORT` by default on Linux, so
+/// two test Envoys that were handed the same free port would both bind it
+/// and the kernel would share the connections between them: a test would
+/// then read another test's answers. Without it, the second bind fails
+/// with "Address already in use" and [`EnvoyBuilder::start`] tries again
+/// on new ports.
+fn exclusive_listeners(bootstrap: &mut Value) {
+    for l in bootstrap
+        .pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+    {
+        l.insert("enable_reuse_port".into(), json!(false));
     }
 }
 
@@ -690,6 +710,28 @@ impl Drop for Envoy {
                 self.log_path.display(),
                 self.log()
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_listener_shares_its_port_with_another_envoy() {
+        let log = Path::new("/tmp/access.log");
+        let plain = EnvoyBuilder::new().bootstrap(10_000, 10_001, log);
+        let template = EnvoyBuilder::from_template(plain.clone()).bootstrap(10_002, 10_003, log);
+        for b in [plain, template] {
+            let listeners = b["static_resources"]["listeners"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            assert!(!listeners.is_empty());
+            for l in listeners {
+                assert_eq!(l["enable_reuse_port"], json!(false), "{l}");
+            }
         }
     }
 }

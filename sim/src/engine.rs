@@ -46,6 +46,12 @@ pub enum Route {
     /// Nowhere: the proxy answers with this status itself (a refusal, or
     /// a 2xx from ACE's response cache).
     Refuse(u16),
+    /// Nowhere yet: the proxy sleeps this many ms without an attempt, then
+    /// asks the policy again ([`Policy::resume`]). LiteLLM's router sleeps
+    /// between retries this way, and its own refusals (a full
+    /// `max_parallel_requests` slot, an empty candidate list) never reach
+    /// a destination.
+    Wait(u64),
 }
 
 /// What a policy does once an attempt answered.
@@ -116,6 +122,13 @@ pub trait Policy {
         Next::Deliver
     }
 
+    /// Request `r` waited as its policy asked ([`Route::Wait`]): where it
+    /// goes now.
+    fn resume(&mut self, w: &World<'_>, r: u32) -> Route {
+        let _ = (w, r);
+        Route::Refuse(503)
+    }
+
     /// Request `r`'s last attempt, on `dest`, is over (`ok`: served whole).
     fn done(&mut self, w: &World<'_>, r: u32, dest: usize, ok: bool) {
         let _ = (w, r, dest, ok);
@@ -167,6 +180,8 @@ enum Ev {
     Done(u32, u32),
     /// A retry attempt is sent.
     Send(u32, u32),
+    /// A request that waited without an attempt asks its policy again.
+    Resume(u32),
     /// The control tick.
     Tick,
     /// Spot evictions take effect.
@@ -297,6 +312,9 @@ struct Loop<'a> {
     metrics: Metrics,
     /// The books of a policy that writes no event lines of its own.
     books: Books<'a>,
+    /// Requests waiting without an attempt ([`Route::Wait`]): their next
+    /// attempt number and the destinations tried so far.
+    waiting: std::collections::HashMap<u32, (u32, Vec<usize>)>,
 }
 
 /// Makes the filter's event line for a request a policy other than ACE
@@ -412,6 +430,7 @@ impl Run<'_> {
             attempts: Attempts::default(),
             timeline: Timeline::default(),
             books,
+            waiting: Default::default(),
         };
         l.timeline.push(0, Ev::Tick);
         l.timeline.push(0, Ev::Sample);
@@ -464,6 +483,12 @@ impl Run<'_> {
                 }
                 Ev::Evict(d) => l.evict(usize::from(d), now),
                 Ev::Send(id, g) => l.send(id, g, now),
+                Ev::Resume(r) => {
+                    let (n, tried) = l.waiting.remove(&r).unwrap_or_default();
+                    let route = policy.resume(&l.world(now), r);
+                    l.drain(policy, &mut events)?;
+                    l.route(policy, &mut events, now, r, n, tried, route, 0)?;
+                }
                 Ev::First(id, g) => l.first(policy, &mut events, id, g, now)?,
                 Ev::Done(id, g) => l.done(policy, &mut events, id, g, now)?,
             }
@@ -564,10 +589,14 @@ impl Loop<'_> {
                     self.timeline.push(now + after_ms, Ev::Send(id, g));
                 }
             }
+            Route::Wait(ms) => {
+                self.waiting.insert(r, (n, tried));
+                self.timeline.push(now + after_ms + ms, Ev::Resume(r));
+            }
             _ => {
                 let status = match route {
                     Route::Refuse(s) => s,
-                    Route::To(_) => 500,
+                    Route::To(_) | Route::Wait(_) => 500,
                 };
                 let req = self.req(r);
                 let mut outcome = RequestOutcome::refused(status, now.saturating_sub(req.at_ms));

@@ -38,7 +38,7 @@ use engine::{Policy, Req, Run};
 use fleet::{Fault, FaultKind, Params, SpotProcess, Upstream};
 use metrics::Metrics;
 use mix::{Mix, Profile};
-use policy::litellm::Strategy;
+use policy::litellm::{Strategy, Variant};
 use rng::Rng;
 use slo::Targets;
 use trace::{Row, DAY_MS};
@@ -53,8 +53,12 @@ pub enum PolicyKind {
     AceNoRouting,
     /// Everything to pay-as-you-go.
     AllPayg,
-    /// LiteLLM's router with one strategy.
+    /// LiteLLM's router with one strategy, configured by the default
+    /// mapping.
     LiteLlm(Strategy),
+    /// LiteLLM's router configured as a competent operator would: its
+    /// `cost-based-routing` with one of the [`Variant::OPERATOR`]s.
+    LiteLlmOperator(Variant),
     /// A priority-fallback gateway.
     Priority,
     /// Owned GPUs first, overflow to pay-as-you-go.
@@ -76,9 +80,18 @@ impl PolicyKind {
         PolicyKind::OwnedFirst,
     ];
 
+    /// The LiteLLM operator variants `--policy` also runs (not in the
+    /// default table).
+    pub const OPERATOR: [PolicyKind; 3] = [
+        PolicyKind::LiteLlmOperator(Variant::KneeCap),
+        PolicyKind::LiteLlmOperator(Variant::Compliant),
+        PolicyKind::LiteLlmOperator(Variant::TeamAlias),
+    ];
+
     /// Its name in tables, files and `--policy`.
     pub fn name(self) -> String {
         match self {
+            PolicyKind::LiteLlmOperator(v) => v.name(Strategy::CostBased),
             PolicyKind::Ace => "ace".into(),
             PolicyKind::AceNoRouting => "ace-no-model-routing".into(),
             PolicyKind::AllPayg => "all-payg".into(),
@@ -90,7 +103,10 @@ impl PolicyKind {
 
     /// The policy named `s`.
     pub fn parse(s: &str) -> Option<PolicyKind> {
-        PolicyKind::ALL.into_iter().find(|p| p.name() == s)
+        PolicyKind::ALL
+            .into_iter()
+            .chain(PolicyKind::OPERATOR)
+            .find(|p| p.name() == s)
     }
 }
 
@@ -267,6 +283,27 @@ impl Simulation {
             .unwrap_or_default()
     }
 
+    /// What LiteLLM's `model_list` and router settings are written from.
+    fn litellm_setup<'a>(
+        &'a self,
+        up: &'a [Upstream],
+        listed: Vec<bool>,
+    ) -> policy::litellm::Setup<'a> {
+        policy::litellm::Setup {
+            up,
+            listed,
+            profiles: &self.profiles,
+            classes: self.model_classes(),
+            cost_factors: self
+                .pricing
+                .config
+                .model_routing
+                .as_ref()
+                .map(|m| m.cost_factors.clone())
+                .unwrap_or_default(),
+        }
+    }
+
     /// The fleet of seed `seed`: evictions, prices and faults drawn.
     pub fn fleet(&self, seed: u64) -> Vec<Upstream> {
         let days = self.reqs.last().map_or(1, |r| r.at_ms / DAY_MS + 1);
@@ -337,9 +374,15 @@ impl Simulation {
             PolicyKind::AllPayg => Box::new(policy::payg::AllPayg::new(listed)),
             PolicyKind::LiteLlm(s) => Box::new(policy::litellm::LiteLlm::new(
                 s,
-                listed,
+                Variant::Default,
+                &self.litellm_setup(&up, listed),
                 seed,
-                &self.model_classes(),
+            )),
+            PolicyKind::LiteLlmOperator(v) => Box::new(policy::litellm::LiteLlm::new(
+                Strategy::CostBased,
+                v,
+                &self.litellm_setup(&up, listed),
+                seed,
             )),
             PolicyKind::Priority => Box::new(policy::priority::PriorityGateway::new(listed, seed)),
             PolicyKind::OwnedFirst => Box::new(policy::packer::OwnedFirst::new(listed)),

@@ -173,8 +173,16 @@ impl Comparison {
             self.setting.seeds.len(),
             self.setting.shape
         ));
+        // The policy column: 24 wide, wider for a longer name.
+        let w = self
+            .policies
+            .iter()
+            .map(|p| p.policy.len() + 1)
+            .max()
+            .unwrap_or(0)
+            .max(24);
         let mut header = format!(
-            "{:<24} {:>12} {:>9} {:>8} {:>8}",
+            "{:<w$} {:>12} {:>9} {:>8} {:>8}",
             "policy", "cost USD", "vs payg", "served", "SLO"
         );
         for c in &classes {
@@ -188,7 +196,7 @@ impl Comparison {
         for p in &self.policies {
             let mark = if self.meets_slo(p) { ' ' } else { '*' };
             let mut line = format!(
-                "{:<24} {:>12} {:>8.1}% {:>7.2}% {:>7.2}%",
+                "{:<w$} {:>12} {:>8.1}% {:>7.2}% {:>7.2}%",
                 format!("{}{}", p.policy, mark),
                 format!("{:.0} ±{:.0}", p.cost_usd.mean, p.cost_usd.sd),
                 p.cost_vs_payg.mean * 100.0,

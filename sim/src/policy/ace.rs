@@ -470,7 +470,7 @@ impl Policy for Ace {
                     },
                 );
             }
-            Route::Refuse(_) => {
+            Route::Refuse(_) | Route::Wait(_) => {
                 self.flows.insert(
                     r,
                     InFlight {
@@ -740,6 +740,7 @@ impl Probe {
                     .map_or_else(String::new, |x| x.cluster.clone()),
             ),
             Route::Refuse(s) => Probed::Refused(reply.unwrap_or(u32::from(s))),
+            Route::Wait(_) => Probed::Refused(reply.unwrap_or(503)),
         };
         self.next += 1;
         self.flows.insert(self.next, flow);
@@ -845,7 +846,7 @@ pub fn replay(setup: Setup, log: &[Recorded]) -> Vec<Replayed> {
             let substituted = ace.take_substituted();
             let chosen = match route {
                 Route::To(d) => ace.setup.config.destinations.get(d).map(|x| x.name.clone()),
-                Route::Refuse(_) => None,
+                Route::Refuse(_) | Route::Wait(_) => None,
             };
             let status = rec.status;
             ace.with_host(now + rec.latency_ms, |setup, worker, host| {

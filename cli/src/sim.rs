@@ -48,7 +48,10 @@ pub struct Args {
     seed: u64,
     /// Only these policies (repeatable): ace, ace-no-model-routing, all-payg, litellm-simple-shuffle,
     /// litellm-least-busy, litellm-usage-based, litellm-latency-based,
-    /// litellm-cost-based, priority-gateway, owned-first.
+    /// litellm-cost-based, priority-gateway, owned-first; and LiteLLM as an
+    /// operator would configure it (not run by default):
+    /// litellm-cost-based-knee, litellm-cost-based-compliant,
+    /// litellm-cost-based-team-alias.
     #[arg(long = "policy", value_name = "NAME")]
     policy: Vec<String>,
     /// The request mix (tenants, classes, models): a TOML file like the
@@ -104,7 +107,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 PolicyKind::parse(n).ok_or_else(|| {
                     anyhow!(
                         "no policy `{n}`; the policies are {}",
-                        PolicyKind::ALL.map(PolicyKind::name).join(", ")
+                        PolicyKind::ALL
+                            .into_iter()
+                            .chain(PolicyKind::OPERATOR)
+                            .map(PolicyKind::name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 })
             })

@@ -39,8 +39,10 @@ playground: setup
 # clippy and the test build; the tests run only once it is done, and build
 # again (a no-op, or their own failure) what it did not.
 # The tests: every target that has tests (libraries, binaries, tests/),
-# then the doc tests. Examples are not linked here: clippy --all-targets
-# has already compiled and checked them with warnings denied.
+# and the doc tests, in two lanes at once (scripts/test-lanes.sh: the long
+# test binaries each keep one core busy). Examples are not linked here:
+# clippy --all-targets has already compiled and checked them with warnings
+# denied.
 test: setup
 	@bash scripts/prebuild.sh start
 	$(CARGO) fmt --all --check
@@ -48,10 +50,7 @@ test: setup
 	@$(MAKE) --no-print-directory docs fuzz-check
 	$(CARGO) test --workspace --tests --no-run
 	@bash scripts/prebuild.sh wait
-	@status=0; \
-	$(CARGO) test --workspace --no-fail-fast --tests || status=$$?; \
-	$(CARGO) test --workspace --no-fail-fast --doc || status=$$?; \
-	exit $$status
+	@CARGO="$(CARGO)" bash scripts/test-lanes.sh
 
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

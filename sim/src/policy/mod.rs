@@ -6,7 +6,7 @@
 //! | [`ace`] | ACE: the filter's own request flow, over the simulated fleet |
 //! | [`payg`] | everything to the cheapest pay-as-you-go API |
 //! | [`litellm`] | LiteLLM's router: five strategies, retries, cool-downs |
-//! | [`priority`] | a priority-fallback gateway (Envoy AI Gateway style) |
+//! | [`priority`] | Envoy AI Gateway's priority fallback, as its docs configure it |
 //! | [`packer`] | owned GPUs filled to 100%, overflow to pay-as-you-go |
 //!
 //! Residency applies to each the way it can say it ([`Rules`]): ACE by the

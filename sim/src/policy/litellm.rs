@@ -61,7 +61,7 @@
 //! # The request pipeline (`PythonCore.async_function_with_fallbacks` →
 //! `async_function_with_retries` → `make_call` → `_acompletion`)
 //!
-//! Each *call* ([`LiteLlm::call`]) goes through, in order:
+//! Each *call* (`LiteLlm::call`) goes through, in order:
 //!
 //! 1. the candidates (`_core_async_get_healthy_deployments`): the group's
 //!    deployments less those cooling down, then `_pre_call_checks`

@@ -36,8 +36,9 @@ playground: setup
 # scripts/prebuild.sh starts the builds the tests would otherwise run one
 # at a time (wasm filters, release dynamic modules, the playground's page,
 # each in its own target directory) in the background, so that they overlap
-# clippy and the test build; the tests run only once it is done, and build
-# again (a no-op, or their own failure) what it did not.
+# clippy, the test build and the first tests; a test that needs one waits
+# for it on its target directory's lock, and builds again (a no-op, or its
+# own failure) what it did not. `make test` ends with its outcome.
 # The tests: every target that has tests (libraries, binaries, tests/),
 # and the doc tests, in two lanes at once (scripts/test-lanes.sh: the long
 # test binaries each keep one core busy). Examples are not linked here:
@@ -49,8 +50,8 @@ test: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@$(MAKE) --no-print-directory docs fuzz-check
 	$(CARGO) test --workspace --tests --no-run
-	@bash scripts/prebuild.sh wait
-	@CARGO="$(CARGO)" bash scripts/test-lanes.sh
+	@status=0; CARGO="$(CARGO)" bash scripts/test-lanes.sh || status=$$?; \
+	bash scripts/prebuild.sh wait; exit $$status
 
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 
 # The first lane: long, single-core test targets, about half the suite's
-# time on CI (BENCHMARKS.md, "The test suite").
-FIRST=(faults envoy sim playground)
+# time (BENCHMARKS.md, "The test suite": each lane's time).
+FIRST=(faults envoy sim playground random)
 
 METADATA=$("$CARGO" metadata --no-deps --format-version 1) || {
     echo "test-lanes: cargo metadata failed" >&2

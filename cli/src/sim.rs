@@ -109,7 +109,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         "no policy `{n}`; the policies are {}",
                         PolicyKind::ALL
                             .into_iter()
-                            .chain(PolicyKind::OPERATOR)
                             .map(PolicyKind::name)
                             .collect::<Vec<_>>()
                             .join(", ")

@@ -50,11 +50,20 @@ fn the_same_seed_gives_the_same_bytes() {
         "litellm-usage-based",
         "litellm-latency-based",
         "litellm-cost-based",
+        "litellm-cost-based-knee",
+        "litellm-cost-based-compliant",
+        "litellm-cost-based-team-alias",
         "priority-gateway",
         "owned-first",
     ] {
         assert!(text.contains(p), "{p} missing:\n{text}");
     }
+    // The comparison names the best peer, whichever it is.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("best peer meeting the SLO bar: ") && l.contains("ACE ")),
+        "{text}"
+    );
     let c = ace(&[
         "sim",
         "--synthetic",

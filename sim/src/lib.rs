@@ -66,8 +66,10 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    /// Every policy, in table order.
-    pub const ALL: [PolicyKind; 10] = [
+    /// Every policy, in table order: the peers with their defaults, then
+    /// as a competent operator configures them, so that the table's best
+    /// peer is the best a peer can do.
+    pub const ALL: [PolicyKind; 13] = [
         PolicyKind::Ace,
         PolicyKind::AceNoRouting,
         PolicyKind::AllPayg,
@@ -76,16 +78,11 @@ impl PolicyKind {
         PolicyKind::LiteLlm(Strategy::UsageBased),
         PolicyKind::LiteLlm(Strategy::LatencyBased),
         PolicyKind::LiteLlm(Strategy::CostBased),
-        PolicyKind::Priority,
-        PolicyKind::OwnedFirst,
-    ];
-
-    /// The LiteLLM operator variants `--policy` also runs (not in the
-    /// default table).
-    pub const OPERATOR: [PolicyKind; 3] = [
         PolicyKind::LiteLlmOperator(Variant::KneeCap),
         PolicyKind::LiteLlmOperator(Variant::Compliant),
         PolicyKind::LiteLlmOperator(Variant::TeamAlias),
+        PolicyKind::Priority,
+        PolicyKind::OwnedFirst,
     ];
 
     /// Its name in tables, files and `--policy`.
@@ -103,10 +100,7 @@ impl PolicyKind {
 
     /// The policy named `s`.
     pub fn parse(s: &str) -> Option<PolicyKind> {
-        PolicyKind::ALL
-            .into_iter()
-            .chain(PolicyKind::OPERATOR)
-            .find(|p| p.name() == s)
+        PolicyKind::ALL.into_iter().find(|p| p.name() == s)
     }
 }
 

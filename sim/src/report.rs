@@ -253,6 +253,26 @@ impl Comparison {
             yes(cheapest == Some("ace")),
             cheapest.unwrap_or("none")
         ));
+        // The best peer: the cheapest policy that is not ACE's own and
+        // meets the SLO bar, whichever it is at this load.
+        let best = compliant
+            .iter()
+            .filter(|p| !p.policy.starts_with("ace"))
+            .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean));
+        if let Some(b) = best {
+            let vs = |p: &PolicyFigures| 1.0 - p.cost_usd.mean / b.cost_usd.mean.max(1e-12);
+            let alone = self
+                .get("ace-no-model-routing")
+                .map(|d| format!("; dispatch alone (ace-no-model-routing) {}", cheaper(vs(d))))
+                .unwrap_or_default();
+            out.push(format!(
+                "best peer meeting the SLO bar: {} (USD {:.0}, {:.0} violations); ACE {}{alone}",
+                b.policy,
+                b.cost_usd.mean,
+                b.violations.mean,
+                cheaper(vs(ace)),
+            ));
+        }
         if let Some(l) = self.get("litellm-cost-based") {
             let saving = 1.0 - ace.cost_usd.mean / l.cost_usd.mean.max(1e-12);
             out.push(format!(
@@ -282,6 +302,15 @@ impl Comparison {
             ace.runs.iter().map(|m| m.violations).sum::<u64>()
         ));
         out
+    }
+}
+
+/// A saving as "12.3% cheaper", or a loss as "4.5% dearer".
+fn cheaper(saving: f64) -> String {
+    if saving >= 0.0 {
+        format!("{:.1}% cheaper", saving * 100.0)
+    } else {
+        format!("{:.1}% dearer", -saving * 100.0)
     }
 }
 

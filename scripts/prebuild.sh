@@ -13,8 +13,7 @@
 # Why: most of these builds are link-time optimised with one codegen unit,
 # so on a 2-core machine they use one core for minutes; run from inside the
 # tests they leave the other core idle, while `make test` starts them here
-# at once, so they overlap the formatting check, clippy, the test build and,
-# for what is left, the first tests.
+# at once, so they overlap the formatting check, clippy and the test build.
 # The tests run exactly the same commands (scripts/build-wasm.sh,
 # `cargo build --release -p PKG --target-dir target/dylib`,
 # scripts/build-playground.sh), which find the work done; if a build fails
@@ -67,6 +66,8 @@ step() {
         echo "prebuild: FAILED $what ($((SECONDS - t0)) s)"
     fi
 }
+# The longest first: the playground's page (cli/tests/playground.rs).
+step "playground page" bash scripts/build-playground.sh
 # harness::wasm::build and wasm-host/tests/common: the real-Envoy tests
 # and the proxy-wasm host's tests.
 for pkg in ace-filter ace-example-header-rewrite ace-example-local-auth \
@@ -78,9 +79,4 @@ done
 for pkg in ace-dynamic ace-bench-dynamic-floor; do
     step "$pkg (dynamic module)" "$CARGO" build --release -q -p "$pkg" --target-dir "$ROOT/target/dylib"
 done
-# The longest last: the playground's page (cli/tests/playground.rs). The
-# tests may start before it is done; the one test that needs it waits on
-# its target directory's lock meanwhile, and the filters and modules the
-# real-Envoy tests need are ready by then.
-step "playground page" bash scripts/build-playground.sh
 exit 0

@@ -29,7 +29,7 @@ fn the_same_seed_gives_the_same_bytes() {
     let args = [
         "sim",
         "--synthetic",
-        "1500",
+        "1000",
         "--copies",
         "2",
         "--seeds",
@@ -67,7 +67,7 @@ fn the_same_seed_gives_the_same_bytes() {
     let c = ace(&[
         "sim",
         "--synthetic",
-        "1500",
+        "1000",
         "--copies",
         "2",
         "--seeds",

@@ -121,6 +121,8 @@ pub struct PriorityGateway {
     outliers: Vec<Outlier>,
     /// Route rules (one cluster each), by (model, data class).
     clusters: HashMap<(String, String), usize>,
+    /// Each profile's cluster, once looked up.
+    cluster_of_profile: Vec<Option<usize>>,
     /// Requests in flight per cluster, for its circuit breaker.
     cluster_load: Vec<u32>,
     /// Requests in flight: their cluster.
@@ -143,6 +145,7 @@ impl PriorityGateway {
             in_flight: vec![0; n],
             outliers: vec![Outlier::default(); n],
             clusters: HashMap::new(),
+            cluster_of_profile: Vec::new(),
             cluster_load: Vec::new(),
             cluster_of: HashMap::new(),
             rng: Rng::fork(seed, "priority-gateway"),
@@ -151,6 +154,10 @@ impl PriorityGateway {
 
     /// Request `r`'s route rule.
     fn cluster(&mut self, w: &World<'_>, r: u32) -> usize {
+        let profile = w.req(r).profile as usize;
+        if let Some(Some(c)) = self.cluster_of_profile.get(profile) {
+            return *c;
+        }
         let key = w
             .profile(r)
             .map(|p| (p.model.clone(), p.data_class.clone()))
@@ -159,6 +166,12 @@ impl PriorityGateway {
         let c = *self.clusters.entry(key).or_insert(next);
         if c >= self.cluster_load.len() {
             self.cluster_load.resize(c + 1, 0);
+        }
+        if profile >= self.cluster_of_profile.len() {
+            self.cluster_of_profile.resize(profile + 1, None);
+        }
+        if let Some(slot) = self.cluster_of_profile.get_mut(profile) {
+            *slot = Some(c);
         }
         c
     }

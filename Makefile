@@ -36,13 +36,14 @@ playground: setup
 # scripts/prebuild.sh starts the builds the tests would otherwise run one
 # at a time (wasm filters, release dynamic modules, the playground's page,
 # each in its own target directory) in the background, so that they overlap
-# clippy and the test build; the tests run only once it is done (the
-# browser test, with the page still building beside it, ran out of its
-# time to compile in the page), and build again (a no-op, or their own
-# failure) what it did not.
+# clippy and the test build; the tests that need them run only once it is
+# done (the browser test, with the page still building beside it, ran out
+# of its time to compile in the page), and build again (a no-op, or their
+# own failure) what it did not.
 # The tests: every target that has tests (libraries, binaries, tests/),
 # and the doc tests, in two lanes at once (scripts/test-lanes.sh: the long
-# test binaries each keep one core busy). Examples are not linked here:
+# test binaries each keep one core busy; the lane that needs the prebuild
+# waits for it). Examples are not linked here:
 # clippy --all-targets has already compiled and checked them with warnings
 # denied.
 test: setup
@@ -51,7 +52,6 @@ test: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@$(MAKE) --no-print-directory docs fuzz-check
 	$(CARGO) test --workspace --tests --no-run
-	@bash scripts/prebuild.sh wait
 	@CARGO="$(CARGO)" bash scripts/test-lanes.sh
 
 lint: setup

@@ -39,11 +39,14 @@ pub fn build_proxy_wasm_example(example: &str) -> Result<PathBuf, String> {
 ///
 /// The package comes through cargo's registry cache ([`registry_package`]);
 /// it is copied to `target/wasm/registry/` before the build, which writes
-/// only there and to that directory's `target/`, never into the cache.
+/// only there and to `target/wasm/`, never into the cache. It is built
+/// with the workspace's `wasm` profile into our filters' target directory,
+/// so the standard library built for them is reused.
 /// Its own `Cargo.lock` pins the examples' dependencies. Its host functions
 /// are undeclared imports (`extern "C"` without a wasm import module),
 /// which today's `wasm-ld` resolves only with `--allow-undefined`, as
-/// rustc passed it for wasm targets when such packages were published.
+/// rustc passed it for wasm targets when such packages were published;
+/// the flag goes to the example's link alone.
 pub fn build_registry_example(
     krate: &str,
     version: &str,
@@ -55,16 +58,13 @@ pub fn build_registry_example(
         let copy = scratch.join(format!("{krate}-{version}"));
         copy_package(&source, &copy)?;
         let manifest = copy.join("Cargo.toml");
-        let target_dir = scratch.join("target");
         build_with(
             krate,
             &[
                 ("ACE_WASM_MANIFEST", manifest.as_os_str()),
                 ("ACE_WASM_EXAMPLE", example.as_ref()),
-                ("ACE_WASM_PROFILE", "release".as_ref()),
-                ("ACE_WASM_TARGET_DIR", target_dir.as_os_str()),
                 (
-                    "ACE_WASM_RUSTFLAGS",
+                    "ACE_WASM_LINK_ARGS",
                     "-C link-arg=--allow-undefined".as_ref(),
                 ),
             ],

@@ -42,6 +42,10 @@ pub enum Command {
         /// Tables to check instead of `<dir>/out/tables.acet`.
         #[arg(long)]
         tables: Option<PathBuf>,
+        /// Stop at the first mismatch (a CI gate that only needs pass or
+        /// fail) instead of checking and counting the whole space.
+        #[arg(long)]
+        fail_fast: bool,
     },
     /// For every destination, Cedar's decision with the determining policy
     /// ids, and the tables' answer.
@@ -82,7 +86,11 @@ fn read_tables(path: &Path) -> anyhow::Result<Vec<u8>> {
 pub fn run(c: Command) -> anyhow::Result<ExitCode> {
     match c {
         Command::Compile { dir, out } => run_compile(&dir, out),
-        Command::Verify { dir, tables } => run_verify(&dir, &tables_file(&dir, tables)),
+        Command::Verify {
+            dir,
+            tables,
+            fail_fast,
+        } => run_verify(&dir, &tables_file(&dir, tables), fail_fast),
         Command::Explain {
             dir,
             request,
@@ -156,13 +164,17 @@ fn run_compile(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_verify(dir: &Path, tables: &Path) -> anyhow::Result<ExitCode> {
+fn run_verify(dir: &Path, tables: &Path, fail_fast: bool) -> anyhow::Result<ExitCode> {
     let project = ace_policy::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?;
     let bytes = read_tables(tables)?;
     let start = Instant::now();
     let oracle = Oracle::load(&project.sources)?;
-    let report = verify::verify(&oracle, &bytes)
-        .with_context(|| format!("verifying `{}`", tables.display()))?;
+    let report = if fail_fast {
+        verify::verify_until(&oracle, &bytes, 1)
+    } else {
+        verify::verify(&oracle, &bytes)
+    }
+    .with_context(|| format!("verifying `{}`", tables.display()))?;
     for m in &report.mismatches {
         let yn = |b: bool| if b { "allow" } else { "deny" };
         outln!(

@@ -66,8 +66,12 @@ pub struct Report {
     pub space: u64,
     /// Destinations per request.
     pub destinations: usize,
-    /// Whether every request was checked.
+    /// Whether the request space was small enough to check whole (else it
+    /// was sampled).
     pub exhaustive: bool,
+    /// Whether the check stopped at its mismatch limit
+    /// ([`verify_until`]) before the last request.
+    pub stopped: bool,
     /// What a sampled verify checked (zero when exhaustive).
     pub coverage: Coverage,
     /// Requests checked.
@@ -89,7 +93,18 @@ impl Report {
 
     /// One line saying what was checked.
     pub fn coverage_line(&self) -> String {
-        if self.exhaustive {
+        if self.stopped {
+            format!(
+                "stopped at the first {} mismatches, after {} requests of {}",
+                self.mismatch_count,
+                self.requests,
+                if self.exhaustive {
+                    format!("the whole space ({})", self.space)
+                } else {
+                    "a sample".to_string()
+                }
+            )
+        } else if self.exhaustive {
             format!(
                 "exhaustive: all {} requests of the space (unknown values included)",
                 self.space
@@ -148,6 +163,18 @@ pub fn verify(oracle: &Oracle, tables: &[u8]) -> Result<Report, VerifyError> {
     verify_with_progress(oracle, tables, &mut |_, _| {})
 }
 
+/// [`verify`], stopping once `mismatches` mismatches are found (at least
+/// one): enough to fail a check, without the rest of the space. The
+/// report says it stopped ([`Report::stopped`]); with no mismatch it is
+/// the whole check.
+pub fn verify_until(
+    oracle: &Oracle,
+    tables: &[u8],
+    mismatches: u64,
+) -> Result<Report, VerifyError> {
+    check_space(oracle, tables, &mut |_, _| {}, mismatches.max(1))
+}
+
 /// Requests checked between two calls of a [`verify_with_progress`]
 /// callback: often enough for a progress bar to move smoothly, rarely enough
 /// that calling out (to JavaScript, in the playground) costs nothing.
@@ -160,6 +187,17 @@ pub fn verify_with_progress(
     oracle: &Oracle,
     tables: &[u8],
     progress: &mut dyn FnMut(u64, u64),
+) -> Result<Report, VerifyError> {
+    check_space(oracle, tables, progress, u64::MAX)
+}
+
+/// The request space (whole, or sampled when too large) checked until
+/// `limit` mismatches.
+fn check_space(
+    oracle: &Oracle,
+    tables: &[u8],
+    progress: &mut dyn FnMut(u64, u64),
+    limit: u64,
 ) -> Result<Report, VerifyError> {
     let t = Tables::load(tables).map_err(|e| VerifyError(e.to_string()))?;
     oracle.check_tables(&t)?;
@@ -194,6 +232,10 @@ pub fn verify_with_progress(
             progress(n as u64, total);
         }
         check_one(oracle, &t, idx, &mut out, &mut report)?;
+        if report.mismatch_count >= limit && n + 1 < requests.len() {
+            report.stopped = true;
+            break;
+        }
     }
     progress(total, total);
     report.space = space;

@@ -4,3 +4,4 @@
 pub mod ingest_summary;
 pub mod output;
 pub mod plugin;
+pub mod shadow;

@@ -46,12 +46,14 @@ pub struct Args {
     /// The first seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Only these policies (repeatable): ace, ace-no-model-routing, all-payg, litellm-simple-shuffle,
-    /// litellm-least-busy, litellm-usage-based, litellm-latency-based,
-    /// litellm-cost-based, priority-gateway, owned-first; and LiteLLM as an
-    /// operator would configure it (not run by default):
-    /// litellm-cost-based-knee, litellm-cost-based-compliant,
-    /// litellm-cost-based-team-alias.
+    /// Only these policies (repeatable): ace, ace-no-model-routing
+    /// (dispatch alone: no model substitution), all-payg,
+    /// litellm-simple-shuffle, litellm-least-busy, litellm-usage-based,
+    /// litellm-latency-based, litellm-cost-based, LiteLLM as an operator
+    /// would configure it (litellm-cost-based-knee,
+    /// litellm-cost-based-compliant, litellm-cost-based-team-alias,
+    /// litellm-cost-based-order),
+    /// priority-gateway, owned-first. Default: all of them.
     #[arg(long = "policy", value_name = "NAME")]
     policy: Vec<String>,
     /// The request mix (tenants, classes, models): a TOML file like the
@@ -94,10 +96,29 @@ pub struct Args {
     /// Worker threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// What the simulated engines and APIs do, apart from the manifest: a
+    /// TOML file with any of knee_factor, knee_wait_ms, batch_slowdown,
+    /// past_knee_slowdown, prefill_tps, api_ttft_median_ms,
+    /// api_ttft_sigma, api_tokens_per_s (`ace_sim::fleet::FleetModel`;
+    /// the rest keep their defaults).
+    #[arg(long, value_name = "FILE")]
+    fleet_model: Option<PathBuf>,
+    /// Shadow mode: replay the requests a real Envoy logged (the access
+    /// log the filter writes its `ace.event` lines into; repeatable) under
+    /// every policy, instead of a trace and a mix: what each would have
+    /// cost on this traffic, as it arrived.
+    #[arg(long, value_name = "LOG", conflicts_with_all = ["trace", "synthetic", "copies", "replay", "mix"])]
+    shadow: Vec<PathBuf>,
+    /// The engines' true knee as a multiple of the manifest's (1: the
+    /// manifest is right; 0.75: latency climbs from three quarters of the
+    /// utilisation ACE prices and operators cap by). Overrides the fleet
+    /// model file's knee_factor.
+    #[arg(long, value_name = "FACTOR")]
+    fleet_knee: Option<f64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let sim = build(&args)?;
+    let mut sim = build(&args)?;
     let kinds: Vec<PolicyKind> = if args.policy.is_empty() {
         PolicyKind::ALL.to_vec()
     } else {
@@ -129,12 +150,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     };
     let seeds: Vec<u64> = (args.seed..end).collect();
+    sim.draw_mix(&seeds);
     if let Some(dir) = &args.events {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create `{}`", dir.display()))?;
         std::fs::write(dir.join("plugin-config.json"), &sim.config_json)
             .with_context(|| format!("cannot write into `{}`", dir.display()))?;
-        // ACE without model routing runs (and its lines name) its own.
+        // ACE as dispatch alone runs (and its lines name) its own.
         if kinds.contains(&PolicyKind::AceNoRouting) {
             let name = format!("plugin-config-{}.json", PolicyKind::AceNoRouting.name());
             std::fs::write(
@@ -148,20 +170,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policies = kinds
         .iter()
         .zip(runs)
-        .map(|(k, runs)| PolicyFigures::new(k.name(), runs))
+        .map(|(k, runs)| PolicyFigures::new(k.name(), k.substitutes(), runs))
         .collect();
     let comparison = Comparison {
         setting: Setting {
             trace: match args.synthetic {
+                _ if !args.shadow.is_empty() => format!(
+                    "shadow: {}",
+                    args.shadow
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 Some(n) => format!("synthetic ({n} requests)"),
                 None => args.trace.display().to_string(),
             },
             requests: sim.reqs.len(),
             seeds,
             shape: match args.replay {
+                _ if !args.shadow.is_empty() => "as logged".to_string(),
                 Some(f) => format!("replayed at {f}x"),
                 None => format!("{} copies over a day (diurnal curve)", args.copies),
             },
+            fleet_model: sim.fleet_model(),
         },
         policies,
         slo_bar: args.slo_bar,
@@ -189,6 +221,71 @@ const MAX_RUN_MS: u64 = 40 * 86_400_000;
 
 /// The simulation `args` describe.
 pub fn build(args: &Args) -> anyhow::Result<Simulation> {
+    let targets = match &args.slo {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read `{}`", p.display()))?;
+            toml::from_str::<Targets>(&text)
+                .with_context(|| format!("`{}` is not an SLO file", p.display()))?
+        }
+        None => Targets::default(),
+    };
+    if !(0.0..=1.0).contains(&args.slo_bar) {
+        bail!("--slo-bar {}: a fraction between 0 and 1", args.slo_bar);
+    }
+    let mut sim = if args.shadow.is_empty() {
+        from_trace(args, targets)?
+    } else {
+        let (sim, read) =
+            ace_cli::shadow::simulation(&args.policies, &args.shadow, targets, args.seed)?;
+        if let Some(first) = &read.first_skipped {
+            eprintln!(
+                "shadow: {} requests; {} lines were not events (the first: {first})",
+                read.logged.len(),
+                read.skipped
+            );
+        }
+        sim
+    };
+    sim.control = !args.no_control;
+    let mut model = match &args.fleet_model {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read `{}`", p.display()))?;
+            toml::from_str::<ace_sim::fleet::FleetModel>(&text)
+                .with_context(|| format!("`{}` is not a fleet model", p.display()))?
+        }
+        None => ace_sim::fleet::FleetModel::default(),
+    };
+    if let Some(k) = args.fleet_knee {
+        model.knee_factor = k;
+    }
+    sim.set_fleet_model(model).map_err(|e| {
+        anyhow!(
+            "{e}{}",
+            match (&args.fleet_model, args.fleet_knee) {
+                (_, Some(k)) if !(k.is_finite() && k > 0.0) => format!(" (--fleet-knee {k})"),
+                (Some(p), _) => format!(" (in `{}`)", p.display()),
+                _ => String::new(),
+            }
+        )
+    })?;
+    if args.no_faults {
+        sim.faults = Some(Vec::new());
+    } else if !args.faults.is_empty() {
+        let names: Vec<&str> = sim.params.iter().map(|p| p.name.as_str()).collect();
+        sim.faults = Some(
+            args.faults
+                .iter()
+                .map(|f| parse_fault(f, &names))
+                .collect::<anyhow::Result<_>>()?,
+        );
+    }
+    Ok(sim)
+}
+
+/// The simulation of a trace and a mix.
+fn from_trace(args: &Args, targets: Targets) -> anyhow::Result<Simulation> {
     let project = ace_policy::load_dir(&args.policies).map_err(|e| anyhow!("{e}"))?;
     let config = ace_cli::plugin::build_config(&args.policies, false, true)?;
     let config_json = serde_json::to_vec(&config)?;
@@ -243,18 +340,6 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
             ace_sim::mix::DEFAULT.to_string(),
         ),
     };
-    let targets = match &args.slo {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read `{}`", p.display()))?;
-            toml::from_str::<Targets>(&text)
-                .with_context(|| format!("`{}` is not an SLO file", p.display()))?
-        }
-        None => Targets::default(),
-    };
-    if !(0.0..=1.0).contains(&args.slo_bar) {
-        bail!("--slo-bar {}: a fraction between 0 and 1", args.slo_bar);
-    }
     let mut sim = Simulation::new(
         config_json,
         &ace_sim::Placement::of(&project),
@@ -266,18 +351,8 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
         args.seed,
     )
     .map_err(|e| anyhow!("{e}"))?;
-    sim.control = !args.no_control;
-    if args.no_faults {
-        sim.faults = Some(Vec::new());
-    } else if !args.faults.is_empty() {
-        let names: Vec<&str> = sim.params.iter().map(|p| p.name.as_str()).collect();
-        sim.faults = Some(
-            args.faults
-                .iter()
-                .map(|f| parse_fault(f, &names))
-                .collect::<anyhow::Result<_>>()?,
-        );
-    }
+    sim.add_dispatch_only(&project.sources)
+        .map_err(|e| anyhow!("{e}"))?;
     Ok(sim)
 }
 

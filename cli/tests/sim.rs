@@ -58,12 +58,18 @@ fn the_same_seed_gives_the_same_bytes() {
     ] {
         assert!(text.contains(p), "{p} missing:\n{text}");
     }
-    // The comparison names the best peer, whichever it is.
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("best peer meeting the SLO bar: ") && l.contains("ACE ")),
-        "{text}"
-    );
+    // The comparison names the best peer, whichever it is, and sets each
+    // side of substitution against the best peer on that side.
+    for start in [
+        "best peer meeting the SLO bar: ",
+        "with substitution: ace ",
+        "dispatch alone: ace-no-model-routing ",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(start)),
+            "{start}\n{text}"
+        );
+    }
     let c = ace(&[
         "sim",
         "--synthetic",
@@ -137,7 +143,20 @@ fn bad_input_is_named() {
         !o.status.success() && e.contains("t.csv:2, column 3"),
         "{e}"
     );
-    let refused: [(&[&str], &str); 7] = [
+    // Shadow mode on a log with no event, and with a schema from elsewhere.
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "-\nnot json\n").expect("write");
+    let o = ace(&["sim", "--shadow", log.to_str().expect("utf-8")]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("no ace.event line") && e.contains("access.log` line 1"),
+        "{e}"
+    );
+    std::fs::write(&log, "{\"schema\":\"ace.event/9\"}\n").expect("write");
+    let o = ace(&["sim", "--shadow", log.to_str().expect("utf-8")]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("ace.event/9"), "{e}");
+    let refused: [(&[&str], &str); 8] = [
         (
             &[
                 "--synthetic",
@@ -174,6 +193,10 @@ fn bad_input_is_named() {
         (
             &["--synthetic", "10", "--seeds", "0"],
             "--seeds must be at least 1",
+        ),
+        (
+            &["--synthetic", "10", "--fleet-knee", "0"],
+            "knee_factor = 0",
         ),
     ];
     for (args, expect) in refused {

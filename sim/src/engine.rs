@@ -576,7 +576,7 @@ impl Loop<'_> {
                             None => p.allows(d),
                         });
                 if !allowed {
-                    self.metrics.violation();
+                    self.metrics.violation(r);
                 }
                 tried.push(d);
                 let (id, g) = self.attempts.start(r, d, n, tried);

@@ -10,9 +10,12 @@
 //!   continuously: `capacity` sequences at once, each decoding at a speed
 //!   that falls as the batch fills and falls faster past the knee (the
 //!   manifest's `throughput_tps` is the whole server's at a full batch);
-//!   past the manifest's knee, time to first token climbs on an M/M/1
-//!   shape ([`past_knee_wait_ms`]: new sequences wait for prefill behind
-//!   a full batch); requests beyond the batch wait in a FIFO queue.
+//!   past the knee, time to first token climbs on an M/M/1 shape
+//!   ([`FleetModel::past_knee_wait_ms`]: new sequences wait for prefill
+//!   behind a full batch); requests beyond the batch wait in a FIFO queue.
+//!   The knee here is the engine's own, which need not be the manifest's:
+//!   the manifest is what ACE prices and an operator caps by, the engine
+//!   is what the traffic meets ([`FleetModel::knee_factor`]).
 //! - **Reserved blocks** have a tokens-per-minute commitment; past it they
 //!   answer 429 until the minute turns, unless the manifest gives an
 //!   overage price (a PTU spill-over deployment), when they serve on.
@@ -25,6 +28,11 @@
 //! - **Pay-as-you-go APIs** answer after a log-normal time to first token
 //!   (median 450 ms), decode at 70 tokens/s, and enforce requests- and
 //!   tokens-per-minute limits with 429.
+//!
+//! The engines' and APIs' figures are a [`FleetModel`], apart from the
+//! manifest and from ACE's price model, and the same for every policy:
+//! `ace sim --fleet-model FILE` or `--fleet-knee FACTOR` changes them, to
+//! see what happens when the manifest is wrong.
 //! - **Injected failures** ([`Fault`]): 5xx bursts, outages and slowdowns,
 //!   at seeded times.
 //! - A GPU server holds as many models as the manifest lists resident; a
@@ -34,7 +42,112 @@
 use crate::rng::Rng;
 use crate::trace::DAY_MS;
 use ace_core::cost::{CostModel, Tier};
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+
+/// What the simulated engines and APIs do, apart from what the manifest
+/// says of them. The manifest's knee is what ACE prices and what a careful
+/// operator caps a gateway by; the engine's knee is where its latency
+/// really starts climbing, and a simulation in which the two are always
+/// equal would reward whoever reads the manifest. Every policy meets the
+/// same fleet model.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetModel {
+    /// The engines' knee as a multiple of the manifest's (capped at 0.99
+    /// of a full batch): 1, the manifest measured it right; 0.75, latency
+    /// starts climbing at three quarters of the utilisation the manifest
+    /// assumes.
+    pub knee_factor: f64,
+    /// Extra time to first token per unit of M/M/1 queue past the
+    /// engine's knee, ms.
+    pub knee_wait_ms: f64,
+    /// How much slower a sequence decodes in a full batch than alone,
+    /// before the knee's share (0.5: half as slow again).
+    pub batch_slowdown: f64,
+    /// How much slower again from the knee to a full batch.
+    pub past_knee_slowdown: f64,
+    /// Prompt tokens per second a GPU server prefills.
+    pub prefill_tps: f64,
+    /// Pay-as-you-go time to first token, median, ms.
+    pub api_ttft_median_ms: f64,
+    /// Its log-normal shape (sigma).
+    pub api_ttft_sigma: f64,
+    /// Pay-as-you-go decode speed, tokens per second.
+    pub api_tokens_per_s: f64,
+}
+
+impl Default for FleetModel {
+    fn default() -> FleetModel {
+        FleetModel {
+            knee_factor: 1.0,
+            knee_wait_ms: 250.0,
+            batch_slowdown: 0.5,
+            past_knee_slowdown: 1.5,
+            prefill_tps: 12_000.0,
+            api_ttft_median_ms: 450.0,
+            api_ttft_sigma: 0.5,
+            api_tokens_per_s: 70.0,
+        }
+    }
+}
+
+impl FleetModel {
+    /// The model, or the first field out of its range, named.
+    pub fn checked(self) -> Result<FleetModel, String> {
+        let fields = [
+            ("knee_factor", self.knee_factor, 0.01, 10.0),
+            ("knee_wait_ms", self.knee_wait_ms, 0.0, 600_000.0),
+            ("batch_slowdown", self.batch_slowdown, 0.0, 100.0),
+            ("past_knee_slowdown", self.past_knee_slowdown, 0.0, 100.0),
+            ("prefill_tps", self.prefill_tps, 1.0, 1e9),
+            (
+                "api_ttft_median_ms",
+                self.api_ttft_median_ms,
+                1.0,
+                600_000.0,
+            ),
+            ("api_ttft_sigma", self.api_ttft_sigma, 0.0, 5.0),
+            ("api_tokens_per_s", self.api_tokens_per_s, 0.01, 1e6),
+        ];
+        for (name, v, lo, hi) in fields {
+            if !(v.is_finite() && (lo..=hi).contains(&v)) {
+                return Err(format!("{name} = {v}: must be a number from {lo} to {hi}"));
+            }
+        }
+        Ok(self)
+    }
+
+    /// The engine's knee for a destination whose manifest says `manifest`.
+    pub fn knee(&self, manifest: f64) -> f64 {
+        (manifest * self.knee_factor).clamp(0.01, 0.99)
+    }
+
+    /// How much slower a sequence decodes at utilisation `u` than alone,
+    /// relative: rises gently with the batch, steeply past `knee`.
+    pub fn slowdown(&self, u: f64, knee: f64) -> f64 {
+        let past = ((u - knee) / (1.0 - knee).max(0.01)).max(0.0);
+        1.0 + self.batch_slowdown * u.min(1.0) + self.past_knee_slowdown * past.min(1.0)
+    }
+
+    /// Extra time to first token at utilisation `u` past `knee`, ms: the
+    /// M/M/1 shape measured from the knee, capped at utilisation 0.99.
+    pub fn past_knee_wait_ms(&self, u: f64, knee: f64) -> f64 {
+        if u <= knee {
+            return 0.0;
+        }
+        let wait = |r: f64| {
+            let r = r.min(0.99);
+            r / (1.0 - r)
+        };
+        (wait(u) - wait(knee)) * self.knee_wait_ms
+    }
+
+    /// Pay-as-you-go decode time per token, ms.
+    pub fn api_tpot_ms(&self) -> f64 {
+        1000.0 / self.api_tokens_per_s
+    }
+}
 
 /// What the simulation assumes of one destination.
 #[derive(Clone, Debug)]
@@ -47,10 +160,12 @@ pub struct Params {
     pub slots: Option<u32>,
     /// Time per output token per sequence at a full batch, ms.
     pub tpot_full_ms: f64,
-    /// Prompt tokens per second the server prefills.
-    pub prefill_tps: f64,
-    /// Utilisation past which decoding slows faster.
+    /// The engine's knee: utilisation past which decoding slows faster
+    /// and time to first token climbs ([`FleetModel::knee`] of the
+    /// manifest's, which is `cost.knee`).
     pub knee: f64,
+    /// What the engines and APIs do.
+    pub model: FleetModel,
     /// Reserved: tokens per minute committed (`None`: no cap).
     pub tpm_cap: Option<u64>,
     /// Reserved: serves past the cap at an overage price.
@@ -110,45 +225,13 @@ pub enum FaultKind {
     Slowdown(f64),
 }
 
-/// Pay-as-you-go time to first token: median, ms, and log-normal shape.
-pub const API_TTFT_MS: (f64, f64) = (450.0, 0.5);
-/// Pay-as-you-go decode time per token, ms (70 tokens/s).
-pub const API_TPOT_MS: f64 = 1000.0 / 70.0;
 /// Pay-as-you-go limits per minute: requests, tokens.
 pub const API_LIMITS: (u32, u64) = (10_000, 20_000_000);
-/// A GPU server's prefill speed, prompt tokens per second.
-pub const PREFILL_TPS: f64 = 12_000.0;
 /// Per-sequence decode speed at a full batch when the manifest gives no
 /// throughput, tokens/s.
 pub const DEFAULT_SEQ_TPS: f64 = 25.0;
 /// Time to load a model that is not resident, ms.
 pub const COLD_LOAD_MS: u64 = 30_000;
-
-/// How much slower a sequence decodes at utilisation `u` than alone,
-/// relative: rises gently with the batch, steeply past the knee.
-pub fn slowdown(u: f64, knee: f64) -> f64 {
-    let past = ((u - knee) / (1.0 - knee).max(0.01)).max(0.0);
-    1.0 + 0.5 * u.min(1.0) + 1.5 * past.min(1.0)
-}
-
-/// A GPU server's extra time to first token past its knee, per unit of
-/// M/M/1 queue: new sequences wait for prefill behind a full batch.
-pub const KNEE_WAIT_MS: f64 = 250.0;
-
-/// Extra time to first token at utilisation `u` past `knee`, ms: the
-/// M/M/1 shape measured from the knee (the manifest's knee is where the
-/// operator measured latency to start climbing; the filter prices the same
-/// shape), capped at utilisation 0.99.
-pub fn past_knee_wait_ms(u: f64, knee: f64) -> f64 {
-    if u <= knee {
-        return 0.0;
-    }
-    let wait = |r: f64| {
-        let r = r.min(0.99);
-        r / (1.0 - r)
-    };
-    (wait(u) - wait(knee)) * KNEE_WAIT_MS
-}
 
 /// What a destination answers an attempt: the status, and when the first
 /// byte and the last arrive after admission.
@@ -381,18 +464,20 @@ impl Upstream {
         let out = f64::from(output);
         let (ttft, tpot, cold) = match self.p.slots {
             None => {
-                let ttft = rng.log_normal(API_TTFT_MS.0, API_TTFT_MS.1);
-                (ttft, API_TPOT_MS, false)
+                let m = &self.p.model;
+                let ttft = rng.log_normal(m.api_ttft_median_ms, m.api_ttft_sigma);
+                (ttft, m.api_tpot_ms(), false)
             }
             Some(slots) => {
                 self.running += 1;
                 let u = f64::from(self.running) / f64::from(slots.max(1));
-                let rel = slowdown(u, self.p.knee) / slowdown(1.0, self.p.knee);
+                let (m, knee) = (self.p.model, self.p.knee);
+                let rel = m.slowdown(u, knee) / m.slowdown(1.0, knee);
                 let tpot = self.p.tpot_full_ms * rel;
-                let prefill = f64::from(prompt) / self.p.prefill_tps * 1000.0 * (1.0 + u);
+                let prefill = f64::from(prompt) / m.prefill_tps * 1000.0 * (1.0 + u);
                 let cold = self.touch(model, now);
                 let load = if cold { COLD_LOAD_MS as f64 } else { 0.0 };
-                let wait = past_knee_wait_ms(u, self.p.knee);
+                let wait = m.past_knee_wait_ms(u, knee);
                 (30.0 + prefill + wait + load, tpot, cold)
             }
         };
@@ -456,8 +541,8 @@ pub(crate) fn test_gpu(slots: u32) -> Params {
         tier: Tier::InHouse,
         slots: Some(slots),
         tpot_full_ms: 40.0,
-        prefill_tps: PREFILL_TPS,
         knee: 0.8,
+        model: FleetModel::default(),
         tpm_cap: None,
         overage: false,
         spot: None,
@@ -468,7 +553,10 @@ pub(crate) fn test_gpu(slots: u32) -> Params {
         warm: vec!["m".into()],
         cold_load_usd: 0.0,
         slo_ms: None,
-        cost: CostModel::default(),
+        cost: CostModel {
+            knee: 0.8,
+            ..CostModel::default()
+        },
     }
 }
 
@@ -503,6 +591,49 @@ mod tests {
         assert!(u.must_queue());
         u.finish();
         assert!(!u.must_queue());
+    }
+
+    #[test]
+    fn an_engine_whose_knee_is_below_the_manifests_queues_earlier() {
+        // The manifest says 0.8; the engine stutters from 0.6.
+        let model = FleetModel {
+            knee_factor: 0.75,
+            ..FleetModel::default()
+        };
+        let mut p = gpu(10);
+        p.knee = model.knee(p.cost.knee);
+        p.model = model;
+        assert!((p.knee - 0.6).abs() < 1e-12);
+        let mut honest = Upstream::new(gpu(10), &mut Rng::new(1), 1);
+        let mut wrong = Upstream::new(p, &mut Rng::new(1), 1);
+        let mut rng = Rng::new(2);
+        let (mut a, mut b) = (Answer::failed(0), Answer::failed(0));
+        for _ in 0..7 {
+            a = honest.admit(0, 100, 100, "m", &mut rng.clone());
+            b = wrong.admit(0, 100, 100, "m", &mut rng);
+        }
+        // Seven of ten slots: below the manifest's knee, past the engine's.
+        assert!(b.first_ms > a.first_ms + 100, "{a:?} {b:?}");
+        assert!(
+            b.done_ms - b.first_ms > a.done_ms - a.first_ms,
+            "{a:?} {b:?}"
+        );
+    }
+
+    #[test]
+    fn a_fleet_model_out_of_range_is_named() {
+        let bad = FleetModel {
+            knee_factor: 0.0,
+            ..FleetModel::default()
+        };
+        let e = bad.checked().unwrap_err();
+        assert!(e.starts_with("knee_factor = 0"), "{e}");
+        let nan = FleetModel {
+            api_tokens_per_s: f64::NAN,
+            ..FleetModel::default()
+        };
+        assert!(nan.checked().unwrap_err().starts_with("api_tokens_per_s"));
+        assert_eq!(FleetModel::default().checked(), Ok(FleetModel::default()));
     }
 
     #[test]

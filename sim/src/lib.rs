@@ -35,7 +35,7 @@ pub mod trace;
 use ace_config::Config;
 use ace_core::cost::Tier;
 use engine::{Policy, Req, Run};
-use fleet::{Fault, FaultKind, Params, SpotProcess, Upstream};
+use fleet::{Fault, FaultKind, FleetModel, Params, SpotProcess, Upstream};
 use metrics::Metrics;
 use mix::{Mix, Profile};
 use policy::litellm::{Strategy, Variant};
@@ -48,8 +48,9 @@ use trace::{Row, DAY_MS};
 pub enum PolicyKind {
     /// ACE through the filter's flow.
     Ace,
-    /// ACE without model routing (the manifest's model classes ignored):
-    /// dispatch alone, the requested model only.
+    /// ACE as dispatch alone: every request served the model it named
+    /// (the operator's policies plus [`NO_SUBSTITUTION`]), at the same
+    /// prices, with the same rules, over the same fleet.
     AceNoRouting,
     /// Everything to pay-as-you-go.
     AllPayg,
@@ -69,7 +70,7 @@ impl PolicyKind {
     /// Every policy, in table order: the peers with their defaults, then
     /// as a competent operator configures them, so that the table's best
     /// peer is the best a peer can do.
-    pub const ALL: [PolicyKind; 13] = [
+    pub const ALL: [PolicyKind; 14] = [
         PolicyKind::Ace,
         PolicyKind::AceNoRouting,
         PolicyKind::AllPayg,
@@ -81,6 +82,7 @@ impl PolicyKind {
         PolicyKind::LiteLlmOperator(Variant::KneeCap),
         PolicyKind::LiteLlmOperator(Variant::Compliant),
         PolicyKind::LiteLlmOperator(Variant::TeamAlias),
+        PolicyKind::LiteLlmOperator(Variant::Order),
         PolicyKind::Priority,
         PolicyKind::OwnedFirst,
     ];
@@ -98,6 +100,21 @@ impl PolicyKind {
         }
     }
 
+    /// Whether it may serve a request another model than the one named:
+    /// ACE through its model classes, LiteLLM through per-team aliases.
+    /// The comparison sets each side against the best peer on that side.
+    pub fn substitutes(self) -> bool {
+        match self {
+            PolicyKind::Ace | PolicyKind::LiteLlmOperator(Variant::TeamAlias) => true,
+            PolicyKind::AceNoRouting
+            | PolicyKind::AllPayg
+            | PolicyKind::LiteLlm(_)
+            | PolicyKind::LiteLlmOperator(_)
+            | PolicyKind::Priority
+            | PolicyKind::OwnedFirst => false,
+        }
+    }
+
     /// The policy named `s`.
     pub fn parse(s: &str) -> Option<PolicyKind> {
         PolicyKind::ALL.into_iter().find(|p| p.name() == s)
@@ -111,10 +128,16 @@ pub struct Simulation {
     pub config_json: Vec<u8>,
     /// The fleet as the simulation models it.
     pub params: Vec<Params>,
-    /// The requests, by arrival.
+    /// The requests, by arrival, with the profiles the first seed draws.
     pub reqs: Vec<Req>,
-    /// Their profiles.
+    /// Every profile drawn, for any seed.
     pub profiles: Vec<Profile>,
+    /// The mix, to draw other seeds' profiles from.
+    mix: Mix,
+    /// The seed `reqs`' profiles were drawn with.
+    mix_seed: u64,
+    /// Per other seed, each request's profile ([`Simulation::draw_mix`]).
+    mix_by_seed: std::collections::BTreeMap<u64, Vec<u32>>,
     /// SLO targets.
     pub targets: Targets,
     /// The configuration, built: what prices every request (the ledger's
@@ -124,6 +147,62 @@ pub struct Simulation {
     pub faults: Option<Vec<Fault>>,
     /// Whether ACE gets the control service's snapshots.
     pub control: bool,
+    /// The filter configuration of ACE as dispatch alone
+    /// ([`dispatch_only_config`]); `None` where the configuration has no
+    /// model routing, so that there is nothing to substitute.
+    pub dispatch_only_json: Option<Vec<u8>>,
+}
+
+/// The Cedar policy that makes ACE dispatch alone: no request is served
+/// another model than the one it named, whoever sends it. It is added to
+/// the operator's policies, never in place of one, so the variant keeps
+/// every rule and every price (the cost factors of model routing price a
+/// request's own model on each destination) and differs from ACE only in
+/// substitution. Removing model routing instead would price every request
+/// at its destination's reference model.
+pub const NO_SUBSTITUTION: &str = "// ace sim: ACE as dispatch alone (no model substitution).\n\
+                                   @id(\"ace_sim_dispatch_only\")\n\
+                                   forbid (principal, action, resource) when { context.substituted };\n";
+
+/// The plugin configuration of ACE as dispatch alone for the project
+/// `sources` ([`NO_SUBSTITUTION`] added, compiled as `ace plugin-config`
+/// compiles, with the body read).
+pub fn dispatch_only_config(sources: &ace_policy::Sources) -> Result<Vec<u8>, SimError> {
+    let mut sources = sources.clone();
+    sources.policies.push((
+        std::path::PathBuf::from("ace-sim-dispatch-only.cedar"),
+        NO_SUBSTITUTION.to_string(),
+    ));
+    let fail = |e: ace_policy::Error| {
+        SimError(format!(
+            "ACE as dispatch alone (the policies plus a forbid on `context.substituted`): {e}"
+        ))
+    };
+    let project = ace_policy::Project::load(sources).map_err(fail)?;
+    let compiled = ace_policy::compile(&project).map_err(fail)?;
+    let config =
+        ace_policy::plugin::plugin_config(&project, &compiled, false, true).map_err(fail)?;
+    serde_json::to_vec(&config).map_err(|e| SimError(e.to_string()))
+}
+
+/// A request as a real Envoy logged it (its `ace.event` line), for
+/// [`Simulation::shadow`]. An attribute the request did not carry is empty.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Logged {
+    /// When it arrived, Unix ms.
+    pub time_ms: u64,
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// Output tokens.
+    pub output: u32,
+    /// Tenant.
+    pub tenant: String,
+    /// Data class.
+    pub data_class: String,
+    /// Latency class.
+    pub latency_class: String,
+    /// The model it asked for.
+    pub model: String,
 }
 
 /// What the manifest says of a destination beyond its cost curve.
@@ -219,16 +298,8 @@ impl Simulation {
     ) -> Result<Simulation, SimError> {
         let pricing = ace_flow::Setup::parse(&config_json)
             .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
-        let cfg = &pricing.config;
-        if places.len() != cfg.destinations.len() {
-            return Err(SimError(format!(
-                "the manifest has {} destinations and the filter configuration {}: regenerate the configuration with `ace plugin-config`",
-                places.len(),
-                cfg.destinations.len()
-            )));
-        }
-        let params = params(cfg, places)?;
-        let mut mix = Mix::new(mix_source, mix_text, cfg, models_tp).map_err(|e| SimError(e.0))?;
+        let mut mix = Mix::new(mix_source, mix_text, &pricing.config, models_tp)
+            .map_err(|e| SimError(e.0))?;
         let mut rng = Rng::fork(seed, "mix");
         let reqs: Vec<Req> = arrivals
             .iter()
@@ -239,16 +310,83 @@ impl Simulation {
                 profile: mix.draw(&mut rng),
             })
             .collect();
-        let profiles = mix.profiles;
+        Simulation::assemble(config_json, pricing, places, reqs, mix, targets, seed)
+    }
+
+    /// Shadow mode: the requests a real Envoy logged, each with the
+    /// attributes it was sent with, instead of a trace and a mix, so that
+    /// every policy is run on the operator's own traffic. `logged` in any
+    /// order; times are kept relative to the first.
+    pub fn shadow(
+        config_json: Vec<u8>,
+        places: &[Placement],
+        models_tp: &[(String, u32)],
+        logged: &[Logged],
+        targets: Targets,
+        seed: u64,
+    ) -> Result<Simulation, SimError> {
+        if logged.is_empty() {
+            return Err(SimError(
+                "the log holds no request to replay (no ace.event line)".into(),
+            ));
+        }
+        let pricing = ace_flow::Setup::parse(&config_json)
+            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
+        let mut mix = Mix::given(&pricing.config, models_tp);
+        let mut order: Vec<&Logged> = logged.iter().collect();
+        order.sort_by_key(|l| l.time_ms);
+        let start = order.first().map_or(0, |l| l.time_ms);
+        let reqs = order
+            .iter()
+            .map(|l| Req {
+                at_ms: l.time_ms - start,
+                prompt: l.prompt,
+                output: l.output,
+                profile: mix.intern(&l.tenant, &l.data_class, &l.latency_class, &l.model),
+            })
+            .collect();
+        Simulation::assemble(config_json, pricing, places, reqs, mix, targets, seed)
+    }
+
+    fn assemble(
+        config_json: Vec<u8>,
+        pricing: ace_flow::Setup,
+        places: &[Placement],
+        reqs: Vec<Req>,
+        mut mix: Mix,
+        targets: Targets,
+        seed: u64,
+    ) -> Result<Simulation, SimError> {
+        let cfg = &pricing.config;
+        if places.len() != cfg.destinations.len() {
+            return Err(SimError(format!(
+                "the manifest has {} destinations and the filter configuration {}: regenerate the configuration with `ace plugin-config`",
+                places.len(),
+                cfg.destinations.len()
+            )));
+        }
+        // The reserved blocks' commitments are sized to their slots at the
+        // requests' own mean.
+        let n = reqs.len().max(1) as f64;
+        let mean_request = (
+            reqs.iter().map(|r| f64::from(r.prompt)).sum::<f64>() / n,
+            reqs.iter().map(|r| f64::from(r.output)).sum::<f64>() / n,
+        );
+        let params = params(cfg, places, mean_request)?;
+        let profiles = std::mem::take(&mut mix.profiles);
         Ok(Simulation {
             config_json,
             params,
             reqs,
             profiles,
+            mix,
+            mix_seed: seed,
+            mix_by_seed: Default::default(),
             targets,
             pricing,
             faults: None,
             control: true,
+            dispatch_only_json: None,
         })
     }
 
@@ -324,19 +462,83 @@ impl Simulation {
         up
     }
 
+    /// Draw each request's profile anew for every seed of `seeds` (each
+    /// from its own stream), so that a run with seed `s` meets the mix as
+    /// `s` draws it rather than one draw for all seeds. Before the runs:
+    /// the runs share the simulation and its profiles.
+    pub fn draw_mix(&mut self, seeds: &[u64]) {
+        if !self.mix.draws() {
+            return;
+        }
+        self.mix.profiles = std::mem::take(&mut self.profiles);
+        for &seed in seeds {
+            if seed == self.mix_seed || self.mix_by_seed.contains_key(&seed) {
+                continue;
+            }
+            let mut rng = Rng::fork(seed, "mix");
+            let drawn = self.reqs.iter().map(|_| self.mix.draw(&mut rng)).collect();
+            self.mix_by_seed.insert(seed, drawn);
+        }
+        self.profiles = std::mem::take(&mut self.mix.profiles);
+    }
+
+    /// The requests as seed `seed` draws their profiles.
+    pub fn reqs_for(&self, seed: u64) -> std::borrow::Cow<'_, [Req]> {
+        match self.mix_by_seed.get(&seed) {
+            Some(drawn) => self
+                .reqs
+                .iter()
+                .zip(drawn)
+                .map(|(r, &profile)| Req { profile, ..*r })
+                .collect(),
+            None => std::borrow::Cow::Borrowed(&self.reqs),
+        }
+    }
+
+    /// Compile ACE as dispatch alone from the project's `sources`
+    /// ([`dispatch_only_config`]), where the configuration has model
+    /// routing; without it there is nothing to substitute and dispatch
+    /// alone is ACE.
+    pub fn add_dispatch_only(&mut self, sources: &ace_policy::Sources) -> Result<(), SimError> {
+        if self.pricing.routing.is_some() {
+            self.dispatch_only_json = Some(dispatch_only_config(sources)?);
+        }
+        Ok(())
+    }
+
+    /// What the engines and APIs do ([`FleetModel`]).
+    pub fn fleet_model(&self) -> FleetModel {
+        self.params.first().map(|p| p.model).unwrap_or_default()
+    }
+
+    /// Run the fleet under `model`: every GPU server's engine knee becomes
+    /// [`FleetModel::knee`] of its manifest's. The manifest, and so ACE's
+    /// price model and the gateways' operator caps, stay as they are.
+    pub fn set_fleet_model(&mut self, model: FleetModel) -> Result<(), SimError> {
+        let model = model
+            .checked()
+            .map_err(|e| SimError(format!("the fleet model: {e}")))?;
+        for p in &mut self.params {
+            p.knee = model.knee(p.cost.knee);
+            p.model = model;
+        }
+        Ok(())
+    }
+
     /// The filter configuration `kind` runs with, which its event lines
-    /// name: the run's, but for ACE without model routing, which runs it
-    /// without `model_routing` (another configuration id).
+    /// name: the run's, but for ACE as dispatch alone, which runs its own
+    /// ([`Simulation::dispatch_only_json`], another configuration id).
     pub fn config_json_of(&self, kind: PolicyKind) -> Result<Vec<u8>, SimError> {
-        if kind != PolicyKind::AceNoRouting {
+        if kind != PolicyKind::AceNoRouting || self.pricing.routing.is_none() {
             return Ok(self.config_json.clone());
         }
-        let mut v: serde_json::Value = serde_json::from_slice(&self.config_json)
-            .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
-        if let Some(o) = v.as_object_mut() {
-            o.remove("model_routing");
-        }
-        serde_json::to_vec(&v).map_err(|e| SimError(e.to_string()))
+        self.dispatch_only_json.clone().ok_or_else(|| {
+            SimError(format!(
+                "{} needs the configuration compiled without substitution \
+                 (ace_sim::dispatch_only_config); the simulation has none",
+                kind.name()
+            ))
+        })
     }
 
     /// A fresh `kind` policy for seed `seed`; `events`: keep its events.
@@ -396,7 +598,7 @@ impl Simulation {
         Run {
             event_names: (cfg.id.clone(), cfg.names(), run_id(kind, seed)),
             up: self.fleet(seed),
-            reqs: &self.reqs,
+            reqs: &self.reqs_for(seed),
             profiles: &self.profiles,
             targets: &self.targets,
             seed,
@@ -416,8 +618,14 @@ pub fn run_id(kind: PolicyKind, seed: u64) -> u64 {
     h ^ seed.rotate_left(32)
 }
 
-/// The fleet as simulated, from the configuration and the manifest.
-fn params(cfg: &Config, places: &[Placement]) -> Result<Vec<Params>, SimError> {
+/// The fleet as simulated, from the configuration and the manifest;
+/// `mean_request`: the trace's mean prompt and output tokens.
+fn params(
+    cfg: &Config,
+    places: &[Placement],
+    mean_request: (f64, f64),
+) -> Result<Vec<Params>, SimError> {
+    let (mean_prompt, mean_output) = mean_request;
     cfg.destinations
         .iter()
         .zip(places)
@@ -437,11 +645,13 @@ fn params(cfg: &Config, places: &[Placement]) -> Result<Vec<Params>, SimError> {
             }
             .max(1.0);
             let tpot_full_ms = 1000.0 / seq_tps;
-            // A commitment sized to the block's slots at a typical request
-            // (1,150 prompt and 210 output tokens, the Azure trace's means).
+            // A commitment sized to what the block's slots serve in a
+            // minute at the trace's mean request: the tokens per minute an
+            // operator buys for the block's share of that traffic.
             let tpm_cap = (d.tier == Tier::Reserved).then(|| {
-                let seconds = 0.3 + 210.0 * tpot_full_ms / 1000.0;
-                (f64::from(d.capacity.max(1)) * 60.0 / seconds * 1360.0) as u64
+                let seconds = 0.3 + mean_output * tpot_full_ms / 1000.0;
+                (f64::from(d.capacity.max(1)) * 60.0 / seconds * (mean_prompt + mean_output))
+                    as u64
             });
             let spot = (d.tier == Tier::Spot).then(|| SpotProcess {
                 notice_ms: if p.region.starts_with("us-") { 120_000 } else { 30_000 },
@@ -457,8 +667,8 @@ fn params(cfg: &Config, places: &[Placement]) -> Result<Vec<Params>, SimError> {
                 tier: d.tier,
                 slots,
                 tpot_full_ms,
-                prefill_tps: fleet::PREFILL_TPS,
                 knee: d.knee,
+                model: FleetModel::default(),
                 tpm_cap,
                 overage: d.overage_usd_per_token.is_some(),
                 spot,

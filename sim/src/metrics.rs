@@ -147,6 +147,8 @@ pub struct Metrics {
     /// Attempts sent to a destination the Cedar tables forbid for the
     /// request (each one sent data where policy says it may not go).
     pub violations: u64,
+    /// Requests with at least one such attempt.
+    pub violating_requests: u64,
     /// Requests refused or failed, by status.
     pub failed_by_status: std::collections::BTreeMap<u16, u64>,
     /// Owned (in-house) GPU utilisation, per hour of the run: running
@@ -162,6 +164,9 @@ pub struct Metrics {
     tiers: Vec<Tier>,
     #[serde(skip)]
     ttft: Vec<u32>,
+    /// Per request, whether an attempt of it has violated (a bit each).
+    #[serde(skip)]
+    violated: Vec<u64>,
     #[serde(skip)]
     targets: Targets,
 }
@@ -192,6 +197,7 @@ impl Metrics {
             tiers: up.iter().map(|u| u.p.tier).collect(),
             served_by_destination: up.iter().map(|u| (u.p.name.clone(), 0)).collect(),
             ttft: vec![u32::MAX; requests],
+            violated: vec![0; requests.div_ceil(64)],
             targets: targets.clone(),
             ..Metrics::default()
         }
@@ -213,9 +219,16 @@ impl Metrics {
             .map(|t| u64::from(*t).saturating_sub(req.at_ms))
     }
 
-    /// An attempt went to a destination the tables forbid.
-    pub fn violation(&mut self) {
+    /// An attempt of request `r` went to a destination the tables forbid.
+    pub fn violation(&mut self, r: u32) {
         self.violations += 1;
+        if let Some(w) = self.violated.get_mut(r as usize / 64) {
+            let bit = 1u64 << (r % 64);
+            if *w & bit == 0 {
+                *w |= bit;
+                self.violating_requests += 1;
+            }
+        }
     }
 
     /// Request `r` is over.

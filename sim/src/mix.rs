@@ -108,16 +108,18 @@ impl Profile {
             .is_some_and(|(_, mask)| ace_core::dispatch::bit(mask, d))
     }
 
-    /// The value of attribute `name`.
+    /// The value of attribute `name`; none for an attribute the request
+    /// does not set (empty: a logged request without it).
     pub fn value(&self, name: &str) -> Option<String> {
-        Some(match name {
+        let v = match name {
             "tenant" => self.tenant.clone(),
             "data_class" => self.data_class.clone(),
             "latency_class" => self.latency_class.clone(),
             "model" => self.model.clone(),
             "tp_degree" => self.tp_degree.to_string(),
             _ => return None,
-        })
+        };
+        (!v.is_empty()).then_some(v)
     }
 }
 
@@ -135,6 +137,8 @@ pub struct Mix {
     /// Every profile drawn so far.
     pub profiles: Vec<Profile>,
     index: HashMap<(usize, usize, usize, usize), u32>,
+    /// Profiles of given attributes ([`Mix::intern`]).
+    given: HashMap<[String; 4], u32>,
     /// tp_degree per model id.
     tp: HashMap<String, u32>,
     /// Attribute name → header name, from the configuration.
@@ -236,6 +240,15 @@ impl Mix {
                  positive share (and keep their sum finite)"
             )));
         }
+        let mut mix = Mix::given(cfg, models_tp);
+        mix.tenants = tenants;
+        Ok(mix)
+    }
+
+    /// A mix that draws nothing: every request's attributes are given
+    /// (a logged request replayed), and [`Mix::intern`] makes its profile.
+    pub fn given(cfg: &ace_config::Config, models_tp: &[(String, u32)]) -> Mix {
+        let tables_bytes = cfg.policy.as_ref().map(|p| p.tables.to_vec());
         let headers = cfg
             .policy
             .as_ref()
@@ -246,11 +259,12 @@ impl Mix {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(Mix {
-            tenants,
+        Mix {
+            tenants: Vec::new(),
             profiles: Vec::new(),
             index: HashMap::new(),
-            tp,
+            given: HashMap::new(),
+            tp: models_tp.iter().cloned().collect(),
             headers,
             defaults: cfg
                 .policy
@@ -259,7 +273,34 @@ impl Mix {
                 .unwrap_or_default(),
             tables: tables_bytes,
             destinations: cfg.destinations.len(),
-        })
+        }
+    }
+
+    /// The profile of a request with these attributes (as a client sent
+    /// them: a value the fleet does not know is kept, and the tables
+    /// decide what it may reach, as the filter's would).
+    pub fn intern(
+        &mut self,
+        tenant: &str,
+        data_class: &str,
+        latency_class: &str,
+        model: &str,
+    ) -> u32 {
+        let key = [tenant, data_class, latency_class, model].map(str::to_string);
+        if let Some(p) = self.given.get(&key) {
+            return *p;
+        }
+        let p = self.resolve(tenant, data_class, latency_class, model);
+        let id = self.profiles.len() as u32;
+        self.profiles.push(p);
+        self.given.insert(key, id);
+        id
+    }
+
+    /// Whether it draws profiles (a mix file), rather than taking them
+    /// given ([`Mix::given`]).
+    pub fn draws(&self) -> bool {
+        !self.tenants.is_empty()
     }
 
     /// Draw one request's profile.
@@ -285,15 +326,25 @@ impl Mix {
     }
 
     fn profile(&self, (t, d, l, m): (usize, usize, usize, usize)) -> Profile {
-        let name = |v: Option<&(String, f64)>| v.map(|x| x.0.clone()).unwrap_or_default();
+        fn name(v: Option<&(String, f64)>) -> &str {
+            v.map_or("", |x| x.0.as_str())
+        }
         let tm = self.tenants.get(t);
-        let model = name(tm.and_then(|x| x.3.get(m)));
+        self.resolve(
+            tm.map_or("", |x| x.4.as_str()),
+            name(tm.and_then(|x| x.1.get(d))),
+            name(tm.and_then(|x| x.2.get(l))),
+            name(tm.and_then(|x| x.3.get(m))),
+        )
+    }
+
+    fn resolve(&self, tenant: &str, data_class: &str, latency_class: &str, model: &str) -> Profile {
         let mut p = Profile {
-            tenant: tm.map(|x| x.4.clone()).unwrap_or_default(),
-            data_class: name(tm.and_then(|x| x.1.get(d))),
-            latency_class: name(tm.and_then(|x| x.2.get(l))),
-            tp_degree: self.tp.get(&model).copied().unwrap_or(1),
-            model,
+            tenant: tenant.to_string(),
+            data_class: data_class.to_string(),
+            latency_class: latency_class.to_string(),
+            tp_degree: self.tp.get(model).copied().unwrap_or(1),
+            model: model.to_string(),
             headers: Vec::new(),
             feasible: vec![!0u64; self.destinations.div_ceil(64)],
             substitutes: Vec::new(),

@@ -44,6 +44,9 @@ impl Spread {
 pub struct PolicyFigures {
     /// The policy.
     pub policy: String,
+    /// Whether it may serve a request another model than the one named
+    /// (ACE's model classes, LiteLLM's per-team aliases).
+    pub substitutes: bool,
     /// Total cost, USD.
     pub cost_usd: Spread,
     /// Cost over the all-pay-as-you-go counterfactual of the same served
@@ -63,6 +66,8 @@ pub struct PolicyFigures {
     pub goodput_per_usd: Spread,
     /// Compliance violations (attempts to forbidden destinations).
     pub violations: Spread,
+    /// Requests with at least one violating attempt.
+    pub violating_requests: Spread,
     /// Cost by tier, mean over seeds, USD (inhouse, reserved, spot,
     /// ondemand, payg).
     pub cost_by_tier: [f64; 5],
@@ -71,8 +76,9 @@ pub struct PolicyFigures {
 }
 
 impl PolicyFigures {
-    /// The figures of `policy` over `runs`.
-    pub fn new(policy: String, runs: Vec<Metrics>) -> PolicyFigures {
+    /// The figures of `policy` over `runs`; `substitutes`: whether it may
+    /// serve another model than the one named.
+    pub fn new(policy: String, substitutes: bool, runs: Vec<Metrics>) -> PolicyFigures {
         let s = |f: &dyn Fn(&Metrics) -> f64| Spread::of(&runs.iter().map(f).collect::<Vec<_>>());
         let classes: Vec<String> = runs
             .first()
@@ -116,8 +122,10 @@ impl PolicyFigures {
                 .collect(),
             goodput_per_usd: s(&|m| m.goodput_per_usd()),
             violations: s(&|m| m.violations as f64),
+            violating_requests: s(&|m| m.violating_requests as f64),
             cost_by_tier,
             policy,
+            substitutes,
             runs,
         }
     }
@@ -134,6 +142,8 @@ pub struct Setting {
     pub seeds: Vec<u64>,
     /// How the trace was shaped.
     pub shape: String,
+    /// What the engines and APIs did.
+    pub fleet_model: crate::fleet::FleetModel,
 }
 
 /// The whole comparison.
@@ -168,11 +178,19 @@ impl Comparison {
             .map(|p| p.slo_by_class.iter().map(|(c, _)| c.clone()).collect())
             .unwrap_or_default();
         out.push_str(&format!(
-            "{} requests per run, {} seed(s), {}\n\n",
+            "{} requests per run, {} seed(s), {}\n",
             self.setting.requests,
             self.setting.seeds.len(),
             self.setting.shape
         ));
+        let m = self.setting.fleet_model;
+        if m != crate::fleet::FleetModel::default() {
+            out.push_str(&format!(
+                "fleet model (not the manifest's): engines' knee at {}x the manifest's; {m:?}\n",
+                m.knee_factor
+            ));
+        }
+        out.push('\n');
         // The policy column: 24 wide, wider for a longer name.
         let w = self
             .policies
@@ -182,22 +200,23 @@ impl Comparison {
             .unwrap_or(0)
             .max(24);
         let mut header = format!(
-            "{:<w$} {:>12} {:>9} {:>8} {:>8}",
-            "policy", "cost USD", "vs payg", "served", "SLO"
+            "{:<w$} {:>6} {:>12} {:>9} {:>8} {:>8}",
+            "policy", "subst", "cost USD", "vs payg", "served", "SLO"
         );
         for c in &classes {
             header.push_str(&format!(" {:>11}", truncate(c, 11)));
         }
         header.push_str(&format!(
-            " {:>9} {:>11} {:>10}\n",
-            "owned %", "SLO-met/$", "violations"
+            " {:>9} {:>11} {:>10} {:>9}\n",
+            "owned %", "SLO-met/$", "violations", "requests"
         ));
         out.push_str(&header);
         for p in &self.policies {
             let mark = if self.meets_slo(p) { ' ' } else { '*' };
             let mut line = format!(
-                "{:<w$} {:>12} {:>8.1}% {:>7.2}% {:>7.2}%",
+                "{:<w$} {:>6} {:>12} {:>8.1}% {:>7.2}% {:>7.2}%",
                 format!("{}{}", p.policy, mark),
+                if p.substitutes { "yes" } else { "-" },
                 format!("{:.0} ±{:.0}", p.cost_usd.mean, p.cost_usd.sd),
                 p.cost_vs_payg.mean * 100.0,
                 p.served.mean * 100.0,
@@ -213,10 +232,11 @@ impl Comparison {
                 "-".to_string()
             };
             line.push_str(&format!(
-                " {:>8.1}% {:>11} {:>10.0}\n",
+                " {:>8.1}% {:>11} {:>10.0} {:>9.0}\n",
                 p.owned_utilisation.mean * 100.0,
                 per_usd,
-                p.violations.mean
+                p.violations.mean,
+                p.violating_requests.mean
             ));
             out.push_str(&line);
         }
@@ -225,7 +245,8 @@ impl Comparison {
             self.slo_bar * 100.0
         ));
         out.push_str("vs payg: cost over what the cheapest feasible pay-as-you-go API would have charged for the same served requests\n");
-        out.push_str("violations: attempts sent to a destination the compiled Cedar policies forbid for the request\n");
+        out.push_str("violations: attempts sent to a destination the compiled Cedar policies forbid for the request; requests: the requests with at least one\n");
+        out.push_str("subst: may serve another model than the one named (ACE's model classes, LiteLLM's per-team aliases)\n");
         for line in self.verdict() {
             out.push_str(&line);
             out.push('\n');
@@ -260,18 +281,47 @@ impl Comparison {
             .filter(|p| !p.policy.starts_with("ace"))
             .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean));
         if let Some(b) = best {
-            let vs = |p: &PolicyFigures| 1.0 - p.cost_usd.mean / b.cost_usd.mean.max(1e-12);
-            let alone = self
-                .get("ace-no-model-routing")
-                .map(|d| format!("; dispatch alone (ace-no-model-routing) {}", cheaper(vs(d))))
-                .unwrap_or_default();
             out.push(format!(
-                "best peer meeting the SLO bar: {} (USD {:.0}, {:.0} violations); ACE {}{alone}",
+                "best peer meeting the SLO bar: {} (USD {:.0}, {:.0} violations); ACE {}",
                 b.policy,
                 b.cost_usd.mean,
                 b.violations.mean,
-                cheaper(vs(ace)),
+                cheaper(saving(ace, b)),
             ));
+        }
+        // Substitution apart: each side of ACE against the best peer on
+        // the same side, so that neither lead hides in the other.
+        for (side, ours, substitutes) in [
+            ("with substitution", Some(ace), true),
+            ("dispatch alone", self.get("ace-no-model-routing"), false),
+        ] {
+            let Some(ours) = ours else { continue };
+            let peer = compliant
+                .iter()
+                .filter(|p| !p.policy.starts_with("ace") && p.substitutes == substitutes)
+                .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean));
+            let below = if self.meets_slo(ours) {
+                ""
+            } else {
+                ", below the SLO bar"
+            };
+            out.push(match peer {
+                Some(b) => format!(
+                    "{side}: {} (USD {:.0}{below}) against the best peer {} meeting the SLO bar, {} (USD {:.0}): {}",
+                    ours.policy,
+                    ours.cost_usd.mean,
+                    if substitutes { "that substitutes" } else { "that does not substitute" },
+                    b.policy,
+                    b.cost_usd.mean,
+                    cheaper(saving(ours, b)),
+                ),
+                None => format!(
+                    "{side}: {} (USD {:.0}{below}); no peer {} meets the SLO bar",
+                    ours.policy,
+                    ours.cost_usd.mean,
+                    if substitutes { "that substitutes" } else { "that does not substitute" },
+                ),
+            });
         }
         if let Some(l) = self.get("litellm-cost-based") {
             let saving = 1.0 - ace.cost_usd.mean / l.cost_usd.mean.max(1e-12);
@@ -303,6 +353,11 @@ impl Comparison {
         ));
         out
     }
+}
+
+/// What `ours` saves over `peer`, as a fraction of the peer's cost.
+fn saving(ours: &PolicyFigures, peer: &PolicyFigures) -> f64 {
+    1.0 - ours.cost_usd.mean / peer.cost_usd.mean.max(1e-12)
 }
 
 /// A saving as "12.3% cheaper", or a loss as "4.5% dearer".

@@ -2,7 +2,9 @@
 //! front of a real Envoy (the example fleet, both builds, upstreams that
 //! fail and throttle for a while) replayed through `ace_sim`'s ACE policy,
 //! request by request with the recorded times and answers, gives the same
-//! destination, and the same substituted model, for every request.
+//! destination, and the same substituted model, for every request. The
+//! same log, replayed in shadow mode (`ace sim --shadow`), runs every
+//! policy on the requests it holds.
 
 use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
@@ -153,6 +155,7 @@ fn decisions_replay_identically(filter: Filter) {
             lines[i]
         );
     }
+    shadow_mode_runs_every_policy_on_the_log(&lines, &dir);
     let distinct: std::collections::BTreeSet<_> = recorded
         .iter()
         .filter_map(|r| r.destination.as_ref())
@@ -175,4 +178,40 @@ fn wasm_decisions_replay_identically_in_the_simulator() {
 #[test]
 fn dynamic_module_decisions_replay_identically_in_the_simulator() {
     decisions_replay_identically(Filter::Dynamic);
+}
+
+/// Shadow mode on the real-Envoy log `lines`: every request, with the
+/// attributes it was sent with, under every policy.
+fn shadow_mode_runs_every_policy_on_the_log(lines: &[String], policies: &std::path::Path) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("access.log");
+    // An access log as Envoy writes it, with a line the filter left empty.
+    std::fs::write(&log, lines.join("\n") + "\n-\n").unwrap_or_else(|e| panic!("{e}"));
+    let (sim, read) =
+        ace_cli::shadow::simulation(policies, &[log], ace_sim::slo::Targets::default(), 1)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(read.logged.len(), lines.len(), "one request per event line");
+    assert_eq!(read.skipped, 1, "the `-` line is counted, not fatal");
+    assert_eq!(sim.reqs.len(), lines.len());
+    let tenants: std::collections::BTreeSet<&str> =
+        sim.profiles.iter().map(|p| p.tenant.as_str()).collect();
+    let expected: std::collections::BTreeSet<&str> = MIX.iter().map(|m| m.0).collect();
+    assert_eq!(
+        tenants, expected,
+        "the requests keep the tenants they were sent with"
+    );
+    for kind in ace_sim::PolicyKind::ALL {
+        let m = sim
+            .run(kind, 1, None, &|_| {})
+            .unwrap_or_else(|e| panic!("{}: {e}", kind.name()));
+        assert_eq!(m.requests, lines.len() as u64, "{}", kind.name());
+        if kind.name().starts_with("ace") || kind.name().ends_with("-compliant") {
+            assert_eq!(
+                m.violations,
+                0,
+                "{} sends nothing where policy forbids",
+                kind.name()
+            );
+        }
+    }
 }

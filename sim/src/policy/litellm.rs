@@ -252,11 +252,26 @@ pub enum Variant {
     /// the substitution ACE's model classes allow, as a fixed rewrite
     /// rather than a per-request choice.
     TeamAlias,
+    /// [`Variant::Compliant`] with `order` tiers: each deployment's
+    /// `litellm_params.order` is its tier's rank (in-house 1, reserved 2,
+    /// spot 3, on-demand 4, pay-as-you-go 5), how a LiteLLM operator
+    /// writes "owned, then reserved, then pay-as-you-go"
+    /// (`litellm/utils.py` `get_order_filtered_deployments`: only the
+    /// lowest order among the candidates left after the cooldown and tag
+    /// filters; `router.py` `async_function_with_fallbacks`: once a tier's
+    /// retries are spent, the same group at each higher order, then the
+    /// group's `fallbacks`).
+    Order,
 }
 
 impl Variant {
     /// The operator variants, in table order.
-    pub const OPERATOR: [Variant; 3] = [Variant::KneeCap, Variant::Compliant, Variant::TeamAlias];
+    pub const OPERATOR: [Variant; 4] = [
+        Variant::KneeCap,
+        Variant::Compliant,
+        Variant::TeamAlias,
+        Variant::Order,
+    ];
 
     /// The policy's name for `strategy` under this variant.
     pub fn name(self, strategy: Strategy) -> String {
@@ -266,6 +281,7 @@ impl Variant {
             Variant::KneeCap => format!("{base}-knee"),
             Variant::Compliant => format!("{base}-compliant"),
             Variant::TeamAlias => format!("{base}-team-alias"),
+            Variant::Order => format!("{base}-order"),
         }
     }
 
@@ -274,7 +290,10 @@ impl Variant {
     }
 
     fn tags(self) -> bool {
-        matches!(self, Variant::Compliant | Variant::TeamAlias)
+        matches!(
+            self,
+            Variant::Compliant | Variant::TeamAlias | Variant::Order
+        )
     }
 }
 
@@ -391,6 +410,8 @@ struct Dep {
     weight: Option<f64>,
     /// Input + output price per token, as `lowest_cost.py` reads it.
     price: f64,
+    /// `litellm_params.order`.
+    order: Option<u32>,
     in_flight: u32,
     busy: u32,
     cooldown_until: u64,
@@ -415,6 +436,8 @@ struct Group {
     model: String,
     deps: Vec<u32>,
     fallbacks: Vec<u32>,
+    /// The distinct `order` values of its deployments, ascending.
+    orders: Vec<u32>,
     /// When the latency map (`{group}_map`) was created.
     latency_map_at: Option<u64>,
     /// When the cost map (`cost_map:{group}`) was created, and its
@@ -464,9 +487,13 @@ struct Flight {
     calls: u32,
     /// `_retry_skipped_deployment_ids`.
     skip: Vec<u32>,
-    /// The fallback walk: (group, next fallback index, depth).
-    stack: Vec<(u32, usize, u32)>,
-    attempted: Vec<u32>,
+    /// `_target_order` of an order fallback: only that tier.
+    target_order: Option<u32>,
+    /// The fallback walk: (group, its target order, next index into its
+    /// fallback list, depth).
+    stack: Vec<(u32, Option<u32>, usize, u32)>,
+    /// The targets attempted: (group, target order).
+    attempted: Vec<(u32, Option<u32>)>,
     last: Failure,
     then: Then,
     /// The deployment of the provider call in flight, its start and first
@@ -579,7 +606,8 @@ impl LiteLlm {
                 };
                 let max_parallel_requests = u.p.slots.map(|s| {
                     if variant.knee_cap() {
-                        ((u.p.knee * f64::from(s)).floor() as u32).max(1)
+                        // The manifest's knee: what the operator knows.
+                        ((u.p.cost.knee * f64::from(s)).floor() as u32).max(1)
                     } else {
                         s
                     }
@@ -593,6 +621,13 @@ impl LiteLlm {
                     tpm,
                     weight: None,
                     price: truthy(pin * factor) + truthy(pout * factor),
+                    order: (variant == Variant::Order).then_some(match u.p.tier {
+                        Tier::InHouse => 1,
+                        Tier::Reserved => 2,
+                        Tier::Spot => 3,
+                        Tier::OnDemand => 4,
+                        Tier::Payg => 5,
+                    }),
                     ..Dep::default()
                 };
                 if let Some(x) = groups.get_mut(g as usize) {
@@ -600,6 +635,16 @@ impl LiteLlm {
                 }
                 deps.push(dep);
             }
+        }
+        for x in &mut groups {
+            let mut orders: Vec<u32> = x
+                .deps
+                .iter()
+                .filter_map(|d| deps.get(*d as usize).and_then(|d: &Dep| d.order))
+                .collect();
+            orders.sort_unstable();
+            orders.dedup();
+            x.orders = orders;
         }
         for p in setup.profiles {
             group(&p.model, &mut groups);
@@ -766,7 +811,7 @@ impl LiteLlm {
         let Some(fl) = self.flights.get(&r) else {
             return Err(Failure::router(429));
         };
-        let (g, skip) = (fl.group, fl.skip.clone());
+        let (g, skip, target_order) = (fl.group, fl.skip.clone(), fl.target_order);
         let (region, tagged) = self.statics(w, r, g);
         let alive = |d: &u32| self.deps.get(*d as usize).is_some_and(|x| !x.cooling(now));
         if !region.iter().any(alive) {
@@ -778,6 +823,17 @@ impl LiteLlm {
             // `get_deployments_for_tag`: no deployment with the request's
             // tags and none tagged "default": a `ValueError` (no status).
             return Err(Failure::default());
+        }
+        // `get_order_filtered_deployments`: the lowest order left (or the
+        // order fallback's target); without an order, a deployment is
+        // dropped once any candidate has one.
+        let order = |d: &u32| self.deps.get(*d as usize).and_then(|x| x.order);
+        let keep = target_order.or_else(|| c.iter().filter_map(order).min());
+        if let Some(o) = keep {
+            c.retain(|d| order(d) == Some(o));
+            if c.is_empty() {
+                return Err(Failure::router(429));
+            }
         }
         if c.iter().any(|d| !skip.contains(d)) {
             c.retain(|d| !skip.contains(d));
@@ -1106,20 +1162,34 @@ impl LiteLlm {
             return Step::End(500);
         };
         while let Some(top) = fl.stack.last_mut() {
-            let (g, i, depth) = *top;
-            let next = groups
-                .get(g as usize)
-                .and_then(|x| x.fallbacks.get(i))
-                .copied();
+            let (g, order, i, depth) = *top;
+            let Some(group) = groups.get(g as usize) else {
+                fl.stack.pop();
+                continue;
+            };
+            // A group of more than one order falls back to itself at each
+            // higher order first, then to its `fallbacks`.
+            let tiers: &[u32] = if group.orders.len() > 1 {
+                let above = order.or(group.orders.first().copied()).unwrap_or(0);
+                let from = group.orders.partition_point(|o| *o <= above);
+                group.orders.get(from..).unwrap_or(&[])
+            } else {
+                &[]
+            };
+            let next = match tiers.get(i) {
+                Some(o) => Some((g, Some(*o))),
+                None => group.fallbacks.get(i - tiers.len()).map(|t| (*t, None)),
+            };
             match next {
-                Some(t) if depth < MAX_FALLBACKS => {
-                    top.1 += 1;
-                    if t == g || fl.attempted.contains(&t) {
+                Some((t, o)) if depth < MAX_FALLBACKS => {
+                    top.2 += 1;
+                    if (o.is_none() && t == g) || fl.attempted.contains(&(t, o)) {
                         continue;
                     }
-                    fl.attempted.push(t);
-                    fl.stack.push((t, 0, depth + 1));
+                    fl.attempted.push((t, o));
+                    fl.stack.push((t, o, 0, depth + 1));
                     fl.group = t;
+                    fl.target_order = o;
                     fl.calls = 0;
                     fl.skip.clear();
                     return Step::Again;
@@ -1346,8 +1416,8 @@ impl Policy for LiteLlm {
             Flight {
                 asked,
                 group: g,
-                stack: vec![(g, 0, 0)],
-                attempted: vec![g],
+                stack: vec![(g, None, 0, 0)],
+                attempted: vec![(g, None)],
                 ..Flight::default()
             },
         );

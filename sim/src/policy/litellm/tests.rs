@@ -969,7 +969,8 @@ fn d20_strategies_carry_litellms_names() {
         [
             "litellm-cost-based-knee",
             "litellm-cost-based-compliant",
-            "litellm-cost-based-team-alias"
+            "litellm-cost-based-team-alias",
+            "litellm-cost-based-order"
         ]
     );
 }
@@ -1051,6 +1052,54 @@ fn the_team_alias_variant_substitutes_only_for_teams_that_may() {
     assert_eq!(l.served_model(0), Some("y"));
     assert_eq!(l.route(&b.world(0), 1), Route::To(1));
     assert_eq!(l.served_model(1), None);
+}
+
+#[test]
+fn d18_t7_1_order_keeps_the_lowest_tier_left_after_cooldowns() {
+    let mut reserved = gpu("b", 8, &["m"], 1e-6);
+    reserved.tier = Tier::Reserved;
+    let b = Bench::new(
+        vec![
+            gpu("a", 8, &["m"], 1e-5),
+            reserved,
+            api("c", 100, &["m"], 1e-9),
+        ],
+        vec![profile("m", "public", "interactive")],
+    );
+    let mut l = b.router_as(Strategy::CostBased, Variant::Order, &[], 1);
+    assert_eq!(
+        l.deps.iter().map(|d| d.order).collect::<Vec<_>>(),
+        [Some(1), Some(2), Some(5)]
+    );
+    for _ in 0..20 {
+        // The cheapest, C, is never picked while A is up.
+        assert_eq!(l.route(&b.world(0), 0), Route::To(0));
+        l.finished_without_service(&b.world(0), 0);
+    }
+    l.deps[0].cooldown_until = 5_000;
+    assert_eq!(l.route(&b.world(1), 0), Route::To(1), "A cooling: B");
+    l.finished_without_service(&b.world(1), 0);
+    l.deps[1].cooldown_until = 5_000;
+    assert_eq!(l.route(&b.world(2), 0), Route::To(2), "A and B cooling: C");
+}
+
+#[test]
+fn d18_t3_4_a_failed_tier_falls_back_to_the_next_order_of_its_group() {
+    let mut reserved = gpu("b", 8, &["m"], 1e-6);
+    reserved.tier = Tier::Reserved;
+    let b = Bench::new(
+        vec![gpu("a", 8, &["m"], 1e-6), reserved],
+        vec![profile("m", "public", "interactive")],
+    );
+    let mut l = b.router_as(Strategy::CostBased, Variant::Order, &[], 1);
+    let t = drive(&b, &mut l, 0, 0, |d| if d == 0 { fail(500) } else { ok(5) });
+    let dests: Vec<usize> = t.attempts.iter().map(|a| a.1).collect();
+    assert_eq!(
+        dests,
+        [0, 0, 0, 1],
+        "three calls on A, then one hop to B: {t:?}"
+    );
+    assert_eq!(t.end, Some(Ok(1)));
 }
 
 #[test]

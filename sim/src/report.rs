@@ -307,12 +307,13 @@ impl Comparison {
             };
             out.push(match peer {
                 Some(b) => format!(
-                    "{side}: {} (USD {:.0}{below}) against the best peer {} meeting the SLO bar, {} (USD {:.0}): {}",
+                    "{side}: {} (USD {:.0}{below}) against the best peer {} meeting the SLO bar, {} (USD {:.0}, {:.0} violations): {}",
                     ours.policy,
                     ours.cost_usd.mean,
                     if substitutes { "that substitutes" } else { "that does not substitute" },
                     b.policy,
                     b.cost_usd.mean,
+                    b.violations.mean,
                     cheaper(saving(ours, b)),
                 ),
                 None => format!(

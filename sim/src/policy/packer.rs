@@ -4,6 +4,17 @@
 //! does not fit overflows to the cheapest pay-as-you-go API through a
 //! gateway (EU personal data to the EU). No retries: a packer places work,
 //! it does not resend it.
+//!
+//! Source: the KAI Scheduler's README (`NVIDIA/KAI-Scheduler`, summarised
+//! in `shared/docs/competitors.md` [X5] and `shared/docs/scheduling.md`'s
+//! scheduler table): it places pods on GPUs (bin-pack or spread, queues,
+//! quotas, consolidation) and never sees a request, a price or another
+//! tier. A packed fleet therefore runs its owned GPUs as full as their
+//! serving engines admit, and whatever routes requests in front of it
+//! sends the overflow elsewhere; the overflow rule here is the simplest
+//! such gateway (the cheapest API serving the model, with the residency
+//! rule a LiteLLM `region_name` expresses, `litellm/utils.py`
+//! `is_region_allowed`; `sim/peers-source.md` §7).
 
 use super::{cheapest_payg, Candidates, Rules};
 use crate::engine::{Policy, Route, World};

@@ -3,6 +3,13 @@
 //! 5xx. The counterfactual every saving is measured against, run as a
 //! strategy so its latency and failures are measured too. Residency as a
 //! LiteLLM-fronted deployment expresses it (EU personal data to EU APIs).
+//!
+//! Source: not a product but the ledger's own counterfactual (the
+//! cheapest pay-as-you-go destination the compiled tables allow for the
+//! request, at list price, `ace-pricing`; `ledger/README.md`), made a
+//! strategy; the residency rule is LiteLLM's `region_name` pre-call check
+//! (`litellm/utils.py` `is_region_allowed`, `sim/peers-source.md` §7),
+//! which is all a gateway in front of APIs alone needs.
 
 use super::{cheapest_payg, retryable, Candidates, Rules};
 use crate::engine::{Next, Policy, Route, World};

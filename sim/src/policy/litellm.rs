@@ -222,7 +222,13 @@ pub enum Variant {
     /// `max_parallel_requests` at its knee (`floor(knee * slots)`, at
     /// least 1) instead of all its slots: what an operator who read the
     /// capacity plan writes to keep latency off the steep part of the
-    /// curve. Everything else as the default.
+    /// curve. Everything else as the default. Each deployment (one per
+    /// model resident on a server) counts its own requests, so a server
+    /// with several can pass its knee when they are busy together;
+    /// splitting the knee among them stops that, but at the example
+    /// fleet's traffic it cost the team-alias variant twice as much ($129
+    /// against $63, its aliases' target holding half a server), so the
+    /// peer keeps the per-deployment cap that serves it better.
     KneeCap,
     /// [`Variant::KneeCap`], compliant: `enable_tag_filtering=True` and
     /// `tag_filtering_match_any=True`; each request carries one tag, the

@@ -6,7 +6,7 @@
 //! it does not resend it.
 //!
 //! Source: the KAI Scheduler's README (`NVIDIA/KAI-Scheduler`, summarised
-//! in `shared/docs/competitors.md` [X5] and `shared/docs/scheduling.md`'s
+//! in `shared/docs/competitors.md`, its reference X5, and `shared/docs/scheduling.md`'s
 //! scheduler table): it places pods on GPUs (bin-pack or spread, queues,
 //! quotas, consolidation) and never sees a request, a price or another
 //! tier. A packed fleet therefore runs its owned GPUs as full as their

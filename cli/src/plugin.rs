@@ -90,7 +90,16 @@ pub fn build(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<Valu
 /// shares).
 pub fn build_config(dir: &Path, restrict: bool, read_body: bool) -> anyhow::Result<PluginConfig> {
     let project = ace_policy::load_dir(dir).map_err(|e| anyhow!("{e}"))?;
-    let compiled = ace_policy::compile(&project).map_err(|e| anyhow!("{e}"))?;
-    ace_policy::plugin::plugin_config(&project, &compiled, restrict, read_body)
+    project_config(&project, restrict, read_body)
+}
+
+/// [`build_config`] for a project already loaded.
+pub fn project_config(
+    project: &ace_policy::Project,
+    restrict: bool,
+    read_body: bool,
+) -> anyhow::Result<PluginConfig> {
+    let compiled = ace_policy::compile(project).map_err(|e| anyhow!("{e}"))?;
+    ace_policy::plugin::plugin_config(project, &compiled, restrict, read_body)
         .map_err(|e| anyhow!("{e}"))
 }

@@ -109,7 +109,7 @@ pub fn simulation(
     seed: u64,
 ) -> anyhow::Result<(ace_sim::Simulation, Read)> {
     let project = ace_policy::load_dir(policies).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let config = crate::plugin::build_config(policies, false, true)?;
+    let config = crate::plugin::project_config(&project, false, true)?;
     let read = read(logs)?;
     let mut sim = ace_sim::Simulation::shadow(
         serde_json::to_vec(&config)?,

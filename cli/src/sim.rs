@@ -7,7 +7,7 @@ use ace_cli::out;
 use ace_sim::report::{Comparison, PolicyFigures, Setting};
 use ace_sim::slo::Targets;
 use ace_sim::trace::{self, Shape, Trace};
-use ace_sim::{PolicyKind, Simulation};
+use ace_sim::{PolicyKind, Simulation, MAX_RUN_MS};
 use anyhow::{anyhow, bail, Context};
 use std::io::Write;
 use std::path::PathBuf;
@@ -215,10 +215,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// memory for the run, on each thread.
 const MAX_REQUESTS: u64 = 100_000_000;
 
-/// The longest run: the simulator keeps times in u32 milliseconds (about
-/// 49.7 days), with room for the last requests to finish.
-const MAX_RUN_MS: u64 = 40 * 86_400_000;
-
 /// The simulation `args` describe.
 pub fn build(args: &Args) -> anyhow::Result<Simulation> {
     let targets = match &args.slo {
@@ -287,7 +283,7 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
 /// The simulation of a trace and a mix.
 fn from_trace(args: &Args, targets: Targets) -> anyhow::Result<Simulation> {
     let project = ace_policy::load_dir(&args.policies).map_err(|e| anyhow!("{e}"))?;
-    let config = ace_cli::plugin::build_config(&args.policies, false, true)?;
+    let config = ace_cli::plugin::project_config(&project, false, true)?;
     let config_json = serde_json::to_vec(&config)?;
     let trace = match args.synthetic {
         Some(0) => bail!("--synthetic 0: give at least one request"),

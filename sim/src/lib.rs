@@ -185,6 +185,10 @@ pub fn dispatch_only_config(sources: &ace_policy::Sources) -> Result<Vec<u8>, Si
     serde_json::to_vec(&config).map_err(|e| SimError(e.to_string()))
 }
 
+/// The longest run: the engine keeps times in u32 milliseconds (about
+/// 49.7 days), with room for the last requests to finish.
+pub const MAX_RUN_MS: u64 = 40 * 86_400_000;
+
 /// A request as a real Envoy logged it (its `ace.event` line), for
 /// [`Simulation::shadow`]. An attribute the request did not carry is empty.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -358,6 +362,15 @@ impl Simulation {
         seed: u64,
     ) -> Result<Simulation, SimError> {
         let cfg = &pricing.config;
+        let last = reqs.last().map_or(0, |r| r.at_ms);
+        if last > MAX_RUN_MS {
+            return Err(SimError(format!(
+                "the requests span {:.0} days; a run covers at most {} (times are kept in u32 \
+                 milliseconds): give a shorter trace or log",
+                last as f64 / 86_400_000.0,
+                MAX_RUN_MS / 86_400_000
+            )));
+        }
         if places.len() != cfg.destinations.len() {
             return Err(SimError(format!(
                 "the manifest has {} destinations and the filter configuration {}: regenerate the configuration with `ace plugin-config`",

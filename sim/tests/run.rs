@@ -54,6 +54,63 @@ fn simulation_with(requests: usize, mix: &str) -> Result<Simulation, String> {
 }
 
 #[test]
+fn a_shadow_log_longer_than_a_run_is_refused_and_one_within_runs() {
+    let sim = simulation(1);
+    let places: Vec<Placement> = ["owned", "spot", "api"]
+        .iter()
+        .map(|n| Placement {
+            name: (*n).into(),
+            jurisdiction: "US".into(),
+            region: "us-east-1".into(),
+            certifications: vec![],
+            models: vec!["m".into()],
+            warm: vec!["m".into()],
+            gpus: 4,
+            throughput_tps: 2400.0,
+        })
+        .collect();
+    let at = |time_ms: u64| ace_sim::Logged {
+        time_ms,
+        prompt: 100,
+        output: 20,
+        tenant: "t".into(),
+        model: "m".into(),
+        ..ace_sim::Logged::default()
+    };
+    let shadow = |log: &[ace_sim::Logged]| {
+        Simulation::shadow(
+            sim.config_json.clone(),
+            &places,
+            &[("m".into(), 1)],
+            log,
+            Targets::default(),
+            1,
+        )
+    };
+    let day = 86_400_000;
+    let e = shadow(&[at(1_700_000_000_000), at(1_700_000_000_000 + 50 * day)])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("span 50 days") && e.contains("at most 40"),
+        "{e}"
+    );
+    assert!(shadow(&[]).is_err(), "an empty log is refused");
+    // Out of order, with an attribute missing: sorted, and runs.
+    let ok =
+        shadow(&[at(1_700_000_005_000), at(1_700_000_000_000)]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        ok.reqs.iter().map(|r| r.at_ms).collect::<Vec<_>>(),
+        [0, 5_000]
+    );
+    let m = ok
+        .run(PolicyKind::Ace, 1, None, &|_| {})
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.requests, 2);
+}
+
+#[test]
 fn a_bad_mix_is_refused_naming_the_tenant_and_the_fix() {
     for (mix, expect) in [
         (MIX.replace("share = 1", "share = 0"), "shares sum to 0"),

@@ -15,6 +15,23 @@ fn simulation(requests: usize) -> Simulation {
 const MIX: &str = "[[tenants]]\nid = \"t\"\nshare = 1\ndata_class = { public = 1 }\n\
                    latency_class = { interactive = 2, batch = 1 }\nmodel = { m = 1 }\n";
 
+/// The three destinations of [`simulation_with`]'s configuration.
+fn places() -> Vec<Placement> {
+    ["owned", "spot", "api"]
+        .iter()
+        .map(|n| Placement {
+            name: (*n).into(),
+            jurisdiction: "US".into(),
+            region: "us-east-1".into(),
+            certifications: vec![],
+            models: vec!["m".into()],
+            warm: vec!["m".into()],
+            gpus: 4,
+            throughput_tps: 2400.0,
+        })
+        .collect()
+}
+
 fn simulation_with(requests: usize, mix: &str) -> Result<Simulation, String> {
     let config = br#"{"destinations":[
         {"name":"owned","cluster":"owned","tier":"inhouse","capacity":16,
@@ -24,23 +41,13 @@ fn simulation_with(requests: usize, mix: &str) -> Result<Simulation, String> {
         {"name":"api","cluster":"api","tier":"payg",
          "usd_per_input_token":6e-7,"usd_per_output_token":6e-7}],
       "allow_no_policy":true,"body":{"read":true}}"#;
-    let place = |name: &str| Placement {
-        name: name.into(),
-        jurisdiction: "US".into(),
-        region: "us-east-1".into(),
-        certifications: vec![],
-        models: vec!["m".into()],
-        warm: vec!["m".into()],
-        gpus: 4,
-        throughput_tps: 2400.0,
-    };
     let arrivals = trace::arrivals(
         &Trace::synthetic(3, requests, 4.0),
         Shape::Replay { speedup: 1.0 },
     );
     let mut sim = Simulation::new(
         config.to_vec(),
-        &[place("owned"), place("spot"), place("api")],
+        &places(),
         &[("m".into(), 1)],
         &arrivals,
         "test mix",
@@ -56,19 +63,7 @@ fn simulation_with(requests: usize, mix: &str) -> Result<Simulation, String> {
 #[test]
 fn a_shadow_log_longer_than_a_run_is_refused_and_one_within_runs() {
     let sim = simulation(1);
-    let places: Vec<Placement> = ["owned", "spot", "api"]
-        .iter()
-        .map(|n| Placement {
-            name: (*n).into(),
-            jurisdiction: "US".into(),
-            region: "us-east-1".into(),
-            certifications: vec![],
-            models: vec!["m".into()],
-            warm: vec!["m".into()],
-            gpus: 4,
-            throughput_tps: 2400.0,
-        })
-        .collect();
+    let places = places();
     let at = |time_ms: u64| ace_sim::Logged {
         time_ms,
         prompt: 100,

@@ -182,6 +182,23 @@ impl FleetState {
         }
     }
 
+    /// An answer on `d` came back with `outcome` while its request goes on
+    /// (a success still streaming): fold the outcome into `d`'s health and
+    /// keep the slot, which [`FleetState::settle`] releases when the
+    /// request ends (not repriced).
+    #[inline]
+    pub fn observe(
+        &mut self,
+        d: usize,
+        outcome: Outcome,
+        policy: &HealthPolicy,
+        now_ms: u64,
+    ) -> Change {
+        self.health
+            .get_mut(d)
+            .map_or(Change::None, |h| h.observe(outcome, now_ms, policy))
+    }
+
     /// Fold `signal` about destination `d` in (not repriced). Signals move
     /// prices, capacity and openness, never feasibility.
     pub fn apply(&mut self, d: usize, signal: Signal) -> Result<(), SignalError> {

@@ -761,6 +761,9 @@ impl Host for Wasm<'_> {
         // instead of writing now (see `state`).
         {
             let mut mirror = self.plugin.mirror.borrow_mut();
+            if op.is_noop(&mirror.state, now_ms) {
+                return Ok(FleetAnswer::Settled(Change::None));
+            }
             if let Some(d) = op.quiet_release(&mirror.state, now_ms) {
                 mirror.owe_release(d);
                 return Ok(FleetAnswer::Settled(Change::None));

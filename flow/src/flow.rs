@@ -22,13 +22,18 @@
 //!    slot ([`FleetOp::Claim`] through [`Host::fleet`]), then the
 //!    destination header;
 //! 4. [`Flow::on_response_headers`]: what the answer means for the
-//!    destination's health ([`FleetOp::Settle`]), the operator headers, and
-//!    the usage scan; under `retry_next`, on a host that can, a failed
-//!    request is run again without the destination that failed
-//!    ([`Verdict::Rerun`]);
+//!    destination's health, the operator headers, and the usage scan. A
+//!    failure frees its slot at once ([`FleetOp::Settle`]); under
+//!    `retry_next`, on a host that can, it is run again without the
+//!    destination that failed ([`Verdict::Rerun`]). A success keeps its
+//!    slot ([`FleetOp::Observe`]): a streamed answer's headers come with
+//!    its first token, and its sequence holds a place in the server's
+//!    batch until the last, so the load the merit order prices counts it
+//!    until then;
 //! 5. [`Flow::on_response_body`]: token usage, booked at the decision's
 //!    prices;
-//! 6. [`Flow::on_complete`]: the request's one event and its dollars.
+//! 6. [`Flow::on_complete`]: the slot freed, the request's one event and
+//!    its dollars.
 
 use crate::body::{self, RequestBody};
 use crate::cache::{self, Entry, Pending};
@@ -95,8 +100,20 @@ pub enum FleetOp<'r, 'p> {
         /// The request as the merit order sees it.
         req: &'r Request,
     },
+    /// Fold an answer's outcome into destination `d`'s health, keeping
+    /// its slot: a success still streaming holds its place in the
+    /// server's batch until its last byte ([`FleetState::observe`]).
+    Observe {
+        /// The destination.
+        d: usize,
+        /// What happened.
+        outcome: Outcome,
+        /// The health tunables.
+        policy: &'r HealthPolicy,
+    },
     /// Release destination `d`'s slot and fold in the request's outcome
-    /// (`None`: the client went away, blame no one) ([`FleetState::settle`]).
+    /// (`None`: the client went away, or the outcome was already
+    /// observed: blame no one) ([`FleetState::settle`]).
     Settle {
         /// The destination.
         d: usize,
@@ -143,6 +160,10 @@ impl FleetOp<'_, '_> {
                 let d = state.decide_scaled(feasible, warm, scale, req, now_ms);
                 claimed(state, d)
             }
+            FleetOp::Observe { d, outcome, policy } => (
+                Some(*d),
+                FleetAnswer::Settled(state.observe(*d, *outcome, policy, now_ms)),
+            ),
             FleetOp::Settle { d, outcome, policy } => (
                 Some(*d),
                 FleetAnswer::Settled(state.settle(*d, *outcome, policy, now_ms)),
@@ -164,7 +185,7 @@ impl FleetOp<'_, '_> {
         policy: &HealthPolicy,
         now_ms: u64,
     ) -> FleetAnswer {
-        if !matches!(self, FleetOp::Settle { .. }) {
+        if !matches!(self, FleetOp::Settle { .. } | FleetOp::Observe { .. }) {
             state.advance(models, policy, now_ms);
         }
         let (changed, answer) = self.apply(state, warmth, now_ms);
@@ -185,6 +206,17 @@ impl FleetOp<'_, '_> {
                 state.is_quiet(*d, *outcome, now_ms).then_some(*d)
             }
             _ => None,
+        }
+    }
+
+    /// Whether the op changes nothing at all: an observed outcome that is
+    /// quiet (see [`FleetOp::quiet_release`]) on a destination it leaves
+    /// as it was. A host that pays for every write skips it.
+    #[inline]
+    pub fn is_noop(&self, state: &FleetState, now_ms: u64) -> bool {
+        match self {
+            FleetOp::Observe { d, outcome, .. } => state.is_quiet(*d, Some(*outcome), now_ms),
+            _ => false,
         }
     }
 }
@@ -471,8 +503,11 @@ pub struct Flow {
     trailers: bool,
     /// The decision and when it was made (ms).
     chosen: Option<(Decision, u64)>,
-    /// Whether the outcome was folded into the fleet state.
+    /// Whether the slot was released (and any outcome folded in).
     settled: bool,
+    /// Whether the answer's outcome was folded in at its headers, the slot
+    /// held until the request ends.
+    observed: bool,
     /// The request's event, written once, at the end.
     event: Option<Event>,
     /// Token usage in the response, when it is being looked for.
@@ -1223,11 +1258,47 @@ impl Flow {
         };
         let d = decision.index;
         let now = now.unwrap_or_else(|| host.now_ms());
+        // An outcome observed at the headers is not folded in twice.
+        let outcome = if self.observed { None } else { outcome };
         let op = FleetOp::Settle {
             d,
             outcome,
             policy: &setup.config.health,
         };
+        self.fleet_op(setup, host, d, outcome, now, op);
+    }
+
+    /// Fold a success's outcome into its destination's health at its
+    /// headers, keeping the slot: the sequence occupies the server until
+    /// its last byte, and the load the merit order prices must say so.
+    /// [`Flow::settle`] releases the slot when the request ends.
+    fn observe<H: Host>(&mut self, setup: &Setup, host: &mut H, outcome: Outcome, now: u64) {
+        if self.settled || std::mem::replace(&mut self.observed, true) {
+            return;
+        }
+        let Some((decision, _)) = self.chosen else {
+            return;
+        };
+        let d = decision.index;
+        let op = FleetOp::Observe {
+            d,
+            outcome,
+            policy: &setup.config.health,
+        };
+        self.fleet_op(setup, host, d, Some(outcome), now, op);
+    }
+
+    /// Run `op` (a settle or an observation of `outcome` on `d`) and count
+    /// and log what it did.
+    fn fleet_op<H: Host>(
+        &mut self,
+        setup: &Setup,
+        host: &mut H,
+        d: usize,
+        outcome: Option<Outcome>,
+        now: u64,
+        op: FleetOp<'_, '_>,
+    ) {
         let result = match host.fleet(now, op) {
             Ok(FleetAnswer::Settled(change)) => Ok(change),
             _ => Err(FleetUnavailable),
@@ -1289,7 +1360,11 @@ impl Flow {
             && cfg.retry_next
             && decision.runner_up.is_some()
             && host.can_rerun();
-        self.settle(setup, host, Some(outcome), Some(now));
+        if matches!(outcome, Outcome::Success { .. }) {
+            self.observe(setup, host, outcome, now);
+        } else {
+            self.settle(setup, host, Some(outcome), Some(now));
+        }
         if rerun && self.prepare_rerun(host, decision.index) {
             self.answered = Some((status, latency_ms));
             return Verdict::Rerun;

@@ -38,6 +38,19 @@ pub enum Behavior {
         /// Response body.
         body: Vec<u8>,
     },
+    /// 200 as a model server streams (`text/event-stream`, chunked): the
+    /// headers and a first event after `first` plus `per_in_flight` for
+    /// every other request in flight here when this one arrived (time to
+    /// first token that grows with the load), the last event and its end
+    /// `rest` later.
+    Stream {
+        /// Time to the headers and first event with nothing else in flight.
+        first: Duration,
+        /// Added to it per other request in flight at arrival.
+        per_in_flight: Duration,
+        /// From the first event to the end of the stream.
+        rest: Duration,
+    },
     /// Answer with this status, these headers, this body in one chunk of
     /// `transfer-encoding: chunked`, and these trailers (Envoy forwards
     /// them only from clusters with `enable_trailers`).
@@ -251,7 +264,7 @@ fn serve(conn: TcpStream, s: &Shared) {
         };
         if let Some(reply) = s.intercept.as_ref().and_then(|i| i.intercept(&req)) {
             let keep = match reply {
-                Reply::Respond(b) => respond(&mut out, &b, &s.name),
+                Reply::Respond(b) => respond(&mut out, &b, &s.name, 0),
                 Reply::Hang => {
                     hang(&mut reader, &s.stop);
                     false
@@ -268,7 +281,7 @@ fn serve(conn: TcpStream, s: &Shared) {
         lock(&s.requests).push(req);
         let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         s.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let keep = respond(&mut out, &behavior, &s.name);
+        let keep = respond(&mut out, &behavior, &s.name, now);
         // The hook hears of the end first, so its count never undercuts ours.
         if let (Some(i), Some(t)) = (&s.intercept, token) {
             i.finished(t);
@@ -300,8 +313,10 @@ fn body_for(name: &str, status: u16) -> Vec<u8> {
         .into_bytes()
 }
 
-/// Write the response for `b`; returns whether to keep the connection.
-fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
+/// Write the response for `b` to a request that arrived with `in_flight`
+/// requests in flight (itself included); returns whether to keep the
+/// connection.
+fn respond(out: &mut TcpStream, b: &Behavior, name: &str, in_flight: usize) -> bool {
     let (status, extra, body): (u16, Vec<(String, String)>, Vec<u8>) = match b {
         Behavior::Ok => (200, vec![], body_for(name, 200)),
         Behavior::Status(code) => (*code, vec![], body_for(name, *code)),
@@ -326,6 +341,15 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
             body,
             trailers,
         } => return respond_chunked(out, name, *status, headers, body, trailers),
+        Behavior::Stream {
+            first,
+            per_in_flight,
+            rest,
+        } => {
+            let others = u32::try_from(in_flight.saturating_sub(1)).unwrap_or(u32::MAX);
+            std::thread::sleep(*first + per_in_flight.saturating_mul(others));
+            return respond_stream(out, name, *rest);
+        }
     };
     let mut head = format!(
         "HTTP/1.1 {status} {}\r\ncontent-length: {}\r\nx-upstream: {name}\r\n",
@@ -345,6 +369,36 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str) -> bool {
     let mut bytes = head.into_bytes();
     bytes.extend_from_slice(&body);
     out.write_all(&bytes).is_ok() && out.flush().is_ok()
+}
+
+/// A streamed chat completion in two events, `rest` apart, each its own
+/// chunk, then the end of the stream.
+fn respond_stream(out: &mut TcpStream, name: &str, rest: Duration) -> bool {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\
+         x-upstream: {name}\r\n\r\n"
+    );
+    let event = |data: String| {
+        let e = format!("data: {data}\n\n");
+        format!("{:x}\r\n{e}\r\n", e.len())
+    };
+    let first = event(
+        serde_json::json!({"upstream": name, "choices": [{"index": 0, "delta": {"content": "hi"}}]})
+            .to_string(),
+    );
+    let last = event(
+        serde_json::json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+            .to_string(),
+    ) + &event("[DONE]".into())
+        + "0\r\n\r\n";
+    if !(out.write_all(head.as_bytes()).is_ok()
+        && out.write_all(first.as_bytes()).is_ok()
+        && out.flush().is_ok())
+    {
+        return false;
+    }
+    std::thread::sleep(rest);
+    out.write_all(last.as_bytes()).is_ok() && out.flush().is_ok()
 }
 
 fn respond_chunked(

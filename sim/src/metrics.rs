@@ -142,6 +142,10 @@ pub struct Metrics {
     pub served_by_tier: [u64; 5],
     /// Served requests per destination (manifest order).
     pub served_by_destination: Vec<(String, u64)>,
+    /// Served requests that missed their latency class's targets, per
+    /// destination (manifest order) and class (the targets' order): where
+    /// the SLO was lost.
+    pub missed_by_destination: Vec<(String, Vec<u64>)>,
     /// Per latency class.
     pub classes: Vec<ClassFigures>,
     /// Attempts sent to a destination the Cedar tables forbid for the
@@ -196,6 +200,10 @@ impl Metrics {
             owned,
             tiers: up.iter().map(|u| u.p.tier).collect(),
             served_by_destination: up.iter().map(|u| (u.p.name.clone(), 0)).collect(),
+            missed_by_destination: up
+                .iter()
+                .map(|u| (u.p.name.clone(), vec![0; targets.classes.len()]))
+                .collect(),
             ttft: vec![u32::MAX; requests],
             violated: vec![0; requests.div_ceil(64)],
             targets: targets.clone(),
@@ -279,6 +287,12 @@ impl Metrics {
                 c.ttft_met += u64::from(ttft_ok);
                 c.e2e_met += u64::from(e2e_ok);
                 c.met += u64::from(ttft_ok && e2e_ok);
+            }
+        }
+        if served && !(ttft_ok && e2e_ok) {
+            let missed = o.dest.and_then(|d| self.missed_by_destination.get_mut(d));
+            if let Some(c) = missed.and_then(|(_, m)| m.get_mut(class)) {
+                *c += 1;
             }
         }
     }

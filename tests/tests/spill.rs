@@ -96,6 +96,54 @@ fn owned_fills_to_its_knee_then_reserved_then_payg(filter: Filter) {
     assert_eq!(owned.max_in_flight(), 3);
 }
 
+/// A streamed answer's headers come at its first token, but the sequence
+/// holds its place in the server's batch until its last: the slot is the
+/// request's until the stream ends, so owned capacity still fills to its
+/// knee and no further.
+fn a_streamed_answer_holds_its_slot_until_its_last_byte(filter: Filter) {
+    let (owned, payg) = (upstream("owned"), upstream("payg"));
+    for u in [&owned, &payg] {
+        u.set_behavior(Behavior::Stream {
+            first: Duration::from_millis(20),
+            per_in_flight: Duration::ZERO,
+            rest: Duration::from_millis(2500),
+        });
+    }
+    let mut o = dest("owned", "inhouse", 4, 1e-9, 1e-9);
+    o["knee"] = json!(0.75);
+    let config = json!({"allow_no_policy": true, "response_headers": true,
+                        "destinations": [dest("payg", "payg", 0, 2.5e-6, 1e-5), o]});
+    let envoy = start_fleet(filter, config, &[&owned, &payg]);
+    let port = envoy.port();
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100 * i));
+                Request::post_json(
+                    "/v1/chat/completions",
+                    &json!({"model": "m", "stream": true}),
+                )
+                .send(port)
+                .map(|r| (r.status, served_by(&r), r.text()))
+            })
+        })
+        .collect();
+    for c in clients {
+        match c.join() {
+            Ok(Ok((200, _, body))) => assert!(body.contains("[DONE]"), "{body}"),
+            other => panic!("every request must be served whole: {other:?}"),
+        }
+    }
+    assert_eq!(
+        owned.count(),
+        3,
+        "owned fills to its knee (3 of 4), streams and all"
+    );
+    assert_eq!(payg.count(), 5, "pay-as-you-go takes the rest");
+    // All five were sent while the first three still streamed.
+    assert_eq!(owned.max_in_flight(), 3);
+}
+
 fn a_failing_destination_trips_spills_and_returns_after_the_cooldown(filter: Filter) {
     let (owned, reserved, payg) = (upstream("owned"), upstream("reserved"), upstream("payg"));
     let config = three_tiers(3, 2000);
@@ -184,6 +232,7 @@ fn a_429_with_retry_after_takes_the_destination_out_for_that_long(filter: Filter
 
 ace_tests::for_each_filter!(
     owned_fills_to_its_knee_then_reserved_then_payg,
+    a_streamed_answer_holds_its_slot_until_its_last_byte,
     a_failing_destination_trips_spills_and_returns_after_the_cooldown,
     refused_connections_trip_the_destination,
     a_429_with_retry_after_takes_the_destination_out_for_that_long,

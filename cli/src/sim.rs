@@ -61,7 +61,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     mix: Option<PathBuf>,
     /// SLO targets per latency class, a TOML file (`[[classes]]` with
-    /// class, ttft_ms, e2e_base_ms, e2e_per_token_ms).
+    /// class, ttft_ms, e2e_base_ms, e2e_per_token_ms), instead of the fleet
+    /// manifest's `[slo]`. ACE ranks by the same targets it is judged by.
     #[arg(long, value_name = "FILE")]
     slo: Option<PathBuf>,
     /// The attainment (and served fraction) a policy must reach in every
@@ -224,7 +225,12 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
             toml::from_str::<Targets>(&text)
                 .with_context(|| format!("`{}` is not an SLO file", p.display()))?
         }
-        None => Targets::default(),
+        // The manifest's, which the filter ranks by; else ordinary chat
+        // targets.
+        None => ace_policy::load_dir(&args.policies)
+            .ok()
+            .and_then(|p| Targets::from_manifest(&p.manifest.manifest))
+            .unwrap_or_default(),
     };
     if !(0.0..=1.0).contains(&args.slo_bar) {
         bail!("--slo-bar {}: a fraction between 0 and 1", args.slo_bar);

@@ -15,7 +15,10 @@
 //!      "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5}
 //!   ],
 //!   "latency_usd_per_s": 0.002,
-//!   "latency_classes": {"interactive": 0.01, "batch": 0.0},
+//!   "latency_classes": {
+//!     "interactive": {"usd_per_s": 0.01, "ttft_ms": 1000, "late_usd": 0.05},
+//!     "batch": 0.0
+//!   },
 //!   "default_output_tokens": 256,
 //!   "response_headers": false,
 //!   "health": {"trip_after": 3, "base_cooldown_ms": 5000}
@@ -82,9 +85,10 @@ pub struct Config {
     /// What a second of queueing delay is worth, USD (latency penalty), for
     /// a request whose latency class is not in `latency_classes`.
     pub latency_usd_per_s: f64,
-    /// The same per latency class (`x-ace-latency-class`), sorted by name:
-    /// interactive work values a second more than batch work.
-    pub latency_classes: Vec<(String, f64)>,
+    /// Per latency class (`x-ace-latency-class`), sorted by name: what a
+    /// second of queueing is worth (interactive work more than batch), and
+    /// the class's time-to-first-token target with what missing it costs.
+    pub latency_classes: Vec<(String, LatencyClass)>,
     /// Which destinations have which models resident, as configured (the
     /// control service's reports replace a destination's list).
     pub warmth: Warmth,
@@ -171,6 +175,12 @@ impl Config {
     /// What a second of queueing delay is worth for a request of latency
     /// class `class` (the default value when absent or not configured).
     pub fn latency_value(&self, class: Option<&str>) -> f64 {
+        self.latency_class(class).usd_per_s
+    }
+
+    /// Latency class `class` as configured, or a class with the default
+    /// value of a second and no target when absent or not configured.
+    pub fn latency_class(&self, class: Option<&str>) -> LatencyClass {
         class
             .and_then(|c| {
                 self.latency_classes
@@ -178,8 +188,77 @@ impl Config {
                     .ok()
             })
             .and_then(|i| self.latency_classes.get(i))
-            .map_or(self.latency_usd_per_s, |(_, v)| *v)
+            .map_or(LatencyClass::untimed(self.latency_usd_per_s), |(_, v)| *v)
     }
+}
+
+/// A latency class: what its latency is worth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyClass {
+    /// USD per second of queueing delay past a destination's knee.
+    pub usd_per_s: f64,
+    /// Time to first token the class is promised, ms (`None`: no target).
+    pub ttft_ms: Option<u32>,
+    /// What missing that target costs, USD: added to the rank of a
+    /// destination expected to miss it.
+    pub late_usd: f64,
+    /// What to do when no destination is expected to meet the target.
+    pub when_late: WhenLate,
+}
+
+impl LatencyClass {
+    /// What a miss costs when the configuration does not say: more than
+    /// almost any single request's price, so that a destination on time
+    /// is chosen over a late one whenever there is one.
+    pub const DEFAULT_LATE_USD: f64 = 0.05;
+
+    /// A class worth `usd_per_s` a second, with no target.
+    pub const fn untimed(usd_per_s: f64) -> LatencyClass {
+        LatencyClass {
+            usd_per_s,
+            ttft_ms: None,
+            late_usd: 0.0,
+            when_late: WhenLate::Serve,
+        }
+    }
+}
+
+/// What a class does when no destination is expected to meet its target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenLate {
+    /// Serve it on the cheapest destination, late (the event's reason is
+    /// `late`, and the ledger counts the miss).
+    #[default]
+    Serve,
+    /// Refuse it (503, `no_timely_destination`): the client may retry or
+    /// go elsewhere rather than wait.
+    Refuse,
+}
+
+/// A latency class as configured: a bare number (USD per second of
+/// queueing) or the whole class.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum LatencyClassSettings {
+    /// USD per second of queueing; no target.
+    Value(f64),
+    /// The whole class.
+    Class {
+        /// USD per second of queueing (default: `latency_usd_per_s`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usd_per_s: Option<f64>,
+        /// Time-to-first-token target, ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ttft_ms: Option<u32>,
+        /// What a miss costs, USD (default
+        /// [`LatencyClass::DEFAULT_LATE_USD`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        late_usd: Option<f64>,
+        /// `serve` (default) or `refuse` when no destination is on time.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        when_late: Option<WhenLate>,
+    },
 }
 
 /// Which destinations have a model resident (until the control service
@@ -429,6 +508,10 @@ pub struct Destination {
     /// Latency SLO, ms; slower answers derate the destination.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_ms: Option<u64>,
+    /// Time to first token lightly loaded, at the SLO's quantile, ms: the
+    /// prior of what ACE learns from its answers (0 or absent: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttft_ms: f64,
     /// Cost of a cold model load, USD.
     #[serde(default)]
     pub cold_load_usd: f64,
@@ -492,9 +575,17 @@ pub struct HealthSettings {
     /// Half-life of a derate, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub derate_half_life_ms: Option<u64>,
-    /// Distinct tenants whose upstream failures a trip needs.
+    /// Distinct tenants whose upstream failures a trip needs (and whose
+    /// slow answers raising a learned latency needs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trip_tenants: Option<u8>,
+    /// The quantile of time to first token learned per destination (the
+    /// SLO bar's; default 0.95).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_quantile: Option<f64>,
+    /// Relative step of the learned quantile per answer (default 0.05).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_step: Option<f64>,
 }
 
 /// The plugin configuration document, as `ace plugin-config` writes it
@@ -511,9 +602,10 @@ pub struct PluginConfig {
     /// USD per second of queueing for a request of no listed latency class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_usd_per_s: Option<f64>,
-    /// USD per second of queueing by latency class.
+    /// Latency classes: USD per second of queueing, or the whole class
+    /// (`usd_per_s`, `ttft_ms`, `late_usd`, `when_late`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub latency_classes: BTreeMap<String, f64>,
+    pub latency_classes: BTreeMap<String, LatencyClassSettings>,
     /// Whether responses carry ACE's decision headers.
     #[serde(default, skip_serializing_if = "is_false")]
     pub response_headers: bool,
@@ -718,6 +810,10 @@ pub struct BodySettings {
     pub max_bytes: Option<usize>,
 }
 
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -840,6 +936,7 @@ impl Config {
                 capacity: d.capacity,
                 knee: d.knee,
                 service_ms: d.service_ms,
+                ttft_ms: d.ttft_ms,
                 cold_load_usd: d.cold_load_usd,
                 bias: d.bias,
             };
@@ -874,13 +971,51 @@ impl Config {
         }
         let mut latency_classes = Vec::with_capacity(raw.latency_classes.len());
         for (class, v) in &raw.latency_classes {
-            if !(v.is_finite() && *v >= 0.0) {
-                return Err(err(
-                    format!("latency_classes.{class}"),
-                    "must be a finite number >= 0 (USD per second of queueing delay)",
-                ));
-            }
-            latency_classes.push((class.clone(), *v));
+            let usd = |field: &str, v: f64, what: &str| {
+                if v.is_finite() && v >= 0.0 {
+                    Ok(v)
+                } else {
+                    Err(err(
+                        format!("latency_classes.{class}{field}"),
+                        format!("must be a finite number >= 0 ({what})"),
+                    ))
+                }
+            };
+            let c = match v {
+                LatencyClassSettings::Value(v) => LatencyClass::untimed(usd(
+                    "",
+                    *v,
+                    "USD per second of queueing delay, or the class as an object",
+                )?),
+                LatencyClassSettings::Class {
+                    usd_per_s,
+                    ttft_ms,
+                    late_usd,
+                    when_late,
+                } => {
+                    if *ttft_ms == Some(0) {
+                        return Err(err(
+                            format!("latency_classes.{class}.ttft_ms"),
+                            "must be > 0 when set (the class's time-to-first-token target, ms)",
+                        ));
+                    }
+                    LatencyClass {
+                        usd_per_s: usd(
+                            ".usd_per_s",
+                            usd_per_s.unwrap_or(latency_usd_per_s),
+                            "USD per second of queueing delay",
+                        )?,
+                        ttft_ms: *ttft_ms,
+                        late_usd: usd(
+                            ".late_usd",
+                            late_usd.unwrap_or(LatencyClass::DEFAULT_LATE_USD),
+                            "USD that missing the class's target costs",
+                        )?,
+                        when_late: when_late.unwrap_or_default(),
+                    }
+                }
+            };
+            latency_classes.push((class.clone(), c));
         }
         for (i, d) in raw.destinations.iter().enumerate() {
             if let Some(m) = d
@@ -1006,7 +1141,26 @@ fn health_policy(h: &HealthSettings, trip_tenants: u8) -> Result<HealthPolicy, C
         derate_max: h.derate_max.unwrap_or(d.derate_max),
         derate_half_life_ms: h.derate_half_life_ms.unwrap_or(d.derate_half_life_ms),
         trip_tenants: h.trip_tenants.unwrap_or(trip_tenants),
+        learn: ace_core::latency::LearnPolicy {
+            quantile: h.ttft_quantile.unwrap_or(d.learn.quantile),
+            step: h.ttft_step.unwrap_or(d.learn.step),
+        },
     };
+    match p.learn.validate() {
+        Err("ttft_quantile") => {
+            return Err(err(
+                "health.ttft_quantile",
+                "must be a fraction in (0.5, 1): the quantile of time to first token learned",
+            ))
+        }
+        Err(_) => {
+            return Err(err(
+                "health.ttft_step",
+                "must be a fraction in (0, 1): the learned quantile's relative step",
+            ))
+        }
+        Ok(()) => {}
+    }
     if !(1..=2).contains(&p.trip_tenants) {
         return Err(err(
             "health.trip_tenants",
@@ -1237,6 +1391,65 @@ mod tests {
         assert_eq!(c.models[1].tier, Tier::Payg);
         assert_eq!(c.models[1].knee, 0.8);
         assert_eq!(c.health, HealthPolicy::default());
+    }
+
+    #[test]
+    fn a_latency_class_carries_its_target_and_what_lateness_does() {
+        let c = Config::parse(
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"ca","ttft_ms":450}],
+                 "latency_usd_per_s":0.002,
+                 "latency_classes":{"interactive":{"ttft_ms":1000},
+                                    "live":{"usd_per_s":0.1,"ttft_ms":300,"late_usd":1,"when_late":"refuse"},
+                                    "batch":0}}"#,
+        )
+        .unwrap();
+        let i = c.latency_class(Some("interactive"));
+        assert_eq!(
+            (i.usd_per_s, i.ttft_ms, i.late_usd, i.when_late),
+            (
+                0.002,
+                Some(1000),
+                LatencyClass::DEFAULT_LATE_USD,
+                WhenLate::Serve
+            )
+        );
+        let l = c.latency_class(Some("live"));
+        assert_eq!(
+            (l.usd_per_s, l.ttft_ms, l.late_usd, l.when_late),
+            (0.1, Some(300), 1.0, WhenLate::Refuse)
+        );
+        assert_eq!(c.latency_class(Some("batch")).ttft_ms, None);
+        assert_eq!(c.latency_class(Some("other")).ttft_ms, None);
+        assert_eq!(c.models[0].ttft_ms, 450.0);
+        let dest = r#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"c"}],"#;
+        for (bad, field) in [
+            (
+                r#""latency_classes":{"x":{"ttft_ms":0}}}"#,
+                "latency_classes.x.ttft_ms",
+            ),
+            (
+                r#""latency_classes":{"x":{"late_usd":-1}}}"#,
+                "latency_classes.x.late_usd",
+            ),
+            (
+                r#""latency_classes":{"x":{"usd_per_s":-1}}}"#,
+                "latency_classes.x.usd_per_s",
+            ),
+            (r#""health":{"ttft_quantile":0.4}}"#, "health.ttft_quantile"),
+            (r#""health":{"ttft_step":1.5}}"#, "health.ttft_step"),
+        ] {
+            assert_eq!(field_of(&format!("{dest}{bad}")), field, "{bad}");
+        }
+        let neg =
+            r#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"c","ttft_ms":-5}]}"#;
+        assert_eq!(field_of(neg), "destinations[0].ttft_ms");
+        // An unknown answer to lateness is a parse error naming the class.
+        let e = Config::parse(
+            format!(r#"{dest}"latency_classes":{{"x":{{"when_late":"queue"}}}}}}"#).as_bytes(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(e.to_string().contains("latency_classes"), "{e}");
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn world(n: usize) -> World {
             },
             knee: 0.8,
             service_ms: 900.0,
+            ttft_ms: 0.0,
             cold_load_usd: 0.01,
             bias: 1.0,
         });
@@ -143,13 +144,10 @@ fn bench(c: &mut Criterion) {
             health: &w.health,
             in_flight: &w.in_flight,
             live: &[],
+            learned: &[],
             policy: &policy,
         };
-        let req = Request {
-            tokens_in: 1200,
-            tokens_out: 300,
-            latency_usd_per_s: 0.002,
-        };
+        let req = Request::untimed(1200, 300, 0.002);
         let mut slate = Slate::new(n);
         slate.refresh(&fleet, 1_000);
         let warm = vec![u64::MAX; n.div_ceil(64)];

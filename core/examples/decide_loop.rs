@@ -44,14 +44,11 @@ fn main() {
         health: &health,
         in_flight: &in_flight,
         live: &[],
+        learned: &[],
         policy: &policy,
     };
     let mask = [u64::MAX];
-    let req = Request {
-        tokens_in: 1200,
-        tokens_out: 300,
-        latency_usd_per_s: 0.002,
-    };
+    let req = Request::untimed(1200, 300, 0.002);
     let mut slate = Slate::new(d);
     slate.refresh(&fleet, 5);
     let mut sum = 0usize;

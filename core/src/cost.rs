@@ -175,6 +175,10 @@ pub struct CostModel {
     pub knee: f64,
     /// Typical service time of one request, milliseconds (queueing model).
     pub service_ms: f64,
+    /// Time to first token lightly loaded, at the SLO's quantile, ms, as
+    /// declared (0: not declared): the prior of the learned latency
+    /// ([`crate::latency`]), to which the queueing past the knee adds.
+    pub ttft_ms: f64,
     /// Cost of loading a model that is not resident (cold start).
     pub cold_load_usd: f64,
     /// Preference weight on the rank only (1 = neutral, <1 preferred).
@@ -194,6 +198,7 @@ impl Default for CostModel {
             capacity: 0,
             knee: 0.8,
             service_ms: 1000.0,
+            ttft_ms: 0.0,
             cold_load_usd: 0.0,
             bias: 1.0,
         }
@@ -247,6 +252,9 @@ impl CostModel {
         }
         if !(self.service_ms.is_finite() && self.service_ms > 0.0) {
             return bad("service_ms", "a finite number > 0");
+        }
+        if !non_negative(self.ttft_ms) {
+            return bad("ttft_ms", "a finite number of ms >= 0 (0: not declared)");
         }
         if !non_negative(self.cold_load_usd) {
             return bad("cold_load_usd", "a finite number >= 0");

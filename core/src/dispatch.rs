@@ -9,17 +9,29 @@
 //!    and in-flight count into a [`Lane`] of numbers that hold until the
 //!    next change: its per-token marginal prices now (a reserved block past
 //!    its commitment prices at its overage), its queueing delay past the
-//!    knee, its rank multiplier (derate times bias); and a bit in the `open` mask when it can
-//!    take a request (breaker not open, under its cap).
+//!    knee, its expected time to first token at the SLO's quantile (learned
+//!    by load where it has answered enough, else declared: [`crate::latency`]),
+//!    its rank multiplier (derate times bias); and a bit in the `open` mask
+//!    when it can take a request (breaker not open, under its cap).
 //! 2. **Decide** ([`decide`]), per request, over the candidates
 //!    `feasible & open`:
 //!
 //! ```text
 //! marginal(d)  = tokens_in * per_in(d) + tokens_out * per_out(d) + (cold(d) unless warm)
-//! effective(d) = (marginal(d) + latency_value * delay(d)) * rank(d)
+//! late(d)      = ttft(d) > the class's target
+//! effective(d) = (marginal(d) + latency_value * delay(d) + late_usd * late(d)) * rank(d)
 //!                where rank(d) = derate(d) * bias(d)
 //! choose the lowest effective; ties go to the lower index
 //! ```
+//!
+//! The latency class prices latency twice, each as what it is worth to
+//! the class: `latency_value` per second of queueing (a smooth
+//! preference), and `late_usd`, what missing the class's time-to-first-
+//! token target costs. So under load an interactive request leaves a
+//! filling rung for the next one before its target breaks, while a batch
+//! request, with no target, keeps the cheap capacity busy. A class that
+//! refuses lateness (`refuse_late`) is never sent to a late rung: with no
+//! rung on time it is refused ([`Refusal::NoTimelyDestination`]).
 //!
 //! The result carries the chosen destination, the runner-up, the true
 //! marginal cost (what the ledger books; bias and derate never touch it), the
@@ -31,6 +43,7 @@
 use crate::cost::CostModel;
 use crate::fleet::Live;
 use crate::health::{Breaker, Health, HealthPolicy};
+use crate::latency::{self, Learned};
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -47,6 +60,9 @@ pub struct Fleet<'a> {
     /// What the control service says of each destination; missing entries
     /// (an empty slice) say nothing.
     pub live: &'a [Live],
+    /// Each destination's latency as learned from its answers; missing
+    /// entries (an empty slice) have learned nothing.
+    pub learned: &'a [Learned],
     /// Health tunables.
     pub policy: &'a HealthPolicy,
 }
@@ -60,6 +76,28 @@ pub struct Request {
     pub tokens_out: u32,
     /// What a second of extra latency is worth for this request's class, USD.
     pub latency_usd_per_s: f64,
+    /// The class's time-to-first-token target, seconds (infinite: none).
+    pub ttft_target_s: f64,
+    /// What missing that target costs, USD: added to a late rung's rank.
+    pub late_usd: f64,
+    /// Whether a late rung may serve the request at all.
+    pub refuse_late: bool,
+}
+
+impl Request {
+    /// A request of `tokens_in` + `tokens_out` whose class values a second
+    /// of queueing at `latency_usd_per_s` and has no time-to-first-token
+    /// target.
+    pub const fn untimed(tokens_in: u32, tokens_out: u32, latency_usd_per_s: f64) -> Request {
+        Request {
+            tokens_in,
+            tokens_out,
+            latency_usd_per_s,
+            ttft_target_s: f64::INFINITY,
+            late_usd: 0.0,
+            refuse_late: false,
+        }
+    }
 }
 
 /// Why the destination was chosen.
@@ -74,6 +112,9 @@ pub enum Reason {
     Spill,
     /// The destination is half-open and this request is its probe.
     Probe,
+    /// No feasible open destination is expected to meet the class's
+    /// time-to-first-token target: the cheapest late one, served late.
+    Late,
 }
 
 impl Reason {
@@ -84,6 +125,7 @@ impl Reason {
             Reason::OnlyOption => "only_option",
             Reason::Spill => "spill",
             Reason::Probe => "half_open_probe",
+            Reason::Late => "late",
         }
     }
 }
@@ -95,6 +137,9 @@ pub enum Refusal {
     NoFeasibleDestination,
     /// Some are allowed, but every one is tripped, throttled or full.
     NoHealthyDestination,
+    /// Some are allowed and open, but none is expected to meet the class's
+    /// time-to-first-token target, and the class refuses lateness.
+    NoTimelyDestination,
 }
 
 impl Refusal {
@@ -103,6 +148,7 @@ impl Refusal {
         match self {
             Refusal::NoFeasibleDestination => "no_feasible_destination",
             Refusal::NoHealthyDestination => "no_healthy_destination",
+            Refusal::NoTimelyDestination => "no_timely_destination",
         }
     }
 }
@@ -138,6 +184,11 @@ pub struct Decision {
     /// Whether the winner was a reserved block past its commitment, priced
     /// at its overage.
     pub overage: bool,
+    /// Whether the winner was expected to miss the class's target.
+    pub late: bool,
+    /// The winner's load band when chosen ([`crate::latency::band`]): where
+    /// its answer's time to first byte is learned.
+    pub band: u8,
 }
 
 impl Decision {
@@ -176,6 +227,8 @@ pub struct Lane {
     pub cold: f64,
     /// Expected queueing delay past the knee, seconds.
     pub delay_s: f64,
+    /// Expected time to first token at the SLO's quantile now, seconds.
+    pub ttft_s: f64,
     /// Health derate (>= 1) times operator bias: the rank multiplier, which
     /// never touches the booked cost.
     pub rank: f64,
@@ -199,9 +252,12 @@ pub struct Slate {
     per_out: Vec<f64>,
     cold: Vec<f64>,
     delay_s: Vec<f64>,
+    ttft_s: Vec<f64>,
     rank: Vec<f64>,
     rest_in: Vec<f64>,
     rest_out: Vec<f64>,
+    /// Load band per destination ([`crate::latency::band`]).
+    band: Vec<u8>,
     /// Destinations that can take a request now.
     open: Vec<u64>,
     /// Half-open destinations (a request there is the probe).
@@ -228,9 +284,11 @@ impl Slate {
             per_out: vec![0.0; lanes],
             cold: vec![0.0; lanes],
             delay_s: vec![0.0; lanes],
+            ttft_s: vec![0.0; lanes],
             rank: vec![1.0; lanes],
             rest_in: vec![0.0; lanes],
             rest_out: vec![0.0; lanes],
+            band: vec![0; lanes],
             open: vec![0; words],
             probe: vec![0; words],
             payg: vec![0; words],
@@ -271,11 +329,20 @@ impl Slate {
             (Some(model), Some(health)) => {
                 let in_flight = fleet.in_flight.get(d).copied().unwrap_or(0);
                 let live = fleet.live.get(d);
-                Some(price(model, health, live, in_flight, now_ms, fleet.policy))
+                let learned = fleet.learned.get(d);
+                Some(price(
+                    model,
+                    health,
+                    live,
+                    learned,
+                    in_flight,
+                    now_ms,
+                    fleet.policy,
+                ))
             }
             _ => None,
         };
-        let Some((lane, open, probe, payg)) = priced else {
+        let Some((lane, band, open, probe, payg)) = priced else {
             set_bit(&mut self.open, d, false);
             set_bit(&mut self.timed, d, false);
             return;
@@ -290,6 +357,7 @@ impl Slate {
             (&mut self.per_out, lane.per_out),
             (&mut self.cold, lane.cold),
             (&mut self.delay_s, lane.delay_s),
+            (&mut self.ttft_s, lane.ttft_s),
             (&mut self.rank, lane.rank),
             (&mut self.rest_in, lane.rest_in),
             (&mut self.rest_out, lane.rest_out),
@@ -297,6 +365,9 @@ impl Slate {
             if let Some(slot) = column.get_mut(d) {
                 *slot = value;
             }
+        }
+        if let Some(slot) = self.band.get_mut(d) {
+            *slot = band;
         }
         set_bit(&mut self.open, d, open);
         set_bit(&mut self.probe, d, probe);
@@ -324,6 +395,7 @@ impl Slate {
             per_out: *self.per_out.get(d)?,
             cold: *self.cold.get(d)?,
             delay_s: *self.delay_s.get(d)?,
+            ttft_s: *self.ttft_s.get(d)?,
             rank: *self.rank.get(d)?,
             rest_in: *self.rest_in.get(d)?,
             rest_out: *self.rest_out.get(d)?,
@@ -336,24 +408,26 @@ impl Slate {
     }
 }
 
-/// One destination's lane at `now_ms`, and whether it is open, half-open
-/// and pay-as-you-go.
+/// One destination's lane at `now_ms`, its load band, and whether it is
+/// open, half-open and pay-as-you-go.
 fn price(
     model: &CostModel,
     health: &Health,
     live: Option<&Live>,
+    learned: Option<&Learned>,
     in_flight: u32,
     now_ms: u64,
     policy: &HealthPolicy,
-) -> (Lane, bool, bool, bool) {
+) -> (Lane, u8, bool, bool, bool) {
+    let learned = learned.filter(|l| l.is_learned());
     match live.filter(|l| !l.is_neutral()) {
         // Most destinations carry no signal: priced from the configured
         // model itself (one pricing path per source of the model, so the
         // common one reads its fields where they are).
-        None => price_model(model, health, in_flight, false, now_ms, policy),
+        None => price_model(model, health, learned, in_flight, false, now_ms, policy),
         Some(live) => {
             let (model, in_flight, drained) = live.adjust(model, in_flight, now_ms);
-            price_model(&model, health, in_flight, drained, now_ms, policy)
+            price_model(&model, health, learned, in_flight, drained, now_ms, policy)
         }
     }
 }
@@ -363,11 +437,12 @@ fn price(
 fn price_model(
     model: &CostModel,
     health: &Health,
+    learned: Option<&Learned>,
     in_flight: u32,
     drained: bool,
     now_ms: u64,
     policy: &HealthPolicy,
-) -> (Lane, bool, bool, bool) {
+) -> (Lane, u8, bool, bool, bool) {
     let (rest_in, rest_out) = model.rest_prices();
     let cap = health.cap(model.capacity, now_ms);
     let now_prices = if cap.is_none_or(|c| in_flight < c) {
@@ -380,17 +455,29 @@ fn price_model(
     };
     let open = !drained && health.admits(now_ms) && now_prices.is_some();
     let (per_in, per_out) = now_prices.unwrap_or((rest_in, rest_out));
+    let sized = cap.or(Some(model.capacity));
+    let band = latency::band(in_flight, sized);
+    // The queueing past the knee, priced at the class's value of a
+    // second. The time to first token: what answers taught at this load
+    // (the SLO's quantile), else the declared prior, lightly loaded plus
+    // that queueing. The first band whose learned quantile passes a
+    // class's target is that class's knee, as the fleet really behaves.
+    let delay_s = model.queueing_delay_s(in_flight, sized);
+    let ttft_s = learned
+        .and_then(|l| l.estimate_ms(band))
+        .map_or(model.ttft_ms / 1000.0 + delay_s, |q| q / 1000.0);
     let lane = Lane {
         per_in,
         per_out,
         cold: model.cold_load_usd,
-        delay_s: model.queueing_delay_s(in_flight, cap.or(Some(model.capacity))),
+        delay_s,
+        ttft_s,
         rank: health.derate(now_ms, policy) * model.bias,
         rest_in,
         rest_out,
     };
     let probe = health.breaker(now_ms) == Breaker::HalfOpen;
-    (lane, open, probe, model.tier.is_pay_as_you_go())
+    (lane, band, open, probe, model.tier.is_pay_as_you_go())
 }
 
 /// Lanes `base..base + len` of one of the slate's columns.
@@ -445,6 +532,15 @@ fn choose(
     let tin = f64::from(req.tokens_in);
     let tout = f64::from(req.tokens_out);
     let lv = req.latency_usd_per_s;
+    let (target, late_usd) = (req.ttft_target_s, req.late_usd);
+    // A class that refuses lateness never ranks a late rung.
+    let late_usd = if req.refuse_late {
+        f64::INFINITY
+    } else {
+        late_usd
+    };
+    let timed = target.is_finite();
+    let mut any_open = false;
     let mut any_feasible = 0u64;
     // Indices are usize::MAX until found.
     let (mut best, mut best_eff) = (usize::MAX, f64::INFINITY);
@@ -472,16 +568,27 @@ fn choose(
         // compiler turns into SIMD with no bounds checks; cheaper than
         // picking the lanes one by one.
         let hi = 64 - candidates.leading_zeros() as usize;
-        if let (Some(pi), Some(po), Some(dl), Some(rk), Some(out)) = (
+        any_open |= candidates != 0;
+        if let (Some(pi), Some(po), Some(dl), Some(ts), Some(rk), Some(out)) = (
             lanes(&slate.per_in, base, hi),
             lanes(&slate.per_out, base, hi),
             lanes(&slate.delay_s, base, hi),
+            lanes(&slate.ttft_s, base, hi),
             lanes(&slate.rank, base, hi),
             eff.get_mut(..hi),
         ) {
-            let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(rk);
-            for ((((e, pi), po), dl), rk) in lanes {
-                *e = (tin * pi + tout * po + lv * dl) * rk;
+            if timed {
+                let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(ts).zip(rk);
+                for (((((e, pi), po), dl), ts), rk) in lanes {
+                    let late = if *ts > target { late_usd } else { 0.0 };
+                    *e = (tin * pi + tout * po + lv * dl + late) * rk;
+                }
+            } else {
+                // No target (most classes): no lateness to read.
+                let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(rk);
+                for ((((e, pi), po), dl), rk) in lanes {
+                    *e = (tin * pi + tout * po + lv * dl) * rk;
+                }
             }
             // Model routing: the token part of each lane at its model's
             // price (rare: most requests pass no scale).
@@ -511,6 +618,10 @@ fn choose(
             let b = c.trailing_zeros() as usize;
             c &= c - 1;
             let e = eff.get(b & 63).copied().unwrap_or(f64::INFINITY);
+            // Never chosen: a late rung for a class that refuses lateness.
+            if e == f64::INFINITY {
+                continue;
+            }
             if e < best_eff {
                 (second, second_eff) = (best, best_eff);
                 (best, best_eff) = (base + b, e);
@@ -548,7 +659,9 @@ fn choose(
     }
 
     if best == usize::MAX {
-        return Err(if any_feasible != 0 {
+        return Err(if any_open {
+            Refusal::NoTimelyDestination
+        } else if any_feasible != 0 {
             Refusal::NoHealthyDestination
         } else {
             Refusal::NoFeasibleDestination
@@ -561,6 +674,7 @@ fn choose(
         per_out: f64::INFINITY,
         cold: 0.0,
         delay_s: 0.0,
+        ttft_s: 0.0,
         rank: 1.0,
         rest_in: f64::INFINITY,
         rest_out: f64::INFINITY,
@@ -569,8 +683,11 @@ fn choose(
     let s = scale.get(best).copied().unwrap_or(1.0);
     let (per_in, per_out) = (lane.per_in * s, lane.per_out * s);
     let marginal_usd = tin * per_in + tout * per_out + cold_usd;
+    let late = lane.ttft_s > target;
     let reason = if bit(&slate.probe, best) {
         Reason::Probe
+    } else if late {
+        Reason::Late
     } else if skipped_usd < marginal_usd {
         Reason::Spill
     } else if second != usize::MAX {
@@ -592,6 +709,8 @@ fn choose(
         cold_usd,
         warm: warm_best,
         overage: lane.per_in != lane.rest_in || lane.per_out != lane.rest_out,
+        late,
+        band: slate.band.get(best).copied().unwrap_or(0),
     })
 }
 
@@ -627,11 +746,7 @@ mod tests {
             ..CostModel::default()
         }
     }
-    const REQ: Request = Request {
-        tokens_in: 1000,
-        tokens_out: 200,
-        latency_usd_per_s: 0.001,
-    };
+    const REQ: Request = Request::untimed(1000, 200, 0.001);
 
     struct World {
         models: Vec<CostModel>,
@@ -655,6 +770,7 @@ mod tests {
                 health: &self.health,
                 in_flight: &self.in_flight,
                 live: &[],
+                learned: &[],
                 policy: &self.policy,
             };
             let mut slate = Slate::new(self.models.len());
@@ -685,6 +801,96 @@ mod tests {
             "payg takes the overflow: {order:?}"
         );
         assert!(!order.contains(&99));
+    }
+
+    /// Owned (capacity 10) whose first token takes `owned_ms` at every
+    /// load, and pay-as-you-go at 800 ms, both as learned from answers.
+    fn learned_world(owned_ms: u64) -> (Vec<CostModel>, Vec<Learned>) {
+        let mut learned = vec![Learned::default(); 2];
+        let p = HealthPolicy::default();
+        for _ in 0..crate::latency::WARMUP {
+            learned[0].observe(0, 800, 1, 1, &p.learn);
+            for band in 0..crate::latency::BANDS as u8 {
+                learned[1].observe(band, owned_ms, 1, 1, &p.learn);
+            }
+        }
+        (vec![payg(), owned(10)], learned)
+    }
+
+    fn learned_slate(models: &[CostModel], learned: &[Learned], in_flight: &[u32]) -> Slate {
+        let health = vec![Health::default(); models.len()];
+        let policy = HealthPolicy::default();
+        let fleet = Fleet {
+            models,
+            health: &health,
+            in_flight,
+            live: &[],
+            learned,
+            policy: &policy,
+        };
+        let mut slate = Slate::new(models.len());
+        slate.refresh(&fleet, 0);
+        slate
+    }
+
+    fn timed(target_ms: f64, refuse_late: bool) -> Request {
+        Request {
+            ttft_target_s: target_ms / 1000.0,
+            late_usd: 0.05,
+            refuse_late,
+            ..REQ
+        }
+    }
+
+    #[test]
+    fn a_class_leaves_a_rung_expected_late_for_it_and_a_class_without_a_target_stays() {
+        let (models, learned) = learned_world(1500);
+        let slate = learned_slate(&models, &learned, &[0, 2]);
+        // Owned answers in 1.5 s: late for a 1 s target, on time for 3 s.
+        let interactive = decide(&slate, &[0b11], &[0b11], &timed(1000.0, false));
+        assert_eq!(interactive.map(|d| (d.index, d.late)), Ok((0, false)));
+        let standard = decide(&slate, &[0b11], &[0b11], &timed(3000.0, false));
+        assert_eq!(standard.map(|d| (d.index, d.late)), Ok((1, false)));
+        let batch = decide(&slate, &[0b11], &[0b11], &REQ);
+        assert_eq!(batch.map(|d| d.index), Ok(1));
+        // The booked cost is the true marginal: lateness only ranks.
+        let booked = interactive.map(|d| d.marginal_usd).unwrap_or(f64::NAN);
+        assert_eq!(booked, 1000.0 * 1e-6 + 200.0 * 4e-6);
+    }
+
+    #[test]
+    fn with_no_rung_on_time_a_class_is_served_late_or_refused_as_configured() {
+        let (models, learned) = learned_world(1500);
+        let slate = learned_slate(&models, &learned, &[0, 2]);
+        let late = decide(&slate, &[0b11], &[0b11], &timed(500.0, false));
+        assert_eq!(
+            late.map(|d| (d.index, d.late, d.reason)),
+            Ok((1, true, Reason::Late)),
+            "the cheapest, late"
+        );
+        let refused = decide(&slate, &[0b11], &[0b11], &timed(500.0, true));
+        assert_eq!(refused, Err(Refusal::NoTimelyDestination));
+        // Refusing lateness never refuses what is on time, nor widens
+        // anything: an infeasible rung stays out.
+        let on_time = decide(&slate, &[0b01], &[0b11], &timed(1000.0, true));
+        assert_eq!(on_time.map(|d| d.index), Ok(0));
+        let none = decide(&slate, &[0], &[0b11], &timed(1000.0, true));
+        assert_eq!(none, Err(Refusal::NoFeasibleDestination));
+    }
+
+    #[test]
+    fn the_declared_time_to_first_token_is_the_prior_and_the_knee_adds_to_it() {
+        let mut o = owned(10);
+        o.ttft_ms = 600.0;
+        let models = vec![payg(), o];
+        let quiet = learned_slate(&models, &[], &[0, 2]);
+        let lane = quiet.lane(1).map(|l| l.ttft_s);
+        assert_eq!(lane, Some(0.6));
+        // Past the knee (0.8 of 10) the queueing adds.
+        let busy = learned_slate(&models, &[], &[0, 9]);
+        assert!(busy.lane(1).is_some_and(|l| l.ttft_s > 0.6 + 1.0));
+        let d = decide(&busy, &[0b11], &[0b11], &timed(1000.0, false));
+        assert_eq!(d.map(|d| d.index), Ok(0));
     }
 
     #[test]

@@ -24,6 +24,7 @@
 use crate::cost::CostModel;
 use crate::dispatch::{self, Decision, Fleet, Refusal, Request, Slate};
 use crate::health::{Change, Health, HealthPolicy, Outcome};
+use crate::latency::Learned;
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -36,6 +37,10 @@ pub struct FleetState {
     pub in_flight: Vec<u32>,
     /// What the control service says of each destination ([`Live`]).
     pub live: Vec<Live>,
+    /// Each destination's time to first token as this copy of the state
+    /// has learned it from answers ([`Learned`]; never shared between
+    /// copies).
+    pub learned: Vec<Learned>,
     /// The fleet priced from `health`, `in_flight` and `live`.
     pub slate: Slate,
 }
@@ -48,6 +53,7 @@ impl FleetState {
             health: vec![Health::default(); n],
             in_flight: vec![0; n],
             live: vec![Live::default(); n],
+            learned: vec![Learned::default(); n],
             slate: Slate::new(n),
         }
     }
@@ -74,6 +80,7 @@ impl FleetState {
             health: &self.health,
             in_flight: &self.in_flight,
             live: &self.live,
+            learned: &self.learned,
             policy,
         };
         (&mut self.slate, view)
@@ -197,6 +204,23 @@ impl FleetState {
         self.health
             .get_mut(d)
             .map_or(Change::None, |h| h.observe(outcome, now_ms, policy))
+    }
+
+    /// Learn from an answer on `d`: its time to first byte, `ttft_ms`, for a
+    /// request sent in load band `band` by `tenant` ([`Learned::observe`];
+    /// not repriced). Returns whether the estimate moved.
+    #[inline]
+    pub fn learn(
+        &mut self,
+        d: usize,
+        band: u8,
+        ttft_ms: u64,
+        tenant: u32,
+        policy: &HealthPolicy,
+    ) -> bool {
+        self.learned
+            .get_mut(d)
+            .is_some_and(|l| l.observe(band, ttft_ms, tenant, policy.trip_tenants, &policy.learn))
     }
 
     /// Fold `signal` about destination `d` in (not repriced). Signals move
@@ -426,11 +450,7 @@ mod tests {
             .collect()
     }
 
-    const REQ: Request = Request {
-        tokens_in: 10,
-        tokens_out: 10,
-        latency_usd_per_s: 0.0,
-    };
+    const REQ: Request = Request::untimed(10, 10, 0.0);
 
     /// A slate priced from scratch for `s`'s health and load.
     fn from_scratch(s: &FleetState, m: &[CostModel], p: &HealthPolicy, now: u64) -> Slate {

@@ -46,7 +46,11 @@ pub struct HealthPolicy {
     pub derate_half_life_ms: u64,
     /// Tenants whose failures a trip needs: 1 (any failures trip) or 2
     /// (failures from two tenants, or one failure blamed on no tenant).
+    /// The same rule holds for raising a learned latency
+    /// ([`crate::latency`]).
     pub trip_tenants: u8,
+    /// How answers' times to first byte are learned ([`crate::latency`]).
+    pub learn: crate::latency::LearnPolicy,
 }
 
 impl Default for HealthPolicy {
@@ -62,6 +66,7 @@ impl Default for HealthPolicy {
             derate_max: 8.0,
             derate_half_life_ms: 10_000,
             trip_tenants: 1,
+            learn: crate::latency::LearnPolicy::default(),
         }
     }
 }
@@ -437,6 +442,10 @@ mod tests {
         derate_max: 8.0,
         derate_half_life_ms: 1_000,
         trip_tenants: 1,
+        learn: crate::latency::LearnPolicy {
+            quantile: 0.95,
+            step: 0.05,
+        },
     };
 
     #[test]

@@ -12,6 +12,8 @@
 //! - [`cost`]: what one more request costs on a destination, by tier (the
 //!   supply curve's rungs, the stutter knee, warmth, bias);
 //! - [`health`]: trips, throttling caps and derates, from observed outcomes;
+//! - [`latency`]: each destination's time to first token, learned by load
+//!   from its answers, with the manifest's figures as the prior;
 //! - [`tables`]: the compiled Cedar policy as bitmask tables (feasibility);
 //! - [`dispatch`]: the decision itself: price the fleet when it changes,
 //!   then per request take the cheapest feasible, open destination;
@@ -36,4 +38,5 @@ pub mod cost;
 pub mod dispatch;
 pub mod fleet;
 pub mod health;
+pub mod latency;
 pub mod tables;

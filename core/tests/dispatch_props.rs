@@ -10,7 +10,11 @@
 //! 4. a refusal happens exactly when no feasible destination admits;
 //! 5. no external signal (a drain, a load report, a capacity or price
 //!    change, however hostile) makes an infeasible destination chosen;
-//! 6. pricing one destination after it changed ([`Slate::refresh_one`]),
+//! 6. no latency signal (answers' times to first byte however hostile,
+//!    any class target, lateness refused or not) makes an infeasible
+//!    destination chosen, nor a refusal other than the one feasibility
+//!    and health give when nothing is open;
+//! 7. pricing one destination after it changed ([`Slate::refresh_one`]),
 //!    and the time-dependent ones before deciding ([`Slate::refresh_timed`]),
 //!    gives the same slate as pricing them all, at any later time.
 
@@ -49,6 +53,7 @@ fn model() -> impl Strategy<Value = CostModel> {
                 capacity: if tier == Tier::Payg { 0 } else { cap },
                 knee,
                 service_ms: 800.0,
+                ttft_ms: 0.0,
                 cold_load_usd: cold,
                 bias,
             },
@@ -159,7 +164,7 @@ proptest! {
             let _ = state.apply(d % (models.len() + 2), s);
         }
         state.reprice_all(&models, &policy, now_ms);
-        let req = Request { tokens_in: 100, tokens_out: 100, latency_usd_per_s: 0.001 };
+        let req = Request::untimed(100, 100, 0.001);
         for _ in 0..8 {
             match state.decide(&feasible, &warm, &req, now_ms) {
                 Ok(d) => {
@@ -177,6 +182,48 @@ proptest! {
     }
 
     #[test]
+    fn no_latency_signal_widens_the_feasible_set(
+        (models, health, in_flight, feasible, warm) in world(),
+        answers in proptest::collection::vec((any::<usize>(), 0u8..8, 0u64..10_000_000, 0u32..4), 0..400),
+        target_ms in proptest::option::of(1u32..5_000),
+        late_usd in prop_oneof![Just(0.0), 0.0..1.0f64, Just(1e300)],
+        refuse_late in any::<bool>(),
+        trip_tenants in 1u8..=2,
+        now_ms in 0u64..30_000,
+    ) {
+        let policy = HealthPolicy { trip_tenants, ..HealthPolicy::default() };
+        let mut state = FleetState::new(models.len());
+        state.health = health;
+        state.in_flight = in_flight;
+        for (d, band, ttft_ms, tenant) in answers {
+            state.learn(d % (models.len() + 2), band, ttft_ms, tenant, &policy);
+        }
+        state.reprice_all(&models, &policy, now_ms);
+        let req = Request {
+            ttft_target_s: target_ms.map_or(f64::INFINITY, |t| f64::from(t) / 1000.0),
+            late_usd,
+            refuse_late,
+            ..Request::untimed(500, 200, 0.01)
+        };
+        let open_feasible = (0..models.len()).any(|d| bit(&feasible, d) && state.slate.is_open(d));
+        match state.decide(&feasible, &warm, &req, now_ms) {
+            Ok(d) => {
+                prop_assert!(bit(&feasible, d.index), "a latency signal widened the feasible set");
+                prop_assert!(state.slate.is_open(d.index));
+                prop_assert!(!(refuse_late && d.late), "served late a class that refuses it");
+            }
+            Err(Refusal::NoTimelyDestination) => {
+                prop_assert!(refuse_late && open_feasible);
+            }
+            Err(r) => {
+                prop_assert!(!open_feasible, "refused ({r:?}) with an open feasible destination");
+                let any = (0..models.len()).any(|d| bit(&feasible, d));
+                prop_assert_eq!(r, if any { Refusal::NoHealthyDestination } else { Refusal::NoFeasibleDestination });
+            }
+        }
+    }
+
+    #[test]
     fn choice_is_feasible_admitting_and_cheapest(
         (models, health, in_flight, feasible, warm) in world(),
         tokens_in in 1u32..20_000,
@@ -188,8 +235,8 @@ proptest! {
             prop_assert!(m.validate().is_ok());
         }
         let policy = HealthPolicy::default();
-        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], policy: &policy };
-        let req = Request { tokens_in, tokens_out, latency_usd_per_s: latency };
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], learned: &[], policy: &policy };
+        let req = Request::untimed(tokens_in, tokens_out, latency);
         let mut slate = Slate::new(models.len());
         slate.refresh(&fleet, now_ms);
         let costs: Vec<Option<f64>> = (0..models.len())
@@ -245,7 +292,7 @@ proptest! {
         let policy = HealthPolicy::default();
         let mut slate = Slate::new(models.len());
         {
-            let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], policy: &policy };
+            let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], learned: &[], policy: &policy };
             slate.refresh(&fleet, now_ms);
         }
         let d = pick % models.len();
@@ -255,7 +302,7 @@ proptest! {
             2 => { health[d].observe(Outcome::Failure { tenant: 0 }, now_ms, &policy); }
             _ => { health[d].observe(Outcome::Throttled { retry_after_ms: Some(later) }, now_ms, &policy); }
         }
-        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], policy: &policy };
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], learned: &[], policy: &policy };
         slate.refresh_one(&fleet, d, now_ms);
         let mut full = Slate::new(models.len());
         full.refresh(&fleet, now_ms);

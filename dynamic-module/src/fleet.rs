@@ -201,11 +201,7 @@ mod tests {
         three.fingerprint ^= 1;
         let other = Fleet::shared(&three, 0);
         assert!(!Arc::ptr_eq(&a, &other));
-        let req = Request {
-            tokens_in: 10,
-            tokens_out: 10,
-            latency_usd_per_s: 0.0,
-        };
+        let req = Request::untimed(10, 10, 0.0);
         let all = [0b11u64];
         let claim = |f: &Fleet, now| {
             let op = FleetOp::Claim {

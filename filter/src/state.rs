@@ -453,6 +453,7 @@ mod tests {
                     health: &w.state.health,
                     in_flight: &w.state.in_flight,
                     live: &[],
+                    learned: &[],
                     policy: &p,
                 },
                 100,
@@ -461,11 +462,7 @@ mod tests {
             assert_eq!(w.state.in_flight, vec![1, 3, 2]);
         }
         // Destination 1 tripped after three failures; the decision skips it.
-        let req = Request {
-            tokens_in: 10,
-            tokens_out: 10,
-            latency_usd_per_s: 0.0,
-        };
+        let req = Request::untimed(10, 10, 0.0);
         let d = decide(&a.state.slate, &[0b110], &[u64::MAX], &req).map(|d| d.index);
         assert_eq!(d, Ok(2));
     }

@@ -764,6 +764,16 @@ impl Host for Wasm<'_> {
             if op.is_noop(&mirror.state, now_ms) {
                 return Ok(FleetAnswer::Settled(Change::None));
             }
+            // What this worker learned stays in its own copy.
+            if op.is_local() {
+                let outside = self.plugin.outside.borrow();
+                let (changed, answer) = op.apply(&mut mirror.state, &outside.warmth, now_ms);
+                if let Some(d) = changed {
+                    let cfg = &self.plugin.setup.config;
+                    mirror.state.reprice(d, &cfg.models, &cfg.health, now_ms);
+                }
+                return Ok(answer);
+            }
             if let Some(d) = op.quiet_release(&mirror.state, now_ms) {
                 mirror.owe_release(d);
                 return Ok(FleetAnswer::Settled(Change::None));

@@ -111,6 +111,22 @@ pub enum FleetOp<'r, 'p> {
         /// The health tunables.
         policy: &'r HealthPolicy,
     },
+    /// Learn from an answer's first byte on destination `d`
+    /// ([`FleetState::learn`]): what this copy of the state expects of
+    /// `d`'s time to first token. Never shared between copies: a host
+    /// applies it to its own copy ([`FleetOp::is_local`]).
+    Learn {
+        /// The destination.
+        d: usize,
+        /// Its load band when the request was sent there.
+        band: u8,
+        /// From the request sent to the answer's first byte, ms.
+        ttft_ms: u64,
+        /// The request's tenant key.
+        tenant: u32,
+        /// The health tunables (the learning's among them).
+        policy: &'r HealthPolicy,
+    },
     /// Release destination `d`'s slot and fold in the request's outcome
     /// (`None`: the client went away, or the outcome was already
     /// observed: blame no one) ([`FleetState::settle`]).
@@ -160,6 +176,16 @@ impl FleetOp<'_, '_> {
                 let d = state.decide_scaled(feasible, warm, scale, req, now_ms);
                 claimed(state, d)
             }
+            FleetOp::Learn {
+                d,
+                band,
+                ttft_ms,
+                tenant,
+                policy,
+            } => {
+                let moved = state.learn(*d, *band, *ttft_ms, *tenant, policy);
+                (moved.then_some(*d), FleetAnswer::Settled(Change::None))
+            }
             FleetOp::Observe { d, outcome, policy } => (
                 Some(*d),
                 FleetAnswer::Settled(state.observe(*d, *outcome, policy, now_ms)),
@@ -185,7 +211,10 @@ impl FleetOp<'_, '_> {
         policy: &HealthPolicy,
         now_ms: u64,
     ) -> FleetAnswer {
-        if !matches!(self, FleetOp::Settle { .. } | FleetOp::Observe { .. }) {
+        if !matches!(
+            self,
+            FleetOp::Settle { .. } | FleetOp::Observe { .. } | FleetOp::Learn { .. }
+        ) {
             state.advance(models, policy, now_ms);
         }
         let (changed, answer) = self.apply(state, warmth, now_ms);
@@ -207,6 +236,13 @@ impl FleetOp<'_, '_> {
             }
             _ => None,
         }
+    }
+
+    /// Whether the op changes only the host's own copy of the state (what
+    /// it learned), never the state its copies share.
+    #[inline]
+    pub fn is_local(&self) -> bool {
+        matches!(self, FleetOp::Learn { .. })
     }
 
     /// Whether the op changes nothing at all: an observed outcome that is
@@ -508,6 +544,10 @@ pub struct Flow {
     /// Whether the answer's outcome was folded in at its headers, the slot
     /// held until the request ends.
     observed: bool,
+    /// A streamed 2xx from a destination that had the model resident: its
+    /// first body byte, the first token, teaches the destination's time to
+    /// first token.
+    learn_first_byte: bool,
     /// The request's event, written once, at the end.
     event: Option<Event>,
     /// Token usage in the response, when it is being looked for.
@@ -1176,11 +1216,7 @@ impl Flow {
                 .position(|x| x == reference)
                 .map(|k| (r, k))
         });
-        let tokens = Request {
-            tokens_in,
-            tokens_out,
-            latency_usd_per_s: 0.0,
-        };
+        let tokens = Request::untimed(tokens_in, tokens_out, 0.0);
         let usd = with_worker(worker, |w| {
             // A class named: priced against its reference model, as the
             // ledger prices it (the mask so far is for the class's name,
@@ -1288,6 +1324,30 @@ impl Flow {
         self.fleet_op(setup, host, d, Some(outcome), now, op);
     }
 
+    /// The answer's first byte arrived: teach its destination's learned
+    /// time to first token (from when the upstream had the whole request,
+    /// as the health outcome's latency).
+    fn learn<H: Host>(&mut self, setup: &Setup, host: &mut H) {
+        let Some((decision, started)) = self.chosen else {
+            return;
+        };
+        let now = host.now_ms();
+        let (sent, tenant) = self
+            .event
+            .as_ref()
+            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
+        let op = FleetOp::Learn {
+            d: decision.index,
+            band: decision.band,
+            ttft_ms: now.saturating_sub(if sent > 0 { sent } else { started }),
+            tenant,
+            policy: &setup.config.health,
+        };
+        if host.fleet(now, op).is_err() {
+            log::warn!("cannot update the fleet state");
+        }
+    }
+
     /// Run `op` (a settle or an observation of `outcome` on `d`) and count
     /// and log what it did.
     fn fleet_op<H: Host>(
@@ -1361,6 +1421,11 @@ impl Flow {
             && decision.runner_up.is_some()
             && host.can_rerun();
         if matches!(outcome, Outcome::Success { .. }) {
+            // Only a stream's first byte is its first token: a whole
+            // answer's first byte comes with its last.
+            self.learn_first_byte = (200..300).contains(&status)
+                && decision.warm
+                && host.response_header("content-type", |v| headers::has(v, "text/event-stream"));
             self.observe(setup, host, outcome, now);
         } else {
             self.settle(setup, host, Some(outcome), Some(now));
@@ -1480,6 +1545,9 @@ impl Flow {
     /// Response body arrived (`end_of_stream`: the last of it). Never
     /// holds the response: streams must flow.
     pub fn on_response_body<H: Host>(&mut self, setup: &Setup, host: &mut H, end_of_stream: bool) {
+        if std::mem::take(&mut self.learn_first_byte) {
+            self.learn(setup, host);
+        }
         let max = setup.cache.as_ref().map_or(0, |c| c.max_entry_bytes);
         let mut capture = self
             .extra

@@ -10,8 +10,8 @@ use crate::body::{self, BodyError, RequestBody};
 use crate::event::{self, Event, Price, Text};
 use crate::headers::{self, Pairs};
 use crate::usage::Usage;
-use ace_config::Config;
 use ace_config::Trusted;
+use ace_config::{Config, LatencyClass, WhenLate};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::LivePrices;
 use ace_core::health::{Outcome, ANY_TENANT, MAX_TENANT};
@@ -201,16 +201,22 @@ pub fn plan(
     if event.model_requested.is_none() {
         event.model_requested = body.and_then(|b| b.model.clone()).map(Text::Owned);
     }
+    // The class is read as text (a UTF-8 check) only where there are
+    // classes to find it among.
+    let class = if cfg.latency_classes.is_empty() {
+        LatencyClass::untimed(cfg.latency_usd_per_s)
+    } else {
+        cfg.latency_class(event.text(&event.latency_class))
+    };
     Request {
         tokens_in,
         tokens_out,
-        // The class is read as text (a UTF-8 check) only where there are
-        // classes to find it among.
-        latency_usd_per_s: if cfg.latency_classes.is_empty() {
-            cfg.latency_usd_per_s
-        } else {
-            cfg.latency_value(event.text(&event.latency_class))
-        },
+        latency_usd_per_s: class.usd_per_s,
+        ttft_target_s: class
+            .ttft_ms
+            .map_or(f64::INFINITY, |t| f64::from(t) / 1000.0),
+        late_usd: class.late_usd,
+        refuse_late: class.when_late == WhenLate::Refuse,
     }
 }
 
@@ -231,6 +237,17 @@ impl Refused {
     /// Nothing that may serve the request is healthy and under its cap
     /// (or nothing may serve it at all): 503, never a fallback.
     pub fn no_destination(refusal: Refusal) -> Refused {
+        if refusal == Refusal::NoTimelyDestination {
+            return Refused {
+                status: 503,
+                kind: "no_timely_destination",
+                reason: refusal.as_str(),
+                message: "no destination that may serve this request is expected to answer \
+                          within its latency class's time-to-first-token target, and the class \
+                          refuses late service (latency_classes.<class>.when_late)"
+                    .to_string(),
+            };
+        }
         Refused {
             status: 503,
             kind: "no_feasible_destination",

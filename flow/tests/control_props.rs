@@ -118,7 +118,7 @@ proptest! {
         }
         outside.apply_to(&mut state, &cfg, now);
         let mask = [feasible];
-        let req = Request { tokens_in: 100, tokens_out: 100, latency_usd_per_s: 0.0 };
+        let req = Request::untimed(100, 100, 0.0);
         for _ in 0..4 {
             let warm = outside.warmth.mask(model.as_deref());
             match state.decide(&mask, warm, &req, now) {

@@ -41,8 +41,9 @@ pub enum Behavior {
     /// 200 as a model server streams (`text/event-stream`, chunked): the
     /// headers and a first event after `first` plus `per_in_flight` for
     /// every other request in flight here when this one arrived (time to
-    /// first token that grows with the load), the last event and its end
-    /// `rest` later.
+    /// first token that grows with the load), plus the request's own
+    /// [`DELAY_HEADER`] (a client whose input is slow to serve, such as a
+    /// huge prompt), the last event and its end `rest` later.
     Stream {
         /// Time to the headers and first event with nothing else in flight.
         first: Duration,
@@ -264,7 +265,7 @@ fn serve(conn: TcpStream, s: &Shared) {
         };
         if let Some(reply) = s.intercept.as_ref().and_then(|i| i.intercept(&req)) {
             let keep = match reply {
-                Reply::Respond(b) => respond(&mut out, &b, &s.name, 0),
+                Reply::Respond(b) => respond(&mut out, &b, &s.name, 0, Duration::ZERO),
                 Reply::Hang => {
                     hang(&mut reader, &s.stop);
                     false
@@ -278,10 +279,14 @@ fn serve(conn: TcpStream, s: &Shared) {
         }
         let behavior = lock(&s.behavior).clone();
         let token = s.intercept.as_ref().map(|i| i.started(&req));
+        let own_delay = req
+            .header(DELAY_HEADER)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
         lock(&s.requests).push(req);
         let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         s.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let keep = respond(&mut out, &behavior, &s.name, now);
+        let keep = respond(&mut out, &behavior, &s.name, now, own_delay);
         // The hook hears of the end first, so its count never undercuts ours.
         if let (Some(i), Some(t)) = (&s.intercept, token) {
             i.finished(t);
@@ -313,10 +318,14 @@ fn body_for(name: &str, status: u16) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A request header a [`Behavior::Stream`] upstream adds to that request's
+/// time to first token, ms.
+pub const DELAY_HEADER: &str = "x-upstream-delay-ms";
+
 /// Write the response for `b` to a request that arrived with `in_flight`
-/// requests in flight (itself included); returns whether to keep the
-/// connection.
-fn respond(out: &mut TcpStream, b: &Behavior, name: &str, in_flight: usize) -> bool {
+/// requests in flight (itself included) and asked for `own` delay; returns
+/// whether to keep the connection.
+fn respond(out: &mut TcpStream, b: &Behavior, name: &str, in_flight: usize, own: Duration) -> bool {
     let (status, extra, body): (u16, Vec<(String, String)>, Vec<u8>) = match b {
         Behavior::Ok => (200, vec![], body_for(name, 200)),
         Behavior::Status(code) => (*code, vec![], body_for(name, *code)),
@@ -347,7 +356,7 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str, in_flight: usize) -> b
             rest,
         } => {
             let others = u32::try_from(in_flight.saturating_sub(1)).unwrap_or(u32::MAX);
-            std::thread::sleep(*first + per_in_flight.saturating_mul(others));
+            std::thread::sleep(*first + per_in_flight.saturating_mul(others) + own);
             return respond_stream(out, name, *rest);
         }
     };

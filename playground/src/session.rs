@@ -469,6 +469,12 @@ mod tests {
                 r#"values = ["interactive", "standard", "batch"]"#,
                 r#"values = ["interactive"]"#,
             ),
+            // The objectives of the classes taken out go with them.
+            (
+                "[slo.standard]\nttft_ms = 3000\ne2e_base_ms = 3000\ne2e_per_token_ms = 120\n",
+                "",
+            ),
+            ("[slo.batch]\ne2e_base_ms = 600000\n", ""),
             ("values = [1, 2, 4, 8]", "values = [1]"),
         ] {
             assert!(

@@ -42,6 +42,32 @@ pub struct Manifest {
     /// Models that may stand in for each other (model routing).
     #[serde(default)]
     pub model_classes: Vec<Spanned<ModelClass>>,
+    /// Latency classes' service-level objectives, by class (a value of
+    /// `request.latency_class`): what the filter ranks destinations by and
+    /// what `ace sim` judges every policy by.
+    #[serde(default)]
+    pub slo: std::collections::BTreeMap<String, Spanned<ClassSlo>>,
+}
+
+/// One latency class's service-level objective.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSlo {
+    /// Time to first token, ms. Default: no target.
+    pub ttft_ms: Option<u32>,
+    /// End to end: this many ms ... Default 600000.
+    pub e2e_base_ms: Option<u64>,
+    /// ... plus this many per generated token. Default 0.
+    pub e2e_per_token_ms: Option<f64>,
+    /// What a second of queueing is worth, USD. Default: 0.01 for
+    /// `interactive`, 0 for `batch`, 0.002 for others.
+    pub usd_per_s: Option<f64>,
+    /// What missing the time-to-first-token target costs, USD. Default
+    /// 0.05.
+    pub late_usd: Option<f64>,
+    /// `serve` (default) or `refuse` when no destination is expected on
+    /// time.
+    pub when_late: Option<String>,
 }
 
 /// An equivalence class of models: a request naming one may be served by
@@ -276,6 +302,9 @@ pub struct Cost {
     /// Latency SLO in milliseconds; above it the destination is derated.
     /// Default: none.
     pub slo_ms: Option<u32>,
+    /// Time to first token lightly loaded, at the SLO's quantile, ms: the
+    /// prior of what the filter learns from answers. Default: none.
+    pub ttft_ms: Option<u32>,
     /// US dollars to load a model that is not resident. Default 0.
     #[serde(default)]
     pub cold_load_usd: f64,
@@ -333,6 +362,9 @@ pub struct ResolvedDestination {
     pub knee: f64,
     /// SLO in milliseconds, if any.
     pub slo_ms: Option<u32>,
+    /// Declared time to first token, ms, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<u32>,
     /// Cold-load cost in US dollars.
     pub cold_load_usd: f64,
     /// Resident models.
@@ -439,6 +471,7 @@ impl LoadedManifest {
                     capacity: c.capacity,
                     knee: c.knee.unwrap_or(0.8),
                     slo_ms: c.slo_ms,
+                    ttft_ms: c.ttft_ms,
                     cold_load_usd: c.cold_load_usd,
                     warm_models: c.warm_models.clone().unwrap_or_else(|| models.clone()),
                     bias: c.bias.unwrap_or(1.0),
@@ -660,6 +693,64 @@ fn is_http_url(u: &str) -> bool {
     })
 }
 
+/// Every `[slo.<class>]` names a latency class of the request domain, with
+/// usable figures.
+fn check_slo(m: &LoadedManifest, out: &mut Vec<Diagnostic>) {
+    let classes: Vec<String> = m
+        .manifest
+        .request
+        .get("latency_class")
+        .map(|d| {
+            d.get_ref()
+                .values
+                .iter()
+                .filter_map(|v| v.get_ref().as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (class, slo) in &m.manifest.slo {
+        let span = slo.span();
+        let slo = slo.get_ref();
+        if !classes.contains(class) {
+            out.push(m.diag(
+                span.clone(),
+                format!("`[slo.{class}]` names no value of `request.latency_class`"),
+                "add the class to `[request.latency_class] values`, or fix the name",
+            ));
+        }
+        if slo.ttft_ms == Some(0) {
+            out.push(m.diag(
+                span.clone(),
+                format!("`[slo.{class}]` ttft_ms is 0"),
+                "a time-to-first-token target in ms > 0, or none",
+            ));
+        }
+        let bad = |v: Option<f64>| v.is_some_and(|v| !(v.is_finite() && v >= 0.0));
+        for (field, v) in [
+            ("e2e_per_token_ms", slo.e2e_per_token_ms),
+            ("usd_per_s", slo.usd_per_s),
+            ("late_usd", slo.late_usd),
+        ] {
+            if bad(v) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!("`[slo.{class}]` {field} is not a number >= 0"),
+                    "a finite number >= 0",
+                ));
+            }
+        }
+        if let Some(w) = &slo.when_late {
+            if w != "serve" && w != "refuse" {
+                out.push(m.diag(
+                    span.clone(),
+                    format!("`[slo.{class}]` when_late is `{w}`"),
+                    "`serve` (late, counted as a miss) or `refuse` (503)",
+                ));
+            }
+        }
+    }
+}
+
 fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     let man = &m.manifest;
@@ -874,6 +965,7 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
             }
         }
     }
+    check_slo(m, &mut out);
     let mut named = BTreeSet::new();
     for class in &man.model_classes {
         let class = class.get_ref();
@@ -1128,6 +1220,54 @@ models = ["a", "b"]
             assert!(
                 e.iter().any(|m| m.contains(expect)),
                 "{classes} / {cost}: expected `{expect}` in {e:?}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod slo_tests {
+    use super::*;
+
+    fn errors(slo: &str) -> Vec<String> {
+        let text = format!(
+            "version = 1\n[request.latency_class]\nvalues = [\"interactive\", \"batch\"]\n\
+             [[models]]\nid = \"m\"\nvram_gb = 1\n[[destinations]]\nname = \"api\"\n\
+             cluster = \"api\"\nprovider = \"x\"\ntier = \"payg\"\njurisdiction = \"US\"\n\
+             region = \"us-east-1\"\naccelerator = \"none\"\nvram_gb = 0\n\
+             interconnect = \"none\"\nmodels = [\"m\"]\n{slo}\n"
+        );
+        match parse(Path::new("fleet.toml"), text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn class_objectives_are_checked_against_the_class_domain() {
+        let ok = "[slo.interactive]\nttft_ms = 1000\ne2e_base_ms = 1000\ne2e_per_token_ms = 60\n\
+                  late_usd = 0.1\nwhen_late = \"refuse\"\n[slo.batch]\ne2e_base_ms = 600000\n";
+        assert_eq!(errors(ok), Vec::<String>::new());
+        for (slo, expect) in [
+            (
+                "[slo.live]\nttft_ms = 300\n",
+                "`[slo.live]` names no value of `request.latency_class`",
+            ),
+            ("[slo.interactive]\nttft_ms = 0\n", "ttft_ms is 0"),
+            (
+                "[slo.interactive]\nlate_usd = -1.0\n",
+                "late_usd is not a number >= 0",
+            ),
+            (
+                "[slo.interactive]\nwhen_late = \"queue\"\n",
+                "when_late is `queue`",
+            ),
+            ("[slo.interactive]\nttft = 5\n", "unknown field `ttft`"),
+        ] {
+            let e = errors(slo);
+            assert!(
+                e.iter().any(|m| m.contains(expect)),
+                "{slo}: expected `{expect}` in {e:?}"
             );
         }
     }

@@ -12,7 +12,7 @@
 use crate::compile::Compiled;
 use crate::error::{Diagnostic, Error};
 use crate::project::Project;
-use ace_config::{Destination, OnMissing, PluginConfig};
+use ace_config::{Destination, LatencyClassSettings, OnMissing, PluginConfig, WhenLate};
 use base64::Engine as _;
 
 /// The filter's configuration for `project` compiled into `compiled`.
@@ -60,6 +60,7 @@ pub fn plugin_config(
             knee: d.knee,
             service_ms: Destination::DEFAULT_SERVICE_MS,
             slo_ms: d.slo_ms.map(u64::from),
+            ttft_ms: d.ttft_ms.map_or(0.0, f64::from),
             cold_load_usd: d.cold_load_usd,
             bias: d.bias,
             warm_models: Some(d.warm_models),
@@ -82,10 +83,11 @@ pub fn plugin_config(
     if read_body || model_policy {
         config.body.read = true;
     }
-    // What a second of queueing is worth per latency class in the
-    // manifest's domain: interactive work most, batch nothing. Starting
-    // values; edit them to the business's own.
+    // Per latency class in the manifest's domain: what a second of
+    // queueing is worth (interactive work most, batch nothing: starting
+    // values, edit them to the business's own) and the class's `[slo]`.
     if let Some(domain) = project.manifest.manifest.request.get("latency_class") {
+        let slo = &project.manifest.manifest.slo;
         config.latency_classes = domain
             .get_ref()
             .values
@@ -97,7 +99,20 @@ pub fn plugin_config(
                     "batch" => 0.0,
                     _ => 0.002,
                 };
-                (c.to_string(), usd_per_s)
+                let class = match slo.get(c).map(|s| s.get_ref()) {
+                    None => LatencyClassSettings::Value(usd_per_s),
+                    Some(s) => LatencyClassSettings::Class {
+                        usd_per_s: Some(s.usd_per_s.unwrap_or(usd_per_s)),
+                        ttft_ms: s.ttft_ms,
+                        late_usd: s.late_usd,
+                        when_late: match s.when_late.as_deref() {
+                            Some("refuse") => Some(WhenLate::Refuse),
+                            Some(_) => Some(WhenLate::Serve),
+                            None => None,
+                        },
+                    },
+                };
+                (c.to_string(), class)
             })
             .collect();
     }

@@ -571,6 +571,8 @@ impl Simulation {
                 // The dynamic module's re-run: what a failure costs a
                 // request on the build that can.
                 cfg.retry_next = true;
+                // Ranked by the targets it is judged by.
+                self.targets.tell(&mut cfg);
                 let setup = ace_flow::Setup::new(cfg)
                     .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
                 Box::new(policy::ace::Ace::with_run(

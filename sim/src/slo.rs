@@ -3,8 +3,11 @@
 //! A request meets its time-to-first-token target and its end-to-end
 //! target, which grows with the tokens it generated (a long answer may
 //! take longer). A request that failed or was refused meets neither. The
-//! defaults are ordinary chat-product targets; `ace sim --slo` replaces
-//! them.
+//! targets are the fleet manifest's `[slo.<class>]` tables, the ones the
+//! filter ranks by ([`Targets::from_manifest`]); without them, ordinary
+//! chat-product targets; `ace sim --slo` replaces either. Whichever they
+//! are, ACE is told them ([`Targets::tell`]): it is judged by what it
+//! ranks by, as in production.
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +53,57 @@ impl Default for Targets {
 }
 
 impl Targets {
+    /// The targets a fleet manifest's `[slo.<class>]` tables set (the same
+    /// the filter ranks by), or `None` when it sets none.
+    pub fn from_manifest(manifest: &ace_policy::manifest::Manifest) -> Option<Targets> {
+        if manifest.slo.is_empty() {
+            return None;
+        }
+        let classes = manifest
+            .slo
+            .iter()
+            .map(|(class, slo)| {
+                let slo = slo.get_ref();
+                ClassTarget {
+                    class: class.clone(),
+                    ttft_ms: slo.ttft_ms.map(u64::from),
+                    e2e_base_ms: slo.e2e_base_ms.unwrap_or(600_000),
+                    e2e_per_token_ms: slo.e2e_per_token_ms.unwrap_or(0.0),
+                }
+            })
+            .collect();
+        Some(Targets { classes })
+    }
+
+    /// Tell ACE's configuration these targets: each class's
+    /// time-to-first-token target becomes the one it is judged by (a class
+    /// the configuration lacks is added, worth its default per second), so
+    /// that ACE ranks by what the simulation counts.
+    pub fn tell(&self, cfg: &mut ace_config::Config) {
+        for t in &self.classes {
+            let ttft = t.ttft_ms.and_then(|v| u32::try_from(v).ok());
+            match cfg
+                .latency_classes
+                .binary_search_by(|(name, _)| name.as_str().cmp(&t.class))
+            {
+                Ok(i) => {
+                    if let Some((_, c)) = cfg.latency_classes.get_mut(i) {
+                        if c.ttft_ms.is_none() && ttft.is_some() {
+                            c.late_usd = ace_config::LatencyClass::DEFAULT_LATE_USD;
+                        }
+                        c.ttft_ms = ttft;
+                    }
+                }
+                Err(i) => {
+                    let mut c = ace_config::LatencyClass::untimed(cfg.latency_usd_per_s);
+                    c.ttft_ms = ttft;
+                    c.late_usd = ace_config::LatencyClass::DEFAULT_LATE_USD;
+                    cfg.latency_classes.insert(i, (t.class.clone(), c));
+                }
+            }
+        }
+    }
+
     /// The index of `class`'s targets.
     pub fn index(&self, class: &str) -> usize {
         self.classes

@@ -96,9 +96,10 @@ proptest! {
             health: &healths[..n],
             in_flight: &loads[..n],
             live: &[],
+            learned: &[],
             policy: &policy,
         };
-        let req = Request { tokens_in, tokens_out, latency_usd_per_s: 0.002 };
+        let req = Request::untimed(tokens_in, tokens_out, 0.002);
         let mut slate = Slate::new(n);
         slate.refresh(&fleet, now_ms);
         if let Ok(decision) = decide(&slate, &mask, &[warm_bits], &req) {
@@ -141,13 +142,10 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
         health: &healths,
         in_flight: &loads,
         live: &[],
+        learned: &[],
         policy: &policy,
     };
-    let req = Request {
-        tokens_in: 100,
-        tokens_out: 10,
-        latency_usd_per_s: 0.0,
-    };
+    let req = Request::untimed(100, 10, 0.0);
     let mut slate = Slate::new(n);
     slate.refresh(&fleet, 0);
     let mut rng = ace_policy::verify::Rng(7);
@@ -398,11 +396,7 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         prop_assert_eq!(decided, tables.value_index(m as u32, name));
     }
     let slate = priced(&cfg.models[..n], &healths[..n], &loads[..n]);
-    let req = Request {
-        tokens_in: 10,
-        tokens_out: 10,
-        latency_usd_per_s: 0.0,
-    };
+    let req = Request::untimed(10, 10, 0.0);
     if let Ok(decision) = decide(&slate, &lookup.mask, &[u64::MAX], &req) {
         SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let idx = &lookup.values;
@@ -429,6 +423,7 @@ fn priced(models: &[CostModel], healths: &[Health], loads: &[u32]) -> Slate {
         health: healths,
         in_flight: loads,
         live: &[],
+        learned: &[],
         policy: &policy,
     };
     let mut slate = Slate::new(models.len());
@@ -570,11 +565,7 @@ fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
             let mut pairs = routing::Pairs::default();
             routing.expand(&tables, &mut lookup.values, asked, &mut pairs);
             let slate = priced(&models, &healths, &loads);
-            let req = Request {
-                tokens_in: 100,
-                tokens_out: 100,
-                latency_usd_per_s: 0.0,
-            };
+            let req = Request::untimed(100, 100, 0.0);
             let decided = ace_core::dispatch::decide_scaled(
                 &slate,
                 &pairs.mask,

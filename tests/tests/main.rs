@@ -17,6 +17,7 @@ mod feasibility;
 mod hostile;
 mod hostile_load;
 mod istio;
+mod latency;
 mod ledger_stream;
 mod reload;
 mod retry;

@@ -330,15 +330,12 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
             health: &healths,
             in_flight: &loads,
             live: &[],
+            learned: &[],
             policy: &hp,
         };
         let mut slate = Slate::new(n);
         slate.refresh(&fleet, 1_000);
-        let req = Request {
-            tokens_in: 1 + r.below(4000) as u32,
-            tokens_out: 1 + r.below(1000) as u32,
-            latency_usd_per_s: 0.0,
-        };
+        let req = Request::untimed(1 + r.below(4000) as u32, 1 + r.below(1000) as u32, 0.0);
         // Cedar's own answer for this request served by `model` on `d`.
         let allowed = |d: usize, model: &str, substituted: bool, cached: bool| {
             let mut idx = values.clone();

@@ -15,7 +15,8 @@
 //! ([`ace_flow::control::Consumer`]) into the fleet state, as a poll
 //! would. Requests are sent as clients send them: the attribute headers
 //! and an OpenAI-style streamed chat body; answers come back as a model
-//! server's (status, `text/event-stream`, a final usage chunk).
+//! server's (status, `text/event-stream`, the first token's event with the
+//! headers, a final usage chunk at the end of the stream).
 
 use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
 use crate::fleet::Answer;
@@ -28,6 +29,10 @@ use ace_flow::headers::Pairs;
 use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
 use std::cell::RefCell;
 use std::collections::HashMap;
+
+/// A streamed answer's first event: its first token.
+const FIRST_EVENT: &[u8] =
+    b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
 
 /// The simulated Envoy around the flow.
 #[derive(Debug)]
@@ -513,7 +518,14 @@ impl Policy for Ace {
                 host.h.response.push(("retry-after", s.to_string()));
             }
             f.flows.last_mut().map_or(Verdict::Continue, |flow| {
-                flow.on_response_headers(setup, host)
+                let verdict = flow.on_response_headers(setup, host);
+                if (200..300).contains(&status) {
+                    // The first token's event, with the headers.
+                    host.h.response_chunk.clear();
+                    host.h.response_chunk.extend_from_slice(FIRST_EVENT);
+                    flow.on_response_body(setup, host, false);
+                }
+                verdict
             })
         });
         f.answered = true;

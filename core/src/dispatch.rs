@@ -618,10 +618,8 @@ fn choose(
             let b = c.trailing_zeros() as usize;
             c &= c - 1;
             let e = eff.get(b & 63).copied().unwrap_or(f64::INFINITY);
-            // Never chosen: a late rung for a class that refuses lateness.
-            if e == f64::INFINITY {
-                continue;
-            }
+            // A late rung for a class that refuses lateness ranks at
+            // infinity: never below either bound, so never chosen.
             if e < best_eff {
                 (second, second_eff) = (best, best_eff);
                 (best, best_eff) = (base + b, e);

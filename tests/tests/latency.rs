@@ -147,20 +147,20 @@ fn interactive_moves_before_its_target_while_batch_stays(filter: Filter) {
         Behavior::Stream {
             first: Duration::from_millis(30),
             per_in_flight: Duration::from_millis(40),
-            rest: Duration::from_millis(900),
+            rest: Duration::from_millis(600),
         },
     );
     let port = f.envoy.port();
-    // Rising load: sixteen batch clients, one more every 250 ms, for 14 s.
-    let until = Instant::now() + Duration::from_secs(14);
-    let load = batch_load(port, 16, Duration::from_millis(250), until);
-    // Once the load holds (from about 4 s) and has been learned, what
+    // Rising load: sixteen batch clients, one more every 150 ms, for 9 s.
+    let until = Instant::now() + Duration::from_secs(9);
+    let load = batch_load(port, 16, Duration::from_millis(150), until);
+    // Once the load holds (from about 2.5 s) and has been learned, what
     // interactive requests get.
-    std::thread::sleep(Duration::from_secs(9));
+    std::thread::sleep(Duration::from_secs(5));
     let mut busy = Vec::new();
-    while Instant::now() + Duration::from_millis(1500) < until {
+    while Instant::now() + Duration::from_millis(1200) < until {
         busy.push(served_by(&send(port, "a", "interactive", 0)));
-        std::thread::sleep(Duration::from_millis(150));
+        std::thread::sleep(Duration::from_millis(100));
     }
     let batch: Vec<String> = load
         .into_iter()
@@ -175,7 +175,7 @@ fn interactive_moves_before_its_target_while_batch_stays(filter: Filter) {
         "under load, interactive goes to the next rung: {busy:?}"
     );
     // The load gone, interactive comes back to the owned rung.
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(1000));
     let quiet: Vec<String> = (0..4)
         .map(|_| served_by(&send(port, "b", "interactive", 0)))
         .collect();
@@ -208,25 +208,25 @@ fn one_tenants_slow_requests_do_not_move_the_latency_others_see(filter: Filter) 
         },
     );
     let port = f.envoy.port();
-    // The hostile tenant, alone at first, then among others: 160 requests
-    // each a second slow to its first token, eight at a time.
+    // The hostile tenant, alone at first, then among others: 96 requests
+    // each 700 ms slow to its first token, eight at a time.
     let hostile: Vec<_> = (0..8)
         .map(|_| {
             std::thread::spawn(move || {
-                (0..20)
-                    .map(|_| served_by(&send(port, "hostile", "batch", 1000)))
+                (0..12)
+                    .map(|_| served_by(&send(port, "hostile", "batch", 700)))
                     .collect::<Vec<_>>()
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(2500));
     // Tenants a and b, interactive, while the hostile load goes on: the
     // owned rung's 30 ms answers are what they see.
     let mut others = Vec::new();
-    for i in 0..40 {
+    for i in 0..30 {
         let tenant = if i % 2 == 0 { "a" } else { "b" };
         others.push(served_by(&send(port, tenant, "interactive", 0)));
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(60));
     }
     for h in hostile {
         let went = h

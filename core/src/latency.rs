@@ -22,15 +22,16 @@
 //! bounded step however extreme it is, so a client's slow answers (a huge
 //! prompt, a model it knows is slow) weigh as its share of the traffic and
 //! no more. With `trip_tenants: 2` an upward step also needs another tenant
-//! than the band's previous upward step: one tenant's answers alone cannot
-//! raise the estimate at all, and among others' they can at most double the
-//! rate at which it rises. Its start needs two tenants too: a band's
-//! estimate starts once its last [`WARMUP`] samples come from two tenants,
-//! at the smallest of the tenants' largest samples, so that a tenant's
-//! own slow answers cannot set it either. Answers on a model that was not resident (a
-//! cold load) teach nothing about load. And the estimate only ever prices:
-//! it moves the ranking and the lateness of a destination, never which
-//! destinations are feasible.
+//! than the destination's previous upward step: one tenant's answers alone
+//! cannot raise the estimate at all, and among others' they can at most
+//! double the rate at which it rises. Its start needs two tenants too: a
+//! band's estimate starts once its last [`WARMUP`] samples come from two
+//! tenants, at the smallest of the tenants' largest samples, so that a
+//! tenant's own slow answers cannot set it either. The request flow leaves
+//! out answers on a model that was not resident (a cold load teaches
+//! nothing about load). And the estimate only ever prices: it moves the
+//! ranking and the lateness of a destination, never which destinations are
+//! feasible.
 //!
 //! The state is per host copy (each Envoy worker learns from its own
 //! answers: the estimates agree statistically, and none of it crosses the

@@ -184,7 +184,7 @@ proptest! {
     #[test]
     fn no_latency_signal_widens_the_feasible_set(
         (models, health, in_flight, feasible, warm) in world(),
-        answers in proptest::collection::vec((any::<usize>(), 0u8..8, 0u64..10_000_000, 0u32..4), 0..400),
+        answers in proptest::collection::vec((any::<usize>(), prop_oneof![0u8..8, any::<u8>()], prop_oneof![0u64..10_000_000, Just(0), Just(u64::MAX)], prop_oneof![0u32..4, Just(u32::MAX)]), 0..400),
         target_ms in proptest::option::of(1u32..5_000),
         late_usd in prop_oneof![Just(0.0), 0.0..1.0f64, Just(1e300)],
         refuse_late in any::<bool>(),

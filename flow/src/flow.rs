@@ -1324,6 +1324,20 @@ impl Flow {
         self.fleet_op(setup, host, d, Some(outcome), now, op);
     }
 
+    /// Milliseconds from when the upstream had the whole request (from the
+    /// decision at `started` if it answered before the request ended) to
+    /// `now`, and the request's tenant key.
+    fn since_sent(&self, now: u64, started: u64) -> (u64, u32) {
+        let (sent, tenant) = self
+            .event
+            .as_ref()
+            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
+        (
+            now.saturating_sub(if sent > 0 { sent } else { started }),
+            tenant,
+        )
+    }
+
     /// The answer's first byte arrived: teach its destination's learned
     /// time to first token (from when the upstream had the whole request,
     /// as the health outcome's latency).
@@ -1332,14 +1346,11 @@ impl Flow {
             return;
         };
         let now = host.now_ms();
-        let (sent, tenant) = self
-            .event
-            .as_ref()
-            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
+        let (ttft_ms, tenant) = self.since_sent(now, started);
         let op = FleetOp::Learn {
             d: decision.index,
             band: decision.band,
-            ttft_ms: now.saturating_sub(if sent > 0 { sent } else { started }),
+            ttft_ms,
             tenant,
             policy: &setup.config.health,
         };
@@ -1391,13 +1402,7 @@ impl Flow {
         let status = host.response_header(":status", |v| headers::number::<u32>(v).unwrap_or(0));
         let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
         let now = host.now_ms();
-        let (sent, tenant) = self
-            .event
-            .as_ref()
-            .map_or((0, 1), |e| (e.sent_ms, e.tenant_key));
-        // From when the upstream had the whole request; from the decision
-        // if it answered before the request ended.
-        let latency_ms = now.saturating_sub(if sent > 0 { sent } else { started });
+        let (latency_ms, tenant) = self.since_sent(now, started);
         // Present only on an upstream's answer; its value is the
         // upstream's own time.
         let service_time = host.response_header(request::UPSTREAM_TIME_HEADER, |v| {

@@ -31,6 +31,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
+pub mod upstream;
+pub use upstream::{Api, Serving, Upstream, CREDENTIAL_HEADERS};
+
 /// The header the filter writes and Envoy's route reads (`cluster_header`).
 pub const DEFAULT_DESTINATION_HEADER: &str = "x-ace-destination";
 
@@ -140,6 +143,9 @@ pub struct Config {
     /// The response cache as configured (`cache`); none when absent. The
     /// flow builds it against the tables (`ace_flow::cache`).
     pub cache: Option<CacheSettings>,
+    /// Which destinations serve which API, and which rename models
+    /// (from each destination's `upstream`).
+    pub serving: Serving,
 }
 
 impl Config {
@@ -522,6 +528,10 @@ pub struct Destination {
     /// `cold_load_usd`). Absent: every model counts as resident.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_models: Option<Vec<String>>,
+    /// What its upstream expects: model names, the path per API, the
+    /// authority, whether clients' credentials pass ([`Upstream`]).
+    #[serde(default, skip_serializing_if = "Upstream::is_default")]
+    pub upstream: Upstream,
 }
 
 fn default_tier() -> Tier {
@@ -946,6 +956,7 @@ impl Config {
                     format!("must be {}", e.expected),
                 )
             })?;
+            d.upstream.validate(i)?;
             models.push(model);
         }
         let destination_header = match raw.destination_header {
@@ -1100,7 +1111,22 @@ impl Config {
                 "is false but `cache` is set: the cache key is the request body; set body.read",
             ));
         }
+        let serving = Serving::new(raw.destinations.iter().map(|d| &d.upstream));
+        if let Some(i) = raw
+            .destinations
+            .iter()
+            .position(|d| d.upstream.models.iter().any(|(m, n)| m != n))
+        {
+            if !raw.body.read && !pricing {
+                return Err(err(
+                    format!("destinations[{i}].upstream.models"),
+                    "renames a model but body.read is false: the upstream reads the model its \
+                     body names, so ACE must read the body to rewrite it; set body.read to true",
+                ));
+            }
+        }
         Ok(Config {
+            serving,
             model_routing: raw.model_routing,
             cache: raw.cache,
             control,

@@ -71,6 +71,24 @@ fn plain() -> String {
     fleet("")
 }
 
+/// [`fleet`] with upstream identities: the EU owned GPUs serve only
+/// embeddings; the US API (an Azure-OpenAI-like v1 surface) only chat
+/// completions, on its own path and authority.
+fn addressed() -> String {
+    fleet("")
+        .replacen(
+            r#""slo_ms":1000}"#,
+            r#""slo_ms":1000,"upstream":{"paths":{"embeddings":"/v1/embeddings"}}}"#,
+            1,
+        )
+        .replacen(
+            r#""usd_per_output_token":8e-6}"#,
+            r#""usd_per_output_token":8e-6,"upstream":{"authority":"res.openai.azure.com",
+            "paths":{"chat_completions":"/openai/v1/chat/completions"}}}"#,
+            1,
+        )
+}
+
 fn with_control() -> String {
     fleet(&format!(",{CONTROL}"))
 }
@@ -161,6 +179,12 @@ pub const ALL: &[Case] = &[
         config: plain,
         skip: &[],
         run: a_held_body_decides_the_estimate,
+    },
+    Case {
+        name: "each_upstream_is_addressed_as_it_expects",
+        config: addressed,
+        skip: &[],
+        run: each_upstream_is_addressed_as_it_expects,
     },
     Case {
         name: "a_good_snapshot_moves_the_choice",
@@ -349,6 +373,53 @@ fn a_held_body_decides_the_estimate(h: &mut dyn Driver) {
 }
 
 /// A snapshot as the control service encodes it.
+/// A request goes only where its API is served, on that upstream's path
+/// and authority, without the client's credentials; an API nobody serves
+/// is refused as infeasible, never mis-sent.
+fn each_upstream_is_addressed_as_it_expects(h: &mut dyn Driver) {
+    let chat = Req::class("public")
+        .header("authorization", "Bearer client-key")
+        .header("api-key", "forged");
+    let id = h.open(&chat);
+    assert_eq!(
+        h.upstream(id).as_deref(),
+        Some("us_api"),
+        "only the API serves chat"
+    );
+    if let Some(sent) = h.sent(id) {
+        let get = |n: &str| sent.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(
+            get(":path"),
+            Some("/openai/v1/chat/completions"),
+            "{sent:?}"
+        );
+        assert_eq!(get(":authority"), Some("res.openai.azure.com"), "{sent:?}");
+        assert_eq!(get("authorization"), None, "{sent:?}");
+        assert_eq!(get("api-key"), None, "{sent:?}");
+    }
+    let e = h.close(id, &ok());
+    assert_eq!(e.event["api"], "chat_completions", "{}", e.event);
+    let embed = Req::class("public").header(":path", "/v1/embeddings");
+    let id = h.open(&embed);
+    assert_eq!(h.upstream(id).as_deref(), Some("eu_owned"));
+    if let Some(sent) = h.sent(id) {
+        let get = |n: &str| sent.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get(":path"), Some("/v1/embeddings"), "{sent:?}");
+        assert_eq!(get(":authority"), Some("ace.test"), "kept: {sent:?}");
+    }
+    let e = h.close(id, &ok());
+    assert_eq!(e.event["api"], "embeddings", "{}", e.event);
+    // EU-only data asking for chat: the one destination allowed does not
+    // serve it.
+    let e = h.send(&Req::class("personal_eu"), &ok());
+    assert_eq!(went(&e), "refused 503", "{e:?}");
+    assert_eq!(e.event["reason"], "no_feasible_destination", "{}", e.event);
+    let models = Req::class("public").header(":path", "/v1/models");
+    let e = h.send(&models, &ok());
+    assert_eq!(went(&e), "refused 503", "no destination serves it: {e:?}");
+    assert_eq!(e.event["api"], Value::Null, "{}", e.event);
+}
+
 fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {
     ace_snapshot::encode(&Snapshot {
         version,

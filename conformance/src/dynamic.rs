@@ -678,6 +678,23 @@ impl Driver for DynamicDriver {
         self.flows.get(&id).and_then(|f| f.upstream.clone())
     }
 
+    fn sent(&self, id: u64) -> Option<Vec<(String, String)>> {
+        let f = self.flows.get(&id)?;
+        f.upstream.as_ref()?;
+        Some(
+            f.stream
+                .request
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        String::from_utf8_lossy(k).into_owned(),
+                        String::from_utf8_lossy(v).into_owned(),
+                    )
+                })
+                .collect(),
+        )
+    }
+
     fn close(&mut self, id: u64, answer: &Answer) -> Seen {
         let mut f = self.flows.remove(&id).expect("a request in flight");
         let mut seen = Seen::default();

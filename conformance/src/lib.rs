@@ -201,6 +201,9 @@ pub trait Driver {
     fn open(&mut self, req: &Req) -> u64;
     /// The cluster request `id` went to (`None`: answered locally).
     fn upstream(&self, id: u64) -> Option<String>;
+    /// The request headers request `id` left for its upstream with
+    /// (`None`: answered locally, or a host that keeps no headers).
+    fn sent(&self, id: u64) -> Option<Vec<(String, String)>>;
     /// The upstream answers request `id` (ignored if it was answered
     /// locally), and the request ends.
     fn close(&mut self, id: u64, answer: &Answer) -> Seen;

@@ -227,11 +227,15 @@ impl Host for Mock {
 /// The headers every driver sends for `req`: its own, then `:method`,
 /// `:path`, and with a body its length and type.
 pub fn request_headers(req: &Req) -> Vec<(String, String)> {
-    let mut h: Vec<(String, String)> = vec![
-        (":method".into(), "POST".into()),
-        (":path".into(), "/v1/chat/completions".into()),
-        (":authority".into(), "ace.test".into()),
-    ];
+    let mut h: Vec<(String, String)> = [
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        (":authority", "ace.test"),
+    ]
+    .into_iter()
+    .filter(|(k, _)| req.headers.iter().all(|(n, _)| n != k))
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
     h.extend(req.headers.iter().map(|(k, v)| (k.to_string(), v.clone())));
     if !req.body.is_empty() {
         let len: usize = req.body.iter().map(Vec::len).sum();
@@ -246,6 +250,8 @@ pub fn request_headers(req: &Req) -> Vec<(String, String)> {
 struct InFlight {
     flow: Flow,
     upstream: Option<String>,
+    /// The headers it left with.
+    sent: Option<Vec<(String, String)>>,
     /// The local reply, when answered at once.
     reply: Option<(u32, Value)>,
 }
@@ -307,12 +313,14 @@ impl Driver for MockDriver {
             .then(|| m.header("x-ace-destination").map(str::to_string))
             .flatten();
         let reply = m.replies.get(replies).cloned();
+        let sent = upstream.as_ref().map(|_| m.headers.clone());
         self.next += 1;
         self.flows.insert(
             self.next,
             InFlight {
                 flow,
                 upstream,
+                sent,
                 reply,
             },
         );
@@ -321,6 +329,10 @@ impl Driver for MockDriver {
 
     fn upstream(&self, id: u64) -> Option<String> {
         self.flows.get(&id).and_then(|f| f.upstream.clone())
+    }
+
+    fn sent(&self, id: u64) -> Option<Vec<(String, String)>> {
+        self.flows.get(&id).and_then(|f| f.sent.clone())
     }
 
     fn close(&mut self, id: u64, answer: &Answer) -> Seen {

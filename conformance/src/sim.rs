@@ -62,6 +62,12 @@ impl Driver for SimDriver {
         id
     }
 
+    /// The simulator sends no headers: it models where a request goes and
+    /// what it costs.
+    fn sent(&self, _id: u64) -> Option<Vec<(String, String)>> {
+        None
+    }
+
     fn upstream(&self, id: u64) -> Option<String> {
         match self.routed.get(&id)? {
             Probed::Upstream(c) => Some(c.clone()),

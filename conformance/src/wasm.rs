@@ -64,6 +64,7 @@ fn answer(service: &Mutex<Service>, call: &ace_wasm_host::CallRequest) -> CallRe
 struct InFlight {
     stream: u32,
     upstream: Option<String>,
+    sent: Option<Vec<(String, String)>>,
     local: Option<(u32, Vec<u8>)>,
 }
 
@@ -150,12 +151,14 @@ impl Driver for WasmDriver {
                     .map(str::to_string)
             }
         };
+        let sent = upstream.as_ref().map(|_| s.request_headers().to_vec());
         self.next += 1;
         self.flows.insert(
             self.next,
             InFlight {
                 stream: s.id(),
                 upstream,
+                sent,
                 local,
             },
         );
@@ -164,6 +167,10 @@ impl Driver for WasmDriver {
 
     fn upstream(&self, id: u64) -> Option<String> {
         self.flows.get(&id).and_then(|f| f.upstream.clone())
+    }
+
+    fn sent(&self, id: u64) -> Option<Vec<(String, String)>> {
+        self.flows.get(&id).and_then(|f| f.sent.clone())
     }
 
     fn close(&mut self, id: u64, answer: &Answer) -> Seen {

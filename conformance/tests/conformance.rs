@@ -49,6 +49,7 @@ cases!(
     a_slow_answer_derates,
     usage_from_json_and_sse_is_booked,
     a_held_body_decides_the_estimate,
+    each_upstream_is_addressed_as_it_expects,
     a_good_snapshot_moves_the_choice,
     a_rejected_snapshot_leaves_the_last_good_one,
     a_rejected_snapshot_is_not_hearing_the_service,

@@ -42,7 +42,9 @@ use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::request::{self, Lookup, Refused};
 use crate::routing::{self, Routed};
+use crate::upstream;
 use crate::usage::UsageScanner;
+use ace_config::Api;
 use ace_config::Warmth;
 use ace_config::{Config, ConfigError, Trusted};
 use ace_core::cost::CostModel;
@@ -594,6 +596,8 @@ enum Climbed {
 /// request's counterfactual, the cache check pending, and the control
 /// service's prices on the destination.
 struct Won {
+    /// The API the client's path asks for.
+    api: Option<Api>,
     served: Option<usize>,
     cf: Option<Option<Counterfactual>>,
     pending: Option<Box<Pending>>,
@@ -632,6 +636,8 @@ struct Ask<'a> {
     routing: Option<&'a crate::routing::Routing>,
     /// The destination that failed this request (a re-run excludes it).
     excluded: Option<usize>,
+    /// The API the client's path asks for.
+    api: Option<Api>,
     now: u64,
 }
 
@@ -722,6 +728,12 @@ impl Ask<'_> {
         let asked = r.asked(self.model()?)?;
         let tables = self.setup.tables.as_ref()?;
         r.expand(tables, &mut w.lookup.values, asked, &mut w.pairs);
+        // Only destinations serving the request's API (a routed body is
+        // always rewritable, so every upstream name can be sent).
+        self.setup
+            .config
+            .serving
+            .narrow(self.api, &mut w.pairs.mask);
         // The counterfactual: the model named (a class's reference model),
         // not substituted, at its price.
         if asked.member.is_none()
@@ -996,9 +1008,11 @@ impl Flow {
         // ended by trailers (Envoy has passed the body on by then, and a
         // rewrite could only be appended).
         let trailers = self.trailers;
-        let routing = setup.routing.as_ref().filter(|_| {
-            raw.is_some() && body_model.is_some() && !trailers && host.can_replace_request_body()
-        });
+        let rewritable =
+            raw.is_some() && body_model.is_some() && !trailers && host.can_replace_request_body();
+        let routing = setup.routing.as_ref().filter(|_| rewritable);
+        let api = event.headers.get(":path").and_then(Api::of_path);
+        event.api = api.map(Api::name);
         // The cache only for requests safe to answer twice, and never for
         // ACE's own re-run of a failed request.
         let cacheable = setup
@@ -1018,6 +1032,8 @@ impl Flow {
                 &mut w.lookup,
             )
             .map_err(Stop::Refused)?;
+            let model = event.text(&event.model_requested);
+            upstream::narrow(cfg, api, model, rewritable, &mut w.lookup.mask);
             let ask = Ask {
                 setup,
                 event,
@@ -1025,6 +1041,7 @@ impl Flow {
                 raw,
                 routing,
                 excluded,
+                api,
                 now,
             };
             let pending = match cacheable {
@@ -1064,6 +1081,7 @@ impl Flow {
             }
         };
         let won = Won {
+            api,
             served,
             cf,
             pending,
@@ -1088,6 +1106,7 @@ impl Flow {
         now: u64,
     ) -> Verdict {
         let Won {
+            api,
             served,
             cf,
             pending,
@@ -1120,17 +1139,31 @@ impl Flow {
             self.settle(setup, host, None, Some(now));
             return self.internal(host, "decision index out of range");
         };
-        if let (Some(m), Some(r)) = (served, routing) {
+        // The model served, by catalogue id: a substitute's, else the one
+        // named.
+        let member = served
+            .zip(routing)
+            .map(|(m, r)| r.members.get(m).map_or("", |m| m.name.as_str()));
+        let catalogue =
+            member.or_else(|| self.event.as_ref().and_then(|e| e.text(&e.model_requested)));
+        let sent = catalogue.map(|c| dest.upstream.model_name(c));
+        let renamed = sent.filter(|s| Some(*s) != catalogue);
+        if member.is_some() || renamed.is_some() {
             // The upstream serves the model its body names: name the one
-            // chosen. A body that cannot be rewritten never reaches a
-            // destination chosen for another model (fail closed).
-            let name = r.members.get(m).map(|m| m.name.as_str()).unwrap_or("");
+            // chosen, as this upstream knows it. A body that cannot be
+            // rewritten never reaches a destination chosen for another
+            // model or name (fail closed; `upstream::narrow` kept those
+            // out).
+            let name = sent.unwrap_or("");
             let rewritten = raw.and_then(|b| routing::rewrite_model(b, name));
             let done = rewritten.is_some_and(|b| host.replace_request_body(&b));
             if !done {
                 self.settle(setup, host, None, Some(now));
                 return self.internal(host, "cannot rewrite the request body's model");
             }
+        }
+        let renamed = renamed.map(|r| Text::Owned(r.to_string()));
+        if let Some(name) = member {
             if self
                 .event
                 .as_ref()
@@ -1139,9 +1172,23 @@ impl Flow {
                 host.set_request_header("x-ace-model", name);
             }
             host.count(Fleet::Substitutions.into(), 1);
+            let name = Text::Owned(name.to_string());
             if let Some(e) = self.event.as_mut() {
-                e.model_served = Some(Text::Owned(name.to_string()));
+                e.model_served = Some(name);
             }
+        }
+        if let Some(e) = self.event.as_mut() {
+            e.upstream_model = renamed;
+        }
+        // Addressed as the upstream expects: its path and authority, and
+        // no credential of the client's unless it passes them.
+        let addressed = self
+            .event
+            .as_ref()
+            .is_some_and(|e| upstream::address(dest, api, &e.headers, host));
+        if !addressed {
+            self.settle(setup, host, None, Some(now));
+            return self.internal(host, "cannot address the request to its upstream");
         }
         let checking = self.pending().is_some_and(|p| p.check.is_some());
         if let (Some(e), Some((decision, _))) = (self.event.as_mut(), self.chosen.as_ref()) {
@@ -1435,7 +1482,7 @@ impl Flow {
         } else {
             self.settle(setup, host, Some(outcome), Some(now));
         }
-        if rerun && self.prepare_rerun(host, decision.index) {
+        if rerun && self.prepare_rerun(cfg, host, decision.index) {
             self.answered = Some((status, latency_ms));
             return Verdict::Rerun;
         }
@@ -1519,8 +1566,19 @@ impl Flow {
     /// run writes the request's one event). False, with nothing changed,
     /// when this was a re-run already or Envoy cannot replay the request
     /// whole (it had trailers, or its body is no longer held).
-    fn prepare_rerun<H: Host>(&mut self, host: &mut H, failed: usize) -> bool {
+    fn prepare_rerun<H: Host>(&mut self, cfg: &Config, host: &mut H, failed: usize) -> bool {
         if self.retry_of.is_some() || !self.request_done || self.trailers {
+            return false;
+        }
+        // A request addressed to its upstream's own path, authority or
+        // model name is no longer the client's: run again, it would carry
+        // them to the next destination.
+        if cfg
+            .destinations
+            .get(failed)
+            .is_none_or(|d| !d.upstream.is_only_credentials())
+        {
+            log::debug!("not retrying: the request was rewritten for the destination that failed");
             return false;
         }
         if self.request_bytes > 0 && !host.replayable(self.request_bytes) {

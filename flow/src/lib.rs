@@ -35,6 +35,7 @@ pub mod headers;
 pub mod request;
 pub mod routing;
 pub mod schema;
+pub mod upstream;
 pub mod usage;
 
 pub use ace_config as config;

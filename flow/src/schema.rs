@@ -64,6 +64,14 @@ macro_rules! event_fields {
             /// The model that served it: another than the one asked for
             /// when model routing chose it, else `model_requested`.
             model_served: Option<Text>, via served => StrOrNull, Always;
+            /// The API the client's path asks for (`chat_completions`,
+            /// `completions`, `embeddings`, `responses`); null for another
+            /// path. Only destinations serving it were feasible.
+            api: Option<&'static str> => StrOrNull, Added;
+            /// The name the upstream was sent the model served under, when
+            /// it knows it by another than the catalogue's (the
+            /// destination's `upstream.models`); else null.
+            upstream_model: Option<Text> => StrOrNull, Added;
             /// The destination chosen (null when refused).
             destination: Option<::std::sync::Arc<str>> => StrOrNull, Always;
             /// Its tier.

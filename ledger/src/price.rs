@@ -48,6 +48,7 @@ pub fn facts(e: &Event) -> Facts<'_> {
         tenant: text(&e.tenant),
         data_class: text(&e.data_class),
         latency_class: text(&e.latency_class),
+        api: text(&e.api),
         live_usd_per_input_token: e.live_usd_per_input_token,
         live_usd_per_output_token: e.live_usd_per_output_token,
         live_usd_per_hour: e.live_usd_per_hour,

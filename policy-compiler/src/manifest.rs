@@ -165,6 +165,11 @@ pub struct Destination {
     /// Where the control service (`ace control serve`) pulls this
     /// destination's live figures from. Absent: it reports nothing of it.
     pub control: Option<Spanned<Control>>,
+    /// What its upstream expects (`[destinations.upstream]`): the name it
+    /// knows each served model by, the path of each API it serves, its
+    /// authority, whether clients' credentials pass. Absent: every API on
+    /// the client's path, catalogue ids, credentials removed.
+    pub upstream: Option<Spanned<ace_config::Upstream>>,
 }
 
 /// Engines whose Prometheus metrics the control service can read.
@@ -375,6 +380,9 @@ pub struct ResolvedDestination {
     pub eviction_premium: f64,
     /// Overage price per million tokens, if any.
     pub overage_usd_per_mtok: Option<f64>,
+    /// What its upstream expects.
+    #[serde(default, skip_serializing_if = "ace_config::Upstream::is_default")]
+    pub upstream: ace_config::Upstream,
 }
 
 /// A manifest read from disk, with its text kept for error positions.
@@ -477,10 +485,48 @@ impl LoadedManifest {
                     bias: c.bias.unwrap_or(1.0),
                     eviction_premium: c.eviction_premium,
                     overage_usd_per_mtok: c.overage_usd_per_mtok,
+                    upstream: d
+                        .upstream
+                        .as_ref()
+                        .map(|u| u.get_ref().clone())
+                        .unwrap_or_default(),
                     models,
                 }
             })
             .collect()
+    }
+}
+
+/// A destination's `[destinations.upstream]`: valid as the filter will
+/// read it, and naming only models the destination serves.
+fn check_upstream(m: &LoadedManifest, d: &Destination, out: &mut Vec<Diagnostic>) {
+    let Some(u) = &d.upstream else {
+        return;
+    };
+    let span = u.span();
+    if let Err(e) = u.get_ref().validate(0) {
+        let field = e.field.trim_start_matches("destinations[0].");
+        out.push(m.diag(
+            span.clone(),
+            format!(
+                "destination `{}`: `{field}` {}",
+                d.name.get_ref(),
+                e.message
+            ),
+            "see `upstream` in fleet.schema.json",
+        ));
+    }
+    for model in u.get_ref().models.keys() {
+        if !d.models.iter().any(|mo| mo.get_ref() == model) {
+            out.push(m.diag(
+                span.clone(),
+                format!(
+                    "`upstream.models` names model `{model}`, which destination `{}` does not serve",
+                    d.name.get_ref()
+                ),
+                "map only catalogue ids in the destination's `models` to the upstream's names",
+            ));
+        }
     }
 }
 
@@ -952,6 +998,7 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
                 ));
             }
         }
+        check_upstream(m, d, &mut out);
         for w in c.warm_models.iter().flatten() {
             if !d.models.iter().any(|mo| mo.get_ref() == w) {
                 out.push(m.diag(
@@ -1066,6 +1113,67 @@ models = ["m"]
         assert_eq!(
             c.eviction.as_ref().unwrap().base_url(),
             "http://metadata.google.internal"
+        );
+    }
+
+    #[test]
+    fn an_upstream_table_resolves_and_its_errors_name_the_field() {
+        let text = format!(
+            "{BASE}[destinations.upstream]\nauthority = \"api.example.com\"\n\
+             paths = {{ chat_completions = \"/openai/v1/chat/completions\" }}\n\
+             models = {{ m = \"org/M-Instruct\" }}\n"
+        );
+        let m = parse(Path::new("fleet.toml"), text).unwrap();
+        let u = &m.resolved()[0].upstream;
+        assert_eq!(u.model_name("m"), "org/M-Instruct");
+        assert_eq!(u.authority.as_deref(), Some("api.example.com"));
+        for (upstream, expect) in [
+            ("models = { x = \"y\" }", "names model `x`"),
+            ("authority = \"a b\"", "`upstream.authority`"),
+            (
+                "paths = { chat_completions = \"v1\" }",
+                "`upstream.paths.chat_completions`",
+            ),
+            ("paths = { chat = \"/v1\" }", "unknown variant `chat`"),
+            ("api_key = \"sk-\"", "unknown field `api_key`"),
+        ] {
+            let text = format!("{BASE}[destinations.upstream]\n{upstream}\n");
+            let e = match parse(Path::new("fleet.toml"), text) {
+                Ok(_) => panic!("{upstream} accepted"),
+                Err(e) => e
+                    .diagnostics
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<String>(),
+            };
+            assert!(e.contains(expect), "{upstream}: {e}");
+        }
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/fleet.schema.json");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let fields: BTreeSet<String> = schema["properties"]["destinations"]["items"]["properties"]
+            ["upstream"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        let full = ace_config::Upstream {
+            authority: Some("a".into()),
+            paths: Some(Default::default()),
+            models: [("a".to_string(), "b".to_string())].into(),
+            pass_credentials: true,
+        };
+        let rust: BTreeSet<String> = serde_json::to_value(full)
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(
+            fields, rust,
+            "policies/fleet.schema.json and Upstream disagree"
         );
     }
 

@@ -15,6 +15,14 @@ use crate::project::Project;
 use ace_config::{Destination, LatencyClassSettings, OnMissing, PluginConfig, WhenLate};
 use base64::Engine as _;
 
+/// Whether some destination sends a model under another name.
+fn destinations_rename(config: &PluginConfig) -> bool {
+    config
+        .destinations
+        .iter()
+        .any(|d| d.upstream.models.iter().any(|(m, n)| m != n))
+}
+
 /// The filter's configuration for `project` compiled into `compiled`.
 ///
 /// `restrict` treats a request without an attribute as the unknown value
@@ -64,6 +72,7 @@ pub fn plugin_config(
             cold_load_usd: d.cold_load_usd,
             bias: d.bias,
             warm_models: Some(d.warm_models),
+            upstream: d.upstream,
         });
     }
     let mut config = PluginConfig {
@@ -80,7 +89,9 @@ pub fn plugin_config(
     // upstream serves): the filter refuses a configuration without it.
     let model_policy = ace_core::tables::Tables::load(&compiled.bytes)
         .is_ok_and(|t| t.attribute_index("model").is_some());
-    if read_body || model_policy {
+    // A destination that renames a model needs the body to rewrite.
+    let renames = destinations_rename(&config);
+    if read_body || model_policy || renames {
         config.body.read = true;
     }
     // Per latency class in the manifest's domain: what a second of

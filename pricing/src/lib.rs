@@ -34,7 +34,7 @@
 
 pub mod money;
 
-use ace_config::{Config, OnMissing};
+use ace_config::{Api, Config, OnMissing};
 use ace_core::cost::CostModel;
 use ace_flow::routing::Routing;
 use ace_flow::Setup;
@@ -83,6 +83,10 @@ pub struct Facts<'a> {
     /// The latency class.
     #[serde(borrow)]
     pub latency_class: Option<Cow<'a, str>>,
+    /// The API the client's path asked for (only destinations serving it
+    /// were feasible).
+    #[serde(default, borrow)]
+    pub api: Option<Cow<'a, str>>,
     /// The destination's price per input token the request was decided
     /// on, when the control service had set it.
     pub live_usd_per_input_token: Option<f64>,
@@ -119,6 +123,7 @@ impl<'a> Facts<'a> {
             tenant: text(&e.tenant),
             data_class: text(&e.data_class),
             latency_class: text(&e.latency_class),
+            api: e.api.map(Cow::Borrowed),
             live_usd_per_input_token: written(e.live_usd_per_input_token),
             live_usd_per_output_token: written(e.live_usd_per_output_token),
             live_usd_per_hour: written(e.live_usd_per_hour),
@@ -206,6 +211,7 @@ impl Memo {
             e.data_class.as_deref(),
             e.latency_class.as_deref(),
             model,
+            e.api.as_deref(),
         ] {
             match v {
                 // Length-prefixed: no two tuples share a key.
@@ -408,6 +414,18 @@ const MAX_COMBINATIONS: usize = 4096;
 /// are joined: the counterfactual is then the cheapest pay-as-you-go under
 /// any value, a lower bound, so a saving is never overstated.
 fn feasible(e: &Facts<'_>, cfg: &Config, model: Option<&str>, substituted: bool) -> Vec<u64> {
+    let mut mask = allowed(e, cfg, model, substituted);
+    // Only destinations serving the request's API, as the filter narrowed.
+    let api = e
+        .api
+        .as_deref()
+        .and_then(|a| Api::ALL.into_iter().find(|x| x.name() == a));
+    cfg.serving.narrow(api, &mut mask);
+    mask
+}
+
+/// The destinations the tables allow for `e` (see [`feasible`]).
+fn allowed(e: &Facts<'_>, cfg: &Config, model: Option<&str>, substituted: bool) -> Vec<u64> {
     let words = cfg.destinations.len().div_ceil(64);
     let (Some(tables), Some(policy)) = (cfg.tables(), &cfg.policy) else {
         return cfg.warmth.mask(None).to_vec();

@@ -596,6 +596,10 @@ pub struct HealthSettings {
     /// Relative step of the learned quantile per answer (default 0.05).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_step: Option<f64>,
+    /// Fraction of a provider's rate limit left below which its cap moves
+    /// left in proportion (0 to 1, default 0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom_low: Option<f64>,
 }
 
 /// The plugin configuration document, as `ace plugin-config` writes it
@@ -1171,7 +1175,15 @@ fn health_policy(h: &HealthSettings, trip_tenants: u8) -> Result<HealthPolicy, C
             quantile: h.ttft_quantile.unwrap_or(d.learn.quantile),
             step: h.ttft_step.unwrap_or(d.learn.step),
         },
+        headroom_low: h.headroom_low.unwrap_or(d.headroom_low),
     };
+    if !(0.0..=1.0).contains(&p.headroom_low) {
+        return Err(err(
+            "health.headroom_low",
+            "must be a fraction in [0, 1]: the share of a provider's rate limit left below which \
+             its cap moves left",
+        ));
+    }
     match p.learn.validate() {
         Err("ttft_quantile") => {
             return Err(err(

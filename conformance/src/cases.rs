@@ -163,6 +163,12 @@ pub const ALL: &[Case] = &[
         run: a_429_moves_the_cap_left,
     },
     Case {
+        name: "a_providers_own_figures_spill_before_its_429",
+        config: plain,
+        skip: &[],
+        run: a_providers_own_figures_spill_before_its_429,
+    },
+    Case {
         name: "a_slow_answer_derates",
         config: plain,
         skip: &[],
@@ -304,6 +310,33 @@ fn a_429_moves_the_cap_left(h: &mut dyn Driver) {
     assert_eq!(route(h, "public"), "us_api", "one slot left, taken");
     assert_eq!(route(h, "personal_eu"), "refused 503");
     h.close(held, &ok());
+}
+
+/// A destination whose answers say its rate limit is running out
+/// (OpenAI's `x-ratelimit-*` headers) takes less before any 429: a
+/// quarter of its limit left keeps both slots; 5 % (half the 10 % mark)
+/// halves them until the reset; nothing left sends every request on until
+/// the reset, when it is back.
+fn a_providers_own_figures_spill_before_its_429(h: &mut dyn Driver) {
+    let figures = |remaining: &str, reset: &str| {
+        ok().header("x-ratelimit-limit-tokens", "1000")
+            .header("x-ratelimit-remaining-tokens", remaining)
+            .header("x-ratelimit-reset-tokens", reset)
+    };
+    let e = h.send(&Req::class("public"), &figures("250", "2s"));
+    assert_eq!(went(&e), "eu_owned");
+    let a = h.open(&Req::class("personal_eu"));
+    assert_eq!(h.upstream(a).as_deref(), Some("eu_owned"), "two slots");
+    h.close(a, &figures("50", "2s"));
+    let a = h.open(&Req::class("personal_eu"));
+    assert_eq!(h.upstream(a).as_deref(), Some("eu_owned"));
+    assert_eq!(route(h, "public"), "us_api", "one slot while 5 % is left");
+    h.close(a, &figures("0", "2s"));
+    // Nothing left: no 429 seen, and nothing goes there until the reset.
+    assert_eq!(route(h, "public"), "us_api");
+    assert_eq!(route(h, "personal_eu"), "refused 503");
+    h.advance(2_000);
+    assert_eq!(route(h, "public"), "eu_owned", "the limit reset");
 }
 
 /// An answer past the SLO derates the destination and the event says the

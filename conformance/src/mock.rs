@@ -175,6 +175,12 @@ impl Host for Mock {
             .map(|(_, v)| v.as_bytes()))
     }
 
+    fn each_response_header(&mut self, mut f: impl FnMut(&[u8], &[u8])) {
+        for (k, v) in &self.response {
+            f(k.as_bytes(), v.as_bytes());
+        }
+    }
+
     fn set_response_header(&mut self, name: &str, value: &str) {
         self.response.retain(|(k, _)| k != name);
         self.response.push((name.to_string(), value.to_string()));

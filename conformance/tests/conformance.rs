@@ -46,6 +46,7 @@ cases!(
     the_cheapest_feasible_destination_is_chosen,
     failures_trip_then_spill_then_a_probe_closes,
     a_429_moves_the_cap_left,
+    a_providers_own_figures_spill_before_its_429,
     a_slow_answer_derates,
     usage_from_json_and_sse_is_booked,
     a_held_body_decides_the_estimate,

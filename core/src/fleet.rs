@@ -236,10 +236,23 @@ impl FleetState {
     /// the in-flight count: it ended quietly (the client left, or a
     /// success within its SLO) on a destination with nothing to recover.
     #[inline]
-    pub fn is_quiet(&self, d: usize, outcome: Option<Outcome>, now_ms: u64) -> bool {
+    pub fn is_quiet(
+        &self,
+        d: usize,
+        outcome: Option<Outcome>,
+        policy: &HealthPolicy,
+        now_ms: u64,
+    ) -> bool {
         let quiet = match outcome {
             None => true,
-            Some(Outcome::Success { latency_ms, slo_ms }) => slo_ms.is_none_or(|s| latency_ms <= s),
+            Some(Outcome::Success {
+                latency_ms,
+                slo_ms,
+                headroom,
+            }) => {
+                slo_ms.is_none_or(|s| latency_ms <= s)
+                    && headroom.is_none_or(|h| h.left >= policy.headroom_low)
+            }
             Some(_) => false,
         };
         quiet
@@ -482,6 +495,7 @@ mod tests {
                     Some(Outcome::Success {
                         latency_ms: 1,
                         slo_ms: None,
+                        headroom: None,
                     }),
                     &p,
                     t,
@@ -524,18 +538,20 @@ mod tests {
         let ok = Some(Outcome::Success {
             latency_ms: 5,
             slo_ms: Some(10),
+            headroom: None,
         });
         let slow = Some(Outcome::Success {
             latency_ms: 50,
             slo_ms: Some(10),
+            headroom: None,
         });
-        assert!(s.is_quiet(0, None, 0));
-        assert!(s.is_quiet(0, ok, 0));
-        assert!(!s.is_quiet(0, slow, 0));
-        assert!(!s.is_quiet(0, Some(Outcome::Failure { tenant: 0 }), 0));
+        assert!(s.is_quiet(0, None, &p, 0));
+        assert!(s.is_quiet(0, ok, &p, 0));
+        assert!(!s.is_quiet(0, slow, &p, 0));
+        assert!(!s.is_quiet(0, Some(Outcome::Failure { tenant: 0 }), &p, 0));
         s.settle(0, Some(Outcome::Failure { tenant: 0 }), &p, 0);
-        assert!(!s.is_quiet(0, ok, 0), "a failure run to clear");
-        assert!(!s.is_quiet(9, None, 0), "no such destination");
+        assert!(!s.is_quiet(0, ok, &p, 0), "a failure run to clear");
+        assert!(!s.is_quiet(9, None, &p, 0), "no such destination");
     }
 
     #[test]

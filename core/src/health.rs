@@ -15,6 +15,13 @@
 //! - **Cap cut** (429): the destination is alive but full. Its capacity cap
 //!   moves left multiplicatively (AIMD) and stays cut for at least
 //!   `retry-after`; every success after that adds a step back.
+//! - **Headroom** (a provider's own rate-limit figures on an answer,
+//!   `x-ratelimit-remaining-*`, `anthropic-ratelimit-*`, a provisioned
+//!   deployment's utilisation): alive, serving, and saying how much of its
+//!   limit is left. Below `headroom_low` of it, the cap moves left in
+//!   proportion until the limit resets; with nothing left, the destination
+//!   is throttled until then, as a 429 would, so the next request spills
+//!   before the 429 comes. Each answer's figures replace the last ones.
 //! - **Derate** (latency above the SLO): alive and serving, only slow. Its
 //!   effective cost is multiplied by a factor that grows on each slow answer
 //!   and decays back with a half-life. It is priced up, never cut.
@@ -51,6 +58,9 @@ pub struct HealthPolicy {
     pub trip_tenants: u8,
     /// How answers' times to first byte are learned ([`crate::latency`]).
     pub learn: crate::latency::LearnPolicy,
+    /// Fraction of a provider's rate limit left below which its cap moves
+    /// left in proportion (0 to 1; 0: only an exhausted limit counts).
+    pub headroom_low: f64,
 }
 
 impl Default for HealthPolicy {
@@ -67,8 +77,19 @@ impl Default for HealthPolicy {
             derate_half_life_ms: 10_000,
             trip_tenants: 1,
             learn: crate::latency::LearnPolicy::default(),
+            headroom_low: 0.1,
         }
     }
+}
+
+/// What a provider said of its own rate limit on an answer: the smallest
+/// fraction left of any limit it reported, and when that limit resets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Headroom {
+    /// Fraction of the tightest limit left, 0 to 1.
+    pub left: f64,
+    /// ms from the answer until that limit resets (0: not said).
+    pub reset_ms: u64,
 }
 
 /// What happened to one request.
@@ -80,6 +101,8 @@ pub enum Outcome {
         latency_ms: u64,
         /// The destination's SLO for this request, if it has one.
         slo_ms: Option<u64>,
+        /// The provider's rate-limit figures, if it gave any.
+        headroom: Option<Headroom>,
     },
     /// 5xx, connection refused or reset, timeout.
     Failure {
@@ -127,6 +150,10 @@ pub struct Health {
     cap_fraction: f64,
     derate: f64,
     derate_at_ms: u64,
+    /// The cap fraction the provider's own figures allow, until
+    /// `headroom_until_ms`.
+    headroom: f64,
+    headroom_until_ms: u64,
 }
 
 impl Default for Health {
@@ -142,12 +169,14 @@ impl Default for Health {
             cap_fraction: 1.0,
             derate: 1.0,
             derate_at_ms: 0,
+            headroom: 1.0,
+            headroom_until_ms: 0,
         }
     }
 }
 
 /// Size of [`Health::encode`]'s output.
-pub const ENCODED_LEN: usize = 40;
+pub const ENCODED_LEN: usize = 52;
 
 impl Health {
     /// The breaker's state at `now_ms`.
@@ -170,6 +199,17 @@ impl Health {
             && now_ms >= self.throttled_until_ms
             && self.cap_fraction >= 1.0
             && self.derate <= 1.0
+            && self.room(now_ms) >= 1.0
+    }
+
+    /// The cap fraction the provider's figures allow at `now_ms`.
+    #[inline]
+    fn room(&self, now_ms: u64) -> f64 {
+        if now_ms < self.headroom_until_ms {
+            self.headroom
+        } else {
+            1.0
+        }
     }
 
     /// Whether the destination's price or admission can change with time
@@ -177,7 +217,10 @@ impl Health {
     /// still running, a derate decaying). Others change only when an
     /// outcome is observed or their load changes.
     pub fn depends_on_time(&self, now_ms: u64) -> bool {
-        self.open_until_ms != 0 || now_ms < self.throttled_until_ms || self.derate > 1.0
+        self.open_until_ms != 0
+            || now_ms < self.throttled_until_ms
+            || self.derate > 1.0
+            || self.room(now_ms) < 1.0
     }
 
     /// Whether a request may be sent now (a half-open destination admits one probe).
@@ -206,7 +249,7 @@ impl Health {
             return if throttled { Some(0) } else { None };
         }
         // Truncation is the floor here: the product is finite and >= 0.
-        let c = f64::from(capacity) * self.cap_fraction;
+        let c = f64::from(capacity) * self.cap_fraction.min(self.room(now_ms));
         Some(if c < 1.0 {
             // Cut below one request: none while throttled, one to probe after.
             u32::from(!throttled)
@@ -288,8 +331,15 @@ impl Health {
                     until_ms: self.throttled_until_ms,
                 }
             }
-            Outcome::Success { latency_ms, slo_ms } => {
+            Outcome::Success {
+                latency_ms,
+                slo_ms,
+                headroom,
+            } => {
                 self.end_run();
+                if let Some(h) = headroom {
+                    self.headroom_from(h, now_ms, p);
+                }
                 let mut change = Change::None;
                 if self.trips > 0 && self.breaker(now_ms) == Breaker::HalfOpen {
                     // The probe came back: close the breaker.
@@ -317,6 +367,34 @@ impl Health {
         }
     }
 
+    /// Fold a provider's figures in: they replace the last ones.
+    fn headroom_from(&mut self, h: Headroom, now_ms: u64, p: &HealthPolicy) {
+        let left = if h.left.is_finite() {
+            h.left.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let reset = if h.reset_ms == 0 {
+            p.default_retry_after_ms
+        } else {
+            h.reset_ms
+        };
+        let until = now_ms.saturating_add(reset);
+        if left <= 0.0 {
+            // Nothing left: no request until the limit resets, as after a
+            // 429 with that `retry-after` (the cap itself is not cut).
+            self.throttled_until_ms = self.throttled_until_ms.max(until);
+            self.headroom = 0.0;
+            self.headroom_until_ms = until;
+        } else if left < p.headroom_low {
+            self.headroom = left / p.headroom_low;
+            self.headroom_until_ms = until;
+        } else {
+            self.headroom = 1.0;
+            self.headroom_until_ms = 0;
+        }
+    }
+
     /// A success or a throttle ends a run of failures.
     fn end_run(&mut self) {
         self.consecutive_failures = 0;
@@ -327,7 +405,7 @@ impl Health {
     /// Fixed little-endian encoding for shared memory.
     pub fn encode(&self) -> [u8; ENCODED_LEN] {
         let mut b = [0u8; ENCODED_LEN];
-        let fields: [&[u8]; 8] = [
+        let fields: [&[u8]; 10] = [
             &self.consecutive_failures.to_le_bytes(),
             &self.trips.to_le_bytes(),
             // One word: bit 0 the probe, bit 1 a mixed run, bits 8.. the
@@ -341,6 +419,8 @@ impl Health {
             &(self.cap_fraction as f32).to_le_bytes(),
             &(self.derate as f32).to_le_bytes(),
             &self.derate_at_ms.to_le_bytes(),
+            &(self.headroom as f32).to_le_bytes(),
+            &self.headroom_until_ms.to_le_bytes(),
         ];
         let mut at = 0;
         for f in fields {
@@ -363,7 +443,12 @@ impl Health {
         let f32_at = |i: usize| Some(f32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
         let cap_fraction = f64::from(f32_at(24)?);
         let derate = f64::from(f32_at(28)?);
-        if !((0.0..=1.0).contains(&cap_fraction) && derate.is_finite() && derate >= 1.0) {
+        let headroom = f64::from(f32_at(40)?);
+        if !((0.0..=1.0).contains(&cap_fraction)
+            && derate.is_finite()
+            && derate >= 1.0
+            && (0.0..=1.0).contains(&headroom))
+        {
             return None;
         }
         let flags = u32_at(4)?;
@@ -381,6 +466,8 @@ impl Health {
             cap_fraction,
             derate,
             derate_at_ms: u64_at(32)?,
+            headroom,
+            headroom_until_ms: u64_at(44)?,
         })
     }
 }
@@ -446,7 +533,51 @@ mod tests {
             quantile: 0.95,
             step: 0.05,
         },
+        headroom_low: 0.1,
     };
+
+    fn figures(left: f64, reset_ms: u64) -> Outcome {
+        Outcome::Success {
+            latency_ms: 1,
+            slo_ms: None,
+            headroom: Some(Headroom { left, reset_ms }),
+        }
+    }
+
+    #[test]
+    fn a_providers_figures_move_the_cap_before_it_answers_429() {
+        let mut h = Health::default();
+        h.observe(figures(0.5, 1_000), 0, &P);
+        assert!(h.is_pristine(0), "plenty left changes nothing");
+        assert_eq!(h.cap(10, 0), Some(10));
+        // 5 % left, below the 10 % mark: half the cap until the reset.
+        h.observe(figures(0.05, 1_000), 0, &P);
+        assert_eq!(h.cap(10, 10), Some(5));
+        assert_eq!(h.cap(0, 10), None, "an unlimited destination keeps going");
+        assert!(h.depends_on_time(10) && !h.is_pristine(10));
+        assert_eq!(h.cap(10, 1_000), Some(10), "reset");
+        // Nothing left: throttled until the reset, limited or not.
+        h.observe(figures(0.0, 2_000), 100, &P);
+        assert_eq!((h.cap(10, 200), h.cap(0, 200)), (Some(0), Some(0)));
+        assert!(h.throttled(2_099) && !h.throttled(2_100));
+        assert_eq!(h.cap(10, 2_100), Some(10));
+        assert_eq!(h.cap_fraction(), 1.0, "no 429 was seen: the AIMD cap stays");
+        // Fresh figures replace the last.
+        h.observe(figures(0.02, 5_000), 3_000, &P);
+        h.observe(figures(0.9, 5_000), 3_001, &P);
+        assert!(h.is_pristine(3_002));
+        // No reset said: the default retry-after; nonsense is no figure.
+        h.observe(figures(0.05, 0), 4_000, &P);
+        assert_eq!((h.cap(10, 4_499), h.cap(10, 4_500)), (Some(5), Some(10)));
+        h.observe(figures(f64::NAN, 0), 5_000, &P);
+        assert!(h.is_pristine(5_000));
+        let back = Health::decode(&h.encode()).unwrap();
+        assert_eq!(back, h);
+        h.observe(figures(0.03, 9_000), 6_000, &P);
+        let back = Health::decode(&h.encode()).unwrap();
+        assert_eq!(back.encode(), h.encode(), "stored as f32");
+        assert_eq!(back.cap(10, 6_001), Some(3));
+    }
 
     #[test]
     fn one_tenants_failures_trip_nothing_when_two_are_required() {
@@ -478,6 +609,7 @@ mod tests {
         let ok = Outcome::Success {
             latency_ms: 1,
             slo_ms: None,
+            headroom: None,
         };
         h.observe(ok, 0, &p);
         for _ in 0..5 {
@@ -522,6 +654,7 @@ mod tests {
         let ok = Outcome::Success {
             latency_ms: 1,
             slo_ms: None,
+            headroom: None,
         };
         assert_eq!(h.observe(ok, 3_200, &P), Change::Recovered);
         assert_eq!(h.breaker(3_200), Breaker::Closed);
@@ -557,6 +690,7 @@ mod tests {
         let ok = Outcome::Success {
             latency_ms: 1,
             slo_ms: None,
+            headroom: None,
         };
         h.observe(ok, 1_000, &P); // inside the window: no recovery
         assert_eq!(h.cap(8, 1_000), Some(4));
@@ -587,6 +721,7 @@ mod tests {
         let slow = Outcome::Success {
             latency_ms: 900,
             slo_ms: Some(500),
+            headroom: None,
         };
         assert!(matches!(h.observe(slow, 0, &P), Change::Derated { .. }));
         assert!((h.derate(0, &P) - 2.0).abs() < 1e-9);

@@ -62,7 +62,7 @@ fn model() -> impl Strategy<Value = CostModel> {
 
 /// A health state reached by a random history of outcomes.
 fn health() -> impl Strategy<Value = Health> {
-    proptest::collection::vec((0u8..4, 0u64..20_000, 0u64..3_000), 0..8).prop_map(|events| {
+    proptest::collection::vec((0u8..5, 0u64..20_000, 0u64..3_000), 0..8).prop_map(|events| {
         let p = HealthPolicy::default();
         let mut h = Health::default();
         for (kind, at, extra) in events {
@@ -74,6 +74,17 @@ fn health() -> impl Strategy<Value = Health> {
                 2 => Outcome::Success {
                     latency_ms: extra,
                     slo_ms: Some(1_000),
+                    headroom: None,
+                },
+                // A provider's rate-limit figures, anything from nothing
+                // left to all of it.
+                3 => Outcome::Success {
+                    latency_ms: 1,
+                    slo_ms: None,
+                    headroom: Some(ace_core::health::Headroom {
+                        left: extra as f64 / 2_000.0 - 0.25,
+                        reset_ms: extra,
+                    }),
                 },
                 _ => {
                     h.on_dispatch(at);

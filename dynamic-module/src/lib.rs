@@ -527,6 +527,15 @@ impl Host for Dynamic<'_> {
         f(pairs.find(|(k, _)| *k == name.as_bytes()).map(|(_, v)| v))
     }
 
+    fn each_response_header(&mut self, mut f: impl FnMut(&[u8], &[u8])) {
+        // The map as read once (`response_header` reads it).
+        self.response_header(":status", |_| ());
+        // SAFETY: as in `response_header`.
+        for (k, v) in unsafe { HeaderPairs::over(&self.response) } {
+            f(k, v);
+        }
+    }
+
     fn set_response_header(&mut self, name: &str, value: &str) {
         self.envoy.set_header(HeaderMap::Response, name, value);
         self.response_read = false;

@@ -625,7 +625,7 @@ struct Wasm<'a> {
     body_seen: &'a mut usize,
     /// The response headers, read once when first needed, and where the
     /// ones the flow reads ([`flow::RESPONSE_HEADERS`]) are in them.
-    response: Option<(Pairs, [Option<Span>; 4])>,
+    response: Option<(Pairs, [Option<Span>; flow::RESPONSE_HEADERS.len()])>,
 }
 
 impl Host for Wasm<'_> {
@@ -712,6 +712,16 @@ impl Host for Wasm<'_> {
         match flow::RESPONSE_HEADERS.iter().position(|n| *n == name) {
             Some(i) => f(known.get(i).copied().flatten().and_then(|s| pairs.at(s))),
             None => f(pairs.get(name)),
+        }
+    }
+
+    fn each_response_header(&mut self, mut f: impl FnMut(&[u8], &[u8])) {
+        // The map as read once (`response_header` reads it).
+        self.response_header(":status", |_| ());
+        if let Some((pairs, _)) = &self.response {
+            for (k, v) in pairs.iter() {
+                f(k, v);
+            }
         }
     }
 

@@ -40,6 +40,7 @@ use crate::cache::{self, Entry, Pending};
 use crate::counters::{Counter, Fleet};
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
+use crate::headroom;
 use crate::request::{self, Lookup, Refused};
 use crate::routing::{self, Routed};
 use crate::upstream;
@@ -66,9 +67,10 @@ pub const RETRY_REASON: &str = "retry";
 
 /// The response headers the flow reads, for hosts that read a header map
 /// in one pass ([`Host::response_header`] asks for them one at a time).
-pub const RESPONSE_HEADERS: [&str; 4] = [
+pub const RESPONSE_HEADERS: [&str; 5] = [
     ":status",
     "retry-after",
+    "retry-after-ms",
     "content-type",
     request::UPSTREAM_TIME_HEADER,
 ];
@@ -233,8 +235,8 @@ impl FleetOp<'_, '_> {
     #[inline]
     pub fn quiet_release(&self, state: &FleetState, now_ms: u64) -> Option<usize> {
         match self {
-            FleetOp::Settle { d, outcome, .. } => {
-                state.is_quiet(*d, *outcome, now_ms).then_some(*d)
+            FleetOp::Settle { d, outcome, policy } => {
+                state.is_quiet(*d, *outcome, policy, now_ms).then_some(*d)
             }
             _ => None,
         }
@@ -253,7 +255,9 @@ impl FleetOp<'_, '_> {
     #[inline]
     pub fn is_noop(&self, state: &FleetState, now_ms: u64) -> bool {
         match self {
-            FleetOp::Observe { d, outcome, .. } => state.is_quiet(*d, Some(*outcome), now_ms),
+            FleetOp::Observe { d, outcome, policy } => {
+                state.is_quiet(*d, Some(*outcome), policy, now_ms)
+            }
             _ => false,
         }
     }
@@ -322,6 +326,9 @@ pub trait Host {
 
     /// Set response header `name` to `value`.
     fn set_response_header(&mut self, name: &str, value: &str);
+
+    /// Every response header, `f(name, value)` for each, in one pass.
+    fn each_response_header(&mut self, f: impl FnMut(&[u8], &[u8]));
 
     /// Calls `f` on each chunk of the response body that arrived with this
     /// body callback.
@@ -1459,13 +1466,31 @@ impl Flow {
             e.upstream_ms = service_time.flatten();
         }
         let upstream = matches!(status, 0 | 500..=599) && service_time.is_some();
-        let outcome = if status == 429 {
-            host.response_header("retry-after", |v| {
-                request::outcome(status, v, upstream, tenant, latency_ms, slo_ms)
+        // What the provider says of its own limit: `retry-after-ms` or
+        // `retry-after` on a 429, its rate-limit figures on an answer.
+        let retry_after = (status == 429).then(|| {
+            let ms = host.response_header("retry-after-ms", |v| headroom::retry_after_ms(v, None));
+            ms.or_else(|| {
+                host.response_header("retry-after", |v| headroom::retry_after_ms(None, v))
             })
-        } else {
-            request::outcome(status, None, upstream, tenant, latency_ms, slo_ms)
-        };
+        });
+        let mut reading = headroom::Reading::default();
+        if (200..300).contains(&status) {
+            host.each_response_header(|k, v| {
+                if headroom::may_be(k) {
+                    reading.feed(k, v, now);
+                }
+            });
+        }
+        let outcome = request::outcome(
+            status,
+            retry_after.flatten(),
+            upstream,
+            tenant,
+            latency_ms,
+            slo_ms,
+            reading.headroom(),
+        );
         // Only when the decision had a runner-up: with none, a re-run could
         // only refuse.
         let rerun = matches!(outcome, Outcome::Failure { .. })

@@ -32,6 +32,7 @@ pub mod counters;
 pub mod event;
 pub mod flow;
 pub mod headers;
+pub mod headroom;
 pub mod request;
 pub mod routing;
 pub mod schema;

@@ -14,7 +14,7 @@ use ace_config::Trusted;
 use ace_config::{Config, LatencyClass, WhenLate};
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::LivePrices;
-use ace_core::health::{Outcome, ANY_TENANT, MAX_TENANT};
+use ace_core::health::{Headroom, Outcome, ANY_TENANT, MAX_TENANT};
 use ace_core::tables::Tables;
 use std::sync::Arc;
 
@@ -478,16 +478,15 @@ pub fn record(
 #[inline]
 pub fn outcome(
     status: u32,
-    retry_after: Option<&[u8]>,
+    retry_after_ms: Option<u64>,
     upstream_answered: bool,
     tenant_key: u32,
     latency_ms: u64,
     slo_ms: Option<u64>,
+    headroom: Option<Headroom>,
 ) -> Outcome {
     match status {
-        429 => Outcome::Throttled {
-            retry_after_ms: headers::number::<u64>(retry_after).map(|s| s.saturating_mul(1000)),
-        },
+        429 => Outcome::Throttled { retry_after_ms },
         500..=599 | 0 => Outcome::Failure {
             tenant: if upstream_answered {
                 tenant_key.min(MAX_TENANT)
@@ -495,7 +494,11 @@ pub fn outcome(
                 ANY_TENANT
             },
         },
-        _ => Outcome::Success { latency_ms, slo_ms },
+        _ => Outcome::Success {
+            latency_ms,
+            slo_ms,
+            headroom,
+        },
     }
 }
 

@@ -226,6 +226,7 @@ pub fn health_after(events: impl IntoIterator<Item = u8>) -> ace_core::health::H
             _ => Outcome::Success {
                 latency_ms: 5_000,
                 slo_ms: Some(100),
+                headroom: None,
             },
         };
         h.observe(o, 0, &p);

@@ -140,6 +140,12 @@ impl Host for Envoy<'_> {
 
     fn set_response_header(&mut self, _name: &str, _value: &str) {}
 
+    fn each_response_header(&mut self, mut f: impl FnMut(&[u8], &[u8])) {
+        for (k, v) in &self.h.response {
+            f(k.as_bytes(), v.as_bytes());
+        }
+    }
+
     fn response_body(&mut self, mut f: impl FnMut(&[u8])) {
         f(&self.h.response_chunk);
     }

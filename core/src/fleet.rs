@@ -251,7 +251,8 @@ impl FleetState {
                 headroom,
             }) => {
                 slo_ms.is_none_or(|s| latency_ms <= s)
-                    && headroom.is_none_or(|h| h.left >= policy.headroom_low)
+                    // Nothing left always changes health (see `Health`).
+                    && headroom.is_none_or(|h| h.left > 0.0 && h.left >= policy.headroom_low)
             }
             Some(_) => false,
         };
@@ -548,6 +549,23 @@ mod tests {
         assert!(s.is_quiet(0, None, &p, 0));
         assert!(s.is_quiet(0, ok, &p, 0));
         assert!(!s.is_quiet(0, slow, &p, 0));
+        let figures = |left| {
+            Some(Outcome::Success {
+                latency_ms: 5,
+                slo_ms: None,
+                headroom: Some(crate::health::Headroom { left, reset_ms: 0 }),
+            })
+        };
+        assert!(s.is_quiet(0, figures(0.5), &p, 0));
+        assert!(!s.is_quiet(0, figures(0.05), &p, 0));
+        let none_low = HealthPolicy {
+            headroom_low: 0.0,
+            ..p
+        };
+        assert!(
+            !s.is_quiet(0, figures(0.0), &none_low, 0),
+            "nothing left is never quiet"
+        );
         assert!(!s.is_quiet(0, Some(Outcome::Failure { tenant: 0 }), &p, 0));
         s.settle(0, Some(Outcome::Failure { tenant: 0 }), &p, 0);
         assert!(!s.is_quiet(0, ok, &p, 0), "a failure run to clear");

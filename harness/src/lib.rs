@@ -38,6 +38,7 @@ pub mod dylib;
 pub mod envoy;
 pub mod grpc;
 pub mod model_server;
+pub mod provider;
 pub mod upstream;
 pub mod wasm;
 

@@ -1,0 +1,488 @@
+//! Fake LLM providers that hold a request to what the real ones check:
+//! their own paths, their own model names, their own credential header
+//! (and only theirs), over TLS with a certificate for their own name, and
+//! the rate-limit figures and 429s they send.
+//!
+//! What each shape follows (the provider's documentation, or where it is
+//! not written down, what its responses are seen to carry):
+//!
+//! - **OpenAI** (`Errors::OpenAi`): `authorization: Bearer <key>`; errors
+//!   as `{"error":{"message","type","param","code"}}`, a bad key a 401 with
+//!   `"code":"invalid_api_key"`, an unknown model a 404 with
+//!   `"code":"model_not_found"`, an unknown path a 404 "Invalid URL"
+//!   (platform.openai.com, "Error codes"); rate-limit figures
+//!   `x-ratelimit-{limit,remaining,reset}-tokens` (the "Rate limits" guide,
+//!   "Rate limits in headers": reset a duration such as `6m0s`). Groq's
+//!   OpenAI-compatible surface answers the same way
+//!   (console.groq.com/docs/openai, /docs/rate-limits).
+//! - **Azure OpenAI** (`Errors::Azure`): `api-key: <key>`; paths
+//!   `/openai/deployments/{deployment}/chat/completions?api-version=…` and
+//!   the v1 surface `/openai/v1/…` (Azure OpenAI "API version lifecycle");
+//!   errors as `{"error":{"code":"<status>","message"}}`. A provisioned
+//!   (PTU) deployment reports its utilisation on every answer,
+//!   `azure-openai-deployment-utilization: 89.3%` (Microsoft's
+//!   `Azure/azure-openai-benchmark`, `benchmark/oairequester.py`), and past
+//!   100 % answers a fast 429 with `retry-after-ms` and `retry-after`
+//!   ("Provisioned throughput", "Get started with provisioned
+//!   deployments").
+//! - **vLLM** (`Errors::OpenAi`, plain HTTP): `vllm serve --api-key` reads
+//!   `authorization: Bearer`, and serves each model under its
+//!   `--served-model-name`.
+//!
+//! A request a provider would refuse is answered as it would and kept in
+//! [`Provider::rejected`]; one it serves is kept in [`Provider::accepted`].
+//! A test that expects every request to arrive as its upstream wants it
+//! checks that `rejected` is empty.
+
+use crate::upstream::{Behavior, Intercept, Recorded, Reply, Upstream};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A certificate authority made for one run: each provider's certificate
+/// is issued by it for the provider's name, and Envoy trusts only it.
+pub struct Ca {
+    dir: tempfile::TempDir,
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca").field("dir", &self.dir.path()).finish()
+    }
+}
+
+impl Ca {
+    /// A new CA, its certificate written to [`Ca::file`].
+    pub fn new() -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .unwrap_or_else(|e| panic!("CA parameters: {e}"));
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "ACE test CA");
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("CA key: {e}"));
+        let cert = params
+            .self_signed(&key)
+            .unwrap_or_else(|e| panic!("CA certificate: {e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        std::fs::write(dir.path().join("ca.pem"), cert.pem())
+            .unwrap_or_else(|e| panic!("write ca.pem: {e}"));
+        Ca { dir, cert, key }
+    }
+
+    /// The CA certificate, PEM (Envoy's `trusted_ca`).
+    pub fn file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A TLS server configuration with a certificate for `host`.
+    fn server(&self, host: &str) -> Arc<rustls::ServerConfig> {
+        let params = CertificateParams::new(vec![host.to_string()])
+            .unwrap_or_else(|e| panic!("certificate for {host}: {e}"));
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("key for {host}: {e}"));
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .unwrap_or_else(|e| panic!("sign {host}: {e}"));
+        let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone(), self.cert.der().clone()];
+        let private = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        // ring, as the control service's rustls: loopback TLS to a test CA
+        // needs no post-quantum key exchange (why rustls deprecates it).
+        #[allow(deprecated)]
+        let ring = rustls::crypto::ring::default_provider();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(ring))
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_no_client_auth().with_single_cert(chain, private))
+            .unwrap_or_else(|e| panic!("TLS config for {host}: {e}"));
+        Arc::new(config)
+    }
+}
+
+impl Default for Ca {
+    fn default() -> Ca {
+        Ca::new()
+    }
+}
+
+/// How a provider words its errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Errors {
+    /// `{"error":{"message","type","param","code"}}` (OpenAI, Groq, vLLM).
+    OpenAi,
+    /// `{"error":{"code":"<status>","message"}}` (Azure OpenAI).
+    Azure,
+}
+
+/// What a provider says of its rate limit on each answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limits {
+    /// Nothing.
+    None,
+    /// A provisioned deployment: each request served adds `step` percent
+    /// of utilisation, reported in `azure-openai-deployment-utilization`;
+    /// a request arriving at 100 % or more is answered 429 with
+    /// `retry-after-ms: 1000`.
+    Provisioned {
+        /// Utilisation each request adds, percent.
+        step: f64,
+    },
+}
+
+/// One provider's shape.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Its name (in answers and errors).
+    pub name: String,
+    /// Its TLS name; `None`: plain HTTP (a model server inside the mesh).
+    pub host: Option<String>,
+    /// The credential header it reads and the exact value it accepts.
+    pub credential: (String, String),
+    /// The request paths it serves, query included.
+    pub paths: Vec<String>,
+    /// The model names it serves.
+    pub models: Vec<String>,
+    /// How it words errors.
+    pub errors: Errors,
+    /// What it says of its rate limit.
+    pub limits: Limits,
+}
+
+struct State {
+    spec: Spec,
+    accepted: Mutex<Vec<Recorded>>,
+    rejected: Mutex<Vec<(u16, Recorded)>>,
+    served: AtomicU64,
+    /// Requests still to answer 500 (an engine error).
+    fail: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    fn error(&self, status: u16, kind: &str, code: &str, message: String) -> Behavior {
+        let body = match self.spec.errors {
+            Errors::OpenAi => {
+                json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+            }
+            Errors::Azure => json!({"error": {"code": status.to_string(), "message": message}}),
+        };
+        Behavior::Respond {
+            status,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: body.to_string().into_bytes(),
+        }
+    }
+
+    fn judge(&self, req: &Recorded) -> Result<Behavior, Behavior> {
+        let (header, key) = &self.spec.credential;
+        if req.header(header) != Some(key.as_str()) {
+            return Err(match self.spec.errors {
+                Errors::OpenAi => self.error(
+                    401,
+                    "invalid_request_error",
+                    "invalid_api_key",
+                    "Incorrect API key provided.".into(),
+                ),
+                Errors::Azure => self.error(
+                    401,
+                    "",
+                    "",
+                    "Access denied due to invalid subscription key or wrong API endpoint.".into(),
+                ),
+            });
+        }
+        if !self.spec.paths.contains(&req.path) {
+            return Err(match self.spec.errors {
+                Errors::OpenAi => self.error(
+                    404,
+                    "invalid_request_error",
+                    "",
+                    format!("Invalid URL ({} {})", req.method, req.path),
+                ),
+                Errors::Azure => self.error(404, "", "", "Resource not found".into()),
+            });
+        }
+        let model = serde_json::from_slice::<Value>(&req.body)
+            .ok()
+            .and_then(|v| v["model"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        if !self.spec.models.contains(&model) {
+            return Err(self.error(
+                404,
+                "invalid_request_error",
+                "model_not_found",
+                format!("The model `{model}` does not exist or you do not have access to it."),
+            ));
+        }
+        let failing = self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            let mut b = self.error(500, "server_error", "", "The server had an error.".into());
+            if let Behavior::Respond { headers, .. } = &mut b {
+                headers.push(("x-upstream".into(), self.spec.name.clone()));
+            }
+            return Ok(b);
+        }
+        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+        if let Limits::Provisioned { step } = self.spec.limits {
+            let before = self.served.load(Ordering::SeqCst) as f64 * step;
+            if before >= 100.0 {
+                let mut b = self.error(
+                    429,
+                    "",
+                    "",
+                    "Requests to the ChatCompletions_Create Operation have exceeded the \
+                     provisioned throughput of this deployment. Please retry after 1 second."
+                        .into(),
+                );
+                if let Behavior::Respond { headers, .. } = &mut b {
+                    headers.push(("retry-after-ms".into(), "1000".into()));
+                    headers.push(("retry-after".into(), "1".into()));
+                    headers.push((
+                        "azure-openai-deployment-utilization".into(),
+                        format!("{before:.1}%"),
+                    ));
+                }
+                return Err(b);
+            }
+            headers.push((
+                "azure-openai-deployment-utilization".into(),
+                format!("{:.1}%", before + step),
+            ));
+        }
+        self.served.fetch_add(1, Ordering::SeqCst);
+        let body = json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.spec.name},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+        });
+        headers.push(("x-upstream".into(), self.spec.name.clone()));
+        Ok(Behavior::Respond {
+            status: 200,
+            headers,
+            body: body.to_string().into_bytes(),
+        })
+    }
+}
+
+impl Intercept for State {
+    fn intercept(&self, req: &Recorded) -> Option<Reply> {
+        Some(Reply::Respond(match self.judge(req) {
+            Ok(b) => {
+                lock(&self.accepted).push(req.clone());
+                b
+            }
+            Err(b) => {
+                let status = match &b {
+                    Behavior::Respond { status, .. } => *status,
+                    _ => 0,
+                };
+                lock(&self.rejected).push((status, req.clone()));
+                b
+            }
+        }))
+    }
+
+    fn started(&self, _req: &Recorded) -> u64 {
+        0
+    }
+
+    fn finished(&self, _token: u64) {}
+
+    fn clear(&self) {
+        lock(&self.accepted).clear();
+        lock(&self.rejected).clear();
+    }
+}
+
+/// A running fake provider. Stops when dropped.
+pub struct Provider {
+    state: Arc<State>,
+    upstream: Upstream,
+    /// The TLS front's port and runtime, for a provider with a TLS name.
+    tls: Option<(u16, tokio::runtime::Runtime)>,
+}
+
+impl std::fmt::Debug for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provider")
+            .field("name", &self.state.spec.name)
+            .field("port", &self.port())
+            .finish()
+    }
+}
+
+impl Provider {
+    /// Start `spec`, with TLS from `ca` when it has a TLS name.
+    pub fn start(spec: Spec, ca: &Ca) -> Provider {
+        let state = Arc::new(State {
+            spec,
+            accepted: Mutex::new(Vec::new()),
+            rejected: Mutex::new(Vec::new()),
+            served: AtomicU64::new(0),
+            fail: AtomicU64::new(0),
+        });
+        let name = state.spec.name.clone();
+        let upstream = Upstream::start_with(&name, Some(state.clone()))
+            .unwrap_or_else(|e| panic!("start provider {name}: {e}"));
+        let tls = state
+            .spec
+            .host
+            .as_deref()
+            .map(|host| tls_front(ca.server(host), upstream.port()));
+        Provider {
+            state,
+            upstream,
+            tls,
+        }
+    }
+
+    /// The port Envoy connects to (TLS when the provider has a TLS name).
+    pub fn port(&self) -> u16 {
+        self.tls.as_ref().map_or(self.upstream.port(), |(p, _)| *p)
+    }
+
+    /// Answer the next `n` requests it would serve with a 500 (an engine
+    /// error), as they arrive.
+    pub fn fail_next(&self, n: u64) {
+        self.state.fail.store(n, Ordering::SeqCst);
+    }
+
+    /// The requests it served, as they arrived.
+    pub fn accepted(&self) -> Vec<Recorded> {
+        lock(&self.state.accepted).clone()
+    }
+
+    /// The requests it refused, with the status it answered.
+    pub fn rejected(&self) -> Vec<(u16, Recorded)> {
+        lock(&self.state.rejected).clone()
+    }
+
+    /// The Envoy cluster `name` that reaches it: TLS to its name (SNI, only
+    /// `ca` trusted, the name checked) when it has one, and its credential
+    /// injected from an SDS secret file written under `secrets` by Envoy's
+    /// credential injector as an upstream filter, overwriting whatever the
+    /// request carried (`envoy/providers.yaml` ships the same).
+    pub fn cluster(&self, name: &str, ca: &Ca, secrets: &Path) -> Value {
+        let spec = &self.state.spec;
+        let (header, value) = &spec.credential;
+        let (prefix, key) = match value.strip_prefix("Bearer ") {
+            Some(k) => ("Bearer ", k),
+            None => ("", value.as_str()),
+        };
+        let key_file = secrets.join(format!("{name}.key"));
+        let secret_file = secrets.join(format!("{name}.yaml"));
+        std::fs::write(&key_file, format!("{key}\n")).unwrap_or_else(|e| panic!("{e}"));
+        let secret = json!({"resources": [{
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+            "name": format!("{name}_key"),
+            "generic_secret": {"secret": {"filename": key_file}}
+        }]});
+        std::fs::write(&secret_file, secret.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let mut cluster = json!({
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                    "socket_address": {"address": "127.0.0.1", "port_value": self.port()}
+                }}}]}]
+            },
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http_protocol_options": {}},
+                    "http_filters": [
+                        {"name": "envoy.filters.http.credential_injector",
+                         "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.credential_injector.v3.CredentialInjector",
+                            "overwrite": true,
+                            "credential": {
+                                "name": "envoy.http.injected_credentials.generic",
+                                "typed_config": {
+                                    "@type": "type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic",
+                                    "header": header,
+                                    "header_value_prefix": prefix,
+                                    "credential": {
+                                        "name": format!("{name}_key"),
+                                        "sds_config": {
+                                            "path_config_source": {"path": secret_file},
+                                            "resource_api_version": "V3"
+                                        }
+                                    }
+                                }
+                            }
+                         }},
+                        {"name": "envoy.filters.http.upstream_codec",
+                         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}}
+                    ]
+                }
+            }
+        });
+        if let (Some(host), Some(c)) = (&spec.host, cluster.as_object_mut()) {
+            c.insert(
+                "transport_socket".into(),
+                json!({
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                        "sni": host,
+                        "common_tls_context": {"validation_context": {
+                            "trusted_ca": {"filename": ca.file()},
+                            "match_typed_subject_alt_names": [
+                                {"san_type": "DNS", "matcher": {"exact": host}}
+                            ]
+                        }}
+                    }
+                }),
+            );
+        }
+        cluster
+    }
+}
+
+/// A TLS listener on a free loopback port whose connections are carried,
+/// decrypted, to `plain` (the provider's HTTP server).
+fn tls_front(config: Arc<rustls::ServerConfig>, plain: u16) -> (u16, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("TLS front runtime: {e}"));
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
+        .unwrap_or_else(|e| panic!("TLS front bind: {e}"));
+    let port = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("TLS front address: {e}"))
+        .port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    rt.spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                // A client that fails the handshake (no TLS, another name)
+                // gets nothing.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut inner) = tokio::net::TcpStream::connect(("127.0.0.1", plain)).await
+                else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut inner).await;
+            });
+        }
+    });
+    (port, rt)
+}

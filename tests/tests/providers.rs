@@ -1,0 +1,320 @@
+//! Four kinds of supply behind one Envoy, both builds: an owned vLLM pool
+//! (plain HTTP, `authorization: Bearer`), an Azure-OpenAI-like provisioned
+//! deployment (TLS, `api-key`, a deployment path, utilisation on every
+//! answer, 429 past 100 %), an OpenAI-like API and a Groq-like API (TLS,
+//! Bearer, their own paths and model names). Each is a fake that refuses
+//! what its real counterpart would (`ace_harness::provider`), with a TLS
+//! certificate for its own name from a CA made for the run.
+//!
+//! What must hold: every request arrives at its upstream with that
+//! upstream's path, model name and credential and no other (a client's
+//! forged credential headers reach no provider); a request for an API a
+//! destination lacks never reaches it; and the provisioned deployment's
+//! own utilisation figures move traffic to the next rung before its
+//! first 429.
+
+use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
+use ace_harness::client::{Request, Response};
+use ace_harness::envoy::{Envoy, EnvoyBuilder};
+use ace_harness::provider::{Ca, Errors, Limits, Provider, Spec};
+use ace_tests::{require_envoy, start, Filter};
+use base64::Engine;
+use serde_json::{json, Value};
+
+/// Destinations in table order, and their clusters.
+const DESTINATIONS: [&str; 4] = ["vllm", "azure_ptu", "openai", "groq"];
+
+/// `llama` may go to the vLLM pool or Groq, `gpt-4o` to the PTU or
+/// OpenAI. Value indices (sorted): 0 unknown, 1 gpt-4o, 2 llama.
+fn tables() -> String {
+    let spec = TableSpec {
+        destinations: DESTINATIONS
+            .iter()
+            .map(|n| DestinationSpec {
+                name: n.to_string(),
+                cluster: n.to_string(),
+            })
+            .collect(),
+        attributes: vec![AttributeSpec {
+            name: "model".into(),
+            values: vec!["gpt-4o".into(), "llama".into()],
+        }],
+        factors: vec![FactorSpec {
+            kind: FactorKind::Permit,
+            attributes: vec![0],
+            rows: vec![0, 0b0110, 0b1001],
+        }],
+    };
+    base64::engine::general_purpose::STANDARD
+        .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")))
+}
+
+const PTU_PATH: &str = "/openai/deployments/gpt4o-ptu/chat/completions?api-version=2024-10-21";
+
+fn config() -> Value {
+    json!({
+        "response_headers": true,
+        "tables_base64": tables(),
+        "body": {"read": true},
+        "health": {"trip_after": 1, "base_cooldown_ms": 60000},
+        "destinations": [
+            {"name": "vllm", "cluster": "vllm", "tier": "inhouse", "capacity": 8,
+             "usd_per_input_token": 1e-8, "usd_per_output_token": 1e-8,
+             "upstream": {"paths": {"chat_completions": "/v1/chat/completions"},
+                          "models": {"llama": "meta-llama/Llama-3.1-8B-Instruct"}}},
+            {"name": "azure_ptu", "cluster": "azure_ptu", "tier": "reserved", "capacity": 8,
+             "upstream": {"authority": "contoso.openai.azure.test",
+                          "paths": {"chat_completions": PTU_PATH},
+                          "models": {"gpt-4o": "gpt4o-ptu"}}},
+            {"name": "openai", "cluster": "openai", "tier": "payg",
+             "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5,
+             "upstream": {"authority": "api.openai.test",
+                          "paths": {"chat_completions": "/v1/chat/completions",
+                                    "embeddings": "/v1/embeddings"}}},
+            {"name": "groq", "cluster": "groq", "tier": "payg",
+             "usd_per_input_token": 5e-8, "usd_per_output_token": 8e-8,
+             "upstream": {"authority": "api.groq.test",
+                          "paths": {"chat_completions": "/openai/v1/chat/completions"},
+                          "models": {"llama": "llama-3.1-8b-instant"}}}
+        ]
+    })
+}
+
+struct Fleet {
+    envoy: Envoy,
+    providers: Vec<Provider>,
+    _ca: Ca,
+    _secrets: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn provider(&self, name: &str) -> &Provider {
+        let i = DESTINATIONS.iter().position(|d| *d == name).unwrap_or(0);
+        &self.providers[i]
+    }
+
+    fn send(&self, path: &str, model: &str) -> Response {
+        Request::post_json(
+            path,
+            &json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        // A client's own credentials, of every kind, forged.
+        .header("authorization", "Bearer client-forged")
+        .header("api-key", "client-forged")
+        .header("x-api-key", "client-forged")
+        .send(self.envoy.port())
+        .unwrap_or_else(|e| panic!("request failed: {e}"))
+    }
+}
+
+fn fleet(filter: Filter) -> Fleet {
+    require_envoy();
+    let ca = Ca::new();
+    let secrets = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let spec = |name: &str, host: Option<&str>, credential: (&str, &str), paths: &[&str]| Spec {
+        name: name.into(),
+        host: host.map(str::to_string),
+        credential: (credential.0.into(), credential.1.into()),
+        paths: paths.iter().map(|p| p.to_string()).collect(),
+        models: Vec::new(),
+        errors: Errors::OpenAi,
+        limits: Limits::None,
+    };
+    let specs = [
+        Spec {
+            models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
+            ..spec(
+                "vllm",
+                None,
+                ("authorization", "Bearer sk-vllm"),
+                &["/v1/chat/completions"],
+            )
+        },
+        Spec {
+            models: vec!["gpt4o-ptu".into()],
+            errors: Errors::Azure,
+            limits: Limits::Provisioned { step: 25.0 },
+            ..spec(
+                "azure_ptu",
+                Some("contoso.openai.azure.test"),
+                ("api-key", "azure-key"),
+                &[PTU_PATH],
+            )
+        },
+        Spec {
+            models: vec!["gpt-4o".into()],
+            ..spec(
+                "openai",
+                Some("api.openai.test"),
+                ("authorization", "Bearer sk-openai"),
+                &["/v1/chat/completions", "/v1/embeddings"],
+            )
+        },
+        Spec {
+            models: vec!["llama-3.1-8b-instant".into()],
+            ..spec(
+                "groq",
+                Some("api.groq.test"),
+                ("authorization", "Bearer gsk-groq"),
+                &["/openai/v1/chat/completions"],
+            )
+        },
+    ];
+    let providers: Vec<Provider> = specs.into_iter().map(|s| Provider::start(s, &ca)).collect();
+    let mut b = filter
+        .add_reading_body(EnvoyBuilder::new(), &config().to_string())
+        .node("ace-test", "ace-test")
+        .access_log_line(filter.event_log_line());
+    for (name, p) in DESTINATIONS.iter().zip(&providers) {
+        b = b.cluster_json(p.cluster(name, &ca, secrets.path()));
+    }
+    Fleet {
+        envoy: start(&b),
+        providers,
+        _ca: ca,
+        _secrets: secrets,
+    }
+}
+
+/// Every request a provider served carries its own credential and no
+/// other, and none was refused.
+fn only_own_credentials(f: &Fleet) {
+    for (name, p) in DESTINATIONS.iter().zip(&f.providers) {
+        assert!(
+            p.rejected().is_empty(),
+            "{name} refused requests: {:?}",
+            p.rejected()
+        );
+        for r in p.accepted() {
+            let own = if *name == "azure_ptu" {
+                "api-key"
+            } else {
+                "authorization"
+            };
+            for h in ["authorization", "api-key", "x-api-key"] {
+                let v = r.header(h);
+                if h == own {
+                    assert!(
+                        v.is_some_and(|v| !v.contains("client-forged")),
+                        "{name}: {h} {v:?}"
+                    );
+                } else {
+                    assert_eq!(v, None, "{name} got a credential not its own: {h}");
+                }
+            }
+        }
+    }
+}
+
+fn each_request_arrives_as_its_upstream_expects(filter: Filter) {
+    let f = fleet(filter);
+    // Llama: the owned pool, under vLLM's served model name.
+    let r = f.send("/v1/chat/completions", "llama");
+    assert_eq!(
+        (r.status, r.header("x-upstream")),
+        (200, Some("vllm")),
+        "{r:?}"
+    );
+    let got = &f.provider("vllm").accepted()[0];
+    assert_eq!(got.path, "/v1/chat/completions");
+    assert_eq!(got.header("authorization"), Some("Bearer sk-vllm"));
+    // gpt-4o: the provisioned deployment, on its deployment path, as its
+    // deployment name, with its `api-key`, over TLS to its own name.
+    let r = f.send("/v1/chat/completions", "gpt-4o");
+    assert_eq!(
+        (r.status, r.header("x-upstream")),
+        (200, Some("azure_ptu")),
+        "{r:?}"
+    );
+    let got = &f.provider("azure_ptu").accepted()[0];
+    assert_eq!(got.path, PTU_PATH);
+    assert_eq!(got.header("host"), Some("contoso.openai.azure.test"));
+    let body: Value = serde_json::from_slice(&got.body).unwrap_or_default();
+    assert_eq!(body["model"], "gpt4o-ptu");
+    assert_eq!(body["messages"][0]["content"], "hi", "the rest as sent");
+    // Embeddings for gpt-4o: the PTU does not serve them, OpenAI does.
+    let r = f.send("/v1/embeddings", "gpt-4o");
+    assert_eq!(
+        (r.status, r.header("x-upstream")),
+        (200, Some("openai")),
+        "{r:?}"
+    );
+    assert_eq!(f.provider("openai").accepted()[0].path, "/v1/embeddings");
+    // Llama through the Responses API: nobody that may serve llama serves
+    // it; refused, sent nowhere.
+    let r = f.send("/v1/responses", "llama");
+    assert_eq!(r.status, 503, "{r:?}");
+    let e = r.json().unwrap_or_default();
+    assert_eq!(e["error"]["type"], "no_feasible_destination", "{e}");
+    // The owned pool fails once (trip_after 1): llama spills to Groq, on
+    // Groq's path and model name.
+    f.provider("vllm").fail_next(1);
+    let r = f.send("/v1/chat/completions", "llama");
+    assert_eq!(
+        (r.status, r.header("x-upstream")),
+        (500, Some("vllm")),
+        "{r:?}"
+    );
+    let r = f.send("/v1/chat/completions", "llama");
+    assert_eq!(
+        (r.status, r.header("x-upstream")),
+        (200, Some("groq")),
+        "{r:?}"
+    );
+    let got = &f.provider("groq").accepted()[0];
+    assert_eq!(got.path, "/openai/v1/chat/completions");
+    assert_eq!(got.header("host"), Some("api.groq.test"));
+    let body: Value = serde_json::from_slice(&got.body).unwrap_or_default();
+    assert_eq!(body["model"], "llama-3.1-8b-instant");
+    only_own_credentials(&f);
+    let lines = f
+        .envoy
+        .wait_access_log(6, std::time::Duration::from_secs(5));
+    let events: Vec<Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let ptu = events
+        .iter()
+        .find(|e| e["destination"] == "azure_ptu")
+        .unwrap_or_else(|| panic!("no PTU event in {lines:?}"));
+    assert_eq!(ptu["model_served"], "gpt-4o", "{ptu}");
+    assert_eq!(ptu["upstream_model"], "gpt4o-ptu", "{ptu}");
+    assert_eq!(ptu["api"], "chat_completions", "{ptu}");
+}
+
+fn a_provisioned_deployment_spills_before_its_first_429(filter: Filter) {
+    let f = fleet(filter);
+    let mut went = Vec::new();
+    for _ in 0..6 {
+        let r = f.send("/v1/chat/completions", "gpt-4o");
+        assert_eq!(r.status, 200, "{r:?}");
+        went.push(r.header("x-upstream").unwrap_or("").to_string());
+    }
+    // 25 % per request: the fourth answer says 100 %, and ACE stops sending
+    // there until the limit resets (no reset said: the default second).
+    assert_eq!(
+        went,
+        [
+            "azure_ptu",
+            "azure_ptu",
+            "azure_ptu",
+            "azure_ptu",
+            "openai",
+            "openai"
+        ],
+        "the PTU's own figures spill the fifth request"
+    );
+    let ptu = f.provider("azure_ptu");
+    assert!(
+        ptu.rejected().iter().all(|(status, _)| *status != 429),
+        "the spill came before any 429: {:?}",
+        ptu.rejected()
+    );
+    only_own_credentials(&f);
+}
+
+ace_tests::for_each_filter!(
+    each_request_arrives_as_its_upstream_expects,
+    a_provisioned_deployment_spills_before_its_first_429,
+);

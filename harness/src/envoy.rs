@@ -155,17 +155,7 @@ impl EnvoyBuilder {
 
     /// Add a static cluster `name` pointing at `127.0.0.1:port`.
     pub fn cluster(mut self, name: &str, port: u16) -> EnvoyBuilder {
-        self.clusters.push(json!({
-            "name": name,
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {
-                "cluster_name": name,
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
-                    "socket_address": {"address": "127.0.0.1", "port_value": port}
-                }}}]}]
-            }
-        }));
+        self.clusters.push(static_cluster(name, port));
         self
     }
 
@@ -712,6 +702,21 @@ impl Drop for Envoy {
             );
         }
     }
+}
+
+/// A plaintext cluster `name` reaching 127.0.0.1:`port` (Envoy JSON).
+pub fn static_cluster(name: &str, port: u16) -> Value {
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": "127.0.0.1", "port_value": port}
+            }}}]}]
+        }
+    })
 }
 
 #[cfg(test)]

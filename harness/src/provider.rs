@@ -388,17 +388,8 @@ impl Provider {
             "generic_secret": {"secret": {"filename": key_file}}
         }]});
         std::fs::write(&secret_file, secret.to_string()).unwrap_or_else(|e| panic!("{e}"));
-        let mut cluster = json!({
-            "name": name,
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {
-                "cluster_name": name,
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
-                    "socket_address": {"address": "127.0.0.1", "port_value": self.port()}
-                }}}]}]
-            },
-            "typed_extension_protocol_options": {
+        let mut cluster = crate::envoy::static_cluster(name, self.port());
+        let options = json!({
                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                     "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                     "explicit_http_config": {"http_protocol_options": {}},
@@ -427,8 +418,10 @@ impl Provider {
                          "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}}
                     ]
                 }
-            }
         });
+        if let Some(c) = cluster.as_object_mut() {
+            c.insert("typed_extension_protocol_options".into(), options);
+        }
         if let (Some(host), Some(c)) = (&spec.host, cluster.as_object_mut()) {
             c.insert(
                 "transport_socket".into(),

@@ -47,6 +47,28 @@ pub fn fleet_config(v: Variant) -> Result<String, String> {
         Variant::AceCheck | Variant::AceDynCheck => Some(1.0),
         _ => None,
     };
+    if matches!(v, Variant::AceAddressed | Variant::AceDynAddressed) {
+        // Every destination as a provider would have it: its own names for
+        // the models it serves, its own path and authority.
+        for d in &mut config.destinations {
+            let models = d.warm_models.clone().unwrap_or_default();
+            d.upstream = ace_config::Upstream {
+                authority: Some(format!("{}.provider.example", d.cluster.replace('_', "-"))),
+                paths: Some(
+                    [(
+                        ace_config::Api::ChatCompletions,
+                        "/openai/v1/chat/completions".to_string(),
+                    )]
+                    .into(),
+                ),
+                models: models
+                    .iter()
+                    .map(|m| (m.clone(), format!("org/{m}")))
+                    .collect(),
+                pass_credentials: false,
+            };
+        }
+    }
     let mut json = serde_json::to_value(&config).map_err(|e| e.to_string())?;
     if let Some(f) = check {
         json["cache"] = json!({"check_fraction": f});

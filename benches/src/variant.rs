@@ -22,10 +22,12 @@ pub enum Variant {
     AceRoute,
     AceHit,
     AceCheck,
+    AceAddressed,
     AceDynPolicy,
     AceDynRoute,
     AceDynHit,
     AceDynCheck,
+    AceDynAddressed,
     ShippedPlain,
     Shipped,
     ShippedDyn,
@@ -39,7 +41,7 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the order they run and print.
-    pub const ALL: [Variant; 26] = [
+    pub const ALL: [Variant; 28] = [
         Variant::Plain,
         Variant::Noop,
         Variant::Minimal,
@@ -53,10 +55,12 @@ impl Variant {
         Variant::AceRoute,
         Variant::AceHit,
         Variant::AceCheck,
+        Variant::AceAddressed,
         Variant::AceDynPolicy,
         Variant::AceDynRoute,
         Variant::AceDynHit,
         Variant::AceDynCheck,
+        Variant::AceDynAddressed,
         Variant::ShippedPlain,
         Variant::Shipped,
         Variant::ShippedDyn,
@@ -84,10 +88,12 @@ impl Variant {
             Variant::AceRoute => "aceroute",
             Variant::AceHit => "acehit",
             Variant::AceCheck => "acecheck",
+            Variant::AceAddressed => "aceaddr",
             Variant::AceDynPolicy => "acedynpol",
             Variant::AceDynRoute => "acedynroute",
             Variant::AceDynHit => "acedynhit",
             Variant::AceDynCheck => "acedyncheck",
+            Variant::AceDynAddressed => "acedynaddr",
             Variant::ShippedPlain => "shippedplain",
             Variant::Shipped => "shipped",
             Variant::ShippedDyn => "shippeddyn",
@@ -116,10 +122,12 @@ impl Variant {
             Variant::AceRoute => "ACE, model routing",
             Variant::AceHit => "ACE, cache hit",
             Variant::AceCheck => "ACE, cache check",
+            Variant::AceAddressed => "ACE, upstream identity",
             Variant::AceDynPolicy => "dynamic, example policies",
             Variant::AceDynRoute => "dynamic, model routing",
             Variant::AceDynHit => "dynamic, cache hit",
             Variant::AceDynCheck => "dynamic, cache check",
+            Variant::AceDynAddressed => "dynamic, upstream identity",
             Variant::ShippedPlain => "plain Envoy, as shipped",
             Variant::Shipped => "ACE Wasm, as shipped",
             Variant::ShippedDyn => "ACE dynamic, as shipped",
@@ -156,6 +164,8 @@ impl Variant {
             | Variant::AceRoute
             | Variant::AceHit
             | Variant::AceCheck
+            | Variant::AceAddressed
+            | Variant::AceDynAddressed
             | Variant::AceDynPolicy
             | Variant::AceDynRoute
             | Variant::AceDynHit
@@ -221,6 +231,12 @@ impl Variant {
             Variant::AceDynRoute => "`aceroute` as a dynamic module",
             Variant::AceDynHit => "`acehit` as a dynamic module",
             Variant::AceDynCheck => "`acecheck` as a dynamic module",
+            Variant::AceAddressed => {
+                "`acepol` with an `upstream` on every destination: each model renamed, the \
+                 path and the authority rewritten (the body, `:path` and `:authority` set per \
+                 request)"
+            }
+            Variant::AceDynAddressed => "`aceaddr` as a dynamic module",
             Variant::ShippedPlain => {
                 "`envoy/envoy.yaml` with ACE's filter taken out and its access log writing \
                  Envoy's own line per request (what the same listener costs without ACE)"

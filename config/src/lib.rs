@@ -528,6 +528,15 @@ pub struct Destination {
     /// `cold_load_usd`). Absent: every model counts as resident.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_models: Option<Vec<String>>,
+    /// The price of an input token read from the provider's prompt cache,
+    /// over its input price (default 1: no discount; OpenAI 0.5 or 0.1 by
+    /// model, Anthropic 0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_factor: Option<f64>,
+    /// The price of an input token written to the prompt cache, over the
+    /// input price (default 1; Anthropic 1.25 for its 5-minute cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_factor: Option<f64>,
     /// What its upstream expects: model names, the path per API, the
     /// authority, whether clients' credentials pass ([`Upstream`]).
     #[serde(default, skip_serializing_if = "Upstream::is_default")]
@@ -548,6 +557,15 @@ fn default_service_ms() -> f64 {
 impl Destination {
     /// `service_ms` when the configuration does not say.
     pub const DEFAULT_SERVICE_MS: f64 = 1000.0;
+
+    /// A prompt-cache read's and write's price over the input price.
+    #[inline]
+    pub fn cache_factors(&self) -> (f64, f64) {
+        (
+            self.cached_input_factor.unwrap_or(1.0),
+            self.cache_write_factor.unwrap_or(1.0),
+        )
+    }
 }
 fn default_bias() -> f64 {
     1.0
@@ -961,6 +979,18 @@ impl Config {
                 )
             })?;
             d.upstream.validate(i)?;
+            for (name, f) in [
+                ("cached_input_factor", d.cached_input_factor),
+                ("cache_write_factor", d.cache_write_factor),
+            ] {
+                if f.is_some_and(|f| !(f.is_finite() && (0.0..=10.0).contains(&f))) {
+                    return Err(err(
+                        format!("destinations[{i}].{name}"),
+                        "must be a number from 0 to 10: the prompt cache's price over the input \
+                         price (0.1 is a tenth of it)",
+                    ));
+                }
+            }
             models.push(model);
         }
         let destination_header = match raw.destination_header {

@@ -71,6 +71,16 @@ fn plain() -> String {
     fleet("")
 }
 
+/// [`fleet`] with the US API's prompt cache priced as Anthropic prices
+/// its own: reads a tenth of an input token, writes 1.25.
+fn cached_prices() -> String {
+    fleet("").replacen(
+        r#""usd_per_output_token":8e-6}"#,
+        r#""usd_per_output_token":8e-6,"cached_input_factor":0.1,"cache_write_factor":1.25}"#,
+        1,
+    )
+}
+
 /// [`fleet`] with upstream identities: the EU owned GPUs serve only
 /// embeddings; the US API (an Azure-OpenAI-like v1 surface) only chat
 /// completions, on its own path and authority.
@@ -179,6 +189,12 @@ pub const ALL: &[Case] = &[
         config: plain,
         skip: &[],
         run: usage_from_json_and_sse_is_booked,
+    },
+    Case {
+        name: "cached_input_is_booked_at_each_destinations_cached_price",
+        config: cached_prices,
+        skip: &[],
+        run: cached_input_is_booked_at_each_destinations_cached_price,
     },
     Case {
         name: "a_held_body_decides_the_estimate",
@@ -310,6 +326,45 @@ fn a_429_moves_the_cap_left(h: &mut dyn Driver) {
     assert_eq!(route(h, "public"), "us_api", "one slot left, taken");
     assert_eq!(route(h, "personal_eu"), "refused 503");
     h.close(held, &ok());
+}
+
+/// Usage with a provider's prompt-cache counts: booked on the destination
+/// that served it at its own prices (the EU owned GPUs: no cache
+/// discount), and the counterfactual at the US API's cached prices.
+fn cached_input_is_booked_at_each_destinations_cached_price(h: &mut dyn Driver) {
+    for (body, input, read, write) in [
+        (
+            r#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1920}}}"#,
+            2006u64,
+            1920u64,
+            0u64,
+        ),
+        (
+            r#"{"usage":{"input_tokens":21,"cache_creation_input_tokens":2000,"cache_read_input_tokens":10000,"output_tokens":300}}"#,
+            12_021,
+            10_000,
+            2_000,
+        ),
+    ] {
+        let e = h.send(&Req::class("public"), &Answer::ok(body));
+        let ev = &e.event;
+        assert_eq!(went(&e), "eu_owned");
+        assert_eq!(
+            (
+                ev["tokens_in"].as_u64(),
+                ev["tokens_cache_read"].as_u64(),
+                ev["tokens_cache_write"].as_u64()
+            ),
+            (Some(input), Some(read), Some(write)),
+            "{ev}"
+        );
+        let (i, r, w) = (input as f64, read as f64, write as f64);
+        let usd = f64_of(&ev["marginal_usd"]);
+        assert!((usd - (i + 300.0) * 1e-8).abs() < 1e-12, "{ev}");
+        let billed = (i - r - w) + r * 0.1 + w * 1.25;
+        let cf = f64_of(&ev["counterfactual_usd"]);
+        assert!((cf - (billed * 2e-6 + 300.0 * 8e-6)).abs() < 1e-12, "{ev}");
+    }
 }
 
 /// A destination whose answers say its rate limit is running out

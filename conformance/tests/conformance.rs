@@ -49,6 +49,7 @@ cases!(
     a_providers_own_figures_spill_before_its_429,
     a_slow_answer_derates,
     usage_from_json_and_sse_is_booked,
+    cached_input_is_booked_at_each_destinations_cached_price,
     a_held_body_decides_the_estimate,
     each_upstream_is_addressed_as_it_expects,
     a_good_snapshot_moves_the_choice,

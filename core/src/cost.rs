@@ -306,8 +306,14 @@ impl CostModel {
     /// cold-load cost (see [`CostModel::rest_prices`]).
     #[inline]
     pub fn rest_usd(&self, tokens_in: u32, tokens_out: u32) -> f64 {
+        self.rest_usd_billed(f64::from(tokens_in), tokens_out)
+    }
+
+    /// [`CostModel::rest_usd`] with the input as billed ([`billed_input`]).
+    #[inline]
+    pub fn rest_usd_billed(&self, billed_in: f64, tokens_out: u32) -> f64 {
         let (pin, pout) = self.rest_prices();
-        f64::from(tokens_in) * pin + f64::from(tokens_out) * pout
+        billed_in * pin + f64::from(tokens_out) * pout
     }
 
     /// The true marginal cost of one request of `tokens_in` + `tokens_out`
@@ -324,6 +330,19 @@ impl CostModel {
         in_flight: u32,
         cap: Option<u32>,
     ) -> Option<f64> {
+        self.marginal_usd_billed(f64::from(tokens_in), tokens_out, warm, in_flight, cap)
+    }
+
+    /// [`CostModel::marginal_usd`] with the input as billed
+    /// ([`billed_input`]).
+    pub fn marginal_usd_billed(
+        &self,
+        billed_in: f64,
+        tokens_out: u32,
+        warm: bool,
+        in_flight: u32,
+        cap: Option<u32>,
+    ) -> Option<f64> {
         let (pin, pout) = if cap.is_none_or(|c| in_flight < c) {
             self.rest_prices()
         } else if self.tier.has_overage() {
@@ -332,7 +351,7 @@ impl CostModel {
         } else {
             return None;
         };
-        let base = f64::from(tokens_in) * pin + f64::from(tokens_out) * pout;
+        let base = billed_in * pin + f64::from(tokens_out) * pout;
         Some(if warm {
             base
         } else {
@@ -356,6 +375,28 @@ impl CostModel {
         };
         (wait(rho) - wait(self.knee)) * self.service_ms / 1000.0
     }
+}
+
+/// Input tokens as a provider bills them, in full-price tokens: of
+/// `input`, `cache_read` at `read_factor` of the input price and
+/// `cache_write` at `write_factor` (a provider's cached price over its
+/// input price: e.g. a tenth for Anthropic's reads, 1.25 for its writes);
+/// the rest at the full price. Counts past `input` are bounded by it.
+#[inline]
+pub fn billed_input(
+    input: u32,
+    cache_read: u32,
+    cache_write: u32,
+    read_factor: f64,
+    write_factor: f64,
+) -> f64 {
+    if cache_read == 0 && cache_write == 0 {
+        return f64::from(input);
+    }
+    let read = cache_read.min(input);
+    let write = cache_write.min(input - read);
+    let full = input - read - write;
+    f64::from(full) + f64::from(read) * read_factor + f64::from(write) * write_factor
 }
 
 #[cfg(test)]

@@ -195,7 +195,13 @@ impl Decision {
     /// The true marginal cost of `tokens_in` + `tokens_out` at the prices
     /// this decision booked.
     pub fn cost_of(&self, tokens_in: u32, tokens_out: u32) -> f64 {
-        f64::from(tokens_in) * self.per_in + f64::from(tokens_out) * self.per_out + self.cold_usd
+        self.cost_of_billed(f64::from(tokens_in), tokens_out)
+    }
+
+    /// [`Decision::cost_of`] with the input as billed
+    /// ([`crate::cost::billed_input`]).
+    pub fn cost_of_billed(&self, billed_in: f64, tokens_out: u32) -> f64 {
+        billed_in * self.per_in + f64::from(tokens_out) * self.per_out + self.cold_usd
     }
 }
 

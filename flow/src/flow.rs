@@ -1849,7 +1849,9 @@ mod tests {
     #[test]
     fn a_flow_is_small() {
         let (flow, event) = (std::mem::size_of::<Flow>(), std::mem::size_of::<Event>());
-        assert!(flow <= event + 340, "Flow {flow} bytes, Event {event}");
+        // The usage scanner's state is most of the rest (its longest key,
+        // `cache_creation_input_tokens`, and the cache counts).
+        assert!(flow <= event + 384, "Flow {flow} bytes, Event {event}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::headers::{self, Pairs};
 use crate::usage::Usage;
 use ace_config::Trusted;
 use ace_config::{Config, LatencyClass, WhenLate};
+use ace_core::cost::billed_input;
 use ace_core::dispatch::{Decision, Refusal, Request};
 use ace_core::fleet::LivePrices;
 use ace_core::health::{Headroom, Outcome, ANY_TENANT, MAX_TENANT};
@@ -543,12 +544,31 @@ pub fn book_usage_scaled(
     event.usage_capped = input != usage.input || output != usage.output;
     event.tokens_in = input;
     event.tokens_out = output;
+    event.tokens_cache_read = usage.cache_read.min(input);
+    event.tokens_cache_write = usage.cache_write.min(input - event.tokens_cache_read);
     event.tokens_estimated = false;
-    event.marginal_usd = decision.cost_of(input, output);
-    let list = decision
-        .counterfactual_index
-        .and_then(|i| cfg.models.get(i))
-        .map(|m| m.rest_usd(input, output) * counterfactual_scale);
+    // Cached input at each destination's own cached price: the chosen
+    // one's for the cost, the counterfactual's for what it would have
+    // charged (a provider that caches would have cached it too).
+    let billed = |d: usize| {
+        let (read, write) = cfg
+            .destinations
+            .get(d)
+            .map_or((1.0, 1.0), ace_config::Destination::cache_factors);
+        billed_input(
+            input,
+            event.tokens_cache_read,
+            event.tokens_cache_write,
+            read,
+            write,
+        )
+    };
+    event.marginal_usd = decision.cost_of_billed(billed(decision.index), output);
+    let list = decision.counterfactual_index.and_then(|i| {
+        cfg.models
+            .get(i)
+            .map(|m| m.rest_usd_billed(billed(i), output) * counterfactual_scale)
+    });
     if let Some(c) = list {
         event.counterfactual_usd = Some(c);
     }

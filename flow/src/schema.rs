@@ -80,6 +80,12 @@ macro_rules! event_fields {
             tokens_in: u32 => U32, Always;
             /// Output tokens.
             tokens_out: u32 => U32, Always;
+            /// Of `tokens_in`, those the provider read from its prompt
+            /// cache (booked at the destination's `cached_input_factor`).
+            tokens_cache_read: u32 => U32, Added;
+            /// Of `tokens_in`, those written to its prompt cache (booked at
+            /// `cache_write_factor`).
+            tokens_cache_write: u32 => U32, Added;
             /// Whether the token counts are estimates (true until usage
             /// parsing).
             tokens_estimated: bool => Bool, Always;

@@ -12,7 +12,18 @@
 //! filter's per-response instructions when it read the buffered body).
 //!
 //! What counts matches reading the body as
-//! `{"usage": {"prompt_tokens" | "input_tokens": u64, "completion_tokens" | "output_tokens": u64}}`:
+//! `{"usage": {"prompt_tokens" | "input_tokens": u64, "completion_tokens" | "output_tokens": u64}}`,
+//! with the input tokens a provider served from its prompt cache:
+//!
+//! - OpenAI (chat completions `usage.prompt_tokens_details.cached_tokens`,
+//!   the Responses API `usage.input_tokens_details.cached_tokens`,
+//!   `CompletionUsage` in openai-node's `completions.ts`): the cached
+//!   tokens are part of the input count;
+//! - Anthropic (`cache_read_input_tokens`, `cache_creation_input_tokens`,
+//!   `Usage` in anthropic-sdk-python's `types/usage.py`): cache reads and
+//!   writes are *not* in `input_tokens`; the input booked is all three.
+//!
+//! The rules:
 //!
 //! - the `usage` member of the top-level object, itself an object; a token
 //!   field that is absent or `null` counts 0;
@@ -34,10 +45,15 @@
 /// Token usage reported by a destination.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// `prompt_tokens` (or `input_tokens`).
+    /// Every input token: `prompt_tokens` (or `input_tokens`), plus
+    /// Anthropic's cache reads and writes, which it counts apart.
     pub input: u32,
     /// `completion_tokens` (or `output_tokens`).
     pub output: u32,
+    /// Of `input`, those read from the provider's prompt cache.
+    pub cache_read: u32,
+    /// Of `input`, those written to it (Anthropic bills them apart).
+    pub cache_write: u32,
 }
 
 /// Finds token usage in a response fed chunk by chunk, JSON or SSE.
@@ -161,10 +177,33 @@ enum Key {
     Usage,
     Input,
     Output,
+    /// Anthropic's `cache_read_input_tokens`.
+    CacheRead,
+    /// Anthropic's `cache_creation_input_tokens`.
+    CacheWrite,
+    /// OpenAI's `prompt_tokens_details` or `input_tokens_details`.
+    Details,
+    /// `cached_tokens` in the details.
+    Cached,
 }
 
-/// The longest key looked for (`completion_tokens`).
-const KEY_MAX: usize = 17;
+impl Key {
+    /// Its bit in `fields_seen` (0: not a field counted).
+    fn bit(self) -> u8 {
+        match self {
+            Key::Input => 1,
+            Key::Output => 2,
+            Key::CacheRead => 4,
+            Key::CacheWrite => 8,
+            Key::Details => 16,
+            Key::Cached => 32,
+            Key::Other | Key::Usage => 0,
+        }
+    }
+}
+
+/// The longest key looked for (`cache_creation_input_tokens`).
+const KEY_MAX: usize = 27;
 
 /// A token field's value as it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,16 +240,22 @@ struct Doc {
     key: Key,
     /// Depth 2 is the top-level object's `usage`.
     in_usage: bool,
+    /// Depth 3 is that `usage`'s token details.
+    in_details: bool,
     /// A `usage` key was read in this document.
     usage_seen: bool,
     /// The `usage` key was read twice.
     duplicate: bool,
-    /// Token fields read so far in this `usage` (bit 0 input, bit 1 output).
+    /// Fields read so far in this `usage` ([`Key::bit`]).
     fields_seen: u8,
     /// A token field's value being read.
     value: Option<Value>,
     input: u64,
     output: u64,
+    /// Cache counts, clamped as read (their sum is clamped again).
+    cache_read: u32,
+    cache_write: u32,
+    cached: u32,
     /// A token field of this `usage` is not a count.
     bad: bool,
     /// The last `usage` object that closed.
@@ -220,7 +265,7 @@ struct Doc {
 impl Doc {
     /// Keys matter in the top-level object and in its `usage` object.
     fn watched(&self, depth: u32) -> bool {
-        depth == 1 || (depth == 2 && self.in_usage)
+        depth == 1 || (depth == 2 && self.in_usage) || (depth == 3 && self.in_details)
     }
 
     /// Read `bytes`. Strings are taken a run at a time (up to the next
@@ -338,20 +383,26 @@ impl Doc {
                     self.in_usage = true;
                     self.input = 0;
                     self.output = 0;
+                    self.cache_read = 0;
+                    self.cache_write = 0;
+                    self.cached = 0;
                     self.bad = false;
                     self.fields_seen = 0;
+                }
+                if self.depth == 2 && self.in_usage && b == b'{' && self.key == Key::Details {
+                    self.in_details = true;
                 }
                 self.depth = self.depth.saturating_add(1);
                 self.key = Key::Other;
                 self.key_next = b == b'{' && self.watched(self.depth);
             }
             b'}' | b']' => {
+                if self.depth == 3 && self.in_details {
+                    self.in_details = false;
+                }
                 if self.depth == 2 && self.in_usage {
                     self.in_usage = false;
-                    self.usage = (!self.bad).then_some(Usage {
-                        input: clamp(self.input),
-                        output: clamp(self.output),
-                    });
+                    self.usage = (!self.bad).then(|| self.counted());
                 }
                 self.depth = self.depth.saturating_sub(1);
                 self.key = Key::Other;
@@ -389,13 +440,13 @@ impl Doc {
             (1, b"usage") => Key::Usage,
             (2, b"prompt_tokens" | b"input_tokens") => Key::Input,
             (2, b"completion_tokens" | b"output_tokens") => Key::Output,
+            (2, b"cache_read_input_tokens") => Key::CacheRead,
+            (2, b"cache_creation_input_tokens") => Key::CacheWrite,
+            (2, b"prompt_tokens_details" | b"input_tokens_details") => Key::Details,
+            (3, b"cached_tokens") => Key::Cached,
             _ => Key::Other,
         };
-        let bit = match key {
-            Key::Input => 1,
-            Key::Output => 2,
-            _ => 0,
-        };
+        let bit = key.bit();
         if bit != 0 && self.in_usage {
             if self.fields_seen & bit != 0 {
                 self.bad = true;
@@ -412,7 +463,39 @@ impl Doc {
 
     /// Whether the next value is a token count of `usage`.
     fn token_field(&self) -> bool {
-        self.in_usage && self.depth == 2 && matches!(self.key, Key::Input | Key::Output)
+        (self.in_usage
+            && self.depth == 2
+            && matches!(
+                self.key,
+                Key::Input | Key::Output | Key::CacheRead | Key::CacheWrite
+            ))
+            || (self.in_details && self.depth == 3 && self.key == Key::Cached)
+    }
+
+    /// The `usage` object just closed, as booked: Anthropic's cache reads
+    /// and writes added to its input (it counts them apart); OpenAI's
+    /// cached tokens already in it (at most all of it).
+    fn counted(&self) -> Usage {
+        let anthropic = self.fields_seen & (Key::CacheRead.bit() | Key::CacheWrite.bit()) != 0;
+        if anthropic {
+            Usage {
+                input: clamp(
+                    self.input
+                        .saturating_add(u64::from(self.cache_read))
+                        .saturating_add(u64::from(self.cache_write)),
+                ),
+                output: clamp(self.output),
+                cache_read: self.cache_read,
+                cache_write: self.cache_write,
+            }
+        } else {
+            Usage {
+                input: clamp(self.input),
+                output: clamp(self.output),
+                cache_read: self.cached.min(clamp(self.input)),
+                cache_write: 0,
+            }
+        }
     }
 
     /// A token field's bare value ended: book it.
@@ -431,6 +514,9 @@ impl Doc {
         match self.key {
             Key::Input => self.input = n,
             Key::Output => self.output = n,
+            Key::CacheRead => self.cache_read = clamp(n),
+            Key::CacheWrite => self.cache_write = clamp(n),
+            Key::Cached => self.cached = clamp(n),
             _ => {}
         }
         self.key = Key::Other;
@@ -512,6 +598,12 @@ mod tests {
             prompt_tokens: Option<u64>,
             #[serde(default, alias = "output_tokens")]
             completion_tokens: Option<u64>,
+            #[serde(default)]
+            cache_read_input_tokens: Option<u64>,
+            #[serde(default)]
+            cache_creation_input_tokens: Option<u64>,
+            #[serde(default, alias = "input_tokens_details")]
+            prompt_tokens_details: Option<Json>,
         }
         #[derive(serde::Deserialize)]
         struct Body {
@@ -519,9 +611,35 @@ mod tests {
             usage: Option<Counts>,
         }
         let u = serde_json::from_slice::<Body>(body).ok()?.usage?;
-        Some(Usage {
-            input: u.prompt_tokens.map_or(0, clamp),
-            output: u.completion_tokens.map_or(0, clamp),
+        // Details count only as an object, whose `cached_tokens` is a
+        // count or null.
+        let cached = match u.prompt_tokens_details {
+            Some(Json::Object(d)) => match d.get("cached_tokens") {
+                None | Some(Json::Null) => 0,
+                Some(v) => v.as_u64()?,
+            },
+            _ => 0,
+        };
+        let (input, read, write) = (
+            u.prompt_tokens.unwrap_or(0),
+            u.cache_read_input_tokens,
+            u.cache_creation_input_tokens,
+        );
+        Some(if read.is_some() || write.is_some() {
+            let (read, write) = (read.unwrap_or(0), write.unwrap_or(0));
+            Usage {
+                input: clamp(input.saturating_add(read).saturating_add(write)),
+                output: u.completion_tokens.map_or(0, clamp),
+                cache_read: clamp(read),
+                cache_write: clamp(write),
+            }
+        } else {
+            Usage {
+                input: clamp(input),
+                output: u.completion_tokens.map_or(0, clamp),
+                cache_read: clamp(cached.min(input)),
+                cache_write: 0,
+            }
         })
     }
 
@@ -534,7 +652,86 @@ mod tests {
     }
 
     fn usage(input: u32, output: u32) -> Option<Usage> {
-        Some(Usage { input, output })
+        Some(Usage {
+            input,
+            output,
+            ..Usage::default()
+        })
+    }
+
+    #[test]
+    fn cached_input_in_each_providers_shape() {
+        let cached = |input, output, cache_read, cache_write| {
+            Some(Usage {
+                input,
+                output,
+                cache_read,
+                cache_write,
+            })
+        };
+        for (body, want) in [
+            // OpenAI chat completions: cached tokens are part of the prompt.
+            (
+                &br#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,
+                   "prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},
+                   "completion_tokens_details":{"reasoning_tokens":0}}}"#[..],
+                cached(2006, 300, 1920, 0),
+            ),
+            // The Responses API.
+            (
+                br#"{"object":"response","usage":{"input_tokens":1300,"input_tokens_details":{"cached_tokens":1024},
+                   "output_tokens":50,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":1350}}"#,
+                cached(1300, 50, 1024, 0),
+            ),
+            // Anthropic: reads and writes counted apart from input_tokens.
+            (
+                br#"{"type":"message","usage":{"input_tokens":21,"cache_creation_input_tokens":188086,
+                   "cache_read_input_tokens":0,"output_tokens":393}}"#,
+                cached(188_107, 393, 0, 188_086),
+            ),
+            (
+                br#"{"usage":{"input_tokens":50,"cache_read_input_tokens":100000,"output_tokens":12}}"#,
+                cached(100_050, 12, 100_000, 0),
+            ),
+            // Details that are not an object, or null counts: nothing cached.
+            (
+                br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":null,"completion_tokens":1}}"#,
+                cached(10, 1, 0, 0),
+            ),
+            (
+                br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":null}}}"#,
+                cached(10, 0, 0, 0),
+            ),
+            // More cached than the prompt: at most all of it.
+            (
+                br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":99}}}"#,
+                cached(10, 0, 10, 0),
+            ),
+            // A cached count that is not a count, or given twice: unreadable.
+            (
+                br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":"5"}}}"#,
+                None,
+            ),
+            (
+                br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":1},"input_tokens_details":{}}}"#,
+                None,
+            ),
+            (
+                br#"{"usage":{"input_tokens":1,"cache_read_input_tokens":2,"cache_read_input_tokens":3}}"#,
+                None,
+            ),
+            // `cached_tokens` anywhere else is not the usage's.
+            (
+                br#"{"cached_tokens":5,"usage":{"prompt_tokens":10,"x":{"cached_tokens":7}}}"#,
+                cached(10, 0, 0, 0),
+            ),
+        ] {
+            let text = String::from_utf8_lossy(body);
+            for chunk in [1, 3, 7, body.len()] {
+                assert_eq!(scan(body, false, chunk), want, "{text} in chunks of {chunk}");
+            }
+            assert_eq!(reference(body), want, "the reference agrees: {text}");
+        }
     }
 
     #[test]
@@ -696,13 +893,37 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
                 prop::option::of((any::<bool>(), count())),
                 prop::option::of((any::<bool>(), count())),
                 prop::collection::btree_map("[a-z_]{1,10}", any_json(), 0..3),
+                prop::option::of(prop_oneof![
+                    // OpenAI's details (an object with a count, or
+                    // anything), or Anthropic's cache counts.
+                    (any::<bool>(), count()).prop_map(|(alias, c)| {
+                        let k = if alias {
+                            "input_tokens_details"
+                        } else {
+                            "prompt_tokens_details"
+                        };
+                        vec![(k.to_string(), json!({ "cached_tokens": c }))]
+                    }),
+                    any_json().prop_map(|v| vec![("prompt_tokens_details".to_string(), v)]),
+                    (prop::option::of(count()), prop::option::of(count())).prop_map(|(r, w)| {
+                        let mut v = Vec::new();
+                        if let Some(r) = r {
+                            v.push(("cache_read_input_tokens".to_string(), r));
+                        }
+                        if let Some(w) = w {
+                            v.push(("cache_creation_input_tokens".to_string(), w));
+                        }
+                        v
+                    }),
+                ]),
             )),
             any::<bool>(),
         )
             .prop_map(|(rest, usage, nest)| {
                 let mut top: serde_json::Map<String, Json> = rest.into_iter().collect();
-                if let Some((input, output, extra)) = usage {
+                if let Some((input, output, extra, cache)) = usage {
                     let mut u: serde_json::Map<String, Json> = extra.into_iter().collect();
+                    u.extend(cache.into_iter().flatten());
                     if let Some((alias, v)) = input {
                         u.insert(
                             if alias {

@@ -39,6 +39,8 @@ pub fn facts(e: &Event) -> Facts<'_> {
         tier: text(&e.tier),
         tokens_in: e.tokens_in,
         tokens_out: e.tokens_out,
+        tokens_cache_read: e.tokens_cache_read,
+        tokens_cache_write: e.tokens_cache_write,
         status: e.status,
         warm: e.warm,
         overage: e.overage,

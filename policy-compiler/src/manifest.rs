@@ -329,6 +329,11 @@ pub struct Cost {
     /// (model routing). Default 1 for every model.
     #[serde(default)]
     pub model_cost_factors: std::collections::BTreeMap<String, f64>,
+    /// An input token read from the provider's prompt cache, priced as
+    /// this fraction of an input token (0 to 10). Default 1.
+    pub cached_input_factor: Option<f64>,
+    /// An input token written to the prompt cache, likewise. Default 1.
+    pub cache_write_factor: Option<f64>,
 }
 
 /// A destination's cost parameters with every default resolved, as written
@@ -383,6 +388,12 @@ pub struct ResolvedDestination {
     /// What its upstream expects.
     #[serde(default, skip_serializing_if = "ace_config::Upstream::is_default")]
     pub upstream: ace_config::Upstream,
+    /// Prompt-cache read price over the input price, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_factor: Option<f64>,
+    /// Prompt-cache write price over the input price, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_factor: Option<f64>,
 }
 
 /// A manifest read from disk, with its text kept for error positions.
@@ -485,6 +496,8 @@ impl LoadedManifest {
                     bias: c.bias.unwrap_or(1.0),
                     eviction_premium: c.eviction_premium,
                     overage_usd_per_mtok: c.overage_usd_per_mtok,
+                    cached_input_factor: c.cached_input_factor,
+                    cache_write_factor: c.cache_write_factor,
                     upstream: d
                         .upstream
                         .as_ref()
@@ -957,6 +970,18 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
                 "cost field `gpus` is 0".into(),
                 "omit it or give at least 1",
             ));
+        }
+        for (name, f) in [
+            ("cached_input_factor", c.cached_input_factor),
+            ("cache_write_factor", c.cache_write_factor),
+        ] {
+            if let Some(f) = f.filter(|f| !(f.is_finite() && (0.0..=10.0).contains(f))) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!("cost field `{name}` is `{f}`, outside [0, 10]"),
+                    "the prompt cache's price over the input price, e.g. 0.1 for a tenth",
+                ));
+            }
         }
         if let Some(ctl) = &d.control {
             check_control(m, d, ctl, &mut out);

@@ -72,6 +72,8 @@ pub fn plugin_config(
             cold_load_usd: d.cold_load_usd,
             bias: d.bias,
             warm_models: Some(d.warm_models),
+            cached_input_factor: d.cached_input_factor,
+            cache_write_factor: d.cache_write_factor,
             upstream: d.upstream,
         });
     }

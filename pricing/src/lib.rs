@@ -60,6 +60,12 @@ pub struct Facts<'a> {
     pub tokens_in: u32,
     /// Output tokens.
     pub tokens_out: u32,
+    /// Of the input, read from the provider's prompt cache.
+    #[serde(default)]
+    pub tokens_cache_read: u32,
+    /// Of the input, written to it.
+    #[serde(default)]
+    pub tokens_cache_write: u32,
     /// The status the client got.
     pub status: u32,
     /// Whether the model was resident (`false`: a cold load is charged).
@@ -114,6 +120,8 @@ impl<'a> Facts<'a> {
             tier: e.tier.map(Cow::Borrowed),
             tokens_in: e.tokens_in,
             tokens_out: e.tokens_out,
+            tokens_cache_read: e.tokens_cache_read,
+            tokens_cache_write: e.tokens_cache_write,
             status: e.status,
             warm: e.warm,
             overage: e.overage,
@@ -265,7 +273,7 @@ fn price_with(
     // Past a cap of 0 the core prices a reserved block at its overage.
     let cap = e.overage.then_some(0);
     let tokens = model
-        .marginal_usd(e.tokens_in, e.tokens_out, true, 0, cap)
+        .marginal_usd_billed(billed(e, cfg, i), e.tokens_out, true, 0, cap)
         .ok_or_else(|| {
             PriceError(format!(
                 "field `overage` is true but {dest:?} in configuration {cfg_id} is {} with no \
@@ -387,10 +395,27 @@ fn cheapest_payg(
         .enumerate()
         .filter(|(i, m)| m.tier.is_pay_as_you_go() && bit(mask, *i))
         .map(|(i, m)| {
-            m.rest_usd(e.tokens_in, e.tokens_out) * factor(setup.routing.as_ref(), i, model)
+            m.rest_usd_billed(billed(e, cfg, i), e.tokens_out)
+                * factor(setup.routing.as_ref(), i, model)
         })
         .min_by(f64::total_cmp);
     best.map(|usd| nano(usd, "counterfactual")).transpose()
+}
+
+/// `e`'s input as destination `i` bills it: its prompt-cache reads and
+/// writes at its own cached prices (as the filter books them).
+fn billed(e: &Facts<'_>, cfg: &Config, i: usize) -> f64 {
+    let (read, write) = cfg
+        .destinations
+        .get(i)
+        .map_or((1.0, 1.0), ace_config::Destination::cache_factors);
+    ace_core::cost::billed_input(
+        e.tokens_in,
+        e.tokens_cache_read,
+        e.tokens_cache_write,
+        read,
+        write,
+    )
 }
 
 fn bit(mask: &[u64], i: usize) -> bool {
@@ -575,6 +600,66 @@ mod tests {
                     "{extra}"
                 );
             }
+        }
+    }
+
+    /// Each provider's usage shape, read as the filter reads it, booked
+    /// at that provider's cached prices: OpenAI's cached tokens (inside
+    /// the prompt count) at half the input price, Anthropic's cache reads
+    /// at a tenth and writes at 1.25 (apart from `input_tokens`).
+    #[test]
+    fn each_providers_cached_usage_is_booked_at_its_cached_price() {
+        let config = r#"{"allow_no_policy":true,"destinations":[
+            {"name":"openai","cluster":"openai","tier":"payg",
+             "usd_per_input_token":2.5e-6,"usd_per_output_token":1e-5,"cached_input_factor":0.5},
+            {"name":"anthropic","cluster":"anthropic","tier":"payg",
+             "usd_per_input_token":3e-6,"usd_per_output_token":1.5e-5,
+             "cached_input_factor":0.1,"cache_write_factor":1.25}]}"#;
+        let setup = Setup::parse(config.as_bytes()).expect("config");
+        for (dest, body, billed_in, out) in [
+            (
+                "openai",
+                &br#"{"object":"chat.completion","usage":{"prompt_tokens":2006,"completion_tokens":300,
+                   "prompt_tokens_details":{"cached_tokens":1920}}}"#[..],
+                86.0 + 1920.0 * 0.5,
+                300.0,
+            ),
+            (
+                "openai",
+                br#"{"object":"response","usage":{"input_tokens":1300,"input_tokens_details":{"cached_tokens":1024},
+                   "output_tokens":50,"total_tokens":1350}}"#,
+                276.0 + 1024.0 * 0.5,
+                50.0,
+            ),
+            (
+                "anthropic",
+                br#"{"type":"message","usage":{"input_tokens":21,"cache_creation_input_tokens":2000,
+                   "cache_read_input_tokens":10000,"output_tokens":393}}"#,
+                21.0 + 10000.0 * 0.1 + 2000.0 * 1.25,
+                393.0,
+            ),
+        ] {
+            let mut scanner = ace_flow::usage::UsageScanner::new(false);
+            scanner.feed(body);
+            let u = scanner.finish().expect("usage");
+            let line = format!(
+                r#"{{"destination":"{dest}","tier":"payg","tokens_in":{},"tokens_out":{},
+                    "tokens_cache_read":{},"tokens_cache_write":{},"status":200,"warm":true}}"#,
+                u.input, u.output, u.cache_read, u.cache_write
+            );
+            let facts: Facts = serde_json::from_str(&line).expect("facts");
+            let p = price(&facts, &setup, "cfg").expect("priced");
+            let (pin, pout) = if dest == "openai" {
+                (2.5e-6, 1e-5)
+            } else {
+                (3e-6, 1.5e-5)
+            };
+            let want = money::from_usd(billed_in * pin + out * pout).expect("usd");
+            assert_eq!(p.booked, want, "{dest}: {line}");
+            // The counterfactual (the cheapest pay-as-you-go, at its own
+            // cached prices) is never above the booked one here: both are
+            // providers, and the same cache is assumed for both.
+            assert!(p.counterfactual.is_some_and(|c| c <= want), "{dest}");
         }
     }
 

@@ -266,7 +266,11 @@ fn run() -> Result<(), String> {
                     ));
                 variants.push((name, b));
             }
-            Variant::AcePolicy | Variant::AceRoute | Variant::AceHit | Variant::AceCheck => {
+            Variant::AcePolicy
+            | Variant::AceRoute
+            | Variant::AceHit
+            | Variant::AceCheck
+            | Variant::AceAddressed => {
                 let config = fleet_config(v)?;
                 let b = fleet_clusters(base(), up.port(), true);
                 variants.push((name, b.wasm_filter_reading_body(&ace, &config)));
@@ -294,7 +298,8 @@ fn run() -> Result<(), String> {
             Variant::AceDynPolicy
             | Variant::AceDynRoute
             | Variant::AceDynHit
-            | Variant::AceDynCheck => {
+            | Variant::AceDynCheck
+            | Variant::AceDynAddressed => {
                 let lib = dynamic_lib()?;
                 let config = fleet_config(v)?;
                 let b = fleet_clusters(base(), up.port(), true);

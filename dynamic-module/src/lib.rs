@@ -578,6 +578,14 @@ impl Host for Dynamic<'_> {
         true
     }
 
+    fn can_replace_response_body(&self) -> bool {
+        true
+    }
+
+    fn replace_response_chunk(&mut self, bytes: &[u8]) -> bool {
+        self.envoy.replace_received_response(bytes)
+    }
+
     fn replace_request_body(&mut self, body: &[u8]) -> bool {
         // Held: the body is in Envoy's buffer and the headers are not
         // yet sent.

@@ -802,6 +802,22 @@ impl Host for Wasm<'_> {
         true
     }
 
+    fn can_replace_response_body(&self) -> bool {
+        true
+    }
+
+    fn replace_response_chunk(&mut self, bytes: &[u8]) -> bool {
+        // Each response body callback sees only its new chunk (the filter
+        // never pauses a response): that chunk is what is replaced.
+        match host::set_buffer(BufferType::HttpResponseBody, 0, self.body_size, bytes) {
+            Ok(()) => true,
+            Err(s) => {
+                log::warn!("cannot replace a response chunk: {s:?}");
+                false
+            }
+        }
+    }
+
     fn replace_request_body(&mut self, body: &[u8]) -> bool {
         // The request is held with its whole body in Envoy's buffer, and
         // its headers are not yet sent: both can change.

@@ -20,6 +20,9 @@ pub struct RequestBody {
     pub max_output_tokens: Option<u32>,
     /// The `stream` field.
     pub stream: bool,
+    /// Whether the body has a `stream_options` member (then ACE never
+    /// adds one: the client chose).
+    pub stream_options: bool,
     /// Estimated input tokens.
     pub tokens_in: u32,
     /// Safe to answer from a cache: deterministic sampling (`temperature`
@@ -37,6 +40,9 @@ struct Wire<'a> {
     max_completion_tokens: Option<serde_json::Value>,
     #[serde(default)]
     stream: Option<bool>,
+    /// Present whatever its value (`null` included).
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<()>,
     #[serde(default)]
     temperature: Option<serde_json::Value>,
     #[serde(default)]
@@ -45,6 +51,11 @@ struct Wire<'a> {
     tools: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     functions: Option<serde::de::IgnoredAny>,
+}
+
+/// `Some` for a member that is there, whatever its value.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<()>, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| Some(()))
 }
 
 /// Why a body could not be read.
@@ -124,6 +135,7 @@ pub fn scan_request(bytes: &[u8], total_len: usize) -> Result<RequestBody, BodyE
         model: wire.model.map(|m| m.into_owned()),
         max_output_tokens: completion.or(max),
         stream: wire.stream.unwrap_or(false),
+        stream_options: wire.stream_options.is_some(),
         tokens_in: estimate_tokens(total_len),
         cacheable,
     })
@@ -143,6 +155,7 @@ mod tests {
                 model: Some("llama-3.1-70b".into()),
                 max_output_tokens: Some(300),
                 stream: true,
+                stream_options: false,
                 tokens_in: (b.len() / 4) as u32,
                 cacheable: false,
             })

@@ -394,6 +394,21 @@ pub trait Host {
         false
     }
 
+    /// Whether this host can replace a response body chunk as it passes
+    /// ([`Host::replace_response_chunk`]). ACE asks a stream for its usage
+    /// on the client's behalf only on a host that can give the client back
+    /// the stream it asked for ([`crate::stream_usage`]).
+    fn can_replace_response_body(&self) -> bool {
+        false
+    }
+
+    /// Replace the response body chunk of this callback with `bytes`;
+    /// false if the host could not.
+    fn replace_response_chunk(&mut self, bytes: &[u8]) -> bool {
+        let _ = bytes;
+        false
+    }
+
     /// The cache entry in `slot` ([`crate::cache`]), appended to `into`;
     /// false when there is none or this host keeps no cache.
     fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
@@ -584,6 +599,8 @@ struct Extra {
     counterfactual_scale: Option<f64>,
     /// A miss to store or a hit to check.
     cache: Option<Pending>,
+    /// ACE asked the stream for its usage: what to take out of it.
+    strip: Option<crate::stream_usage::Strip>,
 }
 
 /// What the rungs came to, inside the worker's buffers.
@@ -605,6 +622,8 @@ enum Climbed {
 struct Won {
     /// The API the client's path asks for.
     api: Option<Api>,
+    /// Ask the stream for its usage on the client's behalf.
+    ask_usage: bool,
     served: Option<usize>,
     cf: Option<Option<Counterfactual>>,
     pending: Option<Box<Pending>>,
@@ -1020,6 +1039,12 @@ impl Flow {
         let routing = setup.routing.as_ref().filter(|_| rewritable);
         let api = event.headers.get(":path").and_then(Api::of_path);
         event.api = api.map(Api::name);
+        // A completion streamed without `stream_options`: ask for its usage
+        // (the client still gets the stream it asked for).
+        let ask_usage = rewritable
+            && host.can_replace_response_body()
+            && matches!(api, Some(Api::ChatCompletions | Api::Completions))
+            && body.is_some_and(|b| b.stream && !b.stream_options);
         // The cache only for requests safe to answer twice, and never for
         // ACE's own re-run of a failed request.
         let cacheable = setup
@@ -1089,6 +1114,7 @@ impl Flow {
         };
         let won = Won {
             api,
+            ask_usage,
             served,
             cf,
             pending,
@@ -1114,6 +1140,7 @@ impl Flow {
     ) -> Verdict {
         let Won {
             api,
+            ask_usage,
             served,
             cf,
             pending,
@@ -1155,15 +1182,29 @@ impl Flow {
             member.or_else(|| self.event.as_ref().and_then(|e| e.text(&e.model_requested)));
         let sent = catalogue.map(|c| dest.upstream.model_name(c));
         let renamed = sent.filter(|s| Some(*s) != catalogue);
-        if member.is_some() || renamed.is_some() {
+        let rename = member.is_some() || renamed.is_some();
+        if rename || ask_usage {
             // The upstream serves the model its body names: name the one
             // chosen, as this upstream knows it. A body that cannot be
             // rewritten never reaches a destination chosen for another
             // model or name (fail closed; `upstream::narrow` kept those
             // out).
             let name = sent.unwrap_or("");
-            let rewritten = raw.and_then(|b| routing::rewrite_model(b, name));
+            let renamed_body = match raw {
+                Some(b) if rename => routing::rewrite_model(b, name),
+                Some(b) => Some(b.to_vec()),
+                None => None,
+            };
+            let rewritten = if ask_usage {
+                renamed_body.and_then(|b| crate::stream_usage::ask(&b))
+            } else {
+                renamed_body
+            };
             let done = rewritten.is_some_and(|b| host.replace_request_body(&b));
+            if done && ask_usage {
+                self.extra.get_or_insert_with(Box::default).strip =
+                    Some(crate::stream_usage::Strip::default());
+            }
             if !done {
                 self.settle(setup, host, None, Some(now));
                 return self.internal(host, "cannot rewrite the request body's model");
@@ -1542,10 +1583,22 @@ impl Flow {
             e.latency_ms = latency_ms;
             e.finish(status, reason);
         }
+        if !(200..300).contains(&status) {
+            if let Some(x) = self.extra.as_deref_mut() {
+                x.strip = None;
+            }
+        }
         if (200..300).contains(&status) {
             let sse =
                 host.response_header("content-type", |v| headers::has(v, "text/event-stream"));
             self.usage = Some(UsageScanner::new(sse));
+            // Only a stream whose length is not fixed can lose bytes.
+            let keep_strip = sse && host.response_header("content-length", |v| v.is_none());
+            if !keep_strip {
+                if let Some(x) = self.extra.as_deref_mut() {
+                    x.strip = None;
+                }
+            }
             if let Some(p) = self.pending() {
                 // Kept as long as it is whole and within the bound.
                 p.storable = !encoded;
@@ -1637,16 +1690,23 @@ impl Flow {
             self.learn(setup, host);
         }
         let max = setup.cache.as_ref().map_or(0, |c| c.max_entry_bytes);
-        let mut capture = self
-            .extra
-            .as_deref_mut()
-            .and_then(|x| x.cache.as_mut())
-            .filter(|p| p.storable);
+        let (mut capture, mut strip) = match self.extra.as_deref_mut() {
+            Some(x) => (x.cache.as_mut().filter(|p| p.storable), x.strip.as_mut()),
+            None => (None, None),
+        };
         let Some(scanner) = self.usage.as_mut() else {
             return;
         };
+        // What the client gets when ACE asked for usage on its behalf: the
+        // stream as it asked for it (a host may hand a chunk in pieces).
+        let mut sent = Vec::new();
+        let mut piece = Vec::new();
         host.response_body(|chunk| {
             scanner.feed(chunk);
+            if let Some(s) = strip.as_deref_mut() {
+                s.chunk(chunk, false, &mut piece);
+                sent.extend_from_slice(&piece);
+            }
             if let Some(p) = capture.as_deref_mut() {
                 if p.body.len().saturating_add(chunk.len()) <= max {
                     p.body.extend_from_slice(chunk);
@@ -1658,7 +1718,24 @@ impl Flow {
                 }
             }
         });
+        if let Some(s) = strip {
+            if end_of_stream {
+                s.chunk(&[], true, &mut piece);
+                sent.extend_from_slice(&piece);
+            }
+            if !host.replace_response_chunk(&sent) {
+                log::warn!(
+                    "cannot replace a response chunk: the client gets the usage ACE asked for"
+                );
+                if let Some(x) = self.extra.as_deref_mut() {
+                    x.strip = None;
+                }
+            }
+        }
         if end_of_stream {
+            let Some(scanner) = self.usage.as_mut() else {
+                return;
+            };
             let found = scanner.finish();
             self.usage = None;
             if let (Some(u), Some((decision, _)), Some(e)) =

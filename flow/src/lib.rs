@@ -36,6 +36,7 @@ pub mod headroom;
 pub mod request;
 pub mod routing;
 pub mod schema;
+pub mod stream_usage;
 pub mod upstream;
 pub mod usage;
 

@@ -259,6 +259,16 @@ impl State {
             ));
         }
         self.served.fetch_add(1, Ordering::SeqCst);
+        let request: Value = serde_json::from_slice(&req.body).unwrap_or_default();
+        if request["stream"] == true {
+            let include = request["stream_options"]["include_usage"] == true;
+            return Ok(Behavior::RespondWithTrailers {
+                status: 200,
+                headers: vec![("content-type".into(), "text/event-stream".into())],
+                body: stream_events(&model, include).into_bytes(),
+                trailers: Vec::new(),
+            });
+        }
         let body = json!({
             "id": "chatcmpl-1", "object": "chat.completion", "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": self.spec.name},
@@ -442,6 +452,32 @@ impl Provider {
         }
         cluster
     }
+}
+
+/// A streamed chat completion as OpenAI sends it ("Create chat
+/// completion", streaming): two events and `[DONE]`; with
+/// `stream_options.include_usage`, `"usage":null` last in every event and
+/// an event with no choices and the usage before `[DONE]`.
+pub fn stream_events(model: &str, include_usage: bool) -> String {
+    let null = if include_usage {
+        r#","usage":null"#
+    } else {
+        ""
+    };
+    let head = format!(
+        r#""id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"{model}""#
+    );
+    let mut s = format!(
+        "data: {{{head},\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"hi\"}}}}]{null}}}\n\n\
+         data: {{{head},\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]{null}}}\n\n"
+    );
+    if include_usage {
+        s.push_str(&format!(
+            "data: {{{head},\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":3,\"total_tokens\":15}}}}\n\n"
+        ));
+    }
+    s.push_str("data: [DONE]\n\n");
+    s
 }
 
 /// A TLS listener on a free loopback port whose connections are carried,

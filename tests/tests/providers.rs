@@ -16,7 +16,7 @@
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
-use ace_harness::provider::{Ca, Errors, Limits, Provider, Spec};
+use ace_harness::provider::{stream_events, Ca, Errors, Limits, Provider, Spec};
 use ace_tests::{require_envoy, start, Filter};
 use base64::Engine;
 use serde_json::{json, Value};
@@ -314,7 +314,76 @@ fn a_provisioned_deployment_spills_before_its_first_429(filter: Filter) {
     only_own_credentials(&f);
 }
 
+/// A client that streams without asking for usage gets exactly the stream
+/// it asked for, while ACE asked the upstream for the usage and booked it;
+/// a client that set `stream_options` itself is left alone.
+fn a_stream_is_asked_for_its_usage_and_the_client_gets_its_own_bytes(filter: Filter) {
+    let f = fleet(filter);
+    let stream = |options: Option<Value>| {
+        let mut body = json!({"model": "llama", "stream": true,
+                              "messages": [{"role": "user", "content": "hi"}]});
+        if let Some(o) = options {
+            body["stream_options"] = o;
+        }
+        Request::post_json("/v1/chat/completions", &body)
+            .send(f.envoy.port())
+            .unwrap_or_else(|e| panic!("request failed: {e}"))
+    };
+    let model = "meta-llama/Llama-3.1-8B-Instruct";
+    let r = stream(None);
+    assert_eq!(
+        (r.status, r.header("x-upstream")),
+        (200, Some("vllm")),
+        "{r:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        stream_events(model, false),
+        "the client's bytes, as if ACE had not asked"
+    );
+    let got = &f.provider("vllm").accepted()[0];
+    let sent: Value = serde_json::from_slice(&got.body).unwrap_or_default();
+    assert_eq!(sent["stream_options"]["include_usage"], true, "{sent}");
+    assert_eq!(sent["model"], model);
+    // The client's own choice, either way, untouched.
+    let r = stream(Some(json!({"include_usage": true})));
+    assert_eq!(String::from_utf8_lossy(&r.body), stream_events(model, true));
+    let r = stream(Some(json!({"include_usage": false})));
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        stream_events(model, false)
+    );
+    let lines = f
+        .envoy
+        .wait_access_log(3, std::time::Duration::from_secs(5));
+    let events: Vec<Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let booked: Vec<(Option<u64>, Option<u64>, bool)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["tokens_in"].as_u64(),
+                e["tokens_out"].as_u64(),
+                e["tokens_estimated"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        booked.iter().take(2).collect::<Vec<_>>(),
+        [&(Some(12), Some(3), false), &(Some(12), Some(3), false)],
+        "usage booked where it was asked for: {lines:?}"
+    );
+    assert!(
+        booked[2].2,
+        "no usage without asking: an estimate {lines:?}"
+    );
+    only_own_credentials(&f);
+}
+
 ace_tests::for_each_filter!(
     each_request_arrives_as_its_upstream_expects,
     a_provisioned_deployment_spills_before_its_first_429,
+    a_stream_is_asked_for_its_usage_and_the_client_gets_its_own_bytes,
 );

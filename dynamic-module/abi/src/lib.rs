@@ -510,6 +510,26 @@ impl Filter {
         }
     }
 
+    /// Replace the response body chunk this hook received with `bytes`.
+    pub fn replace_received_response(self, bytes: &[u8]) -> bool {
+        let kind = Body::ReceivedResponse as u32;
+        // SAFETY: `self` is live for this hook; no pointers.
+        let size = unsafe { envoy_dynamic_module_callback_http_get_body_size(self, kind) };
+        // SAFETY: as above.
+        let drained =
+            size == 0 || unsafe { envoy_dynamic_module_callback_http_drain_body(self, kind, size) };
+        // SAFETY: `self` is live; Envoy copies the bytes.
+        drained
+            && (bytes.is_empty()
+                || unsafe {
+                    envoy_dynamic_module_callback_http_append_body(
+                        self,
+                        kind,
+                        ModuleBuffer::of(bytes),
+                    )
+                })
+    }
+
     /// Answer the request locally: `status`, a JSON `body`, and `details`
     /// for Envoy's response-code details (what `%RESPONSE_CODE_DETAILS%`
     /// logs).

@@ -321,3 +321,91 @@ fn envoyfilter_gateway_serves_through_ecds_by_the_route_patch() {
         assert_eq!(dest.map(|(_, v)| v.as_str()), Some(owned_cluster.as_str()));
     }
 }
+
+/// `providers.yaml`'s documents, its secret paths moved under `secrets`.
+fn provider_manifests(secrets: &std::path::Path) -> Vec<Value> {
+    let path = ace_harness::workspace_root().join("envoy/istio/providers.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = text.replace("/etc/ace/secrets", &secrets.to_string_lossy());
+    text.split("\n---\n")
+        .map(|d| serde_yaml_ng::from_str(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+/// Each provider's cluster as Istio would make it from `providers.yaml`
+/// (the `ServiceEntry`'s host on 443, the `DestinationRule`'s TLS with its
+/// SNI, the `EnvoyFilter`'s MERGE of the credential injector) is accepted
+/// by Envoy 1.40 with its secret files, and every patch has its service
+/// and TLS.
+#[test]
+fn provider_manifests_give_each_cluster_tls_and_its_own_key() {
+    require_envoy();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let docs = provider_manifests(dir.path());
+    let of_kind =
+        |kind: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == kind).collect() };
+    let filter = of_kind("EnvoyFilter");
+    assert_eq!(filter.len(), 1);
+    let patches = filter[0]["spec"]["configPatches"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no configPatches"));
+    let mut clusters = Vec::new();
+    let mut headers = Vec::new();
+    for p in patches {
+        assert_eq!(p["applyTo"], "CLUSTER");
+        let service = p["match"]["cluster"]["service"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(p["match"]["cluster"]["portNumber"], 443, "{service}");
+        assert!(
+            of_kind("ServiceEntry")
+                .iter()
+                .any(|s| s["spec"]["hosts"][0] == service && s["spec"]["ports"][0]["number"] == 443),
+            "no ServiceEntry for {service}"
+        );
+        let tls = of_kind("DestinationRule")
+            .into_iter()
+            .find(|d| d["spec"]["host"] == service)
+            .map(|d| d["spec"]["trafficPolicy"]["tls"].clone())
+            .unwrap_or_else(|| panic!("no DestinationRule for {service}"));
+        assert_eq!(
+            (tls["mode"].as_str(), tls["sni"].as_str()),
+            (Some("SIMPLE"), Some(service))
+        );
+        let options = &p["patch"]["value"]["typed_extension_protocol_options"];
+        let generic = &options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            ["http_filters"][0]["typed_config"]["credential"]["typed_config"];
+        headers.push(generic["header"].as_str().unwrap_or_default().to_string());
+        let secret = generic["credential"]["name"].as_str().unwrap_or_default();
+        let key = dir.path().join(format!("{secret}.txt"));
+        std::fs::write(&key, "sk-test\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            dir.path().join(format!("{secret}.yaml")),
+            json!({"resources": [{
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+                "name": secret, "generic_secret": {"secret": {"filename": key}}}]})
+            .to_string(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let name = format!("outbound|443||{service}");
+        clusters.push(json!({
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 9}}}}]}]},
+            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": service,
+                "common_tls_context": {"validation_context": {
+                    "trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"}}}}},
+            "typed_extension_protocol_options": options
+        }));
+    }
+    assert_eq!(headers, ["authorization", "api-key", "authorization"]);
+    let bootstrap = json!({"node": {"id": "gateway", "cluster": "gateway"},
+                           "static_resources": {"clusters": clusters}});
+    let path = dir.path().join("gateway.json");
+    std::fs::write(&path, bootstrap.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    envoy_validate(&path);
+}

@@ -130,6 +130,19 @@ pub enum Limits {
         /// Utilisation each request adds, percent.
         step: f64,
     },
+    /// A token budget per window, as OpenAI reports it: each request
+    /// served spends `per_request` of `limit`, every answer carries
+    /// `x-ratelimit-{limit,remaining,reset}-tokens` (the reset `reset`,
+    /// a Go duration), and a request arriving with less than
+    /// `per_request` left is answered 429 `rate_limit_exceeded`.
+    Tokens {
+        /// Tokens per window.
+        limit: u64,
+        /// Tokens each request spends.
+        per_request: u64,
+        /// The `x-ratelimit-reset-tokens` value.
+        reset: &'static str,
+    },
 }
 
 /// One provider's shape.
@@ -232,6 +245,41 @@ impl State {
             return Ok(b);
         }
         let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+        if let Limits::Tokens {
+            limit,
+            per_request,
+            reset,
+        } = self.spec.limits
+        {
+            let spent = self
+                .served
+                .load(Ordering::SeqCst)
+                .saturating_mul(per_request);
+            let left = limit.saturating_sub(spent);
+            let figures = |left: u64| {
+                vec![
+                    ("x-ratelimit-limit-tokens".to_string(), limit.to_string()),
+                    ("x-ratelimit-remaining-tokens".to_string(), left.to_string()),
+                    ("x-ratelimit-reset-tokens".to_string(), reset.to_string()),
+                ]
+            };
+            if left < per_request {
+                let mut b = self.error(
+                    429,
+                    "tokens",
+                    "rate_limit_exceeded",
+                    format!(
+                        "Rate limit reached on tokens per min (TPM): Limit {limit}, Used {spent}, \
+                         Requested {per_request}."
+                    ),
+                );
+                if let Behavior::Respond { headers, .. } = &mut b {
+                    headers.extend(figures(left));
+                }
+                return Err(b);
+            }
+            headers.extend(figures(left - per_request));
+        }
         if let Limits::Provisioned { step } = self.spec.limits {
             let before = self.served.load(Ordering::SeqCst) as f64 * step;
             if before >= 100.0 {

@@ -108,6 +108,11 @@ impl Fleet {
 }
 
 fn fleet(filter: Filter) -> Fleet {
+    fleet_with(filter, Limits::Provisioned { step: 25.0 })
+}
+
+/// [`fleet`] with the PTU reporting its headroom as `ptu`.
+fn fleet_with(filter: Filter, ptu: Limits) -> Fleet {
     require_envoy();
     let ca = Ca::new();
     let secrets = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -133,7 +138,7 @@ fn fleet(filter: Filter) -> Fleet {
         Spec {
             models: vec!["gpt4o-ptu".into()],
             errors: Errors::Azure,
-            limits: Limits::Provisioned { step: 25.0 },
+            limits: ptu,
             ..spec(
                 "azure_ptu",
                 Some("contoso.openai.azure.test"),
@@ -284,15 +289,32 @@ fn each_request_arrives_as_its_upstream_expects(filter: Filter) {
 }
 
 fn a_provisioned_deployment_spills_before_its_first_429(filter: Filter) {
-    let f = fleet(filter);
+    spills_before_the_first_429(fleet(filter));
+}
+
+/// The same with the deployment reporting its remaining tokens, as OpenAI
+/// and Azure's standard deployments do: 100 a window, 25 a request.
+fn falling_remaining_tokens_spill_before_the_first_429(filter: Filter) {
+    spills_before_the_first_429(fleet_with(
+        filter,
+        Limits::Tokens {
+            limit: 100,
+            per_request: 25,
+            reset: "1s",
+        },
+    ));
+}
+
+fn spills_before_the_first_429(f: Fleet) {
     let mut went = Vec::new();
     for _ in 0..6 {
         let r = f.send("/v1/chat/completions", "gpt-4o");
         assert_eq!(r.status, 200, "{r:?}");
         went.push(r.header("x-upstream").unwrap_or("").to_string());
     }
-    // 25 % per request: the fourth answer says 100 %, and ACE stops sending
-    // there until the limit resets (no reset said: the default second).
+    // A quarter of the limit per request: the fourth answer says nothing
+    // is left, and ACE stops sending there until the limit resets (a
+    // second: said, or the default when the figures say no reset).
     assert_eq!(
         went,
         [
@@ -385,5 +407,6 @@ fn a_stream_is_asked_for_its_usage_and_the_client_gets_its_own_bytes(filter: Fil
 ace_tests::for_each_filter!(
     each_request_arrives_as_its_upstream_expects,
     a_provisioned_deployment_spills_before_its_first_429,
+    falling_remaining_tokens_spill_before_the_first_429,
     a_stream_is_asked_for_its_usage_and_the_client_gets_its_own_bytes,
 );

@@ -1190,16 +1190,14 @@ impl Flow {
             // model or name (fail closed; `upstream::narrow` kept those
             // out).
             let name = sent.unwrap_or("");
-            let renamed_body = match raw {
-                Some(b) if rename => routing::rewrite_model(b, name),
-                Some(b) => Some(b.to_vec()),
-                None => None,
-            };
-            let rewritten = if ask_usage {
-                renamed_body.and_then(|b| crate::stream_usage::ask(&b))
-            } else {
-                renamed_body
-            };
+            // One copy per rewrite asked for, none to stand between them.
+            let rewritten = raw.and_then(|b| match (rename, ask_usage) {
+                (true, true) => {
+                    routing::rewrite_model(b, name).and_then(|r| crate::stream_usage::ask(&r))
+                }
+                (true, false) => routing::rewrite_model(b, name),
+                (false, _) => crate::stream_usage::ask(b),
+            });
             let done = rewritten.is_some_and(|b| host.replace_request_body(&b));
             if done && ask_usage {
                 self.extra.get_or_insert_with(Box::default).strip =

@@ -426,6 +426,53 @@ mod tests {
         }
     }
 
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// Any header a provider (or whatever answers) sends: a figure in
+        /// range or none, never a panic; and for the names read, values at
+        /// the edges (huge, negative, fractional, empty, non-ASCII).
+        #[test]
+        fn any_header_gives_a_figure_in_range_or_none(
+            headers in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        "x-ratelimit-(limit|remaining|reset)-(requests|tokens|bananas)",
+                        "anthropic-ratelimit-(requests|tokens|input-tokens|x)-(limit|remaining|reset)",
+                        proptest::strategy::Just("azure-openai-deployment-utilization".to_string()),
+                        "[a-zA-Z-]{0,30}",
+                    ],
+                    proptest::prop_oneof![
+                        "[0-9]{0,40}(\\.[0-9]{0,5})?%?",
+                        "-?[0-9]{1,6}(h|m|s|ms|us|d)?([0-9]{1,3}(m|s|ms))?",
+                        "[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{0,9})?(Z|[+-][0-9]{2}:[0-9]{2})?",
+                        proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)
+                            .prop_map(|b: Vec<u8>| String::from_utf8_lossy(&b).into_owned()),
+                    ],
+                ),
+                0..12,
+            ),
+            now in proptest::prelude::any::<u64>(),
+        ) {
+            let mut r = Reading::default();
+            for (k, v) in &headers {
+                if may_be(k.as_bytes()) {
+                    r.feed(k.as_bytes(), v.as_bytes(), now);
+                }
+            }
+            if let Some(h) = r.headroom() {
+                proptest::prop_assert!((0.0..=1.0).contains(&h.left), "{h:?}");
+            }
+            for (_, v) in &headers {
+                if let Some(ms) = duration_ms(v.as_bytes()) {
+                    proptest::prop_assert!(ms <= 86_400_000);
+                }
+                let _ = rfc3339_ms(v.as_bytes());
+                let _ = retry_after_ms(Some(v.as_bytes()), Some(v.as_bytes()));
+            }
+        }
+    }
+
     #[test]
     fn retry_after_prefers_milliseconds() {
         assert_eq!(retry_after_ms(Some(b"1500"), Some(b"2")), Some(1_500));

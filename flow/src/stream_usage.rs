@@ -203,6 +203,37 @@ data: [DONE]\n\n";
         );
     }
 
+    proptest::proptest! {
+        /// Whatever the upstream streams, in whatever chunking: no panic,
+        /// nothing held past the end, and a stream with no usage to take
+        /// out (no `usage` in it) reaches the client byte for byte.
+        #[test]
+        fn any_stream_in_any_chunking(
+            bytes in proptest::collection::vec(
+                proptest::sample::select(b"data: {}[]\"choices:usage,null\r\nx".to_vec()),
+                0..300,
+            ),
+            chunk in 1usize..40,
+        ) {
+            let out = strip(&bytes, chunk);
+            if !bytes.windows(5).any(|w| w == b"usage") {
+                proptest::prop_assert_eq!(out, bytes);
+            } else {
+                proptest::prop_assert!(out.len() <= bytes.len());
+            }
+        }
+
+        /// The usage event and the nulls go, whatever the chunking, even
+        /// around events with no usage and comments.
+        #[test]
+        fn usage_goes_in_any_chunking(chunk in 1usize..64, extra in 0usize..4) {
+            let pad = ": keep-alive\n\n".repeat(extra);
+            let with = format!("{pad}{WITH}");
+            let plain = format!("{pad}{PLAIN}");
+            proptest::prop_assert_eq!(strip(with.as_bytes(), chunk), plain.as_bytes());
+        }
+    }
+
     #[test]
     fn other_streams_pass_unchanged() {
         for s in [

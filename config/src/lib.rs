@@ -76,6 +76,39 @@ pub struct CacheSettings {
     pub check_fraction: Option<f64>,
 }
 
+/// `locality` as configured: prefix locality, what each destination
+/// already holds of a request's prompt, priced into the merit order
+/// (`ace_flow::prefix`). Absent: off.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalitySettings {
+    /// Prefix records kept per destination (default 4,096); the table
+    /// holds this many times the destinations, shared by every worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots_per_destination: Option<u32>,
+    /// A request header naming the client's session (beside the body's
+    /// `prompt_cache_key` and `user`), lowercase; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_header: Option<String>,
+}
+
+/// A destination's prompt cache as ACE models it (`prefix_cache`); unset
+/// fields take its tier's defaults (`ace_flow::prefix`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixCache {
+    /// How long a prefix stays after its last use, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// The shortest prefix it caches, tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u32>,
+    /// Prompt tokens it prefills per second for one request (0 or absent:
+    /// the time a held prefix saves is not priced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens_per_s: Option<f64>,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -146,6 +179,9 @@ pub struct Config {
     /// Which destinations serve which API, and which rename models
     /// (from each destination's `upstream`).
     pub serving: Serving,
+    /// Prefix locality as configured (`locality`); none when absent. The
+    /// flow builds it against the destinations (`ace_flow::prefix`).
+    pub locality: Option<LocalitySettings>,
 }
 
 impl Config {
@@ -541,6 +577,9 @@ pub struct Destination {
     /// authority, whether clients' credentials pass ([`Upstream`]).
     #[serde(default, skip_serializing_if = "Upstream::is_default")]
     pub upstream: Upstream,
+    /// Its prompt cache, for prefix locality ([`PrefixCache`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCache>,
 }
 
 fn default_tier() -> Tier {
@@ -683,6 +722,9 @@ pub struct PluginConfig {
     /// The exact-match response cache ([`CacheSettings`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSettings>,
+    /// Prefix locality ([`LocalitySettings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<LocalitySettings>,
 }
 
 /// Polling the control service, as configured (see [`Control`]).
@@ -991,7 +1033,45 @@ impl Config {
                     ));
                 }
             }
+            if let Some(p) = &d.prefix_cache {
+                if p.prefill_tokens_per_s
+                    .is_some_and(|r| !(r.is_finite() && r >= 0.0))
+                {
+                    return Err(err(
+                        format!("destinations[{i}].prefix_cache.prefill_tokens_per_s"),
+                        "must be a non-negative number of prompt tokens per second",
+                    ));
+                }
+                if p.ttl_ms.is_some_and(|t| t > 86_400_000) {
+                    return Err(err(
+                        format!("destinations[{i}].prefix_cache.ttl_ms"),
+                        "must be at most 86400000 (a day): no provider keeps a prompt cache longer",
+                    ));
+                }
+            }
             models.push(model);
+        }
+        if let Some(l) = &raw.locality {
+            if l.slots_per_destination
+                .is_some_and(|n| !(1..=1 << 20).contains(&n))
+            {
+                return Err(err(
+                    "locality.slots_per_destination",
+                    "must be from 1 to 1048576",
+                ));
+            }
+            if let Some(h) = &l.session_header {
+                let valid = !h.is_empty()
+                    && h.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
+                    });
+                if !valid {
+                    return Err(err(
+                        "locality.session_header",
+                        format!("{h:?} is not a lowercase header name (letters, digits, '-', '_')"),
+                    ));
+                }
+            }
         }
         let destination_header = match raw.destination_header {
             None => DEFAULT_DESTINATION_HEADER.to_string(),
@@ -1163,6 +1243,7 @@ impl Config {
             serving,
             model_routing: raw.model_routing,
             cache: raw.cache,
+            locality: raw.locality,
             control,
             read_body: raw.body.read,
             max_body_bytes,

@@ -99,6 +99,49 @@ fn addressed() -> String {
         )
 }
 
+/// [`fleet`] with prefix locality on, and both destinations priced as
+/// providers with prompt caches that read at a tenth of the input price:
+/// the EU at 2.6e-6 an input token, the US at 2e-6 (cheaper at list).
+fn prefixed() -> String {
+    fleet(r#","locality":{}"#)
+        .replacen(
+            r#""usd_per_input_token":1e-8,"usd_per_output_token":1e-8,"slo_ms":1000}"#,
+            r#""usd_per_input_token":2.6e-6,"usd_per_output_token":8e-6,"slo_ms":1000,
+            "cached_input_factor":0.1}"#,
+            1,
+        )
+        .replacen(
+            r#""usd_per_output_token":8e-6}"#,
+            r#""usd_per_output_token":8e-6,"cached_input_factor":0.1}"#,
+            1,
+        )
+}
+
+/// Turn `n` of a chat about `topic` (a system prompt of about 7,400
+/// bytes, then alternating questions and answers), with `extra` more
+/// bytes in its last question.
+pub fn conversation(topic: &str, n: usize, extra: usize) -> String {
+    let system = format!("{topic}: answer as a careful assistant would. ").repeat(150);
+    let mut m = format!(r#"{{"role":"system","content":"{system}"}}"#);
+    for i in 1..=n {
+        if i > 1 {
+            m.push_str(&format!(
+                r#",{{"role":"assistant","content":"answer {}"}}"#,
+                i - 1
+            ));
+        }
+        let more = if i == n {
+            "x".repeat(extra)
+        } else {
+            String::new()
+        };
+        m.push_str(&format!(
+            r#",{{"role":"user","content":"question {i}{more}"}}"#
+        ));
+    }
+    format!(r#"{{"model":"m","messages":[{m}],"max_tokens":10}}"#)
+}
+
 fn with_control() -> String {
     fleet(&format!(",{CONTROL}"))
 }
@@ -195,6 +238,12 @@ pub const ALL: &[Case] = &[
         config: cached_prices,
         skip: &[],
         run: cached_input_is_booked_at_each_destinations_cached_price,
+    },
+    Case {
+        name: "a_conversation_stays_where_its_prefix_is_held",
+        config: prefixed,
+        skip: &[],
+        run: a_conversation_stays_where_its_prefix_is_held,
     },
     Case {
         name: "a_held_body_decides_the_estimate",
@@ -392,6 +441,50 @@ fn a_providers_own_figures_spill_before_its_429(h: &mut dyn Driver) {
     assert_eq!(route(h, "personal_eu"), "refused 503");
     h.advance(2_000);
     assert_eq!(route(h, "public"), "eu_owned", "the limit reset");
+}
+
+/// Prefix locality: a conversation stays on the destination that holds
+/// its prompt while that is cheapest counting the cached price; another
+/// tenant's identical conversation is priced as if nothing were held; the
+/// conversation moves when its new part outweighs the discount, and when
+/// the holder trips.
+fn a_conversation_stays_where_its_prefix_is_held(h: &mut dyn Driver) {
+    let turn = |topic: &str, n: usize, tenant: &str, class: &str, extra: usize| {
+        Req::class(class)
+            .header("x-ace-tenant", tenant)
+            .body(&[&conversation(topic, n, extra)])
+    };
+    let held = |e: &Seen| e.event["tokens_prefix_held"].as_u64().unwrap_or(0);
+    // Turn 1: only the EU may serve it; nothing is held anywhere yet.
+    let e = h.send(&turn("tax", 1, "acme", "personal_eu", 0), &ok());
+    assert_eq!(
+        (went(&e).as_str(), held(&e)),
+        ("eu_owned", 0),
+        "{}",
+        e.event
+    );
+    // Turn 2, which either may serve: the US is cheaper at list, but the
+    // EU holds turn 1's prompt (about 1,600 tokens) at a tenth.
+    let e = h.send(&turn("tax", 2, "acme", "public", 0), &ok());
+    assert_eq!(went(&e), "eu_owned", "{}", e.event);
+    assert!((1_550..1_650).contains(&held(&e)), "{}", e.event);
+    // The same conversation from another tenant holds nothing.
+    let e = h.send(&turn("tax", 2, "rival", "public", 0), &ok());
+    assert_eq!((went(&e).as_str(), held(&e)), ("us_api", 0), "{}", e.event);
+    // A turn whose new question is four times the held prompt: the EU's
+    // discount no longer covers its higher list price.
+    let e = h.send(&turn("tax", 3, "acme", "public", 30_000), &ok());
+    assert_eq!(went(&e), "us_api", "{}", e.event);
+    // Another conversation on the EU, which then trips: its next turn
+    // goes where nothing is held.
+    let e = h.send(&turn("law", 1, "acme", "personal_eu", 0), &ok());
+    assert_eq!(went(&e), "eu_owned");
+    for _ in 0..3 {
+        let e = h.send(&Req::class("personal_eu"), &Answer::status(503));
+        assert_eq!(went(&e), "eu_owned");
+    }
+    let e = h.send(&turn("law", 2, "acme", "public", 0), &ok());
+    assert_eq!((went(&e).as_str(), held(&e)), ("us_api", 0), "{}", e.event);
 }
 
 /// An answer past the SLO derates the destination and the event says the

@@ -54,6 +54,8 @@ pub struct Mock {
     pub can_rerun: bool,
     /// Whether it marked the current run superseded.
     pub superseded: bool,
+    /// Prefix locality's table, by slot.
+    pub locality: HashMap<u32, [u8; ace_flow::prefix::RECORD_BYTES]>,
 }
 
 impl Mock {
@@ -81,6 +83,7 @@ impl Mock {
             metadata: None,
             can_rerun: false,
             superseded: false,
+            locality: HashMap::new(),
         }
     }
 
@@ -129,6 +132,19 @@ impl Mock {
 impl Host for Mock {
     fn now_ms(&mut self) -> u64 {
         self.now
+    }
+
+    fn locality_secret(&mut self) -> Option<ace_flow::prefix::Secret> {
+        Some(ace_flow::prefix::Secret([3, 5]))
+    }
+
+    fn locality_get(&mut self, slot: u32, into: &mut [u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
+        self.locality.get(&slot).map(|r| *into = *r).is_some()
+    }
+
+    fn locality_put(&mut self, slot: u32, bytes: &[u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
+        self.locality.insert(slot, *bytes);
+        true
     }
 
     fn next_event_id(&mut self) -> [u8; 32] {

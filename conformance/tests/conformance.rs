@@ -50,6 +50,7 @@ cases!(
     a_slow_answer_derates,
     usage_from_json_and_sse_is_booked,
     cached_input_is_booked_at_each_destinations_cached_price,
+    a_conversation_stays_where_its_prefix_is_held,
     a_held_body_decides_the_estimate,
     each_upstream_is_addressed_as_it_expects,
     a_good_snapshot_moves_the_choice,

@@ -17,12 +17,21 @@
 //!    `feasible & open`:
 //!
 //! ```text
-//! marginal(d)  = tokens_in * per_in(d) + tokens_out * per_out(d) + (cold(d) unless warm)
-//! late(d)      = ttft(d) > the class's target
-//! effective(d) = (marginal(d) + latency_value * delay(d) + late_usd * late(d)) * rank(d)
+//! marginal(d)  = (tokens_in - held(d)) * per_in(d) + tokens_out * per_out(d)
+//!                + (cold(d) unless warm)
+//! late(d)      = ttft(d) - held_s(d) > the class's target
+//! effective(d) = (marginal(d) + latency_value * (delay(d) - held_s(d))
+//!                 + late_usd * late(d)) * rank(d)
 //!                where rank(d) = derate(d) * bias(d)
 //! choose the lowest effective; ties go to the lower index
 //! ```
+//!
+//! `held(d)` and `held_s(d)` are what destination `d` already holds of
+//! this request's prompt ([`Held`], prefix locality): the input tokens it
+//! will not charge in full (its prompt cache's discount, in full-price
+//! tokens) and the prefill seconds it will skip. Both are zero unless a
+//! host passes them; they move a candidate's rank and its booked estimate,
+//! never whether it is a candidate.
 //!
 //! The latency class prices latency twice, each as what it is worth to
 //! the class: `latency_value` per second of queueing (a smooth
@@ -97,6 +106,49 @@ impl Request {
             late_usd: 0.0,
             refuse_late: false,
         }
+    }
+}
+
+/// What each destination already holds of one request's prompt (prefix
+/// locality), indexed like the slate; entries past a slice's end are
+/// zero. Never a reason to become a candidate: it lowers the rank and the
+/// estimate of destinations that already are (feasible and open).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Held<'a> {
+    /// Input tokens the destination will not charge at full price: its
+    /// expected cached tokens times one minus its cached-price factor. At
+    /// most the request's input tokens (larger values are bounded).
+    pub tokens: &'a [f64],
+    /// Prefill seconds the destination will skip (earlier first token).
+    pub seconds: &'a [f64],
+}
+
+impl Held<'_> {
+    /// Nothing held anywhere.
+    pub const NONE: Held<'static> = Held {
+        tokens: &[],
+        seconds: &[],
+    };
+
+    /// Whether nothing is held anywhere (the common decision).
+    #[inline]
+    pub fn is_none(&self) -> bool {
+        self.tokens.is_empty() && self.seconds.is_empty()
+    }
+
+    /// Destination `d`'s tokens and seconds, each bounded to be finite,
+    /// non-negative, and the tokens at most `tokens_in`.
+    #[inline]
+    pub fn at(&self, d: usize, tokens_in: f64) -> (f64, f64) {
+        let clean = |v: Option<&f64>| {
+            v.copied()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .unwrap_or(0.0)
+        };
+        (
+            clean(self.tokens.get(d)).min(tokens_in),
+            clean(self.seconds.get(d)),
+        )
     }
 }
 
@@ -189,6 +241,9 @@ pub struct Decision {
     /// The winner's load band when chosen ([`crate::latency::band`]): where
     /// its answer's time to first byte is learned.
     pub band: u8,
+    /// The input tokens the winner was expected not to charge in full
+    /// ([`Held::tokens`]): already out of `marginal_usd`.
+    pub held_tokens: f64,
 }
 
 impl Decision {
@@ -503,7 +558,7 @@ pub fn decide(
     warm: &[u64],
     req: &Request,
 ) -> Result<Decision, Refusal> {
-    choose(slate, feasible, warm, req, &[])
+    choose(slate, feasible, warm, req, &[], Held::NONE)
 }
 
 /// [`decide`] where destination `d`'s token prices are multiplied by
@@ -521,12 +576,28 @@ pub fn decide_scaled(
     req: &Request,
     scale: &[f64],
 ) -> Result<Decision, Refusal> {
-    choose(slate, feasible, warm, req, scale)
+    choose(slate, feasible, warm, req, scale, Held::NONE)
 }
 
-/// [`decide_scaled`], written once and inlined into both entry points: in
-/// [`decide`] the scale is known to be empty, so the common decision
-/// carries none of model routing's arithmetic.
+/// [`decide_scaled`] with what each destination already holds of the
+/// request's prompt ([`Held`]): a held destination's rank and booked
+/// estimate drop by the input it will not charge in full and the prefill
+/// time it will skip. Which destinations are candidates is `feasible`'s
+/// and the slate's alone.
+pub fn decide_held(
+    slate: &Slate,
+    feasible: &[u64],
+    warm: &[u64],
+    req: &Request,
+    scale: &[f64],
+    held: Held<'_>,
+) -> Result<Decision, Refusal> {
+    choose(slate, feasible, warm, req, scale, held)
+}
+
+/// [`decide_held`], written once and inlined into every entry point: in
+/// [`decide`] the scale and the held prefix are known to be empty, so the
+/// common decision carries none of their arithmetic.
 #[inline(always)]
 fn choose(
     slate: &Slate,
@@ -534,6 +605,7 @@ fn choose(
     warm: &[u64],
     req: &Request,
     scale: &[f64],
+    held: Held<'_>,
 ) -> Result<Decision, Refusal> {
     let tin = f64::from(req.tokens_in);
     let tout = f64::from(req.tokens_out);
@@ -602,6 +674,31 @@ fn choose(
                 let lanes = out.iter_mut().zip(pi).zip(po).zip(rk).zip(sc);
                 for ((((e, pi), po), rk), s) in lanes {
                     *e += (tin * pi + tout * po) * (s - 1.0) * rk;
+                }
+            }
+        }
+        // Prefix locality: the candidates that hold part of the prompt,
+        // ranked again from their parts (rare: most requests hold none).
+        if !held.is_none() {
+            let mut c = candidates;
+            while c != 0 {
+                let b = c.trailing_zeros() as usize;
+                c &= c - 1;
+                let d = base + b;
+                let (t, secs) = held.at(d, tin);
+                if t == 0.0 && secs == 0.0 {
+                    continue;
+                }
+                if let (Some(e), Some(lane)) = (eff.get_mut(b), slate.lane(d)) {
+                    let s = scale.get(d).copied().unwrap_or(1.0);
+                    let ttft = lane.ttft_s - secs;
+                    let late = if timed && ttft > target {
+                        late_usd
+                    } else {
+                        0.0
+                    };
+                    let tokens = ((tin - t) * lane.per_in + tout * lane.per_out) * s;
+                    *e = (tokens + lv * (lane.delay_s - secs) + late) * lane.rank;
                 }
             }
         }
@@ -686,8 +783,9 @@ fn choose(
     let cold_usd = if warm_best { 0.0 } else { lane.cold };
     let s = scale.get(best).copied().unwrap_or(1.0);
     let (per_in, per_out) = (lane.per_in * s, lane.per_out * s);
-    let marginal_usd = tin * per_in + tout * per_out + cold_usd;
-    let late = lane.ttft_s > target;
+    let (held_tokens, held_s) = held.at(best, tin);
+    let marginal_usd = (tin - held_tokens) * per_in + tout * per_out + cold_usd;
+    let late = lane.ttft_s - held_s > target;
     let reason = if bit(&slate.probe, best) {
         Reason::Probe
     } else if late {
@@ -715,6 +813,7 @@ fn choose(
         overage: lane.per_in != lane.rest_in || lane.per_out != lane.rest_out,
         late,
         band: slate.band.get(best).copied().unwrap_or(0),
+        held_tokens,
     })
 }
 

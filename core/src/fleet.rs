@@ -22,7 +22,7 @@
 //! write reaches the shared entry; each says so.
 
 use crate::cost::CostModel;
-use crate::dispatch::{self, Decision, Fleet, Refusal, Request, Slate};
+use crate::dispatch::{self, Decision, Fleet, Held, Refusal, Request, Slate};
 use crate::health::{Change, Health, HealthPolicy, Outcome};
 use crate::latency::Learned;
 use alloc::vec;
@@ -136,6 +136,23 @@ impl FleetState {
         now_ms: u64,
     ) -> Result<Decision, Refusal> {
         let d = dispatch::decide_scaled(&self.slate, feasible, warm, req, scale)?;
+        self.claim(d.index, now_ms);
+        Ok(d)
+    }
+
+    /// [`FleetState::decide_scaled`] with what each destination already
+    /// holds of the request's prompt ([`dispatch::decide_held`]).
+    #[inline]
+    pub fn decide_held(
+        &mut self,
+        feasible: &[u64],
+        warm: &[u64],
+        scale: &[f64],
+        held: Held<'_>,
+        req: &Request,
+        now_ms: u64,
+    ) -> Result<Decision, Refusal> {
+        let d = dispatch::decide_held(&self.slate, feasible, warm, req, scale, held)?;
         self.claim(d.index, now_ms);
         Ok(d)
     }

@@ -19,7 +19,7 @@
 //!    gives the same slate as pricing them all, at any later time.
 
 use ace_core::cost::{CostModel, Tier};
-use ace_core::dispatch::{bit, decide, Fleet, Refusal, Request, Slate};
+use ace_core::dispatch::{bit, decide, decide_held, Fleet, Held, Refusal, Request, Slate};
 use ace_core::fleet::{FleetState, Signal};
 use ace_core::health::{Health, HealthPolicy, Outcome};
 use proptest::prelude::*;
@@ -230,6 +230,57 @@ proptest! {
                 prop_assert!(!open_feasible, "refused ({r:?}) with an open feasible destination");
                 let any = (0..models.len()).any(|d| bit(&feasible, d));
                 prop_assert_eq!(r, if any { Refusal::NoHealthyDestination } else { Refusal::NoFeasibleDestination });
+            }
+        }
+    }
+
+    /// Prefix locality moves the rank and the estimate, never the
+    /// candidates: with any held tokens and seconds (hostile values
+    /// included), the choice is feasible and open, a request refused
+    /// without them is refused alike, and the booked estimate is never
+    /// negative nor above the plain decision's on the same destination.
+    #[test]
+    fn no_held_prefix_widens_the_feasible_set(
+        (models, health, in_flight, feasible, warm) in world(),
+        tokens in proptest::collection::vec(prop_oneof![0.0..40_000.0f64, Just(f64::NAN), Just(f64::INFINITY), Just(-1e9), Just(1e300)], 0..20),
+        seconds in proptest::collection::vec(prop_oneof![0.0..10.0f64, Just(f64::NAN), Just(f64::INFINITY), Just(-5.0)], 0..20),
+        target_ms in proptest::option::of(1u32..5_000),
+        refuse_late in any::<bool>(),
+        now_ms in 0u64..30_000,
+    ) {
+        let policy = HealthPolicy::default();
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], learned: &[], policy: &policy };
+        let mut slate = Slate::new(models.len());
+        slate.refresh(&fleet, now_ms);
+        let req = Request {
+            ttft_target_s: target_ms.map_or(f64::INFINITY, |t| f64::from(t) / 1000.0),
+            late_usd: 0.05,
+            refuse_late,
+            ..Request::untimed(8_000, 200, 0.01)
+        };
+        let held = Held { tokens: &tokens, seconds: &seconds };
+        let with = decide_held(&slate, &feasible, &warm, &req, &[], held);
+        let without = decide(&slate, &feasible, &warm, &req);
+        match with {
+            Ok(d) => {
+                prop_assert!(bit(&feasible, d.index), "a held prefix widened the feasible set");
+                prop_assert!(slate.is_open(d.index), "a held prefix opened a closed destination");
+                prop_assert!(d.marginal_usd.is_finite() && d.marginal_usd >= 0.0, "{d:?}");
+                prop_assert!(d.held_tokens >= 0.0 && d.held_tokens <= 8_000.0);
+                let mut only = vec![0u64; d.index / 64 + 1];
+                only[d.index / 64] = 1u64 << (d.index % 64);
+                let plain = decide(&slate, &only, &warm, &req);
+                if let Ok(p) = plain {
+                    prop_assert!(d.marginal_usd <= p.marginal_usd + 1e-12, "{d:?} {p:?}");
+                }
+            }
+            Err(r) => {
+                // Only lateness may differ: held seconds can make a rung
+                // timely, never a closed or infeasible one a candidate.
+                match without {
+                    Err(w) => prop_assert!(r == w || (r == Refusal::NoTimelyDestination && w == Refusal::NoTimelyDestination)),
+                    Ok(_) => prop_assert!(false, "refused ({r:?}) with held prefixes, served without"),
+                }
             }
         }
     }

@@ -208,6 +208,7 @@ mod tests {
                 feasible: &all,
                 model: None,
                 req: &req,
+                held: ace_core::dispatch::Held::NONE,
             };
             match f.run(&cfg, now, op) {
                 FleetAnswer::Claimed(Ok((d, _))) => d.index,

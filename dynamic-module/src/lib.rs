@@ -62,6 +62,7 @@ use ace_dynamic_abi::{
 use ace_flow::counters::Counter;
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
+use ace_flow::prefix;
 use ace_flow::request;
 use fleet::Fleet;
 use std::cell::RefCell;
@@ -119,6 +120,16 @@ struct Shared {
     /// The response cache's slots (`cache.slots` of them once used), in
     /// process memory: every worker of this configuration shares them.
     cache: std::sync::Mutex<Vec<Option<Box<[u8]>>>>,
+    /// Prefix locality's table (`locality` slots once used), in process
+    /// memory: every worker of this configuration shares it.
+    locality: std::sync::Mutex<Vec<[u8; prefix::RECORD_BYTES]>>,
+}
+
+/// Prefix locality's key, drawn once per process: every worker shares the
+/// table, so every worker keys it alike.
+fn locality_secret() -> prefix::Secret {
+    static SECRET: std::sync::OnceLock<prefix::Secret> = std::sync::OnceLock::new();
+    *SECRET.get_or_init(|| prefix::Secret([request::random_u64(), request::random_u64()]))
 }
 
 /// Per-worker buffers, reused so that a warm worker allocates little per
@@ -250,6 +261,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         counters,
         setup,
         cache: std::sync::Mutex::new(Vec::new()),
+        locality: std::sync::Mutex::new(Vec::new()),
     };
     Arc::into_raw(Arc::new(shared)).cast()
 }
@@ -595,6 +607,49 @@ impl Host for Dynamic<'_> {
                 "content-length",
                 &body.len().to_string(),
             )
+    }
+
+    fn locality_secret(&mut self) -> Option<prefix::Secret> {
+        Some(locality_secret())
+    }
+
+    fn locality_get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
+        let table = self
+            .shared
+            .locality
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match table.get(slot as usize) {
+            Some(r) => {
+                *into = *r;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn locality_put(&mut self, slot: u32, bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
+        let n = self
+            .shared
+            .setup
+            .locality
+            .as_ref()
+            .map_or(0, |l| l.slots as usize);
+        let mut table = self
+            .shared
+            .locality
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if table.len() < n {
+            table.resize(n, [0; prefix::RECORD_BYTES]);
+        }
+        match table.get_mut(slot as usize) {
+            Some(r) => {
+                *r = *bytes;
+                true
+            }
+            None => false,
+        }
     }
 
     fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {

@@ -39,6 +39,7 @@ use ace_flow::flow::{
     self, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
 };
 use ace_flow::headers::{Pairs, Span};
+use ace_flow::prefix;
 use ace_flow::request::{self, EventIds};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
@@ -79,7 +80,15 @@ struct Plugin {
     metrics: Metrics,
     /// This VM's event ids.
     ids: RefCell<EventIds>,
+    /// Prefix locality's key, once read from shared data.
+    secret: std::cell::Cell<Option<prefix::Secret>>,
+    /// Prefix locality's shared-data key of a slot, rewritten per lookup.
+    locality_key: RefCell<String>,
 }
+
+/// Shared-data key of prefix locality's secret, one for every VM of this
+/// Envoy (whatever the configuration).
+const SECRET_KEY: &str = "ace.locality.secret";
 
 /// Proxy-wasm counters ([`Counter`]), shown by Envoy as `wasmcustom.ace.*`
 /// (Prometheus output strips the namespace).
@@ -185,6 +194,8 @@ impl RootContext for AceRoot {
                         .map(|c| RefCell::new(Poller::new(c, config.fingerprint))),
                     worker: RefCell::new(Worker::default()),
                     ids: RefCell::new(EventIds::new(request::random_u64())),
+                    secret: std::cell::Cell::new(None),
+                    locality_key: RefCell::new(String::new()),
                     setup,
                 }));
                 // Hands counts to Envoy, pays owed in-flight releases when
@@ -835,6 +846,63 @@ impl Host for Wasm<'_> {
         }
     }
 
+    fn locality_secret(&mut self) -> Option<prefix::Secret> {
+        if let Some(s) = self.plugin.secret.get() {
+            return Some(s);
+        }
+        let read = |b: &[u8]| -> Option<prefix::Secret> {
+            let (a, b) = (b.get(..8)?, b.get(8..16)?);
+            Some(prefix::Secret([
+                u64::from_le_bytes(a.try_into().ok()?),
+                u64::from_le_bytes(b.try_into().ok()?),
+            ]))
+        };
+        if let Ok((None, _)) = host::shared_data(SECRET_KEY) {
+            // Drawn here, stored only if no VM stored one first: Envoy
+            // creates a missing entry whatever the CAS, and refuses to
+            // overwrite one whose CAS is not this (never, in practice,
+            // at start-up: its CAS counter starts at 1).
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&request::random_u64().to_le_bytes());
+            bytes[8..].copy_from_slice(&request::random_u64().to_le_bytes());
+            let _ = host::set_shared_data(SECRET_KEY, &bytes, Some(u32::MAX));
+        }
+        let secret = match host::shared_data(SECRET_KEY) {
+            Ok((Some(b), _)) => read(&b),
+            Ok((None, _)) => None,
+            Err(s) => {
+                log::warn!("cannot read prefix locality's key: {s:?}");
+                None
+            }
+        };
+        self.plugin.secret.set(secret);
+        secret
+    }
+
+    fn locality_get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
+        let mut key = self.plugin.locality_key.borrow_mut();
+        locality_key(&mut key, self.plugin.setup.config.fingerprint, slot);
+        match host::shared_data(&key) {
+            Ok((Some(bytes), _)) if bytes.len() == prefix::RECORD_BYTES => {
+                into.copy_from_slice(&bytes);
+                true
+            }
+            Ok(_) => false,
+            Err(s) => {
+                log::warn!("cannot read prefix locality: {s:?}");
+                false
+            }
+        }
+    }
+
+    fn locality_put(&mut self, slot: u32, bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
+        let mut key = self.plugin.locality_key.borrow_mut();
+        locality_key(&mut key, self.plugin.setup.config.fingerprint, slot);
+        host::set_shared_data(&key, bytes, None)
+            .map_err(|s| log::warn!("cannot write prefix locality: {s:?}"))
+            .is_ok()
+    }
+
     fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
         let key = format!(
             "ace.cache.{:016x}.{slot}",
@@ -868,6 +936,13 @@ impl Host for Wasm<'_> {
             .map_err(|s| log::error!("cannot answer from the cache: {s:?}"))
             .is_ok()
     }
+}
+
+/// Prefix locality's shared-data key of `slot`, written into `key`.
+fn locality_key(key: &mut String, fingerprint: u64, slot: u32) {
+    use std::fmt::Write;
+    key.clear();
+    let _ = write!(key, "ace.loc.{fingerprint:016x}.{slot}");
 }
 
 impl AceStream {

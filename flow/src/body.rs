@@ -9,7 +9,9 @@
 //! BPE tokenizers), taken from the body length. Usage in responses is the
 //! [`crate::usage`] module's.
 
+use crate::prefix::Messages;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 /// What the filter takes from a request body.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub struct RequestBody {
     /// Safe to answer from a cache: deterministic sampling (`temperature`
     /// 0, at most one choice) and no `tools` or `functions`.
     pub cacheable: bool,
+    /// The prompt's fingerprint, for prefix locality ([`crate::prefix`]).
+    pub prefix: crate::prefix::Fingerprint,
 }
 
 #[derive(Deserialize)]
@@ -47,10 +51,23 @@ struct Wire<'a> {
     temperature: Option<serde_json::Value>,
     #[serde(default)]
     n: Option<serde_json::Value>,
-    #[serde(default)]
-    tools: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
     #[serde(default)]
     functions: Option<serde::de::IgnoredAny>,
+    /// The prompt: chat messages, the Responses API's `input`, or a
+    /// completion's `prompt` (chained as parsed).
+    #[serde(default)]
+    messages: Option<Messages>,
+    #[serde(default)]
+    input: Option<Messages>,
+    #[serde(default)]
+    prompt: Option<Messages>,
+    /// Session hints.
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    user: Option<&'a RawValue>,
 }
 
 /// `Some` for a member that is there, whatever its value.
@@ -138,6 +155,13 @@ pub fn scan_request(bytes: &[u8], total_len: usize) -> Result<RequestBody, BodyE
         stream_options: wire.stream_options.is_some(),
         tokens_in: estimate_tokens(total_len),
         cacheable,
+        prefix: crate::prefix::fingerprint(
+            wire.messages.or(wire.input).or(wire.prompt),
+            wire.tools.map_or(0, crate::prefix::tools_hash),
+            wire.prompt_cache_key
+                .or(wire.user)
+                .map_or(0, crate::prefix::hint_hash),
+        ),
     })
 }
 
@@ -158,6 +182,7 @@ mod tests {
                 stream_options: false,
                 tokens_in: (b.len() / 4) as u32,
                 cacheable: false,
+                prefix: r.as_ref().map(|r| r.prefix).unwrap_or_default(),
             })
         );
         let cacheable = |b: &[u8]| scan_request(b, b.len()).map(|r| r.cacheable);

@@ -632,7 +632,7 @@ mod tests {
              \"config\":\"00112233aabbccdd\",\"request_id\":\"r-1\",\"time_ms\":5,\"tenant\":\"acme\",\
              \"data_class\":\"eu-personal\",\"latency_class\":null,\"model_requested\":\"m\",\
              \"model_served\":\"m\",\"api\":null,\"upstream_model\":null,\"destination\":\"owned\",\"tier\":\"inhouse\",\"tokens_in\":10,\
-             \"tokens_out\":20,\"tokens_cache_read\":0,\"tokens_cache_write\":0,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
+             \"tokens_out\":20,\"tokens_cache_read\":0,\"tokens_cache_write\":0,\"tokens_prefix_held\":0,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
              \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\",\
              \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false,\"upstream_ms\":9}"
         );

@@ -41,6 +41,7 @@ use crate::counters::{Counter, Fleet};
 use crate::event::{self, Event, Text};
 use crate::headers::{self, Pairs};
 use crate::headroom;
+use crate::prefix;
 use crate::request::{self, Lookup, Refused};
 use crate::routing::{self, Routed};
 use crate::upstream;
@@ -49,7 +50,7 @@ use ace_config::Api;
 use ace_config::Warmth;
 use ace_config::{Config, ConfigError, Trusted};
 use ace_core::cost::CostModel;
-use ace_core::dispatch::{Decision, Refusal, Request};
+use ace_core::dispatch::{Decision, Held, Refusal, Request};
 use ace_core::fleet::{FleetState, LivePrices};
 use ace_core::health::{Change, HealthPolicy, Outcome};
 use ace_core::tables::Tables;
@@ -94,6 +95,8 @@ pub enum FleetOp<'r, 'p> {
         model: Option<&'r str>,
         /// The request as the merit order sees it.
         req: &'r Request,
+        /// What each destination holds of its prompt (prefix locality).
+        held: Held<'r>,
     },
     /// Decide among a request's (destination, model) pairs under model
     /// routing, each destination warm for and priced at the model it would
@@ -103,6 +106,8 @@ pub enum FleetOp<'r, 'p> {
         routed: &'r mut Routed<'p>,
         /// The request as the merit order sees it.
         req: &'r Request,
+        /// What each destination holds of its prompt (prefix locality).
+        held: Held<'r>,
     },
     /// Fold an answer's outcome into destination `d`'s health, keeping
     /// its slot: a success still streaming holds its place in the
@@ -171,13 +176,19 @@ impl FleetOp<'_, '_> {
                 feasible,
                 model,
                 req,
+                held,
             } => {
-                let d = state.decide(feasible, warmth.mask(*model), req, now_ms);
+                let warm = warmth.mask(*model);
+                let d = if held.is_none() {
+                    state.decide(feasible, warm, req, now_ms)
+                } else {
+                    state.decide_held(feasible, warm, &[], *held, req, now_ms)
+                };
                 claimed(state, d)
             }
-            FleetOp::ClaimRouted { routed, req } => {
+            FleetOp::ClaimRouted { routed, req, held } => {
                 let (feasible, warm, scale) = routed.parts(warmth);
-                let d = state.decide_scaled(feasible, warm, scale, req, now_ms);
+                let d = state.decide_held(feasible, warm, scale, *held, req, now_ms);
                 claimed(state, d)
             }
             FleetOp::Learn {
@@ -425,6 +436,25 @@ pub trait Host {
 
     /// Answer the request from the cache: `status`, `content_type` and
     /// `body` as stored; false if the host could not.
+    /// The secret that keys prefix locality's table
+    /// ([`crate::prefix::Secret`]): drawn once at random and shared by
+    /// every worker whose table is shared. `None` (the default): no
+    /// locality on this host.
+    fn locality_secret(&mut self) -> Option<prefix::Secret> {
+        None
+    }
+
+    /// Slot `slot` of prefix locality's table, shared by every worker
+    /// ([`crate::prefix::Table::get`]).
+    fn locality_get(&mut self, _slot: u32, _into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
+        false
+    }
+
+    /// Store slot `slot` of prefix locality's table.
+    fn locality_put(&mut self, _slot: u32, _bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
+        false
+    }
+
     fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
         let _ = (status, content_type, body);
         false
@@ -459,6 +489,9 @@ pub struct Setup {
     /// The response cache's parameters, built against the tables; none
     /// when not configured.
     pub cache: Option<cache::Cache>,
+    /// Prefix locality, built against the destinations; none when not
+    /// configured.
+    pub locality: Option<prefix::Locality>,
 }
 
 impl Setup {
@@ -482,11 +515,13 @@ impl Setup {
             .as_ref()
             .map(|c| cache::Cache::build(c, tables.as_ref()))
             .transpose()?;
+        let locality = prefix::Locality::build(&config)?;
         Ok(Setup {
             tables,
             names,
             routing,
             cache,
+            locality,
             config,
         })
     }
@@ -536,6 +571,20 @@ pub struct Worker {
     pub hits: u64,
     /// Scratch mask.
     pub scratch: Vec<u64>,
+    /// What each destination holds of a request's prompt.
+    pub held: prefix::HeldBuf,
+}
+
+/// The host's shared memory as prefix locality's table.
+struct HostTable<'h, H: Host>(&'h mut H);
+
+impl<H: Host> prefix::Table for HostTable<'_, H> {
+    fn get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
+        self.0.locality_get(slot, into)
+    }
+    fn put(&mut self, slot: u32, bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
+        self.0.locality_put(slot, bytes)
+    }
 }
 
 /// `f` on `worker`'s buffers, or on fresh ones if they are in use (a
@@ -609,7 +658,12 @@ enum Climbed {
     /// the member served when model routing chose one other than the
     /// model named, and, for a routed request, the counterfactual it books
     /// against.
-    Claimed(Option<usize>, Option<Option<Counterfactual>>, LivePrices),
+    Claimed(
+        Option<usize>,
+        Option<Option<Counterfactual>>,
+        LivePrices,
+        Decision,
+    ),
     /// The cache has an answer the request may have (in the worker's
     /// `entry` buffer).
     Hit,
@@ -664,6 +718,8 @@ struct Ask<'a> {
     excluded: Option<usize>,
     /// The API the client's path asks for.
     api: Option<Api>,
+    /// What each destination holds of the prompt (prefix locality).
+    held: Held<'a>,
     now: u64,
 }
 
@@ -681,6 +737,30 @@ impl Ask<'_> {
     #[inline]
     fn model(&self) -> Option<&str> {
         self.event.text(&self.event.model_requested)
+    }
+
+    /// The rungs in order: the cache (when `cacheable`), model routing,
+    /// the merit order.
+    fn climb<H: Host>(
+        &self,
+        cacheable: Option<&cache::Cache>,
+        w: &mut Worker,
+        host: &mut H,
+    ) -> Result<(Climbed, Option<Box<Pending>>), Stop> {
+        let pending = match cacheable {
+            Some(c) => match self.cache_rung(c, w, host) {
+                CacheRung::Hit => return Ok((Climbed::Hit, None)),
+                CacheRung::Pending(p) => Some(p),
+                CacheRung::Skip => None,
+            },
+            None => None,
+        };
+        let claimed = match self.routed_rung(w, host) {
+            Some(routed) => routed?,
+            None => self.merit_rung(w, host)?,
+        };
+        let (decision, served, cf, live) = claimed;
+        Ok((Climbed::Claimed(served, cf, live, decision), pending))
     }
 
     /// The cache: an entry for this exact request, young enough, that
@@ -782,6 +862,7 @@ impl Ask<'_> {
         let op = FleetOp::ClaimRouted {
             routed: &mut routed,
             req: self.req,
+            held: self.held,
         };
         let (decision, live) = match claim(host, self.now, op) {
             Ok(Ok(d)) => d,
@@ -805,6 +886,7 @@ impl Ask<'_> {
             feasible: &w.lookup.mask,
             model: self.model(),
             req: self.req,
+            held: self.held,
         };
         let (decision, live) = claim(host, self.now, op)
             .map_err(|_| Stop::Fleet)?
@@ -1066,6 +1148,39 @@ impl Flow {
             .map_err(Stop::Refused)?;
             let model = event.text(&event.model_requested);
             upstream::narrow(cfg, api, model, rewritable, &mut w.lookup.mask);
+            // Prefix locality: what each feasible destination holds of
+            // this prompt (its buffers out of the worker while the rungs
+            // borrow the rest).
+            let mut held = std::mem::take(&mut w.held);
+            let local = setup.locality.as_ref().and_then(|l| {
+                let mut fp = body.map(|b| b.prefix).unwrap_or_default();
+                if let Some(v) = l
+                    .session_header
+                    .as_deref()
+                    .and_then(|h| event.headers.get(h))
+                {
+                    fp.hint_from_header(v);
+                }
+                if fp.is_empty() {
+                    return None;
+                }
+                let secret = host.locality_secret()?;
+                let who = prefix::Whose {
+                    tenant: event.bytes(&event.tenant).unwrap_or_default(),
+                    model: event.bytes(&event.model_requested).unwrap_or_default(),
+                };
+                let mut table = HostTable(&mut *host);
+                let any = l.held(
+                    &mut table,
+                    &secret,
+                    who,
+                    &fp,
+                    &w.lookup.mask,
+                    now,
+                    &mut held,
+                );
+                Some((l, fp, secret, any))
+            });
             let ask = Ask {
                 setup,
                 event,
@@ -1074,27 +1189,34 @@ impl Flow {
                 routing,
                 excluded,
                 api,
+                held: match local {
+                    Some((_, _, _, true)) => held.as_held(),
+                    _ => Held::NONE,
+                },
                 now,
             };
-            let pending = match cacheable {
-                Some(c) => match ask.cache_rung(c, w, host) {
-                    CacheRung::Hit => return Ok((Climbed::Hit, None)),
-                    CacheRung::Pending(p) => Some(p),
-                    CacheRung::Skip => None,
-                },
-                None => None,
-            };
-            let claimed = match ask.routed_rung(w, host) {
-                Some(routed) => routed?,
-                None => ask.merit_rung(w, host)?,
-            };
-            let (decision, served, cf, live) = claimed;
-            *chosen = Some((decision, now));
-            Ok((Climbed::Claimed(served, cf, live), pending))
+            let climbed = ask.climb(cacheable, w, host);
+            if let (Ok((Climbed::Claimed(_, _, _, d), _)), Some((l, fp, secret, _))) =
+                (&climbed, &local)
+            {
+                // The destination sent this prompt holds it from now.
+                let who = prefix::Whose {
+                    tenant: event.bytes(&event.tenant).unwrap_or_default(),
+                    model: event.bytes(&event.model_requested).unwrap_or_default(),
+                };
+                l.record(&mut HostTable(&mut *host), secret, who, fp, d.index, now);
+                event.tokens_prefix_held = held.cached.get(d.index).copied().unwrap_or(0);
+            }
+            w.held = held;
+            let (climbed, pending) = climbed?;
+            if let Climbed::Claimed(_, _, _, decision) = &climbed {
+                *chosen = Some((*decision, now));
+            }
+            Ok((climbed, pending))
         });
         let ((served, cf, live), pending) = match climbed {
             Ok((Climbed::Hit, _)) => return self.answer_from_cache(setup, worker, host, routing),
-            Ok((Climbed::Claimed(served, cf, live), pending)) => ((served, cf, live), pending),
+            Ok((Climbed::Claimed(served, cf, live, _), pending)) => ((served, cf, live), pending),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
             Err(Stop::NoDestination(refusal)) => {
                 host.count(Fleet::NoDestination.into(), 1);

@@ -33,6 +33,7 @@ pub mod event;
 pub mod flow;
 pub mod headers;
 pub mod headroom;
+pub mod prefix;
 pub mod request;
 pub mod routing;
 pub mod schema;

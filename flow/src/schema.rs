@@ -86,6 +86,10 @@ macro_rules! event_fields {
             /// Of `tokens_in`, those written to its prompt cache (booked at
             /// `cache_write_factor`).
             tokens_cache_write: u32 => U32, Added;
+            /// Of `tokens_in`, those the destination chosen was expected
+            /// to hold already (prefix locality: its prompt cache or its
+            /// engine's prefix cache); 0 when none or locality is off.
+            tokens_prefix_held: u32 => U32, Added;
             /// Whether the token counts are estimates (true until usage
             /// parsing).
             tokens_estimated: bool => Bool, Always;

@@ -25,6 +25,8 @@
 //!   knowledge, real gRPC framing) whose scripted [`grpc::GrpcBehavior`]
 //!   can also be driven without a socket.
 //! - [`client`] is a small blocking HTTP/1.1 client for talking to Envoy.
+//! - [`control::FakeControl`] serves control snapshots as `ace control
+//!   serve` does (ETags, 304s), and can be stopped and started again.
 //! - [`chromium::Page`] drives a headless Chromium over the DevTools
 //!   protocol, for tests of the pages ACE serves (the policy playground).
 //!
@@ -34,6 +36,7 @@
 
 pub mod chromium;
 pub mod client;
+pub mod control;
 pub mod dylib;
 pub mod envoy;
 pub mod grpc;

@@ -170,6 +170,10 @@ pub struct Destination {
     /// authority, whether clients' credentials pass. Absent: every API on
     /// the client's path, catalogue ids, credentials removed.
     pub upstream: Option<Spanned<ace_config::Upstream>>,
+    /// Its prompt cache, for prefix locality (`[destinations.prefix_cache]`:
+    /// `ttl_ms`, `min_tokens`, `prefill_tokens_per_s`). Absent: its tier's
+    /// defaults.
+    pub prefix_cache: Option<Spanned<ace_config::PrefixCache>>,
 }
 
 /// Engines whose Prometheus metrics the control service can read.
@@ -394,6 +398,9 @@ pub struct ResolvedDestination {
     /// Prompt-cache write price over the input price, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_factor: Option<f64>,
+    /// Its prompt cache as ACE models it, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<ace_config::PrefixCache>,
 }
 
 /// A manifest read from disk, with its text kept for error positions.
@@ -503,6 +510,7 @@ impl LoadedManifest {
                         .as_ref()
                         .map(|u| u.get_ref().clone())
                         .unwrap_or_default(),
+                    prefix_cache: d.prefix_cache.as_ref().map(|p| p.get_ref().clone()),
                     models,
                 }
             })

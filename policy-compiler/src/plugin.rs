@@ -75,6 +75,7 @@ pub fn plugin_config(
             cached_input_factor: d.cached_input_factor,
             cache_write_factor: d.cache_write_factor,
             upstream: d.upstream,
+            prefix_cache: d.prefix_cache,
         });
     }
     let mut config = PluginConfig {

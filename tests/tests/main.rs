@@ -19,6 +19,7 @@ mod hostile_load;
 mod istio;
 mod latency;
 mod ledger_stream;
+mod prefix;
 mod providers;
 mod reload;
 mod retry;

@@ -168,6 +168,7 @@ pub fn check_the_v2_store_migrates(url: &str) {
             "ALTER TABLE ace_events ADD COLUMN upstream_model TEXT",
             "ALTER TABLE ace_events ADD COLUMN tokens_cache_read BIGINT NOT NULL DEFAULT 0",
             "ALTER TABLE ace_events ADD COLUMN tokens_cache_write BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE ace_events ADD COLUMN tokens_prefix_held BIGINT NOT NULL DEFAULT 0",
             "ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT",
             "ALTER TABLE ace_events ADD COLUMN live_usd_per_input_token BIGINT",
             "ALTER TABLE ace_events ADD COLUMN live_usd_per_output_token BIGINT",

@@ -69,6 +69,8 @@ struct SimHost {
     cache: HashMap<u32, Vec<u8>>,
     /// The last answer came from the cache.
     cached: bool,
+    /// Prefix locality's table, by slot (the dynamic module's, in memory).
+    locality: HashMap<u32, [u8; ace_flow::prefix::RECORD_BYTES]>,
 }
 
 impl SimHost {
@@ -197,6 +199,20 @@ impl Host for Envoy<'_> {
         self.set_request_header("content-length", &body.len().to_string())
     }
 
+    fn locality_secret(&mut self) -> Option<ace_flow::prefix::Secret> {
+        // Fixed: a run is the same bytes for the same seed.
+        Some(ace_flow::prefix::Secret([0x5eed, 0xace]))
+    }
+
+    fn locality_get(&mut self, slot: u32, into: &mut [u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
+        self.h.locality.get(&slot).map(|r| *into = *r).is_some()
+    }
+
+    fn locality_put(&mut self, slot: u32, bytes: &[u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
+        self.h.locality.insert(slot, *bytes);
+        true
+    }
+
     fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
         match self.h.cache.get(&slot) {
             Some(entry) => {
@@ -290,6 +306,7 @@ impl Ace {
             served_body: None,
             cache: HashMap::new(),
             cached: false,
+            locality: HashMap::new(),
         };
         let clusters = cfg
             .destinations

@@ -55,6 +55,26 @@ pub struct TenantLine {
     pub forfeited: Nano,
 }
 
+/// Prefix locality's requests: those ACE sent to a destination it
+/// expected to hold part of their prompt (the event's
+/// `tokens_prefix_held`), and what that destination's prompt cache then
+/// took off their input. Not a fifth part of the split: the counterfactual
+/// prices the same cache reads at its own destination's cached price, so
+/// the split's total already nets them out; this says what the caches gave
+/// the requests locality kept with their prefix's holder.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LocalityLine {
+    /// Served requests sent to a holder.
+    pub requests: u64,
+    /// Input tokens the holders were expected to hold.
+    pub held_tokens: u64,
+    /// Of those, the input tokens their usage says were read from the
+    /// cache.
+    pub cache_read_tokens: u64,
+    /// What reading them from the cache took off their list input price.
+    pub discount: Nano,
+}
+
 /// One owned or reserved pool's utilisation per window, against its knee.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PoolSeries {
@@ -111,6 +131,8 @@ pub struct Report {
     pub cost_series: BTreeMap<i64, BTreeMap<String, Nano>>,
     pub pools: Vec<PoolSeries>,
     pub chargeback: Chargeback,
+    /// Prefix locality's requests ([`LocalityLine`]).
+    pub locality: LocalityLine,
 }
 
 #[derive(Default)]
@@ -200,6 +222,22 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
                 let b = p.busy.entry(start).or_default();
                 *b = b.saturating_add(busy);
             }
+        }
+        if row.served() && row.tokens_prefix_held > 0 {
+            let l = &mut r.locality;
+            let held = count(row.tokens_prefix_held);
+            let read = count(row.tokens_cache_read).min(held);
+            l.requests += 1;
+            l.held_tokens = l.held_tokens.saturating_add(held);
+            l.cache_read_tokens = l.cache_read_tokens.saturating_add(read);
+            let off = row.destination.as_deref().and_then(|dest| {
+                let c = registry.get(&row.config)?;
+                let d = c.config.destinations.iter().find(|d| d.name == dest)?;
+                let list_in = price::model_of(&c.config, dest)?.rest_prices().0;
+                Some(read as f64 * list_in * (1.0 - d.cache_factors().0))
+            });
+            let off = crate::money::from_usd_saturating(off.unwrap_or(0.0).max(0.0));
+            l.discount = l.discount.saturating_add(off);
         }
         let tl = r.by_tenant.entry(tenant.clone()).or_default();
         tl.events += 1;
@@ -375,6 +413,17 @@ impl Report {
         ];
         for (name, t, e, f) in rows {
             let _ = writeln!(s, "{name:<14} {:>18} {:>18} {:>18}", usd(t), usd(e), usd(f));
+        }
+        if self.locality.requests > 0 {
+            let l = &self.locality;
+            let _ = writeln!(
+                s,
+                "\nprefix locality: {} requests sent to their prefix's holder, {} input tokens expected held, {} read from its cache, ${} off their input",
+                l.requests,
+                l.held_tokens,
+                l.cache_read_tokens,
+                usd(l.discount)
+            );
         }
         match self.goodput_per_usd {
             Some(g) => {

@@ -246,3 +246,49 @@ fn follow_books_lines_as_they_are_appended_and_completed() {
     assert_eq!((s.lines, s.new, s.already, s.incomplete), (13, 10, 1, None));
     assert_eq!(s.rejected.len(), 2);
 }
+
+/// Requests ACE sent to the destination holding their prompt's prefix
+/// (`tokens_prefix_held`) are counted apart, with what the holder's prompt
+/// cache took off their input: payg-a, reading cached input at a tenth of
+/// its 2e-6 list price. A request with no prefix held is not counted,
+/// whatever its cache read; a read larger than what was held counts only
+/// what was held.
+#[test]
+fn requests_kept_with_their_prefix_holder_show_what_its_cache_took_off() {
+    let (_dir, url) = common::sqlite_url();
+    let mut ledger = Ledger::open(&url).expect("open");
+    let config = String::from_utf8(common::golden_config())
+        .expect("utf8")
+        .replacen(
+            r#""usd_per_input_token": 2e-6, "usd_per_output_token": 8e-6}"#,
+            r#""usd_per_input_token": 2e-6, "usd_per_output_token": 8e-6, "cached_input_factor": 0.1}"#,
+            1,
+        );
+    assert!(config.contains("0.1}"), "the fixture changed: {config}");
+    let id = ledger
+        .register(config.as_bytes(), "cached")
+        .expect("register");
+    let line = |n: u32, held: u32, read: u32| {
+        format!(
+            r#"{{"schema":"ace.event/2","event_id":"{n:032x}","config":"{id}","request_id":null,"time_ms":1796342401000,"tenant":"acme","data_class":"public","latency_class":null,"model_requested":"small","model_served":"small","destination":"payg-a","tier":"payg","tokens_in":3000,"tokens_out":100,"tokens_cache_read":{read},"tokens_cache_write":0,"tokens_prefix_held":{held},"tokens_estimated":false,"status":200,"latency_ms":100,"slo_ms":null,"slo_met":null,"marginal_usd":0.0068,"counterfactual_usd":0.0068,"reason":"cheapest","warm":true,"overage":false,"usage_capped":false,"cached":false}}"#
+        )
+    };
+    let events = [line(1, 2000, 1920), line(2, 0, 2500), line(3, 1000, 2500)].join("\n") + "\n";
+    let s = ledger
+        .ingest_bytes("prefix.ndjson", events.as_bytes(), &Options::default())
+        .expect("ingest");
+    assert_eq!((s.new, s.rejected.len()), (3, 0), "{:?}", s.rejected);
+    let r = ledger.report(&Rules::default()).expect("report");
+    let l = &r.locality;
+    // Read 1920 of 2000 held, and 1000 of 1000 (2500 read): 2920 tokens at
+    // 0.9 × 2e-6 = 5_256_000 nano-dollars.
+    assert_eq!(
+        (l.requests, l.held_tokens, l.cache_read_tokens, l.discount),
+        (2, 3000, 2920, 5_256_000)
+    );
+    assert!(
+        r.table().contains("prefix locality: 2 requests"),
+        "{}",
+        r.table()
+    );
+}

@@ -109,6 +109,28 @@ pub struct PrefixCache {
     pub prefill_tokens_per_s: Option<f64>,
 }
 
+impl PrefixCache {
+    /// Check destination `i`'s prompt cache, naming the bad field.
+    pub fn validate(&self, i: usize) -> Result<(), ConfigError> {
+        if self
+            .prefill_tokens_per_s
+            .is_some_and(|r| !(r.is_finite() && r >= 0.0))
+        {
+            return Err(err(
+                format!("destinations[{i}].prefix_cache.prefill_tokens_per_s"),
+                "must be a non-negative number of prompt tokens per second",
+            ));
+        }
+        if self.ttl_ms.is_some_and(|t| t > 86_400_000) {
+            return Err(err(
+                format!("destinations[{i}].prefix_cache.ttl_ms"),
+                "must be at most 86400000 (a day): no provider keeps a prompt cache longer",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -1034,20 +1056,7 @@ impl Config {
                 }
             }
             if let Some(p) = &d.prefix_cache {
-                if p.prefill_tokens_per_s
-                    .is_some_and(|r| !(r.is_finite() && r >= 0.0))
-                {
-                    return Err(err(
-                        format!("destinations[{i}].prefix_cache.prefill_tokens_per_s"),
-                        "must be a non-negative number of prompt tokens per second",
-                    ));
-                }
-                if p.ttl_ms.is_some_and(|t| t > 86_400_000) {
-                    return Err(err(
-                        format!("destinations[{i}].prefix_cache.ttl_ms"),
-                        "must be at most 86400000 (a day): no provider keeps a prompt cache longer",
-                    ));
-                }
+                p.validate(i)?;
             }
             models.push(model);
         }

@@ -551,6 +551,26 @@ fn check_upstream(m: &LoadedManifest, d: &Destination, out: &mut Vec<Diagnostic>
     }
 }
 
+/// A destination's `[destinations.prefix_cache]`: valid as the filter will
+/// read it.
+fn check_prefix_cache(m: &LoadedManifest, d: &Destination, out: &mut Vec<Diagnostic>) {
+    let Some(p) = &d.prefix_cache else {
+        return;
+    };
+    if let Err(e) = p.get_ref().validate(0) {
+        let field = e.field.trim_start_matches("destinations[0].");
+        out.push(m.diag(
+            p.span(),
+            format!(
+                "destination `{}`: `{field}` {}",
+                d.name.get_ref(),
+                e.message
+            ),
+            "see `prefix_cache` in fleet.schema.json",
+        ));
+    }
+}
+
 /// Reads, parses and validates the manifest at `path`.
 pub fn load(path: &Path) -> Result<LoadedManifest, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -1032,6 +1052,7 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
             }
         }
         check_upstream(m, d, &mut out);
+        check_prefix_cache(m, d, &mut out);
         for w in c.warm_models.iter().flatten() {
             if !d.models.iter().any(|mo| mo.get_ref() == w) {
                 out.push(m.diag(
@@ -1147,6 +1168,34 @@ models = ["m"]
             c.eviction.as_ref().unwrap().base_url(),
             "http://metadata.google.internal"
         );
+    }
+
+    #[test]
+    fn a_prefix_cache_table_resolves_and_its_errors_name_the_field() {
+        let text =
+            format!("{BASE}[destinations.prefix_cache]\nttl_ms = 600000\nmin_tokens = 1024\n");
+        let m = parse(Path::new("fleet.toml"), text).unwrap();
+        let p = m.resolved()[0].prefix_cache.clone().unwrap();
+        assert_eq!((p.ttl_ms, p.min_tokens), (Some(600_000), Some(1024)));
+        for (table, expect) in [
+            (
+                "prefill_tokens_per_s = -1.0",
+                "`prefix_cache.prefill_tokens_per_s`",
+            ),
+            ("ttl_ms = 90000000", "`prefix_cache.ttl_ms`"),
+            ("size = 3", "unknown field `size`"),
+        ] {
+            let text = format!("{BASE}[destinations.prefix_cache]\n{table}\n");
+            let e = match parse(Path::new("fleet.toml"), text) {
+                Ok(_) => panic!("{table} accepted"),
+                Err(e) => e
+                    .diagnostics
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<String>(),
+            };
+            assert!(e.contains(expect), "{table}: {e}");
+        }
     }
 
     #[test]

@@ -1204,7 +1204,15 @@ impl Flow {
                     tenant: event.bytes(&event.tenant).unwrap_or_default(),
                     model: event.bytes(&event.model_requested).unwrap_or_default(),
                 };
-                l.record(&mut HostTable(&mut *host), secret, who, fp, d.index, now);
+                l.record(
+                    &mut HostTable(&mut *host),
+                    secret,
+                    who,
+                    fp,
+                    d.index,
+                    now,
+                    &held,
+                );
                 event.tokens_prefix_held = held.cached.get(d.index).copied().unwrap_or(0);
             }
             w.held = held;

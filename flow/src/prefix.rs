@@ -87,6 +87,11 @@ pub const RECORD_BYTES: usize = 16 + 8 * HOLDERS;
 /// Records per destination when `locality.slots_per_destination` is unset.
 pub const DEFAULT_SLOTS_PER_DESTINATION: u32 = 4096;
 
+/// A holder sent the same prefix again within this long is not written
+/// again (a shared-data write is most of locality's cost in the Wasm
+/// filter): its lifetime then counts from up to this much earlier.
+pub const REFRESH_MS: u64 = 30_000;
+
 /// A request's prompt as chained hashes at its boundaries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fingerprint {
@@ -462,6 +467,22 @@ pub struct HeldBuf {
     pub seconds: Vec<f64>,
     /// Expected cached tokens (for the event).
     pub cached: Vec<u32>,
+    /// The slots read by the lookup, by key (`None`: the slot held
+    /// another prefix or nothing), so that recording the decision reads
+    /// none of them again.
+    seen: [(u64, Option<Record>); KEPT],
+    seen_len: usize,
+}
+
+impl HeldBuf {
+    /// What the lookup read of `key`'s slot, if it read it.
+    fn seen(&self, key: u64) -> Option<Option<Record>> {
+        self.seen
+            .iter()
+            .take(self.seen_len)
+            .find(|(k, _)| *k == key)
+            .map(|(_, r)| *r)
+    }
 }
 
 impl HeldBuf {
@@ -545,14 +566,21 @@ impl Locality {
         }
         out.cached.clear();
         out.cached.resize(n, 0);
+        out.seen_len = 0;
         let mut any = false;
         let mut buf = [0u8; RECORD_BYTES];
         let mut look = |key: u64, own_bytes: Option<u32>, out: &mut HeldBuf| {
             buf.fill(0);
-            if !table.get(self.slot(key), &mut buf) {
-                return;
+            let found = table
+                .get(self.slot(key), &mut buf)
+                .then(|| Record::decode(&buf))
+                .flatten()
+                .filter(|r| r.tag == key);
+            if let Some(s) = out.seen.get_mut(out.seen_len) {
+                *s = (key, found);
+                out.seen_len += 1;
             }
-            let Some(r) = Record::decode(&buf).filter(|r| r.tag == key) else {
+            let Some(r) = found else {
                 return;
             };
             // A prompt boundary holds what both sizes say (the same
@@ -605,6 +633,10 @@ impl Locality {
 
     /// Destination `d` was sent the request at `now_ms`: it holds the
     /// whole prompt and its first boundary (and the session's prompt).
+    /// `seen` is what [`Locality::held`] read for this request: those
+    /// slots are not read again, and one that already names `d` as a
+    /// holder within [`REFRESH_MS`] is not written again.
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         table: &mut impl Table,
@@ -613,6 +645,7 @@ impl Locality {
         fp: &Fingerprint,
         d: usize,
         now_ms: u64,
+        seen: &HeldBuf,
     ) {
         let Ok(d) = u16::try_from(d) else {
             return;
@@ -622,13 +655,24 @@ impl Locality {
         }
         let mut write = |key: u64, bytes: u32| {
             let slot = self.slot(key);
-            let mut buf = [0u8; RECORD_BYTES];
-            let mut r = table
-                .get(slot, &mut buf)
-                .then(|| Record::decode(&buf))
-                .flatten()
-                .filter(|r| r.tag == key)
-                .unwrap_or_else(|| Record::new(key, bytes));
+            let read = seen.seen(key).unwrap_or_else(|| {
+                let mut buf = [0u8; RECORD_BYTES];
+                table
+                    .get(slot, &mut buf)
+                    .then(|| Record::decode(&buf))
+                    .flatten()
+                    .filter(|r| r.tag == key)
+            });
+            let fresh = read.is_some_and(|r| {
+                r.bytes == bytes
+                    && r.holders
+                        .iter()
+                        .any(|(h, at)| *h == d && *at <= now_ms && now_ms - at < REFRESH_MS)
+            });
+            if fresh {
+                return;
+            }
+            let mut r = read.unwrap_or_else(|| Record::new(key, bytes));
             r.bytes = bytes;
             r.hold(d, now_ms);
             table.put(slot, &r.encode());
@@ -712,7 +756,7 @@ mod tests {
         let mut out = HeldBuf::default();
         let first = fp(&turn(1));
         assert!(!l.held(&mut t, &SECRET, who, &first, &[0b111], 0, &mut out));
-        l.record(&mut t, &SECRET, who, &first, 2, 0);
+        l.record(&mut t, &SECRET, who, &first, 2, 0, &HeldBuf::default());
         let second = fp(&turn(2));
         assert!(l.held(&mut t, &SECRET, who, &second, &[0b111], 10, &mut out));
         let whole_first = first.boundaries().last().map(|(_, b)| b).unwrap_or(0);
@@ -785,13 +829,53 @@ mod tests {
             for (topic, n, d) in &turns {
                 let body = turn(*n).replace("careful", bodies[*topic]);
                 let f = fp(&body);
-                l.record(&mut t, &SECRET, Whose { tenant: mine, model: b"m" }, &f, *d, 5);
+                l.record(&mut t, &SECRET, Whose { tenant: mine, model: b"m" }, &f, *d, 5, &HeldBuf::default());
                 let other = Whose { tenant: theirs, model: b"m" };
                 let found = l.held(&mut t, &SECRET, other, &f, &[0b111], 6, &mut out);
                 proptest::prop_assert!(!found, "another tenant's prefix showed");
             }
             let _ = crate::body::scan_request(&junk, junk.len());
         }
+    }
+
+    /// A repeated prompt on the same holder costs one read and no write
+    /// within [`REFRESH_MS`]; after it, one write refreshes the holder.
+    #[test]
+    fn a_fresh_holder_is_not_written_again() {
+        #[derive(Default)]
+        struct Counting(Mem, usize, usize);
+        impl Table for Counting {
+            fn get(&mut self, slot: u32, into: &mut [u8; RECORD_BYTES]) -> bool {
+                self.1 += 1;
+                self.0.get(slot, into)
+            }
+            fn put(&mut self, slot: u32, bytes: &[u8; RECORD_BYTES]) -> bool {
+                self.2 += 1;
+                self.0.put(slot, bytes)
+            }
+        }
+        let mut l = locality(2);
+        l.rules.iter_mut().for_each(|r| r.ttl_ms = 600_000);
+        let mut t = Counting::default();
+        let who = Whose {
+            tenant: b"acme",
+            model: b"m",
+        };
+        let f = fp(
+            r#"{"model":"m","messages":[{"role":"user","content":"the same question, asked again and again"}]}"#,
+        );
+        let mut out = HeldBuf::default();
+        l.held(&mut t, &SECRET, who, &f, &[0b11], 0, &mut out);
+        l.record(&mut t, &SECRET, who, &f, 1, 0, &out);
+        assert_eq!((t.1, t.2), (1, 1), "one lookup, one write");
+        for now in [10, REFRESH_MS - 1] {
+            assert!(l.held(&mut t, &SECRET, who, &f, &[0b11], now, &mut out));
+            l.record(&mut t, &SECRET, who, &f, 1, now, &out);
+        }
+        assert_eq!((t.1, t.2), (3, 1), "fresh: read, never written");
+        l.held(&mut t, &SECRET, who, &f, &[0b11], REFRESH_MS, &mut out);
+        l.record(&mut t, &SECRET, who, &f, 1, REFRESH_MS, &out);
+        assert_eq!((t.1, t.2), (4, 2), "refreshed once it is old");
     }
 
     #[test]

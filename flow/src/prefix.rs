@@ -35,8 +35,9 @@
 //!   lossy, bounded ([`RECORD_BYTES`] a slot), and a miss only costs the
 //!   discount. A holder counts only within its destination's cache
 //!   lifetime ([`Rule::ttl_ms`]). Updated from where ACE sends requests:
-//!   on a decision, the destination chosen holds the whole prompt and its
-//!   first message.
+//!   on a decision, the destination chosen holds every boundary kept (a
+//!   boundary it was already recorded holding within [`REFRESH_MS`] is not
+//!   written again, so a conversation's turn writes only its new ones).
 //! - **The price** ([`Locality::held`]): per feasible destination, the
 //!   longest prefix it holds, in tokens, if at least its cache's minimum;
 //!   as full-price input tokens it will not charge (times one minus its
@@ -631,8 +632,8 @@ impl Locality {
         true
     }
 
-    /// Destination `d` was sent the request at `now_ms`: it holds the
-    /// whole prompt and its first boundary (and the session's prompt).
+    /// Destination `d` was sent the request at `now_ms`: it holds every
+    /// boundary kept (and the session's prompt).
     /// `seen` is what [`Locality::held`] read for this request: those
     /// slots are not read again, and one that already names `d` as a
     /// holder within [`REFRESH_MS`] is not written again.
@@ -677,13 +678,14 @@ impl Locality {
             r.hold(d, now_ms);
             table.put(slot, &r.encode());
         };
+        // Every boundary kept: the next turn finds the whole prompt, and a
+        // turn that replaced the last message (a regenerated answer, or a
+        // prompt cut in fixed blocks whose last block grew) the one
+        // before. A boundary the lookup found fresh here costs nothing.
+        for (chain, bytes) in fp.boundaries() {
+            write(secret.key(0, who.tenant, who.model, fp.tools, chain), bytes);
+        }
         let whole = fp.boundaries().last();
-        if let Some((chain, bytes)) = whole {
-            write(secret.key(0, who.tenant, who.model, fp.tools, chain), bytes);
-        }
-        if let Some((chain, bytes)) = fp.boundaries().next().filter(|_| fp.len > 1) {
-            write(secret.key(0, who.tenant, who.model, fp.tools, chain), bytes);
-        }
         if let (Some(hint), Some((_, bytes))) = (fp.hint(), whole) {
             write(secret.key(1, who.tenant, who.model, fp.tools, hint), bytes);
         }

@@ -25,7 +25,13 @@ pub struct Args {
     #[arg(long, default_value = "policies")]
     policies: PathBuf,
     /// Request trace: a CSV with TIMESTAMP, ContextTokens and
-    /// GeneratedTokens columns.
+    /// GeneratedTokens columns, or the Mooncake format (JSON lines with
+    /// timestamp, input_length, output_length and hash_ids, the prompt's
+    /// 512-token blocks): a file ending .jsonl or .ndjson, or whose first
+    /// non-blank character is `{`, is read as JSON lines. A trace with
+    /// blocks brings the prompt caches into play, adds ace-locality and
+    /// sglang-cache-aware to the policies, and is replayed as recorded
+    /// unless --copies or --replay says otherwise.
     #[arg(long, default_value = DEFAULT_TRACE)]
     trace: PathBuf,
     /// Use a synthetic trace of this many requests instead (Poisson
@@ -33,9 +39,11 @@ pub struct Args {
     #[arg(long, value_name = "N", conflicts_with = "trace")]
     synthetic: Option<usize>,
     /// Spread the trace over a day with the diurnal curve, repeated this
-    /// many times (48 copies of the Azure hour: about 930,000 requests).
-    #[arg(long, default_value_t = 48)]
-    copies: u32,
+    /// many times (default 48: 48 copies of the Azure hour, about 930,000
+    /// requests; a trace with prompt blocks is replayed as recorded unless
+    /// this is given).
+    #[arg(long)]
+    copies: Option<u32>,
     /// Replay the trace as recorded, sped up by this factor, instead of
     /// spreading it over a day.
     #[arg(long, value_name = "FACTOR")]
@@ -53,7 +61,9 @@ pub struct Args {
     /// would configure it (litellm-cost-based-knee,
     /// litellm-cost-based-compliant, litellm-cost-based-team-alias,
     /// litellm-cost-based-order),
-    /// priority-gateway, owned-first. Default: all of them.
+    /// priority-gateway, owned-first; on a trace with prompt blocks also
+    /// ace-locality (ACE with prefix locality) and sglang-cache-aware (an
+    /// engine-side prefix-aware router). Default: all of them.
     #[arg(long = "policy", value_name = "NAME")]
     policy: Vec<String>,
     /// The request mix (tenants, classes, models): a TOML file like the
@@ -121,7 +131,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut sim = build(&args)?;
     let kinds: Vec<PolicyKind> = if args.policy.is_empty() {
-        PolicyKind::ALL.to_vec()
+        PolicyKind::defaults(!sim.block_ids.is_empty())
     } else {
         args.policy
             .iter()
@@ -129,8 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 PolicyKind::parse(n).ok_or_else(|| {
                     anyhow!(
                         "no policy `{n}`; the policies are {}",
-                        PolicyKind::ALL
-                            .into_iter()
+                        PolicyKind::every()
                             .map(PolicyKind::name)
                             .collect::<Vec<_>>()
                             .join(", ")
@@ -157,14 +166,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot create `{}`", dir.display()))?;
         std::fs::write(dir.join("plugin-config.json"), &sim.config_json)
             .with_context(|| format!("cannot write into `{}`", dir.display()))?;
-        // ACE as dispatch alone runs (and its lines name) its own.
-        if kinds.contains(&PolicyKind::AceNoRouting) {
-            let name = format!("plugin-config-{}.json", PolicyKind::AceNoRouting.name());
-            std::fs::write(
-                dir.join(&name),
-                sim.config_json_of(PolicyKind::AceNoRouting)?,
-            )
-            .with_context(|| format!("cannot write `{name}` into `{}`", dir.display()))?;
+        // ACE as dispatch alone, and ACE with locality, run (and their
+        // lines name) their own.
+        for kind in [PolicyKind::AceNoRouting, PolicyKind::AceLocality] {
+            if kinds.contains(&kind) {
+                let name = format!("plugin-config-{}.json", kind.name());
+                std::fs::write(dir.join(&name), sim.config_json_of(kind)?)
+                    .with_context(|| format!("cannot write `{name}` into `{}`", dir.display()))?;
+            }
         }
     }
     let runs = run_all(&sim, &kinds, &seeds, args.events.as_deref(), args.threads)?;
@@ -189,10 +198,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             },
             requests: sim.reqs.len(),
             seeds,
-            shape: match args.replay {
+            shape: match shape_of(&args, !sim.block_ids.is_empty()) {
                 _ if !args.shadow.is_empty() => "as logged".to_string(),
-                Some(f) => format!("replayed at {f}x"),
-                None => format!("{} copies over a day (diurnal curve)", args.copies),
+                Ok(Shape::Replay { speedup }) => format!("replayed at {speedup}x"),
+                Ok(Shape::Day { copies }) => {
+                    format!("{copies} copies over a day (diurnal curve)")
+                }
+                Err(e) => return Err(e),
             },
             fleet_model: sim.fleet_model(),
         },
@@ -286,6 +298,21 @@ pub fn build(args: &Args) -> anyhow::Result<Simulation> {
     Ok(sim)
 }
 
+/// How the trace is played: `--replay`, else `--copies` (default 48), but
+/// a trace with prompt `blocks` as recorded unless `--copies` is given (a
+/// conversation's turns keep their real spacing, and no copy replays
+/// another's conversations).
+fn shape_of(args: &Args, blocks: bool) -> anyhow::Result<Shape> {
+    Ok(match (args.replay, args.copies) {
+        (Some(f), _) if f.is_finite() && f > 0.0 => Shape::Replay { speedup: f },
+        (Some(f), _) => bail!("--replay {f}: the speed-up must be a number > 0"),
+        (None, Some(0)) => bail!("--copies must be at least 1"),
+        (None, Some(copies)) => Shape::Day { copies },
+        (None, None) if blocks => Shape::Replay { speedup: 1.0 },
+        (None, None) => Shape::Day { copies: 48 },
+    })
+}
+
 /// The simulation of a trace and a mix.
 fn from_trace(args: &Args, targets: Targets) -> anyhow::Result<Simulation> {
     let project = ace_policy::load_dir(&args.policies).map_err(|e| anyhow!("{e}"))?;
@@ -298,18 +325,11 @@ fn from_trace(args: &Args, targets: Targets) -> anyhow::Result<Simulation> {
             anyhow!("{e}").context(if args.trace.as_os_str() == DEFAULT_TRACE {
                 "the default trace is the shared Azure trace next to this checkout; give --trace FILE or --synthetic N"
             } else {
-                "give a CSV with TIMESTAMP, ContextTokens and GeneratedTokens columns"
+                "give a CSV with TIMESTAMP, ContextTokens and GeneratedTokens columns, or Mooncake JSON lines (timestamp, input_length, output_length, hash_ids)"
             })
         })?,
     };
-    let shape = match args.replay {
-        Some(f) if f.is_finite() && f > 0.0 => Shape::Replay { speedup: f },
-        Some(f) => bail!("--replay {f}: the speed-up must be a number > 0"),
-        None if args.copies == 0 => bail!("--copies must be at least 1"),
-        None => Shape::Day {
-            copies: args.copies,
-        },
-    };
+    let shape = shape_of(args, trace.has_blocks())?;
     if let Shape::Day { copies } = shape {
         let requests = trace.rows.len() as u64 * u64::from(copies);
         if requests > MAX_REQUESTS {
@@ -342,11 +362,12 @@ fn from_trace(args: &Args, targets: Targets) -> anyhow::Result<Simulation> {
             ace_sim::mix::DEFAULT.to_string(),
         ),
     };
-    let mut sim = Simulation::new(
+    let mut sim = Simulation::with_blocks(
         config_json,
         &ace_sim::Placement::of(&project),
         &ace_sim::model_tp(&project),
         &arrivals,
+        trace.block_ids,
         &mix_source,
         &mix_text,
         targets,

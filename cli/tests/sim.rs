@@ -334,3 +334,56 @@ fn ledger_books(extra: &[&str], count: usize) {
         assert!(not_served > 0, "the runs had refused or failed requests");
     }
 }
+
+/// Prefix locality on the first 1,000 requests of the Mooncake trace
+/// (`sim/tests/fixtures/`, Qin et al., FAST 2025): ACE with locality reads
+/// more of its input from the destinations' prompt caches than ACE
+/// without, and the same seed gives the same bytes.
+#[test]
+fn ace_with_locality_reads_more_cached_input_on_a_mooncake_slice() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let slice = root.join("sim/tests/fixtures/mooncake-conversation-head1000.jsonl");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("c.json");
+    let args = [
+        "sim",
+        "--trace",
+        slice.to_str().expect("utf-8"),
+        "--policy",
+        "ace",
+        "--policy",
+        "ace-locality",
+        "--seeds",
+        "1",
+        "--threads",
+        "2",
+        "--no-faults",
+        "--json",
+        out.to_str().expect("utf-8"),
+    ];
+    let a = ace(&args);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let first = std::fs::read(&out).expect("json written");
+    let b = ace(&args);
+    assert_eq!(a.stdout, b.stdout, "same seed, same table");
+    assert_eq!(
+        first,
+        std::fs::read(&out).expect("json written"),
+        "same seed, same JSON"
+    );
+    let text = String::from_utf8_lossy(&a.stdout);
+    assert!(text.contains("prompt caching"), "{text}");
+    let c: serde_json::Value = serde_json::from_slice(&first).expect("json");
+    let share = |name: &str| {
+        c["policies"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["policy"] == name))
+            .and_then(|p| p["prompt_cache"]["cached_share"]["mean"].as_f64())
+            .unwrap_or_else(|| panic!("no cached share for {name}:\n{text}"))
+    };
+    let (without, with) = (share("ace"), share("ace-locality"));
+    assert!(
+        with > without,
+        "ACE with locality read {with:.4} of its input cached, without {without:.4}:\n{text}"
+    );
+}

@@ -27,6 +27,7 @@ fn simulation() -> Simulation {
         certifications: vec![],
         models: vec!["m".into()],
         warm: vec!["m".into()],
+        provider: "test".into(),
         gpus: 4,
         throughput_tps: 2400.0,
     };

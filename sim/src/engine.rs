@@ -36,6 +36,9 @@ pub struct Req {
     pub output: u32,
     /// Its [`Profile`].
     pub profile: u32,
+    /// Its prompt's blocks (a trace with prefix structure), into
+    /// [`World::block_ids`].
+    pub blocks: crate::trace::Blocks,
 }
 
 /// Where a policy sends an attempt.
@@ -79,6 +82,8 @@ pub struct World<'a> {
     pub reqs: &'a [Req],
     /// Their profiles.
     pub profiles: &'a [Profile],
+    /// The trace's prompt block ids ([`Req::blocks`] points into them).
+    pub block_ids: &'a [u32],
 }
 
 impl World<'_> {
@@ -89,7 +94,13 @@ impl World<'_> {
             prompt: 0,
             output: 0,
             profile: 0,
+            blocks: crate::trace::Blocks::default(),
         })
+    }
+
+    /// Request `r`'s prompt block keys ([`crate::trace::Blocks::keys`]).
+    pub fn blocks(&self, r: u32) -> impl Iterator<Item = u64> + '_ {
+        self.req(r).blocks.keys(self.block_ids)
     }
 
     /// Request `r`'s profile.
@@ -290,6 +301,8 @@ pub struct Run<'a> {
     pub reqs: &'a [Req],
     /// Their profiles.
     pub profiles: &'a [Profile],
+    /// The trace's prompt block ids (empty: none).
+    pub block_ids: &'a [u32],
     /// SLO targets.
     pub targets: &'a Targets,
     /// The seed (for the fleet's own draws).
@@ -306,6 +319,9 @@ struct Loop<'a> {
     up: Vec<Upstream>,
     reqs: &'a [Req],
     profiles: &'a [Profile],
+    block_ids: &'a [u32],
+    /// The admitted request's block keys (reused).
+    keys: Vec<u64>,
     rng: Rng,
     attempts: Attempts,
     timeline: Timeline,
@@ -366,6 +382,7 @@ impl Books<'_> {
             destination: d.and_then(|d| self.names.get(d).cloned()),
             tier: d.and_then(|d| self.tiers.get(d).copied()),
             tokens_in: req.prompt,
+            tokens_cache_read: o.cache_read,
             tokens_out: if ok { req.output } else { 0 },
             tokens_estimated: false,
             status: u32::from(o.status),
@@ -421,11 +438,17 @@ impl Run<'_> {
             buf: Vec::new(),
             line: Vec::new(),
         };
+        let mut metrics = Metrics::new(&self.up, self.targets, self.reqs.len());
+        if !self.block_ids.is_empty() {
+            metrics.track_prompt_cache();
+        }
         let mut l = Loop {
-            metrics: Metrics::new(&self.up, self.targets, self.reqs.len()),
+            metrics,
             up: self.up,
             reqs: self.reqs,
             profiles: self.profiles,
+            block_ids: self.block_ids,
+            keys: Vec::new(),
             rng: Rng::fork(self.seed, "fleet-answers"),
             attempts: Attempts::default(),
             timeline: Timeline::default(),
@@ -544,6 +567,7 @@ impl Loop<'_> {
             up: &self.up,
             reqs: self.reqs,
             profiles: self.profiles,
+            block_ids: self.block_ids,
         }
     }
 
@@ -646,7 +670,16 @@ impl Loop<'_> {
                 .get(req.profile as usize)
                 .map_or("", |p| p.model.as_str()),
         };
-        let answer = u.admit(now, req.prompt, req.output, model, &mut self.rng);
+        self.keys.clear();
+        self.keys.extend(req.blocks.keys(self.block_ids));
+        let answer = u.admit_blocks(
+            now,
+            req.prompt,
+            req.output,
+            model,
+            &self.keys,
+            &mut self.rng,
+        );
         a.held_slot = crate::fleet::holds_slot(u.p.slots, answer.status);
         let hourly = u.cost_at(now).usd_per_gpu_hour;
         a.live_usd_per_hour = (hourly != u.p.cost.usd_per_gpu_hour).then_some(hourly);
@@ -795,6 +828,7 @@ impl Loop<'_> {
                 cold: answer.cold,
                 overage: answer.overage,
                 live_usd_per_hour,
+                cache_read: if broken { 0 } else { answer.cached },
             },
             served_model.as_deref(),
         );

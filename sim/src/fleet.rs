@@ -38,12 +38,30 @@
 //! - A GPU server holds as many models as the manifest lists resident; a
 //!   request for another loads it first (30 s, and its `cold_load_usd`),
 //!   evicting the least recently used.
+//! - **Prompt caches** ([`PromptCache`]), for requests whose prompt blocks
+//!   the trace names (the Mooncake format; a trace without blocks meets no
+//!   cache and is served exactly as before). An engine (in-house, spot,
+//!   on-demand) keeps a prefix cache as vLLM's automatic prefix caching
+//!   and SGLang's radix cache do: whole blocks, least recently used evicted
+//!   past its capacity ([`KV_BLOCKS_PER_GPU`] a GPU); a request's prefill
+//!   is only its blocks past the longest cached prefix. A provider
+//!   (pay-as-you-go, and reserved blocks, which are a provider's
+//!   deployments) caches a prompt prefix of at least [`PROVIDER_MIN_TOKENS`]
+//!   for [`PROVIDER_TTL_MS`] after its last use (OpenAI's and Azure
+//!   OpenAI's prompt caching: prompts of 1,024 tokens or more, cleared
+//!   after 5-10 minutes of inactivity; Anthropic's default cache lifetime,
+//!   5 minutes, refreshed on each hit), unbounded. Either reports what it
+//!   read in its usage (`prompt_tokens_details.cached_tokens`, as OpenAI
+//!   and vLLM do), which the books price at the destination's
+//!   `cached_input_factor`. A reserved block's prefill is cut too (it is
+//!   simulated as a GPU server); an API's time to first token has no
+//!   prompt-size term here, so a cache hit there shows in the bill only.
 
 use crate::rng::Rng;
 use crate::trace::DAY_MS;
 use ace_core::cost::{CostModel, Tier};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// What the simulated engines and APIs do, apart from what the manifest
 /// says of them. The manifest's knee is what ACE prices and what a careful
@@ -188,6 +206,8 @@ pub struct Params {
     pub slo_ms: Option<u64>,
     /// The cost curve (the filter's).
     pub cost: CostModel,
+    /// An engine's prefix cache, in blocks ([`KV_BLOCKS_PER_GPU`] a GPU).
+    pub cache_blocks: u32,
 }
 
 /// A spot server's eviction statistics.
@@ -233,6 +253,181 @@ pub const DEFAULT_SEQ_TPS: f64 = 25.0;
 /// Time to load a model that is not resident, ms.
 pub const COLD_LOAD_MS: u64 = 30_000;
 
+/// An engine's prefix cache per GPU, in 512-token blocks: 20 GB of KV
+/// memory a GPU (an 80 GB GPU at vLLM's default `gpu_memory_utilization`
+/// 0.9 holding its share of a tensor-parallel 70B-class model's weights
+/// and the running batch's own KV) over a 70B-class model's KV per block
+/// (Llama-3.1-70B: 80 layers x 8 KV heads x 128 dimensions x K and V x 2
+/// bytes = 320 KiB a token, 160 MiB a block): 128 blocks, 65,536 tokens a
+/// GPU. An assumption, the same for every policy.
+pub const KV_BLOCKS_PER_GPU: u32 = 128;
+
+/// A provider's prompt cache lifetime after last use, ms (5 minutes).
+pub const PROVIDER_TTL_MS: u64 = 300_000;
+
+/// The shortest prefix a provider caches, tokens.
+pub const PROVIDER_MIN_TOKENS: u32 = 1024;
+
+/// Tokens a prompt block holds ([`crate::trace::BLOCK_TOKENS`]).
+const BLOCK: u32 = crate::trace::BLOCK_TOKENS;
+
+/// A destination's prompt cache, keyed by (model, block).
+#[derive(Clone, Debug)]
+pub enum PromptCache {
+    /// An engine's: at most `capacity` blocks, least recently used out.
+    Engine {
+        /// Blocks it holds.
+        capacity: u32,
+        /// Block key to its last use's stamp.
+        stamp: HashMap<u64, u64>,
+        /// Stamp to block key, oldest first.
+        order: BTreeMap<u64, u64>,
+        /// The next stamp.
+        next: u64,
+    },
+    /// A provider's: every prefix of at least [`PROVIDER_MIN_TOKENS`], for
+    /// [`PROVIDER_TTL_MS`] after its last use.
+    Provider {
+        /// Block key to its last use, ms.
+        last: HashMap<u64, u64>,
+        /// Size at which expired blocks are next swept.
+        sweep_at: usize,
+    },
+}
+
+impl PromptCache {
+    /// The cache of a destination of `tier`; an engine's holds
+    /// `cache_blocks` blocks.
+    pub fn of(tier: Tier, cache_blocks: u32) -> PromptCache {
+        match tier {
+            Tier::Payg | Tier::Reserved => PromptCache::Provider {
+                last: HashMap::new(),
+                sweep_at: 1 << 16,
+            },
+            Tier::InHouse | Tier::Spot | Tier::OnDemand => PromptCache::Engine {
+                capacity: cache_blocks,
+                stamp: HashMap::new(),
+                order: BTreeMap::new(),
+                next: 0,
+            },
+        }
+    }
+
+    /// A request for `model` with prompt `blocks` (keys) of `prompt`
+    /// tokens is served at `now`: the tokens read from the cache (the
+    /// longest cached prefix), and its blocks are cached.
+    pub fn serve(&mut self, now: u64, model: &str, blocks: &[u64], prompt: u32) -> u32 {
+        if blocks.is_empty() {
+            return 0;
+        }
+        let m = model_key(model);
+        let key = |b: u64| mix64(b ^ m);
+        match self {
+            PromptCache::Engine {
+                capacity,
+                stamp,
+                order,
+                next,
+            } => {
+                let hit = blocks
+                    .iter()
+                    .take_while(|b| stamp.contains_key(&key(**b)))
+                    .count() as u32;
+                // Whole blocks only are kept (a partial last one is not).
+                let whole = (prompt / BLOCK) as usize;
+                for b in blocks.iter().take(whole) {
+                    let k = key(*b);
+                    if let Some(old) = stamp.insert(k, *next) {
+                        order.remove(&old);
+                    }
+                    order.insert(*next, k);
+                    *next += 1;
+                }
+                while order.len() > *capacity as usize {
+                    let Some((_, k)) = order.pop_first() else {
+                        break;
+                    };
+                    stamp.remove(&k);
+                }
+                (hit * BLOCK).min(prompt)
+            }
+            PromptCache::Provider { last, sweep_at } => {
+                let hit = blocks
+                    .iter()
+                    .take_while(|b| {
+                        last.get(&key(**b))
+                            .is_some_and(|t| now.saturating_sub(*t) < PROVIDER_TTL_MS)
+                    })
+                    .count() as u32;
+                let cached = (hit * BLOCK).min(prompt);
+                // A prompt below the minimum is not cached at all.
+                if prompt >= PROVIDER_MIN_TOKENS {
+                    for b in blocks {
+                        last.insert(key(*b), now);
+                    }
+                }
+                if last.len() >= *sweep_at {
+                    last.retain(|_, t| now.saturating_sub(*t) < PROVIDER_TTL_MS);
+                    *sweep_at = (last.len() * 2).max(1 << 16);
+                }
+                if cached >= PROVIDER_MIN_TOKENS {
+                    cached
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    /// Blocks it holds (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        match self {
+            PromptCache::Engine { stamp, .. } => stamp.len(),
+            PromptCache::Provider { last, .. } => last.len(),
+        }
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The longest prefix of `blocks` (keys) for `model` it holds at `now`,
+    /// in blocks, without touching it (what an engine-side router's
+    /// view of its workers' caches reads).
+    pub fn held_blocks(&self, now: u64, model: &str, blocks: &[u64]) -> u32 {
+        let m = model_key(model);
+        let key = |b: u64| mix64(b ^ m);
+        match self {
+            PromptCache::Engine { stamp, .. } => blocks
+                .iter()
+                .take_while(|b| stamp.contains_key(&key(**b)))
+                .count() as u32,
+            PromptCache::Provider { last, .. } => blocks
+                .iter()
+                .take_while(|b| {
+                    last.get(&key(**b))
+                        .is_some_and(|t| now.saturating_sub(*t) < PROVIDER_TTL_MS)
+                })
+                .count() as u32,
+        }
+    }
+}
+
+/// A model's part of a block's key (FNV-1a).
+fn model_key(model: &str) -> u64 {
+    model.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// SplitMix64's finaliser.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// What a destination answers an attempt: the status, and when the first
 /// byte and the last arrive after admission.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -249,6 +444,8 @@ pub struct Answer {
     pub cold: bool,
     /// Whether a reserved block served past its commitment.
     pub overage: bool,
+    /// Input tokens read from its prompt cache.
+    pub cached: u32,
 }
 
 impl Answer {
@@ -261,6 +458,7 @@ impl Answer {
             retry_after_s: None,
             cold: false,
             overage: false,
+            cached: 0,
         }
     }
 }
@@ -288,6 +486,8 @@ pub struct Upstream {
     last_used: Vec<u64>,
     /// Faults on this destination.
     pub faults: Vec<Fault>,
+    /// Its prompt cache.
+    pub prompt_cache: PromptCache,
 }
 
 impl Upstream {
@@ -313,6 +513,7 @@ impl Upstream {
             }
         }
         Upstream {
+            prompt_cache: PromptCache::of(p.tier, p.cache_blocks),
             resident: p.warm.clone(),
             last_used: vec![0; p.warm.len()],
             p,
@@ -411,6 +612,21 @@ impl Upstream {
         model: &str,
         rng: &mut Rng,
     ) -> Answer {
+        self.admit_blocks(now, prompt, output, model, &[], rng)
+    }
+
+    /// [`Upstream::admit`] for a prompt of `blocks` (keys; empty: none
+    /// named, no cache): what its prompt cache holds of them is not
+    /// prefilled, and is reported as [`Answer::cached`].
+    pub fn admit_blocks(
+        &mut self,
+        now: u64,
+        prompt: u32,
+        output: u32,
+        model: &str,
+        blocks: &[u64],
+        rng: &mut Rng,
+    ) -> Answer {
         let fail = |status: u16, after: u64, retry: Option<u32>| Answer {
             status,
             first_ms: after,
@@ -418,6 +634,7 @@ impl Upstream {
             retry_after_s: retry,
             cold: false,
             overage: false,
+            cached: 0,
         };
         if !self.up(now) {
             return fail(503, 5, None);
@@ -462,6 +679,7 @@ impl Upstream {
             }
         }
         let out = f64::from(output);
+        let cached = self.prompt_cache.serve(now, model, blocks, prompt);
         let (ttft, tpot, cold) = match self.p.slots {
             None => {
                 let m = &self.p.model;
@@ -474,7 +692,8 @@ impl Upstream {
                 let (m, knee) = (self.p.model, self.p.knee);
                 let rel = m.slowdown(u, knee) / m.slowdown(1.0, knee);
                 let tpot = self.p.tpot_full_ms * rel;
-                let prefill = f64::from(prompt) / m.prefill_tps * 1000.0 * (1.0 + u);
+                let prefill =
+                    f64::from(prompt - cached.min(prompt)) / m.prefill_tps * 1000.0 * (1.0 + u);
                 let cold = self.touch(model, now);
                 let load = if cold { COLD_LOAD_MS as f64 } else { 0.0 };
                 let wait = m.past_knee_wait_ms(u, knee);
@@ -489,6 +708,7 @@ impl Upstream {
             retry_after_s: None,
             cold,
             overage,
+            cached,
         }
     }
 
@@ -557,6 +777,7 @@ pub(crate) fn test_gpu(slots: u32) -> Params {
             knee: 0.8,
             ..CostModel::default()
         },
+        cache_blocks: 8,
     }
 }
 
@@ -687,5 +908,79 @@ mod tests {
         assert!(!b.cold);
         assert_eq!(u.resident, vec!["other".to_string()], "room for one model");
         assert!(u.admit(2, 10, 10, "m", &mut rng).cold, "swapped back");
+    }
+
+    #[test]
+    fn an_engine_prefills_only_what_its_prefix_cache_misses() {
+        let mut u = Upstream::new(gpu(10), &mut Rng::new(1), 1);
+        let mut rng = Rng::new(2);
+        let a = u.admit_blocks(0, 2048, 10, "m", &[1, 2, 3, 4], &mut rng);
+        u.finish();
+        assert_eq!(a.cached, 0);
+        let b = u.admit_blocks(10, 2300, 10, "m", &[1, 2, 3, 9, 10], &mut rng);
+        u.finish();
+        assert_eq!(b.cached, 3 * 512);
+        assert!(b.first_ms < a.first_ms, "{a:?} {b:?}");
+        // Another model shares nothing; 8 blocks of room: the oldest go.
+        assert_eq!(
+            u.admit_blocks(20, 600, 1, "other", &[1, 2], &mut rng)
+                .cached,
+            0
+        );
+        u.finish();
+        u.admit_blocks(
+            30,
+            4096,
+            1,
+            "m",
+            &[20, 21, 22, 23, 24, 25, 26, 27],
+            &mut rng,
+        );
+        u.finish();
+        assert_eq!(
+            u.admit_blocks(40, 1024, 1, "m", &[1, 2], &mut rng).cached,
+            0
+        );
+    }
+
+    #[test]
+    fn a_provider_caches_a_long_prefix_for_five_minutes_after_last_use() {
+        let mut p = gpu(10);
+        p.tier = Tier::Payg;
+        p.slots = None;
+        p.api_limits = Some(API_LIMITS);
+        let mut u = Upstream::new(p, &mut Rng::new(1), 1);
+        let mut rng = Rng::new(2);
+        assert_eq!(
+            u.admit_blocks(0, 1500, 1, "m", &[1, 2, 3], &mut rng).cached,
+            0
+        );
+        assert_eq!(
+            u.admit_blocks(1000, 1500, 1, "m", &[1, 2, 3], &mut rng)
+                .cached,
+            1500
+        );
+        assert_eq!(
+            u.admit_blocks(2000, 1500, 1, "m", &[1, 4, 5], &mut rng)
+                .cached,
+            0,
+            "512 < 1024"
+        );
+        assert_eq!(
+            u.admit_blocks(299_000, 2048, 1, "m", &[1, 2, 6, 7], &mut rng)
+                .cached,
+            1024
+        );
+        // Refreshed at 299 s: still there at 598 s, gone at 600 s.
+        assert_eq!(
+            u.admit_blocks(598_000, 1100, 1, "m", &[1, 2, 8], &mut rng)
+                .cached,
+            1024
+        );
+        assert_eq!(
+            u.admit_blocks(898_001, 1100, 1, "m", &[1, 2, 8], &mut rng)
+                .cached,
+            0
+        );
     }
 }

@@ -64,6 +64,13 @@ pub enum PolicyKind {
     Priority,
     /// Owned GPUs first, overflow to pay-as-you-go.
     OwnedFirst,
+    /// ACE with prefix locality (`"locality": {}` in its configuration):
+    /// on a trace with prompt blocks only.
+    AceLocality,
+    /// An engine-side prefix-aware router (SGLang's cache-aware router,
+    /// llm-d's prefix-cache scorer) over the owned GPU servers, behind a gateway
+    /// that spills to pay-as-you-go ([`policy::prefix`]).
+    CacheAware,
 }
 
 impl PolicyKind {
@@ -87,9 +94,34 @@ impl PolicyKind {
         PolicyKind::OwnedFirst,
     ];
 
+    /// The policies that need a trace with prompt blocks (the Mooncake
+    /// format), compared beside [`PolicyKind::ALL`] on such a trace.
+    pub const PREFIX: [PolicyKind; 2] = [PolicyKind::AceLocality, PolicyKind::CacheAware];
+
+    /// Every policy `--policy` may name.
+    pub fn every() -> impl Iterator<Item = PolicyKind> {
+        PolicyKind::ALL.into_iter().chain(PolicyKind::PREFIX)
+    }
+
+    /// The policies compared by default: [`PolicyKind::ALL`], and on a
+    /// trace with prompt blocks ACE with locality and the engine-side
+    /// router after ACE.
+    pub fn defaults(blocks: bool) -> Vec<PolicyKind> {
+        let mut out = Vec::new();
+        for k in PolicyKind::ALL {
+            out.push(k);
+            if blocks && k == PolicyKind::Ace {
+                out.extend(PolicyKind::PREFIX);
+            }
+        }
+        out
+    }
+
     /// Its name in tables, files and `--policy`.
     pub fn name(self) -> String {
         match self {
+            PolicyKind::AceLocality => "ace-locality".into(),
+            PolicyKind::CacheAware => "sglang-cache-aware".into(),
             PolicyKind::LiteLlmOperator(v) => v.name(Strategy::CostBased),
             PolicyKind::Ace => "ace".into(),
             PolicyKind::AceNoRouting => "ace-no-model-routing".into(),
@@ -105,8 +137,11 @@ impl PolicyKind {
     /// The comparison sets each side against the best peer on that side.
     pub fn substitutes(self) -> bool {
         match self {
-            PolicyKind::Ace | PolicyKind::LiteLlmOperator(Variant::TeamAlias) => true,
+            PolicyKind::Ace
+            | PolicyKind::AceLocality
+            | PolicyKind::LiteLlmOperator(Variant::TeamAlias) => true,
             PolicyKind::AceNoRouting
+            | PolicyKind::CacheAware
             | PolicyKind::AllPayg
             | PolicyKind::LiteLlm(_)
             | PolicyKind::LiteLlmOperator(_)
@@ -117,7 +152,7 @@ impl PolicyKind {
 
     /// The policy named `s`.
     pub fn parse(s: &str) -> Option<PolicyKind> {
-        PolicyKind::ALL.into_iter().find(|p| p.name() == s)
+        PolicyKind::every().find(|p| p.name() == s)
     }
 }
 
@@ -151,6 +186,187 @@ pub struct Simulation {
     /// ([`dispatch_only_config`]); `None` where the configuration has no
     /// model routing, so that there is nothing to substitute.
     pub dispatch_only_json: Option<Vec<u8>>,
+    /// The trace's prompt block ids (empty: a trace without them).
+    pub block_ids: Vec<u32>,
+    /// The filter configuration of ACE with prefix locality (a trace with
+    /// prompt blocks only): the run's, plus `"locality": {}`.
+    pub locality_json: Option<Vec<u8>>,
+}
+
+/// The filter configuration for a trace with prompt blocks, from the one
+/// `ace plugin-config` writes: each provider's prompt-cache price and each
+/// engine's prefill speed, where the configuration does not set them, and
+/// a body bound that reads the trace's longest prompt.
+///
+/// - `cached_input_factor`: an OpenAI (or Azure OpenAI) destination 0.5,
+///   the price of a cached input token over an input token for the
+///   gpt-4o class that the example fleet's `openai-us` serves (gpt-4o
+///   $2.50 and $1.25 per million, gpt-4o-mini $0.15 and $0.075: OpenAI's
+///   pricing page; the gpt-4.1 class is 0.1, but no destination here
+///   serves it); an Anthropic destination 0.1 (cache reads at a tenth of
+///   the base input price: Anthropic's prompt-caching documentation).
+///   Others keep theirs (the example fleet's Mistral and Together
+///   destinations publish no cached-input discount; the engines are
+///   priced by their GPU time, and a reserved block by its commitment).
+/// - `prefix_cache.prefill_tokens_per_s` of each engine (in-house, spot,
+///   on-demand): the fleet model's prefill speed
+///   ([`FleetModel::prefill_tps`], the default's), so that ACE with
+///   locality prices the prefill a held prefix saves.
+/// - `prefix_cache.ttl_ms` of each engine: how long its KV cache keeps a
+///   block, as an operator reads it off the engine (vLLM's prefix-cache
+///   hit rate falls when blocks are evicted before their reuse): here its
+///   KV blocks ([`fleet::KV_BLOCKS_PER_GPU`] a GPU) over the blocks the
+///   trace brings each engine a second (`blocks_per_s` shared evenly),
+///   from one second to the two minutes an idle engine's default
+///   assumes. The filter's default (two minutes) would price prefixes an
+///   engine this busy has long evicted.
+/// - `body.max_bytes`: at least the longest prompt's body
+///   ([`policy::ace::BYTES_PER_TOKEN`] a token, and room for the JSON).
+pub fn prompt_cache_config(
+    config_json: &[u8],
+    places: &[Placement],
+    longest_prompt: u32,
+    blocks_per_s: f64,
+) -> Result<Vec<u8>, SimError> {
+    let bad = |e: String| SimError(format!("the filter configuration: {e}"));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(config_json).map_err(|e| bad(e.to_string()))?;
+    let prefill = FleetModel::default().prefill_tps;
+    let is_engine = |d: &serde_json::Value| {
+        matches!(
+            d.get("tier").and_then(serde_json::Value::as_str),
+            Some("inhouse" | "spot" | "ondemand")
+        )
+    };
+    let engines = v
+        .get("destinations")
+        .and_then(serde_json::Value::as_array)
+        .map_or(0, |ds| ds.iter().filter(|d| is_engine(d)).count());
+    let per_engine = blocks_per_s / engines.max(1) as f64;
+    if let Some(ds) = v
+        .get_mut("destinations")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for (d, place) in ds.iter_mut().zip(places) {
+            let Some(o) = d.as_object_mut() else { continue };
+            let factor = match place.provider.to_ascii_lowercase().as_str() {
+                "openai" | "azure-openai" | "azure_openai" => Some(0.5),
+                "anthropic" => Some(0.1),
+                _ => None,
+            };
+            if let Some(f) = factor {
+                o.entry("cached_input_factor")
+                    .or_insert_with(|| serde_json::json!(f));
+            }
+            if is_engine(d) {
+                let Some(o) = d.as_object_mut() else { continue };
+                let kv = f64::from(place.gpus.max(1).saturating_mul(fleet::KV_BLOCKS_PER_GPU));
+                let ttl_ms = if per_engine > 0.0 {
+                    (kv / per_engine * 1000.0).clamp(1_000.0, 120_000.0) as u64
+                } else {
+                    120_000
+                };
+                let pc = o
+                    .entry("prefix_cache")
+                    .or_insert_with(|| serde_json::json!({}));
+                if let Some(pc) = pc.as_object_mut() {
+                    pc.entry("prefill_tokens_per_s")
+                        .or_insert_with(|| serde_json::json!(prefill));
+                    pc.entry("ttl_ms")
+                        .or_insert_with(|| serde_json::json!(ttl_ms));
+                }
+            }
+        }
+    }
+    let need = (longest_prompt as usize)
+        .saturating_mul(policy::ace::BYTES_PER_TOKEN)
+        .saturating_add(64 * 1024)
+        .min(16 * 1024 * 1024);
+    if let Some(o) = v.as_object_mut() {
+        let body = o
+            .entry("body")
+            .or_insert_with(|| serde_json::json!({"read": true}));
+        if let Some(b) = body.as_object_mut() {
+            let now = b
+                .get("max_bytes")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(256 * 1024);
+            if (now as usize) < need {
+                b.insert("max_bytes".into(), serde_json::json!(need));
+            }
+        }
+    }
+    serde_json::to_vec(&v).map_err(|e| bad(e.to_string()))
+}
+
+/// `to` with the prompt-cache settings of `from` ([`prompt_cache_config`]):
+/// each destination's `cached_input_factor` and `prefix_cache`, and the
+/// body bound, so that ACE as dispatch alone meets the same caches at the
+/// same prices.
+pub fn carry_prompt_cache(from: &[u8], to: &[u8]) -> Result<Vec<u8>, SimError> {
+    let bad = |e: String| SimError(format!("the filter configuration: {e}"));
+    let from: serde_json::Value = serde_json::from_slice(from).map_err(|e| bad(e.to_string()))?;
+    let mut v: serde_json::Value = serde_json::from_slice(to).map_err(|e| bad(e.to_string()))?;
+    let src = from
+        .get("destinations")
+        .and_then(serde_json::Value::as_array);
+    if let (Some(src), Some(ds)) = (
+        src,
+        v.get_mut("destinations")
+            .and_then(serde_json::Value::as_array_mut),
+    ) {
+        for (d, s) in ds.iter_mut().zip(src) {
+            for key in ["cached_input_factor", "prefix_cache"] {
+                if let (Some(o), Some(x)) = (d.as_object_mut(), s.get(key)) {
+                    o.insert(key.into(), x.clone());
+                }
+            }
+        }
+    }
+    if let (Some(o), Some(b)) = (v.as_object_mut(), from.get("body")) {
+        o.insert("body".into(), b.clone());
+    }
+    serde_json::to_vec(&v).map_err(|e| bad(e.to_string()))
+}
+
+/// `config_json` with prefix locality on (`"locality": {}`, every setting
+/// at its default), unless it configures locality already.
+pub fn locality_config(config_json: &[u8]) -> Result<Vec<u8>, SimError> {
+    let bad = |e: String| SimError(format!("the filter configuration: {e}"));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(config_json).map_err(|e| bad(e.to_string()))?;
+    if let Some(o) = v.as_object_mut() {
+        o.entry("locality").or_insert_with(|| serde_json::json!({}));
+    }
+    serde_json::to_vec(&v).map_err(|e| bad(e.to_string()))
+}
+
+/// The conversation a request with prompt `blocks` belongs to, for
+/// drawing its profile once per conversation: its second block (the first
+/// is often a system prompt every conversation shares), else its first.
+fn conversation(blocks: trace::Blocks, ids: &[u32]) -> Option<u64> {
+    let mut keys = blocks.keys(ids);
+    let first = keys.next()?;
+    Some(keys.next().unwrap_or(first))
+}
+
+/// Each request's profile drawn from `mix` with `rng`, in order: one draw
+/// a request, or on a trace with prompt blocks one a conversation
+/// ([`conversation`]): a conversation is one tenant's, in one data and
+/// latency class, for one model, as a client keeps it.
+fn draw_profiles(
+    mix: &mut Mix,
+    rng: &mut Rng,
+    blocks: impl Iterator<Item = trace::Blocks>,
+    ids: &[u32],
+) -> Vec<u32> {
+    let mut seen: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+    blocks
+        .map(|b| match conversation(b, ids) {
+            None => mix.draw(rng),
+            Some(c) => *seen.entry(c).or_insert_with(|| mix.draw(rng)),
+        })
+        .collect()
 }
 
 /// The Cedar policy that makes ACE dispatch alone: no request is served
@@ -224,6 +440,8 @@ pub struct Placement {
     pub models: Vec<String>,
     /// Resident models.
     pub warm: Vec<String>,
+    /// Its provider (the manifest's `provider`).
+    pub provider: String,
     /// GPUs.
     pub gpus: u32,
     /// Tokens per second at a full batch.
@@ -244,6 +462,7 @@ impl Placement {
                     .map(|r| r.get_ref().certifications.clone())
                     .unwrap_or_default(),
                 name: d.name,
+                provider: d.provider,
                 jurisdiction: d.jurisdiction,
                 region: d.region,
                 models: d.models,
@@ -300,21 +519,94 @@ impl Simulation {
         targets: Targets,
         seed: u64,
     ) -> Result<Simulation, SimError> {
+        Simulation::with_blocks(
+            config_json,
+            places,
+            models_tp,
+            arrivals,
+            Vec::new(),
+            mix_source,
+            mix_text,
+            targets,
+            seed,
+        )
+    }
+
+    /// [`Simulation::new`] for a trace with prompt blocks: `block_ids` the
+    /// trace's ([`trace::Trace::block_ids`], which the arrivals' blocks
+    /// point into; empty: none). With blocks, the destinations' prompt
+    /// caches come into play ([`fleet::PromptCache`]), the configuration
+    /// gains its prompt-cache prices ([`prompt_cache_config`]), ACE with
+    /// locality can run ([`locality_config`]), and the mix is drawn once a
+    /// conversation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_blocks(
+        config_json: Vec<u8>,
+        places: &[Placement],
+        models_tp: &[(String, u32)],
+        arrivals: &[Row],
+        block_ids: Vec<u32>,
+        mix_source: &str,
+        mix_text: &str,
+        targets: Targets,
+        seed: u64,
+    ) -> Result<Simulation, SimError> {
+        let (config_json, locality_json) = if block_ids.is_empty() {
+            (config_json, None)
+        } else {
+            let longest = arrivals.iter().map(|r| r.prompt).max().unwrap_or(0);
+            let span_s = arrivals
+                .last()
+                .map_or(1.0, |r| r.at_ms.max(1) as f64 / 1000.0);
+            let blocks: f64 = arrivals
+                .iter()
+                .map(|r| f64::from(r.prompt.div_ceil(512)))
+                .sum();
+            let c = prompt_cache_config(&config_json, places, longest, blocks / span_s)?;
+            let l = locality_config(&c)?;
+            ace_flow::Setup::parse(&l)
+                .map_err(|e| SimError(format!("the filter configuration with locality: {e}")))?;
+            (c, Some(l))
+        };
         let pricing = ace_flow::Setup::parse(&config_json)
             .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
         let mut mix = Mix::new(mix_source, mix_text, &pricing.config, models_tp)
             .map_err(|e| SimError(e.0))?;
         let mut rng = Rng::fork(seed, "mix");
-        let reqs: Vec<Req> = arrivals
-            .iter()
-            .map(|r| Req {
-                at_ms: r.at_ms,
-                prompt: r.prompt,
-                output: r.output,
-                profile: mix.draw(&mut rng),
-            })
-            .collect();
-        Simulation::assemble(config_json, pricing, places, reqs, mix, targets, seed)
+        let reqs: Vec<Req> = if block_ids.is_empty() {
+            arrivals
+                .iter()
+                .map(|r| Req {
+                    at_ms: r.at_ms,
+                    prompt: r.prompt,
+                    output: r.output,
+                    profile: mix.draw(&mut rng),
+                    blocks: r.blocks,
+                })
+                .collect()
+        } else {
+            let drawn = draw_profiles(
+                &mut mix,
+                &mut rng,
+                arrivals.iter().map(|r| r.blocks),
+                &block_ids,
+            );
+            arrivals
+                .iter()
+                .zip(drawn)
+                .map(|(r, profile)| Req {
+                    at_ms: r.at_ms,
+                    prompt: r.prompt,
+                    output: r.output,
+                    profile,
+                    blocks: r.blocks,
+                })
+                .collect()
+        };
+        let mut sim = Simulation::assemble(config_json, pricing, places, reqs, mix, targets, seed)?;
+        sim.block_ids = block_ids;
+        sim.locality_json = locality_json;
+        Ok(sim)
     }
 
     /// Shadow mode: the requests a real Envoy logged, each with the
@@ -347,6 +639,7 @@ impl Simulation {
                 prompt: l.prompt,
                 output: l.output,
                 profile: mix.intern(&l.tenant, &l.data_class, &l.latency_class, &l.model),
+                blocks: trace::Blocks::default(),
             })
             .collect();
         Simulation::assemble(config_json, pricing, places, reqs, mix, targets, seed)
@@ -400,6 +693,8 @@ impl Simulation {
             faults: None,
             control: true,
             dispatch_only_json: None,
+            block_ids: Vec::new(),
+            locality_json: None,
         })
     }
 
@@ -489,7 +784,16 @@ impl Simulation {
                 continue;
             }
             let mut rng = Rng::fork(seed, "mix");
-            let drawn = self.reqs.iter().map(|_| self.mix.draw(&mut rng)).collect();
+            let drawn = if self.block_ids.is_empty() {
+                self.reqs.iter().map(|_| self.mix.draw(&mut rng)).collect()
+            } else {
+                draw_profiles(
+                    &mut self.mix,
+                    &mut rng,
+                    self.reqs.iter().map(|r| r.blocks),
+                    &self.block_ids,
+                )
+            };
             self.mix_by_seed.insert(seed, drawn);
         }
         self.profiles = std::mem::take(&mut self.mix.profiles);
@@ -514,7 +818,11 @@ impl Simulation {
     /// alone is ACE.
     pub fn add_dispatch_only(&mut self, sources: &ace_policy::Sources) -> Result<(), SimError> {
         if self.pricing.routing.is_some() {
-            self.dispatch_only_json = Some(dispatch_only_config(sources)?);
+            let mut json = dispatch_only_config(sources)?;
+            if !self.block_ids.is_empty() {
+                json = carry_prompt_cache(&self.config_json, &json)?;
+            }
+            self.dispatch_only_json = Some(json);
         }
         Ok(())
     }
@@ -542,6 +850,15 @@ impl Simulation {
     /// name: the run's, but for ACE as dispatch alone, which runs its own
     /// ([`Simulation::dispatch_only_json`], another configuration id).
     pub fn config_json_of(&self, kind: PolicyKind) -> Result<Vec<u8>, SimError> {
+        if kind == PolicyKind::AceLocality {
+            return self.locality_json.clone().ok_or_else(|| {
+                SimError(format!(
+                    "{} needs a trace with prompt blocks (the Mooncake format: JSON lines with \
+                     hash_ids); this one has none",
+                    kind.name()
+                ))
+            });
+        }
         if kind != PolicyKind::AceNoRouting || self.pricing.routing.is_none() {
             return Ok(self.config_json.clone());
         }
@@ -564,7 +881,7 @@ impl Simulation {
         let up = self.fleet(seed);
         let listed = policy::listed(&up, &self.profiles);
         Ok(match kind {
-            PolicyKind::Ace | PolicyKind::AceNoRouting => {
+            PolicyKind::Ace | PolicyKind::AceNoRouting | PolicyKind::AceLocality => {
                 let bytes = self.config_json_of(kind)?;
                 let mut cfg = Config::parse(&bytes)
                     .map_err(|e| SimError(format!("the filter configuration: {e}")))?;
@@ -597,6 +914,7 @@ impl Simulation {
             )),
             PolicyKind::Priority => Box::new(policy::priority::PriorityGateway::new(listed, seed)),
             PolicyKind::OwnedFirst => Box::new(policy::packer::OwnedFirst::new(listed)),
+            PolicyKind::CacheAware => Box::new(policy::prefix::CacheAware::new(listed)),
         })
     }
 
@@ -615,6 +933,7 @@ impl Simulation {
             up: self.fleet(seed),
             reqs: &self.reqs_for(seed),
             profiles: &self.profiles,
+            block_ids: &self.block_ids,
             targets: &self.targets,
             seed,
             pricing: &self.pricing,
@@ -695,6 +1014,7 @@ fn params(
                 cold_load_usd: d.cold_load_usd,
                 slo_ms: d.slo_ms,
                 cost: *m,
+                cache_blocks: p.gpus.max(1).saturating_mul(fleet::KV_BLOCKS_PER_GPU),
             })
         })
         .collect()

@@ -27,6 +27,9 @@ pub struct RequestOutcome {
     /// The GPU-hour price it ran at, where the market had moved it from
     /// the configuration's (spot).
     pub live_usd_per_hour: Option<f64>,
+    /// Input tokens its destination read from its prompt cache (what its
+    /// usage reports as `prompt_tokens_details.cached_tokens`).
+    pub cache_read: u32,
 }
 
 impl RequestOutcome {
@@ -40,6 +43,7 @@ impl RequestOutcome {
             cold: false,
             overage: false,
             live_usd_per_hour: None,
+            cache_read: 0,
         }
     }
 
@@ -111,6 +115,28 @@ pub struct ClassFigures {
     pub met: u64,
 }
 
+/// What the destinations' prompt caches did for a run's served requests,
+/// and their time to first token (kept on a trace with prompt blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PromptCacheFigures {
+    /// Input tokens of the served requests.
+    pub input_tokens: u64,
+    /// Of those, read from the destination's prompt cache (what the
+    /// upstream's usage reports, and the books price at the cached price).
+    pub cached_input_tokens: u64,
+    /// Time to first token of the served requests, median, ms.
+    pub ttft_p50_ms: u64,
+    /// Its 95th percentile, ms.
+    pub ttft_p95_ms: u64,
+}
+
+impl PromptCacheFigures {
+    /// Cached input tokens over input tokens.
+    pub fn cached_share(&self) -> f64 {
+        ratio(self.cached_input_tokens, self.input_tokens)
+    }
+}
+
 /// One run's figures.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Metrics {
@@ -158,6 +184,12 @@ pub struct Metrics {
     /// Owned (in-house) GPU utilisation, per hour of the run: running
     /// sequences over slots, averaged over the hour's minutes.
     pub owned_utilisation: Vec<f64>,
+    /// Prompt caching, on a trace with prompt blocks (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<PromptCacheFigures>,
+    /// Served requests' times to first token, ms (prompt caching only).
+    #[serde(skip)]
+    ttfts: Vec<u32>,
     #[serde(skip)]
     util_sum: Vec<(f64, u32)>,
     #[serde(skip)]
@@ -209,6 +241,11 @@ impl Metrics {
             targets: targets.clone(),
             ..Metrics::default()
         }
+    }
+
+    /// Keep [`Metrics::prompt_cache`] (a trace with prompt blocks).
+    pub fn track_prompt_cache(&mut self) {
+        self.prompt_cache = Some(PromptCacheFigures::default());
     }
 
     /// Request `r`'s first byte reached the client at `now`.
@@ -275,6 +312,13 @@ impl Metrics {
                 }
             }
         }
+        if let (Some(pc), true) = (self.prompt_cache.as_mut(), served) {
+            pc.input_tokens += u64::from(req.prompt);
+            pc.cached_input_tokens += u64::from(o.cache_read.min(req.prompt));
+            if let Some(f) = first {
+                self.ttfts.push(u32::try_from(f).unwrap_or(u32::MAX));
+            }
+        }
         if served {
             self.served += 1;
         } else {
@@ -331,6 +375,17 @@ impl Metrics {
             .map(|(s, n)| if *n > 0 { s / f64::from(*n) } else { 0.0 })
             .collect();
         self.ttft = Vec::new();
+        if let Some(pc) = self.prompt_cache.as_mut() {
+            let mut t = std::mem::take(&mut self.ttfts);
+            t.sort_unstable();
+            // Nearest rank.
+            let at = |q: f64| {
+                let i = ((q * t.len() as f64).ceil() as usize).saturating_sub(1);
+                t.get(i).map_or(0, |v| u64::from(*v))
+            };
+            pc.ttft_p50_ms = at(0.5);
+            pc.ttft_p95_ms = at(0.95);
+        }
     }
 
     /// Served requests over all requests.

@@ -71,8 +71,23 @@ pub struct PolicyFigures {
     /// Cost by tier, mean over seeds, USD (inhouse, reserved, spot,
     /// ondemand, payg).
     pub cost_by_tier: [f64; 5],
+    /// Prompt caching over seeds (a trace with prompt blocks only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<PromptCacheSpread>,
     /// Every seed's run.
     pub runs: Vec<Metrics>,
+}
+
+/// Prompt caching's figures over seeds
+/// ([`crate::metrics::PromptCacheFigures`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PromptCacheSpread {
+    /// Cached input tokens over input tokens, served requests.
+    pub cached_share: Spread,
+    /// Time to first token, median, ms.
+    pub ttft_p50_ms: Spread,
+    /// Time to first token, 95th percentile, ms.
+    pub ttft_p95_ms: Spread,
 }
 
 impl PolicyFigures {
@@ -102,7 +117,19 @@ impl PolicyFigures {
                 *t += c / n;
             }
         }
+        let pc = |f: &dyn Fn(&crate::metrics::PromptCacheFigures) -> f64| {
+            s(&|m| m.prompt_cache.as_ref().map_or(0.0, f))
+        };
+        let prompt_cache =
+            runs.iter()
+                .any(|m| m.prompt_cache.is_some())
+                .then(|| PromptCacheSpread {
+                    cached_share: pc(&|p| p.cached_share()),
+                    ttft_p50_ms: pc(&|p| p.ttft_p50_ms as f64),
+                    ttft_p95_ms: pc(&|p| p.ttft_p95_ms as f64),
+                });
         PolicyFigures {
+            prompt_cache,
             cost_usd: s(&|m| m.cost_usd),
             cost_vs_payg: s(&|m| m.cost_vs_counterfactual()),
             served: s(&|m| m.served_fraction()),
@@ -239,6 +266,25 @@ impl Comparison {
                 p.violating_requests.mean
             ));
             out.push_str(&line);
+        }
+        if self.policies.iter().any(|p| p.prompt_cache.is_some()) {
+            out.push_str(&format!(
+                "\nprompt caching (served requests)\n{:<w$} {:>13} {:>12} {:>13} {:>13} {:>8}\n",
+                "policy", "cached input", "cost USD", "TTFT p50 ms", "TTFT p95 ms", "SLO"
+            ));
+            for p in &self.policies {
+                let Some(c) = &p.prompt_cache else { continue };
+                out.push_str(&format!(
+                    "{:<w$} {:>12.1}% {:>12} {:>13.0} {:>13.0} {:>7.2}%\n",
+                    p.policy,
+                    c.cached_share.mean * 100.0,
+                    format!("{:.2} ±{:.2}", p.cost_usd.mean, p.cost_usd.sd),
+                    c.ttft_p50_ms.mean,
+                    c.ttft_p95_ms.mean,
+                    p.slo.mean * 100.0,
+                ));
+            }
+            out.push_str("cached input: input tokens the destinations read from their prompt caches (engines' prefix caches, providers' prompt caches) over all input tokens\n");
         }
         out.push_str(&format!(
             "\n* below the SLO bar: served and every class's attainment at least {:.0}%\n",

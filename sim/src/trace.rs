@@ -12,6 +12,18 @@
 //! Any CSV with the trace's columns (`TIMESTAMP`, `ContextTokens`,
 //! `GeneratedTokens`, any order, extra columns ignored) can be given; a bad
 //! one is refused with the line and column of the first problem.
+//!
+//! The Mooncake trace format (Qin et al., "Mooncake", FAST 2025;
+//! `kvcache-ai/Mooncake`, `FAST25-release/traces/*.jsonl`) is read too
+//! ([`Trace::parse_jsonl`]): JSON lines `{"timestamp": ms, "input_length":
+//! tokens, "output_length": tokens, "hash_ids": [...]}`, where `hash_ids`
+//! names the prompt's [`BLOCK_TOKENS`]-token blocks and two requests that
+//! share their first k ids share a 512·k-token prefix. Its rows carry their
+//! block ids ([`Blocks`]), which the simulated engines' and providers'
+//! prompt caches and ACE's request bodies follow. [`Trace::read`] takes a
+//! file ending `.jsonl` or `.ndjson`, or whose first non-blank byte is `{`,
+//! as JSON lines, anything else as CSV; a bad line is refused with its
+//! number and the field at fault.
 
 use crate::rng::Rng;
 use std::fmt;
@@ -26,6 +38,43 @@ pub struct Row {
     pub prompt: u32,
     /// Generated (output) tokens.
     pub output: u32,
+    /// Its prompt's blocks (none for a trace without them).
+    pub blocks: Blocks,
+}
+
+/// Tokens in one prompt block of the Mooncake trace.
+pub const BLOCK_TOKENS: u32 = 512;
+
+/// A request's prompt blocks: `len` ids from `start` of its trace's
+/// [`Trace::block_ids`], in copy `copy` of the trace ([`Shape::Day`] lays
+/// copies end to end; each copy's blocks are distinct from another's, a
+/// copy being other conversations of the same shape).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Blocks {
+    /// First id's index.
+    pub start: u32,
+    /// Ids.
+    pub len: u32,
+    /// The copy of the trace.
+    pub copy: u32,
+}
+
+impl Blocks {
+    /// The blocks' keys in `ids` (the trace's [`Trace::block_ids`]): the
+    /// id, with the copy in the high half, so that copies never share.
+    pub fn keys<'a>(&self, ids: &'a [u32]) -> impl Iterator<Item = u64> + 'a {
+        let copy = u64::from(self.copy) << 32;
+        let (a, b) = (self.start as usize, self.start as usize + self.len as usize);
+        ids.get(a..b)
+            .unwrap_or_default()
+            .iter()
+            .map(move |id| copy | u64::from(*id))
+    }
+
+    /// Whether the request has no blocks.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// A request trace, sorted by arrival.
@@ -35,6 +84,9 @@ pub struct Trace {
     pub source: String,
     /// Its requests, by arrival.
     pub rows: Vec<Row>,
+    /// The prompt block ids its rows' [`Blocks`] point into (empty for a
+    /// trace without them).
+    pub block_ids: Vec<u32>,
 }
 
 /// A trace that cannot be read: where and why.
@@ -153,12 +205,149 @@ impl Trace {
                     at_ms: t - first,
                     prompt: p,
                     output: o,
+                    blocks: Blocks::default(),
                 })
                 .collect(),
+            block_ids: Vec::new(),
         })
     }
 
-    /// Read and parse the CSV file at `path`.
+    /// Parse Mooncake JSON lines `text` (named `source` in errors): one
+    /// object a line with `timestamp` (ms, a whole number), `input_length`
+    /// and `output_length` (tokens, 0..=[`MAX_TOKENS`]) and `hash_ids` (the
+    /// prompt's [`BLOCK_TOKENS`]-token blocks: exactly
+    /// `ceil(input_length / 512)` whole numbers below 2^32); other fields
+    /// are ignored, blank lines skipped. Rows are sorted by timestamp
+    /// (ties in file order) and timed from the first.
+    pub fn parse_jsonl(source: &str, text: &str) -> Result<Trace, TraceError> {
+        let err = |line: usize, message: String| TraceError {
+            source: source.to_string(),
+            line,
+            column: None,
+            message,
+        };
+        let mut raw: Vec<(u64, Row)> = Vec::new();
+        let mut block_ids: Vec<u32> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| err(n, format!("not a JSON object: {e}")))?;
+            let Some(o) = v.as_object() else {
+                return Err(err(
+                    n,
+                    "not a JSON object; expected {\"timestamp\", \"input_length\", \"output_length\", \"hash_ids\"}".into(),
+                ));
+            };
+            let field = |name: &str| {
+                o.get(name).ok_or_else(|| {
+                    err(
+                        n,
+                        format!(
+                            "field `{name}`: missing (a Mooncake line has timestamp, input_length, output_length and hash_ids)"
+                        ),
+                    )
+                })
+            };
+            let whole = |name: &str, max: u64, what: &str| -> Result<u64, TraceError> {
+                let v = field(name)?;
+                v.as_u64().filter(|x| *x <= max).ok_or_else(|| {
+                    err(
+                        n,
+                        format!("field `{name}`: `{v}` is not {what} (a whole number 0..={max})"),
+                    )
+                })
+            };
+            let ts = whole("timestamp", u64::MAX / 2, "a time in ms")?;
+            let cap = u64::from(MAX_TOKENS);
+            let prompt = whole("input_length", cap, "a token count")? as u32;
+            let output = whole("output_length", cap, "a token count")? as u32;
+            let ids = field("hash_ids")?;
+            let Some(ids) = ids.as_array() else {
+                return Err(err(
+                    n,
+                    format!("field `hash_ids`: `{ids}` is not an array of block ids"),
+                ));
+            };
+            let want = prompt.div_ceil(BLOCK_TOKENS) as usize;
+            if ids.len() != want {
+                return Err(err(
+                    n,
+                    format!(
+                        "field `hash_ids`: {} block ids for input_length {prompt}; {BLOCK_TOKENS}-token blocks make {want}",
+                        ids.len()
+                    ),
+                ));
+            }
+            let start = u32::try_from(block_ids.len()).map_err(|_| {
+                err(
+                    n,
+                    "field `hash_ids`: more than 2^32 block ids in one trace".into(),
+                )
+            })?;
+            for (k, id) in ids.iter().enumerate() {
+                let id = id
+                    .as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        err(
+                            n,
+                            format!(
+                                "field `hash_ids`: element {k} `{id}` is not a block id (a whole number 0..={})",
+                                u32::MAX
+                            ),
+                        )
+                    })?;
+                block_ids.push(id);
+            }
+            let blocks = Blocks {
+                start,
+                len: want as u32,
+                copy: 0,
+            };
+            raw.push((
+                ts,
+                Row {
+                    at_ms: 0,
+                    prompt,
+                    output,
+                    blocks,
+                },
+            ));
+        }
+        if raw.is_empty() {
+            return Err(err(0, "no request lines".into()));
+        }
+        raw.sort_by_key(|r| r.0);
+        let first = raw.first().map_or(0, |r| r.0);
+        Ok(Trace {
+            source: source.to_string(),
+            rows: raw
+                .into_iter()
+                .map(|(t, r)| Row {
+                    at_ms: t - first,
+                    ..r
+                })
+                .collect(),
+            block_ids,
+        })
+    }
+
+    /// Whether `path` and its `text` are JSON lines (the Mooncake format):
+    /// a name ending `.jsonl` or `.ndjson`, or a first non-blank byte `{`.
+    pub fn is_jsonl(path: &std::path::Path, text: &str) -> bool {
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        matches!(ext.as_deref(), Some("jsonl" | "ndjson")) || text.trim_start().starts_with('{')
+    }
+
+    /// Read and parse the trace file at `path`: JSON lines
+    /// ([`Trace::is_jsonl`]), else CSV.
     pub fn read(path: &std::path::Path) -> Result<Trace, TraceError> {
         let source = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| TraceError {
@@ -167,7 +356,16 @@ impl Trace {
             column: None,
             message: format!("cannot read it: {e}"),
         })?;
-        Trace::parse(&source, &text)
+        if Trace::is_jsonl(path, &text) {
+            Trace::parse_jsonl(&source, &text)
+        } else {
+            Trace::parse(&source, &text)
+        }
+    }
+
+    /// Whether its rows carry prompt blocks.
+    pub fn has_blocks(&self) -> bool {
+        !self.block_ids.is_empty()
     }
 
     /// A synthetic trace for tests: `n` Poisson arrivals at `per_s` per
@@ -184,12 +382,14 @@ impl Trace {
                     at_ms: t as u64,
                     prompt: rng.log_normal(1020.0, 0.9).clamp(1.0, 32_000.0) as u32,
                     output: rng.log_normal(129.0, 1.0).clamp(1.0, 4_000.0) as u32,
+                    blocks: Blocks::default(),
                 }
             })
             .collect();
         Trace {
             source: "synthetic".into(),
             rows,
+            block_ids: Vec::new(),
         }
     }
 
@@ -302,6 +502,10 @@ pub fn arrivals(trace: &Trace, shape: Shape) -> Vec<Row> {
                     let u = (f64::from(k) * span + r.at_ms as f64) / total;
                     out.push(Row {
                         at_ms: warp.at(u),
+                        blocks: Blocks {
+                            copy: k,
+                            ..r.blocks
+                        },
                         ..*r
                     });
                 }
@@ -414,12 +618,14 @@ mod tests {
                 Row {
                     at_ms: 0,
                     prompt: 50,
-                    output: 5
+                    output: 5,
+                    blocks: Blocks::default(),
                 },
                 Row {
                     at_ms: 1500,
                     prompt: 70,
-                    output: 7
+                    output: 7,
+                    blocks: Blocks::default(),
                 }
             ]
         );
@@ -441,5 +647,46 @@ mod tests {
             (2.1..2.9).contains(&ratio),
             "peak/trough {ratio} ({per_hour:?})"
         );
+    }
+
+    #[test]
+    fn mooncake_lines_carry_their_blocks_and_bad_ones_are_named() {
+        let text = "{\"timestamp\": 30, \"input_length\": 1100, \"output_length\": 7, \"hash_ids\": [0, 5, 6]}\n\n\
+                    {\"timestamp\": 10, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [0, 4]}\n";
+        let t = Trace::parse_jsonl("m.jsonl", text).unwrap();
+        assert!(t.has_blocks());
+        assert_eq!(t.rows.len(), 2);
+        assert_eq!((t.rows[0].at_ms, t.rows[0].prompt), (0, 600));
+        assert_eq!(t.rows[1].at_ms, 20);
+        let keys: Vec<u64> = t.rows[1].blocks.keys(&t.block_ids).collect();
+        assert_eq!(keys, vec![0, 5, 6]);
+        let copy = Blocks {
+            copy: 2,
+            ..t.rows[0].blocks
+        };
+        assert_eq!(
+            copy.keys(&t.block_ids).collect::<Vec<_>>(),
+            vec![2 << 32, (2 << 32) | 4]
+        );
+        for (bad, line, field) in [
+            ("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1}", 1, "hash_ids"),
+            ("{\"timestamp\": -1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}", 1, "timestamp"),
+            ("{\"timestamp\": 1, \"input_length\": \"x\", \"output_length\": 1, \"hash_ids\": [1]}", 1, "input_length"),
+            ("{\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1]}", 1, "hash_ids"),
+            ("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [-3]}", 1, "hash_ids"),
+        ] {
+            let e = Trace::parse_jsonl("m.jsonl", bad).unwrap_err();
+            assert_eq!(e.line, line, "{e}");
+            assert!(e.message.starts_with(&format!("field `{field}`")), "{e}");
+            assert!(e.to_string().starts_with("m.jsonl:1: field"), "{e}");
+        }
+        let e = Trace::parse_jsonl("m.jsonl", "{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n[1]\n").unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        assert!(Trace::parse_jsonl("m.jsonl", "{oops\n").is_err());
+        assert!(Trace::parse_jsonl("m.jsonl", "\n").is_err());
+        let p = std::path::Path::new;
+        assert!(Trace::is_jsonl(p("t.JSONL"), "TIMESTAMP"));
+        assert!(Trace::is_jsonl(p("t.txt"), "  {\"timestamp\": 1}"));
+        assert!(!Trace::is_jsonl(p("t.csv"), "TIMESTAMP,ContextTokens"));
     }
 }

@@ -26,6 +26,7 @@ fn places() -> Vec<Placement> {
             certifications: vec![],
             models: vec!["m".into()],
             warm: vec!["m".into()],
+            provider: "test".into(),
             gpus: 4,
             throughput_tps: 2400.0,
         })

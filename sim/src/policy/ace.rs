@@ -249,6 +249,8 @@ struct InFlight {
     flows: Vec<Flow>,
     /// Response headers reached the flow in progress.
     answered: bool,
+    /// Input tokens its upstream read from its prompt cache.
+    cached: u32,
 }
 
 /// ACE over the simulated fleet.
@@ -275,6 +277,42 @@ pub struct Ace {
 
 /// Bytes per prompt token in a request body (English text runs about 4).
 pub const BYTES_PER_TOKEN: usize = 4;
+
+/// The bytes of a message around its content.
+const MESSAGE_FRAME: &[u8] = b"{\"role\":\"user\",\"content\":\"\"}";
+
+/// The messages of a prompt of `prompt` tokens in `blocks` (keys), into
+/// `out`, comma-separated: one message per block, its content named by
+/// the block and padded so that the message is the block's tokens times
+/// [`BYTES_PER_TOKEN`] bytes (the filter's estimate, bytes over four, reads
+/// [`crate::trace::BLOCK_TOKENS`] tokens a whole block; the last one holds
+/// what is left of `prompt`). Two prompts' messages are the same bytes up
+/// to where their blocks differ, so the filter's fingerprint chain matches
+/// exactly where the trace's prefixes do.
+pub fn block_messages(
+    out: &mut Vec<u8>,
+    blocks: impl Iterator<Item = u64>,
+    prompt: u32,
+    pad: &str,
+) {
+    let mut left = prompt;
+    for (i, b) in blocks.enumerate() {
+        let tokens = left.min(crate::trace::BLOCK_TOKENS);
+        left -= tokens;
+        if i > 0 {
+            out.push(b',');
+        }
+        let label = format!("block {b:x} ");
+        let want = (tokens as usize * BYTES_PER_TOKEN)
+            .saturating_sub(MESSAGE_FRAME.len())
+            .max(label.len());
+        out.extend_from_slice(b"{\"role\":\"user\",\"content\":\"");
+        out.extend_from_slice(label.as_bytes());
+        let fill = (want - label.len()).min(pad.len());
+        out.extend_from_slice(pad.get(..fill).unwrap_or_default().as_bytes());
+        out.extend_from_slice(b"\"}");
+    }
+}
 
 impl Ace {
     /// ACE with the filter configuration built as `setup`; `events`: keep the event
@@ -354,16 +392,23 @@ impl Ace {
     fn request(&mut self, w: &World<'_>, r: u32) {
         let req = w.req(r);
         let Some(p) = w.profile(r) else { return };
-        let prompt = (req.prompt as usize * BYTES_PER_TOKEN).min(self.pad.len());
         self.body.clear();
         self.body.extend_from_slice(b"{\"model\":\"");
         self.body.extend_from_slice(p.model.as_bytes());
-        self.body.extend_from_slice(
-            b"\",\"stream\":true,\"max_tokens\":1024,\"messages\":[{\"role\":\"user\",\"content\":\"",
-        );
-        self.body
-            .extend_from_slice(self.pad.get(..prompt).unwrap_or_default().as_bytes());
-        self.body.extend_from_slice(b"\"}]}");
+        if req.blocks.is_empty() {
+            let prompt = (req.prompt as usize * BYTES_PER_TOKEN).min(self.pad.len());
+            self.body.extend_from_slice(
+                b"\",\"stream\":true,\"max_tokens\":1024,\"messages\":[{\"role\":\"user\",\"content\":\"",
+            );
+            self.body
+                .extend_from_slice(self.pad.get(..prompt).unwrap_or_default().as_bytes());
+            self.body.extend_from_slice(b"\"}]}");
+        } else {
+            self.body
+                .extend_from_slice(b"\",\"stream\":true,\"max_tokens\":1024,\"messages\":[");
+            block_messages(&mut self.body, w.blocks(r), req.prompt, &self.pad);
+            self.body.extend_from_slice(b"]}");
+        }
         if let Some(h) = self.host.as_mut() {
             h.headers.clear();
             h.headers.extend(p.headers.iter().cloned());
@@ -495,6 +540,7 @@ impl Policy for Ace {
                     InFlight {
                         flows: vec![flow],
                         answered: false,
+                        cached: 0,
                     },
                 );
             }
@@ -504,6 +550,7 @@ impl Policy for Ace {
                     InFlight {
                         flows: vec![flow],
                         answered: true,
+                        cached: 0,
                     },
                 );
                 self.complete(w.now, r);
@@ -552,6 +599,7 @@ impl Policy for Ace {
             })
         });
         f.answered = true;
+        f.cached = a.cached;
         if verdict != Some(Verdict::Rerun) {
             self.flows.insert(r, f);
             if !(200..300).contains(&status) {
@@ -580,6 +628,7 @@ impl Policy for Ace {
             return;
         };
         let answered = f.answered;
+        let cached = f.cached;
         self.with_host(w.now, |setup, _worker, host| {
             let Some(flow) = f.flows.last_mut() else { return };
             if !answered {
@@ -591,9 +640,15 @@ impl Policy for Ace {
             }
             if ok {
                 host.h.response_chunk.clear();
+                // The prompt cache's reads, as OpenAI and vLLM report them.
+                let details = if cached > 0 {
+                    format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}")
+                } else {
+                    String::new()
+                };
                 host.h.response_chunk.extend_from_slice(
                     format!(
-                        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{}}}}}\n\ndata: [DONE]\n\n",
+                        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{}{details}}}}}\n\ndata: [DONE]\n\n",
                         req.prompt, req.output
                     )
                     .as_bytes(),

@@ -8,6 +8,7 @@
 //! | [`litellm`] | LiteLLM's router: five strategies, retries, cool-downs |
 //! | [`priority`] | Envoy AI Gateway's priority fallback, as its docs configure it |
 //! | [`packer`] | owned GPUs filled to 100%, overflow to pay-as-you-go |
+//! | [`prefix`] | SGLang's cache-aware router over the owned GPU servers, spilling to pay-as-you-go |
 //!
 //! Residency applies to each the way it can say it ([`Rules`]): ACE by the
 //! compiled Cedar tables; the gateways by the rules they have a place for
@@ -19,6 +20,7 @@ pub mod ace;
 pub mod litellm;
 pub mod packer;
 pub mod payg;
+pub mod prefix;
 pub mod priority;
 
 use crate::engine::World;

@@ -64,6 +64,7 @@ impl Bench {
                 prompt: 100,
                 output: 50,
                 profile: i as u32,
+                blocks: Default::default(),
             })
             .collect();
         Bench { up, reqs, profiles }
@@ -75,6 +76,7 @@ impl Bench {
             up: &self.up,
             reqs: &self.reqs,
             profiles: &self.profiles,
+            block_ids: &[],
         }
     }
 
@@ -109,6 +111,7 @@ fn ok(first_ms: u64) -> Answer {
         retry_after_s: None,
         cold: false,
         overage: false,
+        cached: 0,
     }
 }
 

@@ -43,6 +43,7 @@ impl Bench {
                     prompt: 100,
                     output: 50,
                     profile: 0,
+                    blocks: Default::default(),
                 })
                 .collect(),
             profiles: vec![Profile {
@@ -64,6 +65,7 @@ impl Bench {
             up: &self.up,
             reqs: &self.reqs,
             profiles: &self.profiles,
+            block_ids: &[],
         }
     }
 

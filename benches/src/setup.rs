@@ -73,6 +73,9 @@ pub fn fleet_config(v: Variant) -> Result<String, String> {
     if let Some(f) = check {
         json["cache"] = json!({"check_fraction": f});
     }
+    if matches!(v, Variant::AcePrefix | Variant::AceDynPrefix) {
+        json["locality"] = json!({});
+    }
     Ok(json.to_string())
 }
 

@@ -23,11 +23,13 @@ pub enum Variant {
     AceHit,
     AceCheck,
     AceAddressed,
+    AcePrefix,
     AceDynPolicy,
     AceDynRoute,
     AceDynHit,
     AceDynCheck,
     AceDynAddressed,
+    AceDynPrefix,
     ShippedPlain,
     Shipped,
     ShippedDyn,
@@ -41,7 +43,7 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the order they run and print.
-    pub const ALL: [Variant; 28] = [
+    pub const ALL: [Variant; 30] = [
         Variant::Plain,
         Variant::Noop,
         Variant::Minimal,
@@ -56,11 +58,13 @@ impl Variant {
         Variant::AceHit,
         Variant::AceCheck,
         Variant::AceAddressed,
+        Variant::AcePrefix,
         Variant::AceDynPolicy,
         Variant::AceDynRoute,
         Variant::AceDynHit,
         Variant::AceDynCheck,
         Variant::AceDynAddressed,
+        Variant::AceDynPrefix,
         Variant::ShippedPlain,
         Variant::Shipped,
         Variant::ShippedDyn,
@@ -89,11 +93,13 @@ impl Variant {
             Variant::AceHit => "acehit",
             Variant::AceCheck => "acecheck",
             Variant::AceAddressed => "aceaddr",
+            Variant::AcePrefix => "aceprefix",
             Variant::AceDynPolicy => "acedynpol",
             Variant::AceDynRoute => "acedynroute",
             Variant::AceDynHit => "acedynhit",
             Variant::AceDynCheck => "acedyncheck",
             Variant::AceDynAddressed => "acedynaddr",
+            Variant::AceDynPrefix => "acedynprefix",
             Variant::ShippedPlain => "shippedplain",
             Variant::Shipped => "shipped",
             Variant::ShippedDyn => "shippeddyn",
@@ -123,11 +129,13 @@ impl Variant {
             Variant::AceHit => "ACE, cache hit",
             Variant::AceCheck => "ACE, cache check",
             Variant::AceAddressed => "ACE, upstream identity",
+            Variant::AcePrefix => "ACE, prefix locality",
             Variant::AceDynPolicy => "dynamic, example policies",
             Variant::AceDynRoute => "dynamic, model routing",
             Variant::AceDynHit => "dynamic, cache hit",
             Variant::AceDynCheck => "dynamic, cache check",
             Variant::AceDynAddressed => "dynamic, upstream identity",
+            Variant::AceDynPrefix => "dynamic, prefix locality",
             Variant::ShippedPlain => "plain Envoy, as shipped",
             Variant::Shipped => "ACE Wasm, as shipped",
             Variant::ShippedDyn => "ACE dynamic, as shipped",
@@ -166,6 +174,8 @@ impl Variant {
             | Variant::AceCheck
             | Variant::AceAddressed
             | Variant::AceDynAddressed
+            | Variant::AcePrefix
+            | Variant::AceDynPrefix
             | Variant::AceDynPolicy
             | Variant::AceDynRoute
             | Variant::AceDynHit
@@ -237,6 +247,12 @@ impl Variant {
                  request)"
             }
             Variant::AceDynAddressed => "`aceaddr` as a dynamic module",
+            Variant::AcePrefix => {
+                "`acepol` with prefix locality (`\"locality\": {}`): the prompt fingerprinted, \
+                 its boundaries looked up and the decision's destination recorded in the shared \
+                 table, every request the same conversation's turn"
+            }
+            Variant::AceDynPrefix => "`aceprefix` as a dynamic module",
             Variant::ShippedPlain => {
                 "`envoy/envoy.yaml` with ACE's filter taken out and its access log writing \
                  Envoy's own line per request (what the same listener costs without ACE)"

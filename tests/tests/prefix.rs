@@ -244,4 +244,78 @@ fn a_conversation_follows_its_prefix_until_the_holder_trips_drains_or_costs_more
     step(&rig, w, "us", "a tripped holder is passed over");
 }
 
-for_each_filter!(a_conversation_follows_its_prefix_until_the_holder_trips_drains_or_costs_more);
+/// The table is bounded by its slots: once they are written, two thousand
+/// more distinct prompts (four thousand records) leave Envoy's heap where
+/// it was, give or take its own churn. Prints what a slot costs as
+/// measured (Envoy's heap, shared data included), for BENCHMARKS.
+fn the_table_is_bounded_by_its_slots(filter: Filter) {
+    require_envoy();
+    let slots_per_destination = 1024u64;
+    let mut config: Value = serde_json::from_str(&config()).unwrap_or_else(|e| panic!("{e}"));
+    config["locality"]["slots_per_destination"] = json!(slots_per_destination);
+    config.as_object_mut().map(|c| c.remove("control"));
+    let config = config.to_string();
+    let (eu, us) = (upstream("eu_api"), upstream("us_api"));
+    let b = filter
+        .add_reading_body(EnvoyBuilder::new(), &config)
+        .concurrency(1)
+        .cluster("eu_api", eu.port())
+        .cluster("us_api", us.port());
+    let envoy = start(&b);
+    let send = |i: usize| {
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": format!("prompt {i}: ").repeat(50)},
+            {"role": "user", "content": format!("question {i}")}]});
+        let r = Request::post_json("/v1/chat/completions", &body)
+            .header("x-ace-tenant", "acme")
+            .header("x-ace-data-class", "public")
+            .send(envoy.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    // Envoy's admin `/memory`: the allocator's figure now (the
+    // `server.memory_allocated` stat is refreshed only every flush).
+    let heap = || -> u64 {
+        let r = envoy
+            .admin("/memory")
+            .unwrap_or_else(|e| panic!("admin /memory: {e}"));
+        let v: Value = serde_json::from_str(&r.text()).unwrap_or_else(|e| panic!("{e}"));
+        v["allocated"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no `allocated` in /memory: {v}"))
+    };
+    // Envoy's own per-request allocations warm up with the first
+    // requests; the dynamic module's table is allocated whole at its first
+    // write, the Wasm filter's shared data an entry a slot.
+    let before = heap();
+    let slots = 2 * slots_per_destination as usize;
+    // Each prompt records two boundaries: 4 records a slot, so nearly
+    // every slot is written.
+    for i in 0..2 * slots {
+        send(i);
+    }
+    let full = heap();
+    for i in 2 * slots..2 * slots + 2_000 {
+        send(i);
+    }
+    let after = heap();
+    let (filled, grew) = (full.saturating_sub(before), after.saturating_sub(full));
+    println!(
+        "locality table ({filter:?}): {slots} slots; Envoy's heap {before} before, +{filled} \
+         once {} records were written ({} bytes a slot), +{grew} after 4,000 more",
+        4 * slots,
+        filled / slots as u64,
+    );
+    // Unbounded, 4,000 more records of 40 bytes and more would add 160 KB
+    // and more; bounded, nothing but Envoy's own churn.
+    assert!(
+        grew < 60_000,
+        "the table grew by {grew} bytes past its {slots} slots (filling them took {filled})"
+    );
+}
+
+for_each_filter!(
+    a_conversation_follows_its_prefix_until_the_holder_trips_drains_or_costs_more,
+    the_table_is_bounded_by_its_slots,
+);

@@ -270,7 +270,8 @@ fn run() -> Result<(), String> {
             | Variant::AceRoute
             | Variant::AceHit
             | Variant::AceCheck
-            | Variant::AceAddressed => {
+            | Variant::AceAddressed
+            | Variant::AcePrefix => {
                 let config = fleet_config(v)?;
                 let b = fleet_clusters(base(), up.port(), true);
                 variants.push((name, b.wasm_filter_reading_body(&ace, &config)));
@@ -299,7 +300,8 @@ fn run() -> Result<(), String> {
             | Variant::AceDynRoute
             | Variant::AceDynHit
             | Variant::AceDynCheck
-            | Variant::AceDynAddressed => {
+            | Variant::AceDynAddressed
+            | Variant::AceDynPrefix => {
                 let lib = dynamic_lib()?;
                 let config = fleet_config(v)?;
                 let b = fleet_clusters(base(), up.port(), true);

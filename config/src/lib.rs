@@ -1304,21 +1304,12 @@ fn health_policy(h: &HealthSettings, trip_tenants: u8) -> Result<HealthPolicy, C
              its cap moves left",
         ));
     }
-    match p.learn.validate() {
-        Err("ttft_quantile") => {
-            return Err(err(
-                "health.ttft_quantile",
-                "must be a fraction in (0.5, 1): the quantile of time to first token learned",
-            ))
-        }
-        Err(_) => {
-            return Err(err(
-                "health.ttft_step",
-                "must be a fraction in (0, 1): the learned quantile's relative step",
-            ))
-        }
-        Ok(()) => {}
-    }
+    p.learn.validate().map_err(|e| {
+        err(
+            format!("health.{}", e.field),
+            format!("must be {}", e.expected),
+        )
+    })?;
     if !(1..=2).contains(&p.trip_tenants) {
         return Err(err(
             "health.trip_tenants",

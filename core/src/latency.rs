@@ -198,13 +198,20 @@ impl Learned {
 
 impl LearnPolicy {
     /// Check the tunables once: the quantile in (0.5, 1), the step in
-    /// (0, 1).
-    pub fn validate(&self) -> Result<(), &'static str> {
+    /// (0, 1); an error names the field (as the configuration spells it)
+    /// and what it accepts.
+    pub fn validate(&self) -> Result<(), crate::cost::InvalidCost> {
         if !(self.quantile.is_finite() && self.quantile > 0.5 && self.quantile < 1.0) {
-            return Err("ttft_quantile");
+            return Err(crate::cost::InvalidCost {
+                field: "ttft_quantile",
+                expected: "a fraction in (0.5, 1): the quantile of time to first token learned",
+            });
         }
         if !(self.step.is_finite() && self.step > 0.0 && self.step < 1.0) {
-            return Err("ttft_step");
+            return Err(crate::cost::InvalidCost {
+                field: "ttft_step",
+                expected: "a fraction in (0, 1): the learned quantile's relative step",
+            });
         }
         Ok(())
     }
@@ -323,9 +330,9 @@ mod tests {
     #[test]
     fn bad_tunables_are_named() {
         let bad = LearnPolicy { quantile: 1.0, ..P };
-        assert_eq!(bad.validate(), Err("ttft_quantile"));
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("ttft_quantile"));
         let bad = LearnPolicy { step: 0.0, ..P };
-        assert_eq!(bad.validate(), Err("ttft_step"));
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("ttft_step"));
         assert_eq!(P.validate(), Ok(()));
     }
 }

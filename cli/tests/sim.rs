@@ -215,6 +215,26 @@ fn the_ledger_books_every_policy_at_the_simulators_price() {
     ledger_books(&[], ace_sim::PolicyKind::ALL.len());
 }
 
+/// The same on the Mooncake slice, where every upstream reports prompt-
+/// cache reads: the ledger books them at each destination's cached price
+/// exactly as the simulator did, for ACE with and without locality, the
+/// engine-side router and two gateways.
+#[test]
+fn the_ledger_books_cached_input_at_the_simulators_price() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let slice = root.join("sim/tests/fixtures/mooncake-conversation-head1000.jsonl");
+    let trace = ["--trace", slice.to_str().expect("utf-8"), "--no-faults"];
+    let policies = [
+        "ace",
+        "ace-locality",
+        "sglang-cache-aware",
+        "litellm-cost-based",
+        "all-payg",
+    ];
+    let extra: Vec<&str> = policies.iter().flat_map(|p| ["--policy", *p]).collect();
+    ledger_books_on(&trace, 1000, &extra, policies.len());
+}
+
 /// A vanishing check: no compliant LiteLLM configuration sends a request
 /// where the fleet's Cedar policies forbid it.
 #[test]
@@ -240,25 +260,32 @@ fn litellm_configured_with_tags_has_no_violation_on_the_example_fleet() {
 /// Every policy `extra` selects (`count` of them): their events,
 /// ingested into the ledger, give back the simulator's figures.
 fn ledger_books(extra: &[&str], count: usize) {
+    ledger_books_on(
+        &["--synthetic", "1500", "--copies", "1"],
+        1500,
+        extra,
+        count,
+    );
+}
+
+/// [`ledger_books`] on the trace `trace` selects, of `requests` requests.
+fn ledger_books_on(trace: &[&str], requests: usize, extra: &[&str], count: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let events = dir.path().join("events");
     let out = dir.path().join("c.json");
     // The default faults (an outage, error bursts, a slowdown, evictions)
     // make refused, failed and re-run requests.
     // One seed: every event line is priced alike whatever the seed.
-    let mut args = vec![
-        "sim",
-        "--synthetic",
-        "1500",
-        "--copies",
-        "1",
+    let mut args = vec!["sim"];
+    args.extend_from_slice(trace);
+    args.extend([
         "--seeds",
         "1",
         "--events",
         events.to_str().expect("utf-8"),
         "--json",
         out.to_str().expect("utf-8"),
-    ];
+    ]);
     args.extend_from_slice(extra);
     let o = ace(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -266,10 +293,18 @@ fn ledger_books(extra: &[&str], count: usize) {
         serde_json::from_slice(&std::fs::read(&out).expect("json written")).expect("json");
     let policies = sim["policies"].as_array().expect("policies");
     assert_eq!(policies.len(), count, "every policy ran");
-    let configs = [
-        events.join("plugin-config.json"),
-        events.join("plugin-config-ace-no-model-routing.json"),
-    ];
+    // Every configuration the run wrote (ACE's, and those of its
+    // variants that ran).
+    let mut configs: Vec<_> = std::fs::read_dir(&events)
+        .expect("events written")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("plugin-config") && n.ends_with(".json"))
+        })
+        .collect();
+    configs.sort();
     let mut not_served = 0;
     for p in policies {
         let name = p["policy"].as_str().expect("name");
@@ -277,7 +312,10 @@ fn ledger_books(extra: &[&str], count: usize) {
             let seed = seed + 1;
             let log = events.join(format!("{name}-seed{seed}.log"));
             let lines = std::fs::read_to_string(&log).expect("events written");
-            assert!(lines.lines().count() >= 1500, "{name}: a line per request");
+            assert!(
+                lines.lines().count() >= requests,
+                "{name}: a line per request"
+            );
             let store = dir.path().join(format!("{name}-{seed}.sqlite"));
             let mut args = vec![
                 "ledger",
@@ -285,8 +323,7 @@ fn ledger_books(extra: &[&str], count: usize) {
                 "--store",
                 store.to_str().expect("utf-8"),
             ];
-            // ACE without model routing's own, when it ran.
-            for c in configs.iter().filter(|c| c.exists()) {
+            for c in &configs {
                 args.extend(["--config", c.to_str().expect("utf-8")]);
             }
             args.push(log.to_str().expect("utf-8"));

@@ -1165,10 +1165,7 @@ impl Flow {
                     return None;
                 }
                 let secret = host.locality_secret()?;
-                let who = prefix::Whose {
-                    tenant: event.bytes(&event.tenant).unwrap_or_default(),
-                    model: event.bytes(&event.model_requested).unwrap_or_default(),
-                };
+                let who = prefix::Whose::of(event);
                 let mut table = HostTable(&mut *host);
                 let any = l.held(
                     &mut table,
@@ -1200,10 +1197,7 @@ impl Flow {
                 (&climbed, &local)
             {
                 // The destination sent this prompt holds it from now.
-                let who = prefix::Whose {
-                    tenant: event.bytes(&event.tenant).unwrap_or_default(),
-                    model: event.bytes(&event.model_requested).unwrap_or_default(),
-                };
+                let who = prefix::Whose::of(event);
                 l.record(
                     &mut HostTable(&mut *host),
                     secret,

@@ -505,6 +505,16 @@ pub struct Whose<'a> {
     pub model: &'a [u8],
 }
 
+impl<'a> Whose<'a> {
+    /// The tenant and the model named of the request `event` logs.
+    pub fn of(event: &'a crate::event::Event) -> Whose<'a> {
+        Whose {
+            tenant: event.bytes(&event.tenant).unwrap_or_default(),
+            model: event.bytes(&event.model_requested).unwrap_or_default(),
+        }
+    }
+}
+
 /// Where the table lives: the host's shared memory, by slot.
 pub trait Table {
     /// Slot `slot`'s bytes, if it holds any.

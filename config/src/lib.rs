@@ -31,7 +31,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
+pub mod budget;
 pub mod upstream;
+pub use budget::{Budget, BudgetSettings, Budgets};
 pub use upstream::{Api, Serving, Upstream, CREDENTIAL_HEADERS};
 
 /// The header the filter writes and Envoy's route reads (`cluster_header`).
@@ -204,6 +206,8 @@ pub struct Config {
     /// Prefix locality as configured (`locality`); none when absent. The
     /// flow builds it against the destinations (`ace_flow::prefix`).
     pub locality: Option<LocalitySettings>,
+    /// Tenant budgets, validated (empty when none are configured).
+    pub budgets: Budgets,
 }
 
 impl Config {
@@ -747,6 +751,9 @@ pub struct PluginConfig {
     /// Prefix locality ([`LocalitySettings`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality: Option<LocalitySettings>,
+    /// Tenant budgets ([`BudgetSettings`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetSettings>,
 }
 
 /// Polling the control service, as configured (see [`Control`]).
@@ -1248,7 +1255,12 @@ impl Config {
                 ));
             }
         }
+        let budgets = Budgets::validate(&raw.budgets)?;
+        if !budgets.list.is_empty() && !pricing {
+            check_budget_tenants(&budgets, policy.as_ref())?;
+        }
         Ok(Config {
+            budgets,
             serving,
             model_routing: raw.model_routing,
             cache: raw.cache,
@@ -1276,6 +1288,36 @@ impl Config {
             no_policy: raw.allow_no_policy,
         })
     }
+}
+
+/// Budgets count a tenant by the policy tables' `tenant` attribute (the
+/// verified value where it has a source), so each budget's tenants must be
+/// values the tables know: an unknown one would be the tables' catch-all,
+/// every tenant they do not name.
+fn check_budget_tenants(budgets: &Budgets, policy: Option<&Policy>) -> Result<(), ConfigError> {
+    let no_tenant = || {
+        err(
+            "budgets",
+            "are set but the policy tables read no `tenant` attribute, so no request has a              tenant to count: compile policies that decide on `tenant`",
+        )
+    };
+    let policy = policy.ok_or_else(no_tenant)?;
+    let t = policy.tenant.ok_or_else(no_tenant)?;
+    let tables = ace_core::tables::Tables::load(policy.tables)
+        .map_err(|e| err("tables_base64", e.to_string()))?;
+    for (i, b) in budgets.list.iter().enumerate() {
+        for (j, name) in b.tenants.iter().enumerate() {
+            if tables.value_index(t as u32, name) == ace_core::tables::UNKNOWN {
+                return Err(err(
+                    format!("budgets[{i}].tenants[{j}]"),
+                    format!(
+                        "`{name}` is not a tenant the policy tables know (they would read it as                          any unknown tenant); name it in a policy, or drop it"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn health_policy(h: &HealthSettings, trip_tenants: u8) -> Result<HealthPolicy, ConfigError> {

@@ -606,6 +606,7 @@ fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {
         version,
         generated_ms: T0,
         reports,
+        budgets: Vec::new(),
     })
     .unwrap()
 }

@@ -556,6 +556,7 @@ impl Service {
             version: (current.snapshot.version + 1).max(now),
             generated_ms: now,
             reports,
+            budgets: Vec::new(),
         };
         match ace_snapshot::encode(&snapshot) {
             Ok(bytes) => {
@@ -632,7 +633,7 @@ pub(crate) fn fit(reports: &mut [Report]) -> Fitted {
             }
         }
     }
-    let mut size = ace_snapshot::encoded_len(reports);
+    let mut size = ace_snapshot::encoded_len(reports, &[]);
     if size > ace_snapshot::MAX_BYTES {
         let mut by_size: Vec<(usize, usize)> = reports
             .iter()
@@ -715,6 +716,7 @@ mod tests {
             version: 1,
             generated_ms: 1,
             reports: reports.clone(),
+            budgets: Vec::new(),
         })
         .expect("fitted reports encode");
         assert!(encoded.len() <= ace_snapshot::MAX_BYTES);

@@ -530,6 +530,7 @@ mod tests {
             version,
             generated_ms: 0,
             reports: vec![r],
+            budgets: Vec::new(),
         })
         .unwrap()
     }

@@ -50,6 +50,7 @@ fn fleet(n: usize) -> (Config, Vec<u8>) {
         version: 1,
         generated_ms: 1_800_000_000_000,
         reports,
+        budgets: Vec::new(),
     };
     let bytes = ace_snapshot::encode(&snapshot).unwrap_or_else(|e| panic!("{e}"));
     (cfg, bytes)

@@ -1010,6 +1010,7 @@ mod tests {
             version: 3,
             generated_ms: 0,
             reports: vec![owned, api],
+            budgets: Vec::new(),
         };
         let r = decode(&cfg, &ace_snapshot::encode(&s).unwrap()).unwrap();
         assert_eq!(r.version, 3);
@@ -1036,6 +1037,7 @@ mod tests {
             version: 1,
             generated_ms: 0,
             reports: vec![priced, report("eu-secret")],
+            budgets: Vec::new(),
         };
         let e = resolve(&cfg, &s).unwrap_err();
         assert_eq!(
@@ -1062,6 +1064,7 @@ mod tests {
             version: 1,
             generated_ms: 0,
             reports: vec![owned],
+            budgets: Vec::new(),
         };
         o.accept(resolve(&cfg, &s).unwrap(), 1_000);
         let mut state = FleetState::new(2);
@@ -1093,6 +1096,7 @@ mod tests {
             version: 1,
             generated_ms: 10_000,
             reports: vec![owned],
+            budgets: Vec::new(),
         };
         o.accept(resolve(&cfg, &s).unwrap(), 11_000);
         let models = &cfg.models;
@@ -1115,6 +1119,7 @@ mod tests {
             version: 2,
             generated_ms: 0,
             reports: vec![unknown],
+            budgets: Vec::new(),
         };
         let r = resolve(&cfg, &s).unwrap();
         assert_eq!(r.lives[0].reported_load_at(1_764_000_000_000), 0);
@@ -1200,6 +1205,7 @@ mod tests {
                 version: 5,
                 generated_ms: 1,
                 reports: vec![owned],
+                budgets: Vec::new(),
             })
             .unwrap()
         };

@@ -97,7 +97,7 @@ proptest! {
     ) {
         let cfg = config();
         let control = cfg.control.clone().unwrap();
-        let snapshot = Snapshot { version: 1, generated_ms: 0, reports };
+        let snapshot = Snapshot { version: 1, generated_ms: 0, reports, budgets: Vec::new() };
         let mut state = FleetState::new(cfg.destinations.len());
         state.reprice_all(&cfg.models, &cfg.health, now);
         let mut outside = Outside::new(&cfg);

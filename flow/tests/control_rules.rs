@@ -41,6 +41,7 @@ fn bytes(version: u64, capacity: u32, running: u32, extra: Vec<Report>) -> Vec<u
         version,
         generated_ms: 0,
         reports,
+        budgets: Vec::new(),
     })
     .unwrap()
 }
@@ -82,6 +83,7 @@ fn a_rejected_snapshot_keeps_the_last_good_one_and_does_not_reset_staleness() {
         version: 2,
         generated_ms: 0,
         reports: vec![bad_price],
+        budgets: Vec::new(),
     });
     let mut bad = vec![garbage];
     if let Ok(b) = refused {
@@ -330,6 +332,7 @@ fn a_held_load_is_priced_for_held_load_ms_from_its_scrape() {
         version: 1,
         generated_ms: 10_500,
         reports: vec![held],
+        budgets: Vec::new(),
     })
     .unwrap();
     c.deliver(&cfg, snap(&b, 10_500), 10_500);

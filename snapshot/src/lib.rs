@@ -30,8 +30,18 @@
 //!          HOURLY   usd_per_hour f64
 //!          DRAIN    until_ms u64, reason u8
 //!          WARM     n u16, then n names (len u16, UTF-8)
+//! budgets  (only with flag BUDGETS = 1) count u32, then count x
+//!          name: len u16, UTF-8 | state u8 | spent_usd f64
+//!          read_ms u64 | resets_ms u64
 //! trailer  CRC-32 (IEEE) of every byte before it, u32
 //! ```
+//!
+//! Budgets ([`Budget`]) are per tenant budget of the plugin
+//! configuration, not per destination: what the books say a budget has
+//! spent in its period, read by the control service from the ledger's
+//! store. Like every snapshot figure they can narrow what a request may
+//! use, never widen it (the filter keeps the highest state it was told
+//! until a newer reading, and counts its own spend on top).
 //!
 //! Compact because every Envoy worker copies it out of shared data and
 //! decodes it (about 30 bytes per destination without warm models); a
@@ -71,6 +81,11 @@ pub const MAX_SLOTS: u32 = 1_000_000;
 pub const MAX_USD_PER_TOKEN: f64 = 0.01;
 /// The highest hourly price accepted for one destination's GPUs, USD.
 pub const MAX_USD_PER_HOUR: f64 = 100_000.0;
+/// The most tenant budgets a snapshot may report on.
+pub const MAX_BUDGETS: usize = 4096;
+/// The largest spend a budget reading may carry, USD (a billion: far
+/// above any one period's inference bill).
+pub const MAX_SPENT_USD: f64 = 1e9;
 
 /// One snapshot of the fleet, as the control service saw it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -84,6 +99,59 @@ pub struct Snapshot {
     /// One report per destination the service knows something about;
     /// a destination left out is one it has nothing to say of.
     pub reports: Vec<Report>,
+    /// One reading per tenant budget the service could read from the
+    /// books; a budget left out is one it has no reading of (a reader
+    /// keeps its last).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub budgets: Vec<Budget>,
+}
+
+/// What the books say of one tenant budget in its current period.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Budget {
+    /// The budget's name in the plugin configuration.
+    pub name: String,
+    /// What the service makes of the spend against the budget.
+    pub state: BudgetState,
+    /// Booked (true marginal) cost of the budget's tenants since its
+    /// period began, USD, as the ledger's store held it at `read_ms`.
+    pub spent_usd: f64,
+    /// When the store was read, Unix ms: a reader replaces a budget's
+    /// reading only with a later one, and counts its own spend since.
+    pub read_ms: u64,
+    /// When the period ends and the spend starts again from zero, Unix
+    /// ms; 0 for a rolling window (spend ages out instead).
+    pub resets_ms: u64,
+}
+
+/// Where a budget stands; ordered, so that the stricter of two states is
+/// the larger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum BudgetState {
+    /// Below its soft threshold: no limit.
+    #[default]
+    Ok = 0,
+    /// Past its soft threshold: only what the budget's `soft` allows.
+    Soft = 1,
+    /// At or past its amount: refused.
+    Exhausted = 2,
+}
+
+impl BudgetState {
+    /// Every state, in wire order.
+    pub const ALL: [BudgetState; 3] = [BudgetState::Ok, BudgetState::Soft, BudgetState::Exhausted];
+
+    /// Its name in logs, events, headers and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetState::Ok => "ok",
+            BudgetState::Soft => "soft",
+            BudgetState::Exhausted => "exhausted",
+        }
+    }
 }
 
 /// What the control service knows of one destination. Every field but
@@ -189,7 +257,8 @@ impl DrainReason {
 pub struct Error {
     /// Byte offset where decoding stopped (0 when encoding).
     pub at: usize,
-    /// The report it was in (index, and name once read).
+    /// The report it was in (index, and name once read), or the budget
+    /// reading (see `field`, which then starts with `budget`).
     pub destination: Option<(usize, Option<String>)>,
     /// The field, as the wire format names it (`price.input`, `warm[3]`).
     pub field: &'static str,
@@ -238,12 +307,19 @@ pub enum Problem {
     TrailingBytes(usize),
     /// A scrape time on figures that are not stale (or without a load).
     HeldNotStale,
+    /// A budget's spend that is not a finite number of dollars from 0 to
+    /// [`MAX_SPENT_USD`].
+    NotASpend,
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("control snapshot")?;
         match &self.destination {
+            Some((i, Some(name))) if self.field.starts_with("budget") => {
+                write!(f, ", budget {i} `{name}`")?
+            }
+            Some((i, None)) if self.field.starts_with("budget") => write!(f, ", budget {i}")?,
             Some((i, Some(name))) => write!(f, ", destination {i} `{name}`")?,
             Some((i, None)) => write!(f, ", destination {i}")?,
             None => {}
@@ -281,6 +357,10 @@ impl fmt::Display for Error {
             Problem::HeldNotStale => {
                 f.write_str("a scrape time is carried only with a stale load")
             }
+            Problem::NotASpend => write!(
+                f,
+                "a budget's spend must be a finite number of USD from 0 to {MAX_SPENT_USD}"
+            ),
         }
     }
 }

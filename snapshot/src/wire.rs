@@ -6,8 +6,9 @@
 //! runs first, so what one accepts the other produces.
 
 use crate::{
-    Drain, DrainReason, Error, Load, Price, Problem, Report, Snapshot, MAX_BYTES, MAX_DESTINATIONS,
-    MAX_NAME, MAX_REQUESTS, MAX_SLOTS, MAX_USD_PER_HOUR, MAX_USD_PER_TOKEN, MAX_WARM,
+    Budget, BudgetState, Drain, DrainReason, Error, Load, Price, Problem, Report, Snapshot,
+    MAX_BUDGETS, MAX_BYTES, MAX_DESTINATIONS, MAX_NAME, MAX_REQUESTS, MAX_SLOTS, MAX_SPENT_USD,
+    MAX_USD_PER_HOUR, MAX_USD_PER_TOKEN, MAX_WARM,
 };
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -26,13 +27,19 @@ const HOURLY: u8 = 32;
 const HELD: u8 = 64;
 const KNOWN: u8 = LOAD | HELD | CAPACITY | PRICE | HOURLY | DRAIN | WARM;
 
+/// Header flag: a budgets section follows the reports.
+const BUDGETS: u16 = 1;
+/// Bytes of one budget reading after its name.
+const BUDGET_BYTES: usize = 1 + 8 + 8 + 8;
+
 /// The snapshot as bytes, after the checks [`decode`] makes.
 pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
     check(s)?;
     let mut out = Vec::with_capacity(HEADER + TRAILER + 40 * s.reports.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
+    let flags = if s.budgets.is_empty() { 0 } else { BUDGETS };
+    out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&s.version.to_le_bytes());
     out.extend_from_slice(&s.generated_ms.to_le_bytes());
     out.extend_from_slice(&(s.reports.len() as u32).to_le_bytes());
@@ -76,6 +83,16 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
             }
         }
     }
+    if !s.budgets.is_empty() {
+        out.extend_from_slice(&(s.budgets.len() as u32).to_le_bytes());
+        for b in &s.budgets {
+            name(&mut out, &b.name);
+            out.push(b.state as u8);
+            out.extend_from_slice(&b.spent_usd.to_le_bytes());
+            out.extend_from_slice(&b.read_ms.to_le_bytes());
+            out.extend_from_slice(&b.resets_ms.to_le_bytes());
+        }
+    }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     if out.len() > MAX_BYTES {
@@ -92,11 +109,17 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
-/// How many bytes [`encode`] gives for a snapshot of `reports` (when it
-/// gives any): lets a producer fit a snapshot to [`MAX_BYTES`] before
-/// encoding it.
-pub fn encoded_len(reports: &[Report]) -> usize {
+/// How many bytes [`encode`] gives for a snapshot of `reports` and
+/// `budgets` (when it gives any): lets a producer fit a snapshot to
+/// [`MAX_BYTES`] before encoding it.
+pub fn encoded_len(reports: &[Report], budgets: &[Budget]) -> usize {
     let mut n = HEADER + TRAILER;
+    if !budgets.is_empty() {
+        n += 4 + budgets
+            .iter()
+            .map(|b| 2 + b.name.len() + BUDGET_BYTES)
+            .sum::<usize>();
+    }
     for r in reports {
         n += 2 + r.name.len() + 1;
         n += r
@@ -183,8 +206,12 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
         return Err(top(4, "format", Problem::UnknownFormat(format)));
     }
     let flags = r.u16("flags")?;
-    if flags != 0 {
-        return Err(top(6, "flags", Problem::Reserved(u64::from(flags))));
+    if flags & !BUDGETS != 0 {
+        return Err(top(
+            6,
+            "flags",
+            Problem::Reserved(u64::from(flags & !BUDGETS)),
+        ));
     }
     let version = r.u64("version")?;
     let generated_ms = r.u64("generated_ms")?;
@@ -271,6 +298,37 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
         reports.push(report);
     }
     r.report = None;
+    let mut budgets = Vec::new();
+    if flags & BUDGETS != 0 {
+        let count = r.u32("budgets")? as usize;
+        if count > MAX_BUDGETS {
+            let (found, max) = (count as u64, MAX_BUDGETS as u64);
+            return Err(r.fail("budgets", Problem::TooLarge { found, max }));
+        }
+        // Each reading takes at least its fixed bytes: a count the bytes
+        // cannot hold is refused before anything is reserved for it.
+        if count.saturating_mul(2 + BUDGET_BYTES) > body.len() - r.at {
+            return Err(r.fail("budgets", Problem::Truncated));
+        }
+        budgets.reserve(count);
+        for i in 0..count {
+            r.report = Some((i, None));
+            let name = r.name("budget.name")?;
+            r.report = Some((i, Some(name.clone())));
+            let state = r.u8("budget.state")?;
+            let Some(&state) = BudgetState::ALL.get(usize::from(state)) else {
+                return Err(r.fail("budget.state", Problem::Reserved(u64::from(state))));
+            };
+            budgets.push(Budget {
+                name,
+                state,
+                spent_usd: f64::from_bits(r.u64("budget.spent_usd")?),
+                read_ms: r.u64("budget.read_ms")?,
+                resets_ms: r.u64("budget.resets_ms")?,
+            });
+        }
+        r.report = None;
+    }
     if r.at != body.len() {
         return Err(r.fail("reports", Problem::TrailingBytes(body.len() - r.at)));
     }
@@ -278,6 +336,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
         version,
         generated_ms,
         reports,
+        budgets,
     };
     check(&s).map_err(|mut e| {
         e.at = body_len;
@@ -365,6 +424,40 @@ fn check(s: &Snapshot) -> Result<(), Error> {
             for m in w {
                 check_name(m).map_err(|p| fail(at, "warm[]", p))?;
             }
+        }
+    }
+    check_budgets(&s.budgets)
+}
+
+/// The checks on a snapshot's budget readings.
+fn check_budgets(budgets: &[Budget]) -> Result<(), Error> {
+    let fail = |i: Option<usize>, field, problem| Error {
+        at: 0,
+        destination: i.map(|i| (i, budgets.get(i).map(|b| b.name.clone()))),
+        field,
+        problem,
+    };
+    if budgets.len() > MAX_BUDGETS {
+        let (found, max) = (budgets.len() as u64, MAX_BUDGETS as u64);
+        return Err(fail(None, "budgets", Problem::TooLarge { found, max }));
+    }
+    let mut names: Vec<(&str, usize)> = budgets
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.name.as_str(), i))
+        .collect();
+    names.sort_unstable();
+    for pair in names.windows(2) {
+        if let [(a, _), (b, i)] = pair {
+            if a == b {
+                return Err(fail(Some(*i), "budget.name", Problem::Duplicate));
+            }
+        }
+    }
+    for (i, b) in budgets.iter().enumerate() {
+        check_name(&b.name).map_err(|p| fail(Some(i), "budget.name", p))?;
+        if !(b.spent_usd.is_finite() && (0.0..=MAX_SPENT_USD).contains(&b.spent_usd)) {
+            return Err(fail(Some(i), "budget.spent_usd", Problem::NotASpend));
         }
     }
     Ok(())
@@ -486,7 +579,29 @@ mod tests {
                     ..Report::default()
                 },
             ],
+            budgets: vec![],
         }
+    }
+
+    fn with_budgets() -> Snapshot {
+        let mut s = sample();
+        s.budgets = vec![
+            Budget {
+                name: "team-a".to_string(),
+                state: BudgetState::Soft,
+                spent_usd: 81.25,
+                read_ms: 1_764_000_000_100,
+                resets_ms: 1_764_028_800_000,
+            },
+            Budget {
+                name: "research".to_string(),
+                state: BudgetState::Ok,
+                spent_usd: 0.0,
+                read_ms: 1_764_000_000_100,
+                resets_ms: 0,
+            },
+        ];
+        s
     }
 
     #[test]
@@ -623,6 +738,57 @@ mod tests {
         let e = decode(&b).unwrap_err();
         assert_eq!(e.problem, Problem::UnknownFormat(2));
         assert!(e.to_string().contains("upgrade the filter"));
+    }
+
+    #[test]
+    fn budget_readings_round_trip_and_are_counted_by_encoded_len() {
+        let s = with_budgets();
+        let bytes = encode(&s).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), s);
+        assert_eq!(encoded_len(&s.reports, &s.budgets), bytes.len());
+        let plain = sample();
+        assert_eq!(
+            encoded_len(&plain.reports, &[]),
+            encode(&plain).unwrap().len()
+        );
+        for at in 0..bytes.len() {
+            assert!(decode(&bytes[..at]).is_err(), "truncated at {at}");
+        }
+    }
+
+    #[test]
+    fn absurd_budget_readings_are_refused_naming_the_budget() {
+        for spent in [f64::NAN, f64::INFINITY, -0.01, MAX_SPENT_USD * 2.0] {
+            let mut s = with_budgets();
+            s.budgets[1].spent_usd = spent;
+            let e = encode(&s).unwrap_err();
+            assert_eq!(e.problem, Problem::NotASpend);
+            let msg = e.to_string();
+            assert!(
+                msg.contains("budget 1 `research`") && msg.contains("spent_usd"),
+                "{msg}"
+            );
+        }
+        let mut s = with_budgets();
+        s.budgets[1].name = "team-a".to_string();
+        assert_eq!(encode(&s).unwrap_err().problem, Problem::Duplicate);
+        // An unknown state byte: patched in and the checksum redone.
+        let s = with_budgets();
+        let mut b = encode(&s).unwrap();
+        let at = b.len() - TRAILER - 2 * (2 + BUDGET_BYTES) - "team-a".len() - "research".len()
+            + 2
+            + "team-a".len();
+        assert_eq!(b[at], BudgetState::Soft as u8);
+        b[at] = 3;
+        let n = b.len() - TRAILER;
+        let crc = crc32fast::hash(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        let e = decode(&b).unwrap_err();
+        assert_eq!(
+            (e.field, e.problem.clone()),
+            ("budget.state", Problem::Reserved(3))
+        );
+        assert!(e.to_string().contains("budget 0 `team-a`"), "{e}");
     }
 
     #[test]

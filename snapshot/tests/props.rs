@@ -2,7 +2,8 @@
 //! a snapshot or an error, never a panic.
 
 use ace_snapshot::{
-    decode, encode, Drain, DrainReason, Load, Price, Report, Snapshot, MAX_USD_PER_TOKEN,
+    decode, encode, Budget, BudgetState, Drain, DrainReason, Load, Price, Report, Snapshot,
+    MAX_SPENT_USD, MAX_USD_PER_TOKEN,
 };
 use proptest::prelude::*;
 
@@ -69,14 +70,36 @@ fn report(i: usize) -> impl Strategy<Value = Report> {
         )
 }
 
+fn budget(i: usize) -> impl Strategy<Value = Budget> {
+    (
+        prop::sample::select(BudgetState::ALL.to_vec()),
+        prop_oneof![Just(0.0), Just(MAX_SPENT_USD), 0.0..=MAX_SPENT_USD],
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(move |(state, spent_usd, read_ms, resets_ms)| Budget {
+            name: format!("budget-{i}"),
+            state,
+            spent_usd,
+            read_ms,
+            resets_ms,
+        })
+}
+
 fn snapshot() -> impl Strategy<Value = Snapshot> {
-    (0usize..40)
-        .prop_flat_map(|n| (0..n).map(report).collect::<Vec<_>>())
-        .prop_flat_map(|reports| {
+    (0usize..40, 0usize..6)
+        .prop_flat_map(|(n, b)| {
+            (
+                (0..n).map(report).collect::<Vec<_>>(),
+                (0..b).map(budget).collect::<Vec<_>>(),
+            )
+        })
+        .prop_flat_map(|(reports, budgets)| {
             (any::<u64>(), any::<u64>()).prop_map(move |(version, generated_ms)| Snapshot {
                 version,
                 generated_ms,
                 reports: reports.clone(),
+                budgets: budgets.clone(),
             })
         })
 }
@@ -85,7 +108,7 @@ proptest! {
     #[test]
     fn valid_snapshots_round_trip(s in snapshot()) {
         let bytes = encode(&s).unwrap();
-        prop_assert_eq!(ace_snapshot::encoded_len(&s.reports), bytes.len());
+        prop_assert_eq!(ace_snapshot::encoded_len(&s.reports, &s.budgets), bytes.len());
         prop_assert_eq!(decode(&bytes).unwrap(), s);
     }
 
@@ -94,6 +117,9 @@ proptest! {
         let _ = decode(&bytes);
         let mut framed = b"ACSN\x01\x00\x00\x00".to_vec();
         framed.extend_from_slice(&bytes);
+        let _ = decode(&framed);
+        // With the budgets flag: a section read from whatever follows.
+        framed[6] = 1;
         let _ = decode(&framed);
     }
 }

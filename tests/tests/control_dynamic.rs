@@ -59,6 +59,7 @@ fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {
         version,
         generated_ms: now_ms(),
         reports,
+        budgets: Vec::new(),
     };
     ace_snapshot::encode(&s).unwrap_or_else(|e| panic!("{e}"))
 }

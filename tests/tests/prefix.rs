@@ -71,6 +71,7 @@ fn snapshot(version: u64, drained: Option<&str>) -> Vec<u8> {
         version,
         generated_ms: now_ms(),
         reports,
+        budgets: Vec::new(),
     };
     ace_snapshot::encode(&s).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -520,6 +520,7 @@ impl Ace {
             version: self.version,
             generated_ms: EPOCH_MS + w.now,
             reports,
+            budgets: Vec::new(),
         }
     }
 }

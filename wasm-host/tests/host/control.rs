@@ -110,6 +110,7 @@ fn one_poll_per_interval_however_many_workers() -> Result<(), Error> {
         version: 1,
         generated_ms: 0,
         reports: vec![report("owned")],
+        budgets: Vec::new(),
     });
     let process = Process::new();
     let mut workers = [
@@ -144,6 +145,7 @@ fn not_modified_for_the_snapshot_in_force_keeps_every_worker_fresh() -> Result<(
         version: 1,
         generated_ms: 0,
         reports: vec![report("owned")],
+        budgets: Vec::new(),
     });
     let process = Process::new();
     let mut workers = [
@@ -220,6 +222,7 @@ fn a_drain_and_a_price_move_traffic_and_nothing_else_can() -> Result<(), Error> 
             version,
             generated_ms: 0,
             reports,
+            budgets: Vec::new(),
         })
     };
     let step = |a: &mut Vm, b: &mut Vm| -> Result<(), Error> {
@@ -282,6 +285,7 @@ fn losing_the_service_keeps_traffic_flowing_and_marks_the_snapshot_stale() -> Re
         version: 1,
         generated_ms: 0,
         reports: vec![owned],
+        budgets: Vec::new(),
     });
     let process = Process::new();
     let mut vm = start(&process, &service, clock)?;

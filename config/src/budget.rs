@@ -121,7 +121,7 @@ impl Period {
             Period::Week => {
                 // 1970-01-01 was a Thursday: Mondays fall 4 days later.
                 let days = now_ms / DAY_MS;
-                let start = (days - (days + 3) % 7) * DAY_MS;
+                let start = days.saturating_sub((days + 3) % 7) * DAY_MS;
                 (start, start + 7 * DAY_MS)
             }
             Period::Month => {
@@ -133,6 +133,19 @@ impl Period {
             Period::Rolling { ms } => (now_ms.saturating_sub(ms), 0),
         }
     }
+}
+
+/// Unix ms as an RFC 3339 UTC time to the second
+/// (`2026-12-08T00:00:00Z`): when a period resets, in error bodies.
+pub fn rfc3339(ms: u64) -> String {
+    let (y, m, d) = civil(ms / DAY_MS);
+    let s = (ms % DAY_MS) / 1000;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
 }
 
 /// Year, month (1-12) and day of a count of days since 1970-01-01
@@ -438,6 +451,8 @@ mod tests {
             Period::Rolling { ms: 3_600_000 }.window(now),
             (now - 3_600_000, 0)
         );
+        assert_eq!(rfc3339(day.1), "2026-12-08T00:00:00Z");
+        assert_eq!(rfc3339(now + 1_234), "2026-12-07T01:30:01Z");
         // A boundary belongs to the period it starts.
         assert_eq!(Period::Day.window(day.1).0, day.1);
     }

@@ -11,7 +11,7 @@
 
 use crate::{Answer, Case, Driver, Req, Seen, Service, CONTROL, T0};
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
-use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
+use ace_snapshot::{Budget, BudgetState, Drain, DrainReason, Load, Report, Snapshot};
 use base64::Engine;
 use serde_json::Value;
 
@@ -69,6 +69,56 @@ pub fn fleet_with(body: &str, extra: &str) -> String {
 
 fn plain() -> String {
     fleet("")
+}
+
+/// [`fleet`] whose tables also read the tenant (`x-ace-tenant`: `team-a`
+/// or `team-b`, no rule on it), with two budgets: `team-a` may book USD
+/// 0.01 a day, soft from half of it (then only the owned GPUs, the
+/// default); `team-b` may use 2,500 tokens a minute. Polls the control
+/// service.
+fn budgeted() -> String {
+    let spec = TableSpec {
+        destinations: vec![
+            DestinationSpec {
+                name: "eu-owned".into(),
+                cluster: "eu_owned".into(),
+            },
+            DestinationSpec {
+                name: "us-api".into(),
+                cluster: "us_api".into(),
+            },
+        ],
+        attributes: vec![
+            AttributeSpec {
+                name: "data_class".into(),
+                values: vec!["personal_eu".into(), "public".into()],
+            },
+            AttributeSpec {
+                name: "tenant".into(),
+                values: vec!["team-a".into(), "team-b".into()],
+            },
+        ],
+        factors: vec![
+            FactorSpec {
+                kind: FactorKind::Permit,
+                attributes: vec![],
+                rows: vec![0b11],
+            },
+            FactorSpec {
+                kind: FactorKind::Forbid,
+                attributes: vec![0],
+                rows: vec![0b11, 0b10, 0],
+            },
+        ],
+    };
+    let tables = base64::engine::general_purpose::STANDARD.encode(encode(&spec).unwrap());
+    let mut config: Value = serde_json::from_str(&with_control()).unwrap();
+    config["tables_base64"] = Value::String(tables);
+    config["budgets"] = serde_json::json!([
+        {"name": "team-a", "tenants": ["team-a"], "usd": 0.01, "period": "day", "soft_at": 0.5},
+        {"name": "team-b", "tenants": ["team-b"], "tokens_per_minute": 2500}
+    ]);
+    config.to_string()
 }
 
 /// [`fleet`] with the US API's prompt cache priced as Anthropic prices
@@ -191,6 +241,12 @@ fn f64_of(v: &Value) -> f64 {
 
 /// Every case, in the order the tests list them.
 pub const ALL: &[Case] = &[
+    Case {
+        name: "a_budget_steps_down_then_refuses",
+        config: budgeted,
+        skip: &[],
+        run: a_budget_steps_down_then_refuses,
+    },
     Case {
         name: "refusals_name_their_reason",
         config: plain,
@@ -599,6 +655,148 @@ fn each_upstream_is_addressed_as_it_expects(h: &mut dyn Driver) {
     let e = h.send(&models, &ok());
     assert_eq!(went(&e), "refused 503", "no destination serves it: {e:?}");
     assert_eq!(e.event["api"], Value::Null, "{}", e.event);
+}
+
+/// A snapshot with nothing to say of the destinations and `budgets`.
+fn readings(version: u64, budgets: Vec<Budget>) -> Vec<u8> {
+    ace_snapshot::encode(&Snapshot {
+        version,
+        generated_ms: T0,
+        reports: vec![],
+        budgets,
+    })
+    .unwrap()
+}
+
+/// The books' reading of budget `team-a`: `spent_usd` in the day of
+/// `read_ms`.
+fn team_a(state: BudgetState, spent_usd: f64, read_ms: u64) -> Budget {
+    let day = 86_400_000;
+    Budget {
+        name: "team-a".into(),
+        state,
+        spent_usd,
+        read_ms,
+        resets_ms: read_ms - read_ms % day + day,
+    }
+}
+
+/// A tenant's budget: served only on the rungs it allows once soft (with
+/// a header saying so), refused with the 429 naming it once exhausted (by
+/// the books' reading or by what this proxy booked since), never lifted
+/// by a silent service, lifted by a reading of the next period; another
+/// tenant unaffected; a token limit refuses for the rest of its minute.
+fn a_budget_steps_down_then_refuses(h: &mut dyn Driver) {
+    let a = || Req::class("public").header("x-ace-tenant", "team-a");
+    let b = || Req::class("public").header("x-ace-tenant", "team-b");
+    let priced =
+        Answer::ok(r#"{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":250}}"#);
+    let state = |e: &Seen| (e.event["budget"].clone(), e.event["budget_state"].clone());
+    h.service(Service::Serves(readings(
+        1,
+        vec![team_a(BudgetState::Ok, 0.0, T0)],
+    )));
+    h.advance(2_000);
+    let e = h.send(&a(), &ok());
+    assert_eq!(went(&e), "eu_owned");
+    assert_eq!(state(&e), (Value::Null, Value::Null), "{}", e.event);
+    // The owned GPUs full (another tenant's two): team-a spills to the
+    // API and books USD 0.004 a request there, past its soft threshold
+    // after two (counted here, before the books show it).
+    let eu_only = || Req::class("personal_eu").header("x-ace-tenant", "team-b");
+    let held = [h.open(&eu_only()), h.open(&eu_only())];
+    for id in held {
+        assert_eq!(h.upstream(id).as_deref(), Some("eu_owned"));
+    }
+    for _ in 0..2 {
+        let e = h.send(&a(), &priced);
+        assert_eq!(went(&e), "us_api", "{}", e.event);
+        assert_eq!(state(&e), (Value::Null, Value::Null), "{}", e.event);
+    }
+    // Soft: only the owned GPUs, which are full: the budget's 429.
+    let e = h.send(&a(), &ok());
+    assert_eq!(went(&e), "refused 429", "{e:?}");
+    assert_eq!(state(&e), ("team-a".into(), "soft".into()), "{}", e.event);
+    assert_eq!(e.event["reason"], "budget_soft", "{}", e.event);
+    if let Some(r) = &e.reply {
+        assert_eq!(r["error"]["code"], "budget_exceeded", "{r}");
+        assert_eq!(r["error"]["budget"], "team-a", "{r}");
+    }
+    // The other tenant is unaffected.
+    assert_eq!(went(&h.send(&b(), &ok())), "us_api");
+    for id in held {
+        h.close(id, &ok());
+    }
+    // Room on the owned GPUs: served there, and told why.
+    let e = h.send(&a(), &ok());
+    assert_eq!(went(&e), "eu_owned", "{}", e.event);
+    assert_eq!(state(&e), ("team-a".into(), "soft".into()), "{}", e.event);
+    header(&e, "x-ace-budget", Some("soft; budget=team-a"));
+    // The books say exhausted: refused, naming the budget and its reset.
+    let later = T0 + 10_000;
+    let exhausted = team_a(BudgetState::Exhausted, 0.012, later);
+    h.service(Service::Serves(readings(2, vec![exhausted.clone()])));
+    h.advance(2_000);
+    let e = h.send(&a(), &ok());
+    assert_eq!(went(&e), "refused 429", "{e:?}");
+    assert_eq!(
+        state(&e),
+        ("team-a".into(), "exhausted".into()),
+        "{}",
+        e.event
+    );
+    assert_eq!(e.event["reason"], "budget_exhausted", "{}", e.event);
+    if let Some(r) = &e.reply {
+        assert_eq!(r["error"]["type"], "budget_exceeded", "{r}");
+        assert_eq!(r["error"]["period"], "day", "{r}");
+        let resets = ace_config::budget::rfc3339(exhausted.resets_ms);
+        assert_eq!(r["error"]["resets_at"], resets.as_str(), "{r}");
+        let m = r["error"]["message"].as_str().unwrap_or("");
+        assert!(m.contains("team-a") && m.contains("exhausted"), "{m}");
+    }
+    // A silent service, long stale: the limit stays.
+    h.service(Service::Down);
+    h.advance(10_000);
+    assert_eq!(went(&h.send(&a(), &ok())), "refused 429");
+    // A reading of the next day lifts it.
+    let next_day = exhausted.resets_ms + 1_000;
+    h.service(Service::Serves(readings(
+        3,
+        vec![team_a(BudgetState::Ok, 0.0, next_day)],
+    )));
+    h.advance(2_000);
+    let e = h.send(&a(), &priced);
+    assert_eq!(went(&e), "eu_owned", "{}", e.event);
+    assert_eq!(state(&e), (Value::Null, Value::Null), "{}", e.event);
+    counter(h, "ace.budget.refused", 3);
+    // team-b's tokens: refused within the minute once 2,500 are used
+    // (each request here reserves its default 256 output tokens and its
+    // input), served again the next minute.
+    let mut served = 0;
+    let refused = loop {
+        let e = h.send(&b(), &ok());
+        if e.status == 429 {
+            break e;
+        }
+        served += 1;
+        assert!(served < 20, "never refused: {}", e.event);
+    };
+    assert!(served >= 5, "{served} served");
+    assert_eq!(
+        state(&refused),
+        ("team-b".into(), "tokens_per_minute".into()),
+        "{}",
+        refused.event
+    );
+    if let Some(r) = &refused.reply {
+        assert_eq!(r["error"]["code"], "rate_limit_exceeded", "{r}");
+    }
+    if let Some(v) = refused.header("retry-after") {
+        let secs: u64 = v.unwrap_or("").parse().unwrap_or(0);
+        assert!((1..=60).contains(&secs), "retry-after {v:?}");
+    }
+    h.advance(60_000);
+    assert_eq!(went(&h.send(&b(), &ok())), "eu_owned", "a new minute");
 }
 
 fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {

@@ -98,7 +98,7 @@ pub struct Stream {
     buffered_request: Vec<u8>,
     /// The response chunk of the current body hook.
     received_response: Vec<u8>,
-    local: Option<(u32, Vec<u8>)>,
+    local: Option<(u32, Vec<u8>, crate::HeaderList)>,
     filter_state: HashMap<Vec<u8>, Vec<u8>>,
 }
 
@@ -252,10 +252,21 @@ pub mod cb {
         true
     }
 
-    pub unsafe fn send_response(f: *mut c_void, status: u32, body: Buf) {
+    pub unsafe fn send_response(f: *mut c_void, status: u32, h: *const Hdr, n: usize, body: Buf) {
         // SAFETY: the module's buffer, a handle this fake made.
         let body = unsafe { body.bytes() }.unwrap_or_default().to_vec();
-        unsafe { stream(f) }.local = Some((status, body));
+        let pairs: &[Hdr] = if h.is_null() || n == 0 {
+            &[]
+        } else {
+            // SAFETY: the module lends `n` headers for the call.
+            unsafe { std::slice::from_raw_parts(h, n) }
+        };
+        let text = |b: Buf| {
+            // SAFETY: the module's buffers, during the call.
+            String::from_utf8_lossy(unsafe { b.bytes() }.unwrap_or_default()).into_owned()
+        };
+        let headers = pairs.iter().map(|p| (text(p.key), text(p.value))).collect();
+        unsafe { stream(f) }.local = Some((status, body, headers));
     }
 
     pub unsafe fn set_filter_state(f: *mut c_void, key: Buf, value: Buf) -> bool {
@@ -389,8 +400,8 @@ macro_rules! fake_envoy_callbacks {
                 cb::append_body(f, kind, data)
             }
             #[no_mangle]
-            pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(f: *mut c_void, status: u32, _h: *const Hdr, _n: usize, body: Buf, _details: Buf) {
-                cb::send_response(f, status, body)
+            pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(f: *mut c_void, status: u32, h: *const Hdr, n: usize, body: Buf, _details: Buf) {
+                cb::send_response(f, status, h, n, body)
             }
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_callback_http_set_filter_state_bytes(f: *mut c_void, key: Buf, value: Buf) -> bool {
@@ -700,13 +711,9 @@ impl Driver for DynamicDriver {
         let mut seen = Seen::default();
         let (status, headers, body): (u32, Vec<(String, String)>, Vec<Vec<u8>>) =
             match f.stream.local.clone() {
-                Some((status, body)) => {
+                Some((status, body, headers)) => {
                     seen.reply = serde_json::from_slice(&body).ok();
-                    (
-                        status,
-                        vec![("content-type".into(), "application/json".into())],
-                        vec![body],
-                    )
+                    (status, headers, vec![body])
                 }
                 None => {
                     self.now += answer.took_ms;

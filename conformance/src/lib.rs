@@ -33,6 +33,9 @@ pub mod wasm;
 use serde_json::Value;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// Headers as the cases read them: (name, value) in order.
+pub type HeaderList = Vec<(String, String)>;
+
 /// Every host starts its clock here (Unix ms), so events and snapshots
 /// carry the same times on all of them.
 pub const T0: u64 = 1_800_000_000_000;

@@ -48,6 +48,8 @@ pub struct Mock {
     pub response: Vec<(String, String)>,
     /// Local replies sent.
     pub replies: Vec<(u32, Value)>,
+    /// The last local reply's headers besides its content type.
+    pub reply_headers: Vec<(String, String)>,
     /// Metadata a verified source reads.
     pub metadata: Option<Vec<u8>>,
     /// Whether this host can run a request again.
@@ -56,6 +58,8 @@ pub struct Mock {
     pub superseded: bool,
     /// Prefix locality's table, by slot.
     pub locality: HashMap<u32, [u8; ace_flow::prefix::RECORD_BYTES]>,
+    /// The budgets' cells, by slot.
+    pub budget_cells: HashMap<u32, [u8; ace_flow::budget::CELL_BYTES]>,
 }
 
 impl Mock {
@@ -80,10 +84,12 @@ impl Mock {
             chunk: vec![],
             response: vec![],
             replies: vec![],
+            reply_headers: vec![],
             metadata: None,
             can_rerun: false,
             superseded: false,
             locality: HashMap::new(),
+            budget_cells: HashMap::new(),
         }
     }
 
@@ -132,6 +138,26 @@ impl Mock {
 impl Host for Mock {
     fn now_ms(&mut self) -> u64 {
         self.now
+    }
+
+    fn budget_reading(&mut self, b: u16) -> ace_flow::budget::Reading {
+        self.outside.budget(b)
+    }
+
+    fn budget_cell(
+        &mut self,
+        slot: u32,
+        f: &mut dyn FnMut(&mut [u8; ace_flow::budget::CELL_BYTES]) -> bool,
+    ) -> bool {
+        let cell = self
+            .budget_cells
+            .entry(slot)
+            .or_insert([0; ace_flow::budget::CELL_BYTES]);
+        let mut c = *cell;
+        if f(&mut c) {
+            *cell = c;
+        }
+        true
     }
 
     fn locality_secret(&mut self) -> Option<ace_flow::prefix::Secret> {
@@ -206,9 +232,19 @@ impl Host for Mock {
         f(&self.chunk);
     }
 
-    fn send_local(&mut self, status: u32, body: &[u8], _details: &str) -> bool {
+    fn send_local_with(
+        &mut self,
+        status: u32,
+        body: &[u8],
+        _details: &str,
+        headers: &[(&str, &str)],
+    ) -> bool {
         let v = serde_json::from_slice(body).unwrap_or_else(|e| panic!("reply not JSON: {e}"));
         self.replies.push((status, v));
+        self.reply_headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         true
     }
 
@@ -274,8 +310,8 @@ struct InFlight {
     upstream: Option<String>,
     /// The headers it left with.
     sent: Option<Vec<(String, String)>>,
-    /// The local reply, when answered at once.
-    reply: Option<(u32, Value)>,
+    /// The local reply (status, body, headers), when answered at once.
+    reply: Option<(u32, Value, crate::HeaderList)>,
 }
 
 /// The mock behind the [`Driver`] trait: polls the service every
@@ -334,7 +370,10 @@ impl Driver for MockDriver {
         let upstream = (verdict == Verdict::Continue)
             .then(|| m.header("x-ace-destination").map(str::to_string))
             .flatten();
-        let reply = m.replies.get(replies).cloned();
+        let reply = m.replies.get(replies).cloned().map(|(status, body)| {
+            let headers = std::mem::take(&mut m.reply_headers);
+            (status, body, headers)
+        });
         let sent = upstream.as_ref().map(|_| m.headers.clone());
         self.next += 1;
         self.flows.insert(
@@ -378,10 +417,10 @@ impl Driver for MockDriver {
             }
             seen.status = answer.status;
             seen.headers = Some(m.response.clone());
-        } else if let Some((status, body)) = f.reply.take() {
+        } else if let Some((status, body, headers)) = f.reply.take() {
             seen.status = status;
             seen.reply = Some(body);
-            seen.headers = Some(vec![]);
+            seen.headers = Some(headers);
         }
         f.flow.on_complete(s, w, m);
         assert_eq!(m.events.len(), events + 1, "exactly one event per request");

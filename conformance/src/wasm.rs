@@ -65,7 +65,7 @@ struct InFlight {
     stream: u32,
     upstream: Option<String>,
     sent: Option<Vec<(String, String)>>,
-    local: Option<(u32, Vec<u8>)>,
+    local: Option<(u32, Vec<u8>, Headers)>,
 }
 
 /// The Wasm filter behind the [`Driver`] trait.
@@ -141,7 +141,9 @@ impl Driver for WasmDriver {
         if !req.body.is_empty() && s.local_response().is_none() {
             s.send_request_body(b"", true).unwrap();
         }
-        let local = s.local_response().map(|l| (l.status, l.body.clone()));
+        let local = s
+            .local_response()
+            .map(|l| (l.status, l.body.clone(), l.headers.clone()));
         let upstream = match local {
             Some(_) => None,
             None => {
@@ -200,16 +202,11 @@ impl Driver for WasmDriver {
                 }
                 seen.status = answer.status;
             }
-            Some((status, body)) => {
+            Some((status, body, extra)) => {
                 // Envoy sends the local reply back through the filter.
-                s.send_response_headers(
-                    [
-                        (":status", status.to_string().as_str()),
-                        ("content-type", "application/json"),
-                    ],
-                    false,
-                )
-                .unwrap();
+                let mut h = vec![(":status".to_string(), status.to_string())];
+                h.extend(extra.to_vec());
+                s.send_response_headers(headers(&h), false).unwrap();
                 s.send_response_body(body, true).unwrap();
                 seen.status = *status;
                 seen.reply = serde_json::from_slice(body).ok();

@@ -42,6 +42,7 @@ macro_rules! cases {
 }
 
 cases!(
+    a_budget_steps_down_then_refuses,
     refusals_name_their_reason,
     the_cheapest_feasible_destination_is_chosen,
     failures_trip_then_spill_then_a_probe_closes,

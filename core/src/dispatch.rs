@@ -91,6 +91,10 @@ pub struct Request {
     pub late_usd: f64,
     /// Whether a late rung may serve the request at all.
     pub refuse_late: bool,
+    /// The most the request's booked marginal cost may be, USD (a soft
+    /// budget's ceiling): a dearer rung is not a candidate. Infinite (the
+    /// usual case): no ceiling. NaN admits nothing.
+    pub max_usd: f64,
 }
 
 impl Request {
@@ -105,6 +109,7 @@ impl Request {
             ttft_target_s: f64::INFINITY,
             late_usd: 0.0,
             refuse_late: false,
+            max_usd: f64::INFINITY,
         }
     }
 }
@@ -192,6 +197,9 @@ pub enum Refusal {
     /// Some are allowed and open, but none is expected to meet the class's
     /// time-to-first-token target, and the class refuses lateness.
     NoTimelyDestination,
+    /// Some are allowed and open, but every one would cost more than the
+    /// request's ceiling ([`Request::max_usd`]: a soft budget).
+    NoAffordableDestination,
 }
 
 impl Refusal {
@@ -201,6 +209,7 @@ impl Refusal {
             Refusal::NoFeasibleDestination => "no_feasible_destination",
             Refusal::NoHealthyDestination => "no_healthy_destination",
             Refusal::NoTimelyDestination => "no_timely_destination",
+            Refusal::NoAffordableDestination => "no_affordable_destination",
         }
     }
 }
@@ -618,6 +627,10 @@ fn choose(
         late_usd
     };
     let timed = target.is_finite();
+    let ceiling = req.max_usd;
+    // NaN is capped too (and admits nothing: no cost is below it).
+    let capped = ceiling != f64::INFINITY;
+    let mut priced_out = false;
     let mut any_open = false;
     let mut any_feasible = 0u64;
     // Indices are usize::MAX until found.
@@ -635,12 +648,37 @@ fn choose(
     for (w, ((&f, &all), (&open, &is_payg))) in words.enumerate() {
         let f = f & all;
         any_feasible |= f;
-        let candidates = f & open;
+        let mut candidates = f & open;
         if candidates == 0 && f == 0 {
             continue;
         }
         let warm_word = warm.get(w).copied().unwrap_or(0);
         let base = w * 64;
+        // A ceiling (rare: a soft budget) keeps only the rungs whose
+        // booked cost, as a decision books it, is within it.
+        if capped {
+            let mut c = candidates;
+            while c != 0 {
+                let b = c.trailing_zeros() as usize;
+                c &= c - 1;
+                let d = base + b;
+                let within = slate.lane(d).is_some_and(|lane| {
+                    let cold = if (warm_word >> b) & 1 == 1 {
+                        0.0
+                    } else {
+                        lane.cold
+                    };
+                    let s = scale.get(d).copied().unwrap_or(1.0);
+                    let (t, _) = held.at(d, tin);
+                    let usd = ((tin - t) * lane.per_in + tout * lane.per_out) * s + cold;
+                    usd <= ceiling
+                });
+                if !within {
+                    candidates &= !(1u64 << b);
+                    priced_out = true;
+                }
+            }
+        }
         // Every lane of the word up to its last candidate, densely:
         // independent multiply-adds over equal-length slices, which the
         // compiler turns into SIMD with no bounds checks; cheaper than
@@ -762,6 +800,8 @@ fn choose(
     if best == usize::MAX {
         return Err(if any_open {
             Refusal::NoTimelyDestination
+        } else if priced_out {
+            Refusal::NoAffordableDestination
         } else if any_feasible != 0 {
             Refusal::NoHealthyDestination
         } else {

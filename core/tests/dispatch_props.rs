@@ -285,6 +285,46 @@ proptest! {
         }
     }
 
+    /// A soft budget's ceiling on the booked cost only removes candidates:
+    /// whatever its value (hostile ones included), a choice is feasible,
+    /// open and within the ceiling, and costs what the plain decision on
+    /// that destination books; a request refused without the ceiling is
+    /// refused with it.
+    #[test]
+    fn no_ceiling_widens_the_feasible_set(
+        (models, health, in_flight, feasible, warm) in world(),
+        max_usd in prop_oneof![0.0..0.05f64, Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(0.0)],
+        now_ms in 0u64..30_000,
+    ) {
+        let policy = HealthPolicy::default();
+        let fleet = Fleet { models: &models, health: &health, in_flight: &in_flight, live: &[], learned: &[], policy: &policy };
+        let mut slate = Slate::new(models.len());
+        slate.refresh(&fleet, now_ms);
+        let plain = Request::untimed(8_000, 200, 0.01);
+        let capped = Request { max_usd, ..plain };
+        let with = decide(&slate, &feasible, &warm, &capped);
+        let without = decide(&slate, &feasible, &warm, &plain);
+        match with {
+            Ok(d) => {
+                prop_assert!(bit(&feasible, d.index), "a ceiling widened the feasible set");
+                prop_assert!(slate.is_open(d.index), "a ceiling opened a closed destination");
+                prop_assert!(d.marginal_usd <= max_usd, "{d:?} above {max_usd}");
+                let mut only = vec![0u64; d.index / 64 + 1];
+                only[d.index / 64] = 1u64 << (d.index % 64);
+                let alone = decide(&slate, &only, &warm, &plain).unwrap();
+                prop_assert_eq!(d.marginal_usd, alone.marginal_usd);
+                prop_assert!(without.is_ok());
+            }
+            Err(r) => {
+                if let Err(w) = without {
+                    prop_assert_eq!(r, w, "the same refusal without a ceiling");
+                } else {
+                    prop_assert!(matches!(r, Refusal::NoAffordableDestination | Refusal::NoTimelyDestination), "{r:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn choice_is_feasible_admitting_and_cheapest(
         (models, health, in_flight, feasible, warm) in world(),

@@ -102,6 +102,14 @@ impl Fleet {
         op.run(state, warmth, &cfg.models, &cfg.health, now)
     }
 
+    /// The control service's latest reading of budget `b`, with what the
+    /// poller published since taken first.
+    pub fn budget(&self, now: u64, b: u16) -> ace_flow::budget::Reading {
+        let mut f = lock(&self.0);
+        f.catch_up(now);
+        f.consumer.outside().budget(b)
+    }
+
     /// Requests in flight per destination.
     pub fn in_flight(&self) -> Vec<u32> {
         lock(&self.0).state.in_flight.clone()

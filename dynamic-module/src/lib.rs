@@ -59,6 +59,7 @@ use ace_dynamic_abi::{
     self as abi, Body, ConfigHandle, EnvoyBuffer, EnvoyHeader, Filter, HeaderMap, HeaderPairs,
     LogLevel, ModulePtr,
 };
+use ace_flow::budget;
 use ace_flow::counters::Counter;
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
 use ace_flow::headers::Pairs;
@@ -66,6 +67,7 @@ use ace_flow::prefix;
 use ace_flow::request;
 use fleet::Fleet;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::sync::Arc;
 
@@ -124,6 +126,12 @@ struct Shared {
     /// memory: every worker of this configuration shares it.
     locality: std::sync::Mutex<Vec<[u8; prefix::RECORD_BYTES]>>,
 }
+
+/// The budgets' cells, by budget name, in process memory: every worker
+/// and every configuration of this Envoy counts into the same ones, so a
+/// reload neither forgets what was booked nor lifts a limit.
+static BUDGET_CELLS: std::sync::Mutex<BTreeMap<String, [u8; budget::CELL_BYTES]>> =
+    std::sync::Mutex::new(BTreeMap::new());
 
 /// Prefix locality's key, drawn once per process: every worker shares the
 /// table, so every worker keys it alike.
@@ -558,8 +566,14 @@ impl Host for Dynamic<'_> {
         with_scratch(|s| envoy.for_each_chunk(Body::ReceivedResponse, &mut s.chunks, f));
     }
 
-    fn send_local(&mut self, status: u32, body: &[u8], details: &str) -> bool {
-        self.envoy.send_json(status, body, details);
+    fn send_local_with(
+        &mut self,
+        status: u32,
+        body: &[u8],
+        details: &str,
+        headers: &[(&str, &str)],
+    ) -> bool {
+        self.envoy.send_json_with(status, body, details, headers);
         true
     }
 
@@ -611,6 +625,43 @@ impl Host for Dynamic<'_> {
 
     fn locality_secret(&mut self) -> Option<prefix::Secret> {
         Some(locality_secret())
+    }
+
+    fn budget_reading(&mut self, b: u16) -> budget::Reading {
+        let now = self.now_ms();
+        self.shared.fleet.budget(now, b)
+    }
+
+    fn budget_cell(
+        &mut self,
+        slot: u32,
+        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
+    ) -> bool {
+        let Some(name) = self
+            .shared
+            .setup
+            .budgets
+            .as_ref()
+            .and_then(|b| b.names.get(slot as usize))
+        else {
+            return false;
+        };
+        let mut cells = BUDGET_CELLS.lock().unwrap_or_else(|p| p.into_inner());
+        match cells.get_mut(&**name) {
+            Some(cell) => {
+                let mut c = *cell;
+                if f(&mut c) {
+                    *cell = c;
+                }
+            }
+            None => {
+                let mut c = [0; budget::CELL_BYTES];
+                if f(&mut c) {
+                    cells.insert(name.to_string(), c);
+                }
+            }
+        }
+        true
     }
 
     fn locality_get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {

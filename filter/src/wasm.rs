@@ -32,6 +32,7 @@
 use crate::host;
 use crate::state::{Mirror, Synced};
 use ace_core::health::Change;
+use ace_flow::budget;
 use ace_flow::config::{Config, Control, Trusted};
 use ace_flow::control::{self, Answered, Consumer, Delivery, Heard, Metric, Reply};
 use ace_flow::counters::Counter;
@@ -751,8 +752,21 @@ impl Host for Wasm<'_> {
         }
     }
 
-    fn send_local(&mut self, status: u32, body: &[u8], _details: &str) -> bool {
-        host::send_local_response(status, &[("content-type", "application/json")], body)
+    fn send_local_with(
+        &mut self,
+        status: u32,
+        body: &[u8],
+        _details: &str,
+        extra: &[(&str, &str)],
+    ) -> bool {
+        let mut headers = [("content-type", "application/json"); 8];
+        let mut n = 1;
+        for (slot, h) in headers.iter_mut().skip(1).zip(extra) {
+            *slot = *h;
+            n += 1;
+        }
+        let headers = headers.get(..n).unwrap_or_default();
+        host::send_local_response(status, headers, body)
             .map_err(|s| log::error!("cannot send local reply: {s:?}"))
             .is_ok()
     }
@@ -877,6 +891,55 @@ impl Host for Wasm<'_> {
         };
         self.plugin.secret.set(secret);
         secret
+    }
+
+    fn budget_reading(&mut self, b: u16) -> budget::Reading {
+        self.plugin.outside.borrow().budget(b)
+    }
+
+    fn budget_cell(
+        &mut self,
+        slot: u32,
+        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
+    ) -> bool {
+        let setup = &self.plugin.setup;
+        let Some(name) = setup
+            .budgets
+            .as_ref()
+            .and_then(|b| b.names.get(slot as usize))
+        else {
+            return false;
+        };
+        // Keyed by name, not configuration: a reload keeps what this
+        // Envoy booked against the budget.
+        let key = format!("ace.budget.{name}");
+        // Another worker's write between the read and this one's: read
+        // again (a bounded number of times; then not counted).
+        for _ in 0..16 {
+            let (stored, cas) = match host::shared_data(&key) {
+                Ok(v) => v,
+                Err(s) => {
+                    log::warn!("cannot read budget `{name}`'s counters: {s:?}");
+                    return false;
+                }
+            };
+            let mut cell = [0u8; budget::CELL_BYTES];
+            if let Some(b) = stored.as_deref().filter(|b| b.len() == budget::CELL_BYTES) {
+                cell.copy_from_slice(b);
+            }
+            if !f(&mut cell) {
+                return true;
+            }
+            match host::set_shared_data(&key, &cell, cas) {
+                Ok(()) => return true,
+                Err(Status::CasMismatch) => continue,
+                Err(s) => {
+                    log::warn!("cannot write budget `{name}`'s counters: {s:?}");
+                    return false;
+                }
+            }
+        }
+        false
     }
 
     fn locality_get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {

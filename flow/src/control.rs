@@ -80,6 +80,7 @@
 //!   answer comes again. How often a poll may go is the host's (the Wasm
 //!   lease, the dynamic module's main-thread timer).
 
+use crate::budget::Reading;
 use ace_config::{Config, Control, Warmth};
 use ace_core::fleet::{FleetState, Live, Signal, SignalError};
 use ace_snapshot::Snapshot;
@@ -152,6 +153,10 @@ pub struct Resolved {
     /// Which destinations have which models resident: the snapshot's list
     /// where it gives one, the configured one elsewhere.
     pub warmth: Warmth,
+    /// Per configured budget, the snapshot's reading of it, if it gives
+    /// one (a budget the configuration lacks is passed over: a service
+    /// reading another manifest's budgets tells this one nothing).
+    pub budgets: Vec<Option<Reading>>,
 }
 
 /// Decode `bytes` and resolve them against `cfg`.
@@ -238,11 +243,27 @@ pub fn resolve(cfg: &Config, snapshot: &Snapshot) -> Result<Resolved, Rejected> 
         }
     }
     let warmth = Warmth::from_lists(n, |i| warm.get(i).copied().flatten());
+    let mut budgets = vec![None; cfg.budgets.list.len()];
+    for b in &snapshot.budgets {
+        let slot = cfg
+            .budgets
+            .named(&b.name)
+            .and_then(|(i, _)| budgets.get_mut(i));
+        if let Some(slot) = slot {
+            *slot = Some(Reading {
+                state: b.state,
+                spent_usd: b.spent_usd,
+                read_ms: b.read_ms,
+                resets_ms: b.resets_ms,
+            });
+        }
+    }
     Ok(Resolved {
         version: snapshot.version,
         checksum: None,
         lives,
         warmth,
+        budgets,
     })
 }
 
@@ -262,6 +283,10 @@ pub struct Outside {
     lives: Vec<Live>,
     /// Which destinations have which models resident.
     pub warmth: Warmth,
+    /// Per configured budget, the latest reading heard: replaced only by a
+    /// later one, kept when a snapshot leaves it out or goes stale (a
+    /// limit is never lifted by silence).
+    budgets: Vec<Reading>,
 }
 
 impl Outside {
@@ -274,7 +299,16 @@ impl Outside {
             stale: false,
             lives: vec![Live::default(); cfg.destinations.len()],
             warmth: cfg.warmth.clone(),
+            budgets: vec![Reading::default(); cfg.budgets.list.len()],
         }
+    }
+
+    /// The reading held of budget `b` (none yet: an empty one).
+    pub fn budget(&self, b: u16) -> Reading {
+        self.budgets
+            .get(usize::from(b))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Take `resolved`, heard at `now_ms`.
@@ -283,6 +317,9 @@ impl Outside {
         self.checksum = resolved.checksum;
         self.lives = resolved.lives;
         self.warmth = resolved.warmth;
+        for (held, new) in self.budgets.iter_mut().zip(resolved.budgets) {
+            *held = held.or_newer(new);
+        }
         self.heard(now_ms);
     }
 

@@ -73,6 +73,11 @@ named! {
         /// Checked hits whose fresh answer differed: the false-hit rate is
         /// this over [`Fleet::CacheChecks`].
         CacheFalseHits => "ace.cache.false_hits",
+        /// Requests a tenant budget refused (429: exhausted, out of
+        /// tokens for the minute, or soft with no rung it allows).
+        BudgetRefused => "ace.budget.refused",
+        /// Requests served under a soft budget, on the rungs it allows.
+        BudgetSoft => "ace.budget.soft",
     }
 }
 

@@ -634,7 +634,7 @@ mod tests {
              \"model_served\":\"m\",\"api\":null,\"upstream_model\":null,\"destination\":\"owned\",\"tier\":\"inhouse\",\"tokens_in\":10,\
              \"tokens_out\":20,\"tokens_cache_read\":0,\"tokens_cache_write\":0,\"tokens_prefix_held\":0,\"tokens_estimated\":true,\"status\":200,\"latency_ms\":12,\"slo_ms\":100,\
              \"slo_met\":true,\"marginal_usd\":0.25,\"counterfactual_usd\":1,\"reason\":\"cheapest\",\
-             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false,\"upstream_ms\":9}"
+             \"warm\":true,\"overage\":false,\"usage_capped\":false,\"cached\":false,\"cache_false_hit\":false,\"upstream_ms\":9,\"budget\":null,\"budget_state\":null}"
         );
         // The prices a control service set, where it set them: written to
         // the picodollar, after the fields every line has.
@@ -645,9 +645,9 @@ mod tests {
         assert_eq!(
             live.to_json(),
             line.replace(
-                "}",
+                ",\"budget\":null",
                 ",\"live_usd_per_input_token\":0.00000015,\
-                 \"live_usd_per_output_token\":0.0000006,\"live_usd_per_hour\":2.5}"
+                 \"live_usd_per_output_token\":0.0000006,\"live_usd_per_hour\":2.5,\"budget\":null"
             )
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();

@@ -36,6 +36,7 @@
 //!    its dollars.
 
 use crate::body::{self, RequestBody};
+use crate::budget;
 use crate::cache::{self, Entry, Pending};
 use crate::counters::{Counter, Fleet};
 use crate::event::{self, Event, Text};
@@ -348,7 +349,19 @@ pub trait Host {
     /// Answer the request from the proxy: `status`, a JSON `body`, and
     /// `details` for Envoy's response-code details; false if the host
     /// could not.
-    fn send_local(&mut self, status: u32, body: &[u8], details: &str) -> bool;
+    fn send_local(&mut self, status: u32, body: &[u8], details: &str) -> bool {
+        self.send_local_with(status, body, details, &[])
+    }
+
+    /// [`Host::send_local`] with `headers` besides its content type (a
+    /// budget's 429 carries `retry-after`).
+    fn send_local_with(
+        &mut self,
+        status: u32,
+        body: &[u8],
+        details: &str,
+        headers: &[(&str, &str)],
+    ) -> bool;
 
     /// The status Envoy answered with, when it answered without the
     /// filter seeing the answer (its 413 while the body was held).
@@ -434,8 +447,6 @@ pub trait Host {
         false
     }
 
-    /// Answer the request from the cache: `status`, `content_type` and
-    /// `body` as stored; false if the host could not.
     /// The secret that keys prefix locality's table
     /// ([`crate::prefix::Secret`]): drawn once at random and shared by
     /// every worker whose table is shared. `None` (the default): no
@@ -455,10 +466,67 @@ pub trait Host {
         false
     }
 
+    /// Answer the request from the cache: `status`, `content_type` and
+    /// `body` as stored; false if the host could not.
     fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
         let _ = (status, content_type, body);
         false
     }
+
+    /// The control service's latest reading of budget `b`, as this host
+    /// holds it ([`crate::control::Outside::budget`]); an empty one when
+    /// it has none (the default: a host without a control service).
+    fn budget_reading(&mut self, b: u16) -> budget::Reading {
+        let _ = b;
+        budget::Reading::default()
+    }
+
+    /// Run `f` on budget `slot`'s counters in memory every worker of this
+    /// proxy shares, atomically, storing them when `f` returns `true`
+    /// ([`budget::Cells::update`]); false when they cannot be reached.
+    /// The default keeps none: such a host enforces a budget by the
+    /// readings alone (its own spend since them is not counted).
+    fn budget_cell(
+        &mut self,
+        slot: u32,
+        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
+    ) -> bool {
+        let _ = (slot, f);
+        false
+    }
+}
+
+/// The host's shared memory as the budgets' cells.
+struct HostCells<'h, H: Host>(&'h mut H);
+
+impl<H: Host> budget::Cells for HostCells<'_, H> {
+    fn update(
+        &mut self,
+        slot: u32,
+        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
+    ) -> bool {
+        self.0.budget_cell(slot, f)
+    }
+
+    fn reading(&mut self, b: u16) -> budget::Reading {
+        self.0.budget_reading(b)
+    }
+}
+
+/// What a request a tenant budget counts reserved when it was routed:
+/// settled to what it booked when it ends.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    /// The tenant's value index (its budgets: `Budgeting::of`).
+    tenant: u32,
+    /// Cost reserved, nano-USD.
+    nano: i64,
+    /// Tokens reserved.
+    tokens: u32,
+    /// The minute they count in.
+    minute: u32,
+    /// The soft budget it was served under, if any.
+    soft: Option<u16>,
 }
 
 /// What the adapter tells Envoy after a callback.
@@ -492,6 +560,8 @@ pub struct Setup {
     /// Prefix locality, built against the destinations; none when not
     /// configured.
     pub locality: Option<prefix::Locality>,
+    /// Tenant budgets, built against the tables; none when not configured.
+    pub budgets: Option<budget::Budgeting>,
 }
 
 impl Setup {
@@ -516,7 +586,9 @@ impl Setup {
             .map(|c| cache::Cache::build(c, tables.as_ref()))
             .transpose()?;
         let locality = prefix::Locality::build(&config)?;
+        let budgets = budget::Budgeting::build(&config, tables.as_ref());
         Ok(Setup {
+            budgets,
             tables,
             names,
             routing,
@@ -638,6 +710,8 @@ pub struct Flow {
     /// Model routing's and the cache's business with this request (boxed:
     /// most requests have none).
     extra: Option<Box<Extra>>,
+    /// What the tenant's budgets hold of this request.
+    budget: Option<Hold>,
 }
 
 /// What model routing and the cache hold for one request.
@@ -720,6 +794,10 @@ struct Ask<'a> {
     api: Option<Api>,
     /// What each destination holds of the prompt (prefix locality).
     held: Held<'a>,
+    /// The destinations a soft budget allows (none: no soft budget).
+    soft: Option<&'a [u64]>,
+    /// A soft budget allows only a substitute model.
+    substitution_only: bool,
     now: u64,
 }
 
@@ -757,6 +835,10 @@ impl Ask<'_> {
         };
         let claimed = match self.routed_rung(w, host) {
             Some(routed) => routed?,
+            // Only a substitute may serve, and none can.
+            None if self.substitution_only => {
+                return Err(Stop::NoDestination(Refusal::NoFeasibleDestination))
+            }
             None => self.merit_rung(w, host)?,
         };
         let (decision, served, cf, live) = claimed;
@@ -840,6 +922,24 @@ impl Ask<'_> {
             .config
             .serving
             .narrow(self.api, &mut w.pairs.mask);
+        // A soft budget: its tiers only, and no pair serving the model
+        // named when it allows substitutes only.
+        if let Some(m) = self.soft {
+            for (a, b) in w.pairs.mask.iter_mut().zip(m) {
+                *a &= b;
+            }
+        }
+        if self.substitution_only {
+            let named = asked.member.or_else(|| {
+                r.reference(asked)
+                    .and_then(|m| r.members.iter().position(|x| x == m))
+            });
+            for d in 0..w.pairs.assigned.len() {
+                if w.pairs.member(d) == named {
+                    clear_bit(&mut w.pairs.mask, d);
+                }
+            }
+        }
         // The counterfactual: the model named (a class's reference model),
         // not substituted, at its price.
         if asked.member.is_none()
@@ -908,6 +1008,8 @@ struct Counterfactual {
 /// Why routing stopped before a decision.
 enum Stop {
     Refused(Refused),
+    /// A tenant budget refuses it.
+    Budget(budget::Refusal),
     /// No destination may take the request.
     NoDestination(Refusal),
     Fleet,
@@ -1109,7 +1211,7 @@ impl Flow {
         let Some(event) = self.event.as_mut() else {
             return self.internal(host, "request not captured");
         };
-        let req = request::plan(cfg, event, body, self.content_length, now);
+        let mut req = request::plan(cfg, event, body, self.content_length, now);
         let body_model = body.and_then(|b| b.model.as_deref());
         // Model routing only where the body can say the model served: read
         // whole, naming a model, on a host that can replace it, and not
@@ -1134,6 +1236,7 @@ impl Flow {
             .as_ref()
             .filter(|_| excluded.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some());
         let chosen = &mut self.chosen;
+        let mut hold: Option<Hold> = None;
         // Feasibility first (the compiled Cedar tables), then the rungs in
         // order, with this worker's lookup buffers.
         let climbed = with_worker(worker, |w| {
@@ -1148,6 +1251,35 @@ impl Flow {
             .map_err(Stop::Refused)?;
             let model = event.text(&event.model_requested);
             upstream::narrow(cfg, api, model, rewritable, &mut w.lookup.mask);
+            // The tenant's budgets: refused, or narrowed when one is soft.
+            let budgeted = setup.budgets.as_ref().and_then(|bg| {
+                let t = cfg.policy.as_ref()?.tenant?;
+                let tenant = w.lookup.values.get(t).copied()?;
+                let mine = bg.of(tenant);
+                (!mine.is_empty()).then_some((bg, tenant, mine))
+            });
+            let mut soft = None;
+            if let Some((bg, tenant, mine)) = budgeted {
+                let tokens = req.tokens_in.saturating_add(req.tokens_out);
+                let allowed = bg
+                    .admit(cfg, mine, tokens, now, &mut HostCells(&mut *host))
+                    .map_err(Stop::Budget)?;
+                if let Some(b) = allowed.soft {
+                    let feasible = w.lookup.mask.iter().any(|m| *m != 0);
+                    for (a, m) in w.lookup.mask.iter_mut().zip(bg.soft_mask(b)) {
+                        *a &= m;
+                    }
+                    req.max_usd = allowed.max_usd_per_token * f64::from(tokens);
+                    soft = Some((bg, b, feasible, allowed.substitution_only));
+                }
+                hold = Some(Hold {
+                    tenant,
+                    nano: 0,
+                    tokens,
+                    minute: budget::Budgeting::minute(now),
+                    soft: allowed.soft,
+                });
+            }
             // Prefix locality: what each feasible destination holds of
             // this prompt (its buffers out of the worker while the rungs
             // borrow the rest).
@@ -1190,9 +1322,19 @@ impl Flow {
                     Some((_, _, _, true)) => held.as_held(),
                     _ => Held::NONE,
                 },
+                soft: soft.map(|(bg, b, _, _)| bg.soft_mask(b)),
+                substitution_only: soft.is_some_and(|(_, _, _, s)| s),
                 now,
             };
-            let climbed = ask.climb(cacheable, w, host);
+            let mut climbed = ask.climb(cacheable, w, host);
+            // A soft budget left nothing that could serve a request its
+            // policy allows: the budget's 429, not a fleet outage's 503.
+            if let (Err(Stop::NoDestination(_)), Some((bg, b, true, _))) = (&climbed, soft) {
+                let reading = host.budget_reading(b);
+                if let Some(r) = bg.soft_refusal(cfg, b, &reading, now) {
+                    climbed = Err(Stop::Budget(r));
+                }
+            }
             if let (Ok((Climbed::Claimed(_, _, _, d), _)), Some((l, fp, secret, _))) =
                 (&climbed, &local)
             {
@@ -1213,13 +1355,38 @@ impl Flow {
             let (climbed, pending) = climbed?;
             if let Climbed::Claimed(_, _, _, decision) = &climbed {
                 *chosen = Some((*decision, now));
+                // What the budgets count from now: the estimate, settled
+                // to what is booked when the request ends.
+                if let (Some(h), Some((bg, _, mine))) = (hold.as_mut(), budgeted) {
+                    h.nano = nano_usd(decision.marginal_usd);
+                    let cells = &mut HostCells(&mut *host);
+                    bg.book(mine, h.nano, i64::from(h.tokens), h.minute, cells);
+                }
+            } else {
+                // From the cache: nothing booked upstream to count.
+                hold = None;
             }
             Ok((climbed, pending))
         });
+        if let Some(h) = hold {
+            // A request run again releases its first run's reservation.
+            if let Some(old) = self.budget.replace(h) {
+                self.release(setup, host, old);
+            }
+            if let (Some(b), Some(e)) = (h.soft, self.event.as_mut()) {
+                host.count(Fleet::BudgetSoft.into(), 1);
+                e.budget = setup
+                    .budgets
+                    .as_ref()
+                    .and_then(|bg| bg.names.get(usize::from(b)).cloned());
+                e.budget_state = Some(budget::Why::Soft.state());
+            }
+        }
         let ((served, cf, live), pending) = match climbed {
             Ok((Climbed::Hit, _)) => return self.answer_from_cache(setup, worker, host, routing),
             Ok((Climbed::Claimed(served, cf, live, _), pending)) => ((served, cf, live), pending),
             Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
+            Err(Stop::Budget(r)) => return self.refuse_budget(setup, host, &r),
             Err(Stop::NoDestination(refusal)) => {
                 host.count(Fleet::NoDestination.into(), 1);
                 return self.refuse(host, &Refused::no_destination(refusal));
@@ -1477,6 +1644,52 @@ impl Flow {
             log::error!("cannot send the local reply {}", refused.status);
         }
         Verdict::Answered
+    }
+
+    /// Answer a budget's refusal: 429, its body, `retry-after`.
+    fn refuse_budget<H: Host>(
+        &mut self,
+        setup: &Setup,
+        host: &mut H,
+        r: &budget::Refusal,
+    ) -> Verdict {
+        let reason = budget::reason(r.why);
+        if let Some(e) = self.event.as_mut() {
+            e.finish(429, reason);
+            e.budget = setup
+                .budgets
+                .as_ref()
+                .and_then(|bg| bg.names.get(usize::from(r.budget)).cloned());
+            e.budget_state = Some(r.why.state());
+        }
+        host.count(Fleet::BudgetRefused.into(), 1);
+        let mut secs = itoa::Buffer::new();
+        let retry = [("retry-after", secs.format(r.retry_after_s))];
+        if !host.send_local_with(429, &r.body, reason, &retry) {
+            log::error!("cannot send the local reply 429");
+        }
+        Verdict::Answered
+    }
+
+    /// Count what a request booked against its tenant's budgets, in place
+    /// of what it reserved.
+    fn release<H: Host>(&mut self, setup: &Setup, host: &mut H, h: Hold) {
+        let Some(bg) = setup.budgets.as_ref() else {
+            return;
+        };
+        let (booked, tokens) = self.event.as_ref().map_or((0, 0), |e| {
+            let tokens = i64::from(e.tokens_in) + i64::from(e.tokens_out);
+            (nano_usd(e.marginal_usd), tokens)
+        });
+        let mine = bg.of(h.tenant);
+        let cells = &mut HostCells(&mut *host);
+        bg.book(
+            mine,
+            booked - h.nano,
+            tokens - i64::from(h.tokens),
+            h.minute,
+            cells,
+        );
     }
 
     /// Answer 500: something that should not happen did; it is logged,
@@ -1758,6 +1971,13 @@ impl Flow {
                 host.set_response_header(k, v);
             }
         }
+        // A soft budget's tenant is told it was served on the rungs its
+        // budget allows (whatever `response_headers` says: it is theirs).
+        let soft = self.budget.and_then(|h| h.soft);
+        if let Some(name) = soft.and_then(|b| setup.budgets.as_ref()?.names.get(usize::from(b))) {
+            let value = format!("soft; budget={name}");
+            host.set_response_header(BUDGET_HEADER, &value);
+        }
     }
 
     /// Get ready to run the request again, once, without destination
@@ -1938,6 +2158,9 @@ impl Flow {
     /// blame no one), book its dollars and write its one event.
     pub fn on_complete<H: Host>(&mut self, setup: &Setup, worker: &RefCell<Worker>, host: &mut H) {
         self.settle(setup, host, None, None);
+        if let Some(h) = self.budget.take() {
+            self.release(setup, host, h);
+        }
         // A check whose fresh answer never ended (the client or the
         // upstream went away) compared nothing: not counted as a check.
         let unchecked = self
@@ -1973,6 +2196,19 @@ impl Flow {
         if !written {
             log::warn!("cannot write the request event");
         }
+    }
+}
+
+/// The response header that tells a tenant its budget is soft.
+pub const BUDGET_HEADER: &str = "x-ace-budget";
+
+/// `usd` as whole nano-USD (what a budget's cell counts); 0 when not a
+/// finite amount.
+fn nano_usd(usd: f64) -> i64 {
+    if usd.is_finite() {
+        (usd * 1e9).round() as i64
+    } else {
+        0
     }
 }
 
@@ -2049,8 +2285,9 @@ mod tests {
     fn a_flow_is_small() {
         let (flow, event) = (std::mem::size_of::<Flow>(), std::mem::size_of::<Event>());
         // The usage scanner's state is most of the rest (its longest key,
-        // `cache_creation_input_tokens`, and the cache counts).
-        assert!(flow <= event + 384, "Flow {flow} bytes, Event {event}");
+        // `cache_creation_input_tokens`, and the cache counts); a
+        // budget's hold is 32.
+        assert!(flow <= event + 416, "Flow {flow} bytes, Event {event}");
     }
 
     #[test]

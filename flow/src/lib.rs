@@ -26,6 +26,7 @@
 
 pub mod attributes;
 pub mod body;
+pub mod budget;
 pub mod cache;
 pub mod control;
 pub mod counters;

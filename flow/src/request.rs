@@ -218,6 +218,7 @@ pub fn plan(
             .map_or(f64::INFINITY, |t| f64::from(t) / 1000.0),
         late_usd: class.late_usd,
         refuse_late: class.when_late == WhenLate::Refuse,
+        max_usd: f64::INFINITY,
     }
 }
 

@@ -141,6 +141,15 @@ macro_rules! event_fields {
             /// control service had set it (spot and on-demand); absent
             /// when the configuration's held.
             live_usd_per_hour: Price => Rate, Added;
+            /// The tenant budget that limited the request, by name: the
+            /// strictest of its tenant's budgets when one was soft,
+            /// exhausted or out of tokens for the minute; else null.
+            budget: Option<::std::sync::Arc<str>> => StrOrNull, Added;
+            /// What that budget did: `soft` (served only on the rungs it
+            /// allows, or refused with 429 when none of them could),
+            /// `exhausted` or `tokens_per_minute` (refused with 429);
+            /// null when no budget limited the request.
+            budget_state: Option<&'static str> => StrOrNull, Added;
         }
     };
 }

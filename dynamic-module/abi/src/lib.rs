@@ -537,6 +537,38 @@ impl Filter {
         self.send(status, "application/json", body, details)
     }
 
+    /// [`EnvoyFilter::send_json`] with `extra` headers (at most seven).
+    pub fn send_json_with(self, status: u32, body: &[u8], details: &str, extra: &[(&str, &str)]) {
+        let empty = ModuleHeader {
+            key: ModuleBuffer::of(b""),
+            value: ModuleBuffer::of(b""),
+        };
+        let mut headers = [empty; 8];
+        headers[0] = ModuleHeader {
+            key: ModuleBuffer::of(b"content-type"),
+            value: ModuleBuffer::of(b"application/json"),
+        };
+        let mut n = 1;
+        for (slot, (k, v)) in headers.iter_mut().skip(1).zip(extra) {
+            *slot = ModuleHeader {
+                key: ModuleBuffer::of(k.as_bytes()),
+                value: ModuleBuffer::of(v.as_bytes()),
+            };
+            n += 1;
+        }
+        // SAFETY: `self` is live; Envoy copies headers, body and details.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response(
+                self,
+                status,
+                headers.as_ptr(),
+                n,
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details.as_bytes()),
+            )
+        }
+    }
+
     /// Answer the request locally with `body` of type `content_type`.
     pub fn send(self, status: u32, content_type: &str, body: &[u8], details: &str) {
         let headers = [ModuleHeader {

@@ -71,6 +71,8 @@ struct SimHost {
     cached: bool,
     /// Prefix locality's table, by slot (the dynamic module's, in memory).
     locality: HashMap<u32, [u8; ace_flow::prefix::RECORD_BYTES]>,
+    /// The budgets' cells, by slot.
+    budget_cells: HashMap<u32, [u8; ace_flow::budget::CELL_BYTES]>,
 }
 
 impl SimHost {
@@ -152,7 +154,13 @@ impl Host for Envoy<'_> {
         f(&self.h.response_chunk);
     }
 
-    fn send_local(&mut self, status: u32, _body: &[u8], _details: &str) -> bool {
+    fn send_local_with(
+        &mut self,
+        status: u32,
+        _body: &[u8],
+        _details: &str,
+        _headers: &[(&str, &str)],
+    ) -> bool {
         self.h.reply = Some(status);
         true
     }
@@ -197,6 +205,27 @@ impl Host for Envoy<'_> {
     fn replace_request_body(&mut self, body: &[u8]) -> bool {
         self.h.served_body = Some(body.to_vec());
         self.set_request_header("content-length", &body.len().to_string())
+    }
+
+    fn budget_reading(&mut self, b: u16) -> ace_flow::budget::Reading {
+        self.h.outside.budget(b)
+    }
+
+    fn budget_cell(
+        &mut self,
+        slot: u32,
+        f: &mut dyn FnMut(&mut [u8; ace_flow::budget::CELL_BYTES]) -> bool,
+    ) -> bool {
+        let cell = self
+            .h
+            .budget_cells
+            .entry(slot)
+            .or_insert([0; ace_flow::budget::CELL_BYTES]);
+        let mut c = *cell;
+        if f(&mut c) {
+            *cell = c;
+        }
+        true
     }
 
     fn locality_secret(&mut self) -> Option<ace_flow::prefix::Secret> {
@@ -345,6 +374,7 @@ impl Ace {
             cache: HashMap::new(),
             cached: false,
             locality: HashMap::new(),
+            budget_cells: HashMap::new(),
         };
         let clusters = cfg
             .destinations

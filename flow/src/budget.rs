@@ -278,7 +278,7 @@ impl Budgeting {
     /// Where `budgets` (a tenant's) stand for a request of `tokens`
     /// (estimated, in and out) at `now_ms`: allowed (perhaps only on a
     /// soft budget's rungs) or refused. Reads and rolls the cells; counts
-    /// nothing ([`Budgeting::reserve`] does, once the request is routed).
+    /// nothing ([`Budgeting::book`] does, once the request is routed).
     /// A cell that cannot be reached counts as nothing booked here: the
     /// reading alone still holds.
     pub fn admit(

@@ -29,6 +29,8 @@
 //!   serve` does (ETags, 304s), and can be stopped and started again.
 //! - [`chromium::Page`] drives a headless Chromium over the DevTools
 //!   protocol, for tests of the pages ACE serves (the policy playground).
+//! - [`pg::Pg`] is a real PostgreSQL in a temp dir, for the ledger's store
+//!   and what reads it.
 //!
 //! Nothing here skips: if `envoy` is missing, [`envoy::find_envoy`] returns an
 //! error naming it and the command that installs it.
@@ -41,6 +43,7 @@ pub mod dylib;
 pub mod envoy;
 pub mod grpc;
 pub mod model_server;
+pub mod pg;
 pub mod provider;
 pub mod upstream;
 pub mod wasm;

@@ -4,7 +4,9 @@
 //!
 //! Charts: booked cost by tier per window, the savings split (earned and
 //! forfeited), each owned or reserved pool's utilisation per window against
-//! its knee, and savings per window with forfeited windows marked.
+//! its knee, and savings per window with forfeited windows marked. Tenant
+//! budgets, when the events' configurations define any or the events name
+//! one, are a table of their own.
 //!
 //! A few lines of inline script measure what the browser drew (each
 //! chart's drawn shapes and their sizes) into `#drawn`, so a headless
@@ -261,6 +263,52 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// The budgets as a table (empty when there are none): names and
+/// tenants come from the configuration or the log, so every cell is
+/// escaped.
+fn budget_table(r: &Report) -> String {
+    if r.budgets.is_empty() {
+        return String::new();
+    }
+    let mut html = format!(
+        "<h2>Budgets</h2>\n<p>Spend in the period holding the last event ({}); requests \
+         refused (429) for each budget, and served or refused while it was soft.</p>\n\
+         <table id=\"budgets\"><thead><tr><th>budget</th><th>tenants</th><th>period</th>\
+         <th>amount</th><th>spent</th><th>used</th><th>state</th><th>refused: exhausted</th>\
+         <th>refused: tokens per minute</th><th>served soft</th><th>refused soft</th>\
+         <th>other</th></tr></thead><tbody>\n",
+        crate::focus::rfc3339(r.last_ms)
+    );
+    for b in &r.budgets {
+        let tenants = if b.configured {
+            b.tenants.join(", ")
+        } else {
+            "(in no configuration of these events)".into()
+        };
+        let cells = [
+            b.name.clone(),
+            tenants,
+            crate::report::budget_period(b),
+            crate::report::budget_amount(b),
+            b.spent.map_or("-".into(), usd),
+            crate::report::budget_used(b),
+            b.state.clone().unwrap_or_else(|| "-".into()),
+            b.refused_exhausted.to_string(),
+            b.refused_tokens.to_string(),
+            b.served_soft.to_string(),
+            b.refused_soft.to_string(),
+            b.other.to_string(),
+        ];
+        html.push_str("<tr>");
+        for c in cells {
+            html.push_str(&format!("<td>{}</td>", escape(&c)));
+        }
+        html.push_str("</tr>\n");
+    }
+    html.push_str("</tbody></table>\n");
+    html
+}
+
 /// Measures each chart's drawn shapes (count and total box area) into
 /// `#drawn` as JSON once the page has laid out.
 const MEASURE: &str = r#"<script>
@@ -289,7 +337,8 @@ pub fn page(r: &Report) -> anyhow::Result<String> {
     let mut html = String::from(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>ACE ledger</title><style>body{font-family:sans-serif;margin:2em;max-width:1100px}\
-         pre{background:#f6f6f6;padding:1em;overflow-x:auto}figure{margin:1em 0}</style></head><body>\n",
+         pre{background:#f6f6f6;padding:1em;overflow-x:auto}figure{margin:1em 0}\
+         table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}</style></head><body>\n",
     );
     html.push_str(&format!(
         "<h1>ACE ledger</h1>\n<p>Savings earned ${} of ${} ({} forfeited), booked ${} against ${} all pay-as-you-go.</p>\n",
@@ -304,6 +353,7 @@ pub fn page(r: &Report) -> anyhow::Result<String> {
             "<figure class=\"chart\" id=\"{id}\">{svg}</figure>\n"
         ));
     }
+    html.push_str(&budget_table(r));
     html.push_str(&format!(
         "<h2>Figures</h2>\n<pre>{}</pre>\n",
         escape(&r.table())

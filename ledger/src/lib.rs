@@ -18,10 +18,14 @@
 //! the store ([`store`]: SQLite on one machine, PostgreSQL for a mesh of
 //! Envoys), and every figure traces back to its request ids ([`trace`]).
 //!
+//! Tenant budgets are read from the same books ([`budget::readings`], what
+//! the control service publishes) and their use is reported.
+//!
 //! [`book::Ledger`] ties a store and its configurations together.
 #![forbid(unsafe_code)]
 
 pub mod book;
+pub mod budget;
 pub mod chargeback;
 pub mod configs;
 pub mod event;

@@ -2,6 +2,12 @@
 //! the store's rows (so SQLite and PostgreSQL give the same report), and
 //! printed as a terminal table or JSON.
 //!
+//! Tenant budgets ([`BudgetLine`]) are the one figure not taken from the
+//! scan: each budget's spend in its period is summed by the store
+//! ([`crate::budget::spends`]), as the control service reads it, so the
+//! report shows the spend the filter was held to. Sums of integers, so
+//! both stores still give the same report.
+//!
 //! Names in the table come from access-log lines, which anyone who can
 //! send a request partly writes: control characters are printed escaped
 //! ([`terminal`]), so a tenant name cannot drive the terminal.
@@ -16,7 +22,7 @@ use crate::store::Reject;
 use crate::store::Store;
 use crate::window::{self, Rules, Window};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// `s` for a terminal: each control character (C0, DEL, C1: escape
@@ -73,6 +79,56 @@ pub struct LocalityLine {
     pub cache_read_tokens: u64,
     /// What reading them from the cache took off their list input price.
     pub discount: Nano,
+}
+
+/// One tenant budget's use: its terms, as the configuration of the
+/// report's latest event that defines it has them; its spend in the
+/// period holding the report's last event (`Report::last_ms`, so the same
+/// events give the same report whenever it is run); and what it did to
+/// the requests whose event names it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BudgetLine {
+    /// Its name.
+    pub name: String,
+    /// Whether a configuration of the report's events defines it; when
+    /// not, only events name it (a budget since removed, or a line
+    /// naming what it likes), and only the counts are known.
+    pub configured: bool,
+    /// The tenants whose spend it counts.
+    pub tenants: Vec<String>,
+    /// `day`, `week`, `month` or `rolling` (none: no amount, so no
+    /// period).
+    pub period: Option<String>,
+    /// A rolling period's length, ms.
+    pub window_ms: Option<u64>,
+    /// The spend allowed per period, USD (none: a token limit only).
+    pub usd: Option<f64>,
+    /// Tokens its tenants may use per minute, per proxy.
+    pub tokens_per_minute: Option<u64>,
+    /// When the period holding the last event began, Unix ms.
+    pub start_ms: Option<u64>,
+    /// When it resets, Unix ms (0: a rolling window).
+    pub resets_ms: Option<u64>,
+    /// Booked cost of its tenants in that period (none without an
+    /// amount).
+    pub spent: Option<Nano>,
+    /// `spent` over the amount.
+    pub used: Option<f64>,
+    /// Where that spend leaves it: `ok`, `soft` or `exhausted`.
+    pub state: Option<String>,
+    /// Requests refused (429) because it was exhausted.
+    pub refused_exhausted: u64,
+    /// Requests refused (429) for its tokens per minute.
+    pub refused_tokens: u64,
+    /// Requests served while it was soft, on the rungs it allows.
+    pub served_soft: u64,
+    /// Requests refused (429) while it was soft: none of the rungs it
+    /// allows could take them.
+    pub refused_soft: u64,
+    /// Other events naming it: a soft request that then failed upstream,
+    /// or a state or status that does not go with a budget's (a line the
+    /// filter did not write).
+    pub other: u64,
 }
 
 /// One owned or reserved pool's utilisation per window, against its knee.
@@ -133,6 +189,9 @@ pub struct Report {
     pub chargeback: Chargeback,
     /// Prefix locality's requests ([`LocalityLine`]).
     pub locality: LocalityLine,
+    /// Every tenant budget the report's events' configurations define or
+    /// its events name, by name ([`BudgetLine`]).
+    pub budgets: Vec<BudgetLine>,
 }
 
 #[derive(Default)]
@@ -160,7 +219,18 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
         .filter_map(|r| r.event_id.as_deref())
         .collect();
     let mut booked_since: HashSet<String> = HashSet::new();
+    let mut config_last: HashMap<String, i64> = HashMap::new();
+    let mut budget_counts: BTreeMap<String, BudgetLine> = BTreeMap::new();
     store.scan(&mut |row: Row| {
+        match config_last.get_mut(row.config.as_str()) {
+            Some(t) => *t = (*t).max(row.time_ms),
+            None => {
+                config_last.insert(row.config.clone(), row.time_ms);
+            }
+        }
+        if let Some(name) = row.budget.as_deref() {
+            count_budget(&mut budget_counts, name, &row);
+        }
         if waiting.contains(row.event_id.as_str()) {
             booked_since.insert(row.event_id.clone());
         }
@@ -298,7 +368,81 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
         .collect();
     let uses: BTreeMap<String, PoolUse> = pools.into_iter().map(|(k, p)| (k, p.usage)).collect();
     r.chargeback = chargeback::build(&direct, &uses, period);
+    r.budgets = budgets(store, registry, &config_last, budget_counts, r.last_ms)?;
     Ok(r)
+}
+
+/// Count `row`, which names budget `name`, in its line.
+fn count_budget(lines: &mut BTreeMap<String, BudgetLine>, name: &str, row: &Row) {
+    let l = lines.entry(name.to_string()).or_insert_with(|| BudgetLine {
+        name: name.to_string(),
+        ..BudgetLine::default()
+    });
+    let refused = row.status == 429 && !row.served();
+    let n = match (row.budget_state.as_deref(), refused) {
+        (Some("exhausted"), true) => &mut l.refused_exhausted,
+        (Some("tokens_per_minute"), true) => &mut l.refused_tokens,
+        (Some("soft"), true) => &mut l.refused_soft,
+        (Some("soft"), false) if row.served() => &mut l.served_soft,
+        _ => &mut l.other,
+    };
+    *n = n.saturating_add(1);
+}
+
+/// The budget lines: each budget the configurations of the events define
+/// (the definition of the configuration whose latest event is latest
+/// winning), with its spend in the period holding `last_ms`, and each
+/// budget only events name, with `counts` from the events.
+fn budgets(
+    store: &mut dyn Store,
+    registry: &Registry,
+    config_last: &HashMap<String, i64>,
+    mut counts: BTreeMap<String, BudgetLine>,
+    last_ms: i64,
+) -> anyhow::Result<Vec<BudgetLine>> {
+    let mut configs: Vec<(&i64, &String)> = config_last.iter().map(|(c, t)| (t, c)).collect();
+    configs.sort();
+    let mut defined: BTreeMap<&str, &ace_config::budget::Budget> = BTreeMap::new();
+    for (_, id) in configs {
+        if let Some(setup) = registry.get(id) {
+            for b in &setup.config.budgets.list {
+                defined.insert(b.name.as_str(), b);
+            }
+        }
+    }
+    let with_amount: Vec<&ace_config::budget::Budget> = defined
+        .values()
+        .copied()
+        .filter(|b| b.usd.is_some())
+        .collect();
+    let now = u64::try_from(last_ms).unwrap_or(0);
+    let spends = crate::budget::spends(store, &with_amount, now)?;
+    let spent: HashMap<&str, crate::budget::Spend> = with_amount
+        .iter()
+        .map(|b| b.name.as_str())
+        .zip(spends)
+        .collect();
+    for (name, b) in defined {
+        let l = counts.entry(name.to_string()).or_default();
+        l.name = name.to_string();
+        l.configured = true;
+        l.tenants = b.tenants.clone();
+        l.usd = b.usd;
+        l.tokens_per_minute = b.tokens_per_minute;
+        if let (Some(usd), Some(s)) = (b.usd, spent.get(name)) {
+            l.period = Some(b.period.as_str().to_string());
+            if let ace_config::budget::Period::Rolling { ms } = b.period {
+                l.window_ms = Some(ms);
+            }
+            l.start_ms = Some(s.start_ms);
+            l.resets_ms = Some(s.resets_ms);
+            l.spent = Some(s.spent);
+            l.used = Some(crate::money::usd_f64(s.spent) / usd);
+            let state = b.state(crate::budget::spent_usd(s.spent));
+            l.state = Some(state.as_str().to_string());
+        }
+    }
+    Ok(counts.into_values().collect())
 }
 
 /// The longest stretch without any event that a pool is still charged
@@ -348,7 +492,85 @@ fn pct(part: Nano, whole: Nano) -> String {
     }
 }
 
+/// A budget's period as the table shows it (`rolling 3600 s`).
+pub fn budget_period(b: &BudgetLine) -> String {
+    match (b.period.as_deref(), b.window_ms) {
+        (Some(p), Some(ms)) => format!("{p} {} s", ms / 1000),
+        (Some(p), None) => p.to_string(),
+        (None, _) => "-".to_string(),
+    }
+}
+
+/// A budget's amount as the table shows it: USD, or its token limit.
+pub fn budget_amount(b: &BudgetLine) -> String {
+    match (b.usd, b.tokens_per_minute) {
+        (Some(u), _) => usd(crate::money::from_usd_saturating(u)),
+        (None, Some(t)) => format!("{t} tokens/min"),
+        (None, None) => "-".into(),
+    }
+}
+
+/// A budget's share used as the table shows it.
+pub fn budget_used(b: &BudgetLine) -> String {
+    b.used.map_or("-".into(), |u| format!("{:.1} %", u * 100.0))
+}
+
 impl Report {
+    /// The budgets' lines of the table (nothing when there are none).
+    fn budget_table(&self, s: &mut String) {
+        if self.budgets.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\nbudgets, spend in the period holding the last event ({}):",
+            crate::focus::rfc3339(self.last_ms)
+        );
+        let _ = writeln!(
+            s,
+            "{:<20} {:<14} {:>18} {:>18} {:>8} {:<9} {:>9} {:>10} {:>11} {:>12} {:>6}  tenants",
+            "budget",
+            "period",
+            "amount",
+            "spent",
+            "used",
+            "state",
+            "exhausted",
+            "tokens/min",
+            "served soft",
+            "refused soft",
+            "other"
+        );
+        for b in &self.budgets {
+            let tenants: Vec<String> = b.tenants.iter().map(|t| terminal(t)).collect();
+            let tenants = if b.configured {
+                tenants.join(", ")
+            } else {
+                "(in no configuration of these events)".into()
+            };
+            let _ = writeln!(
+                s,
+                "{:<20} {:<14} {:>18} {:>18} {:>8} {:<9} {:>9} {:>10} {:>11} {:>12} {:>6}  {tenants}",
+                terminal(&b.name),
+                budget_period(b),
+                budget_amount(b),
+                b.spent.map_or("-".into(), usd),
+                budget_used(b),
+                b.state.as_deref().unwrap_or("-"),
+                b.refused_exhausted,
+                b.refused_tokens,
+                b.served_soft,
+                b.refused_soft,
+                b.other
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  requests naming each: refused (429) as exhausted or over tokens per minute; \
+             served or refused (429) while soft; other"
+        );
+    }
+
     /// Each tenant window's forfeit reason (`None` when it kept its
     /// savings), by (tenant, window start).
     pub fn verdicts(&self) -> BTreeMap<(String, i64), Option<String>> {
@@ -425,6 +647,7 @@ impl Report {
                 usd(l.discount)
             );
         }
+        self.budget_table(&mut s);
         match self.goodput_per_usd {
             Some(g) => {
                 let _ = writeln!(

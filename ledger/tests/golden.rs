@@ -292,3 +292,115 @@ fn requests_kept_with_their_prefix_holder_show_what_its_cache_took_off() {
         r.table()
     );
 }
+
+/// Tenant budgets in the report, figures by hand (`common::budget_events`):
+/// as of the last event (2026-12-04T00:00:06Z), acme's day budget has
+/// spent today's 6_000_000 (payg-a, from the day's first millisecond) and
+/// 15_000 (owned), yesterday's not counted: 60.15 % of $0.01, soft. The lab
+/// group's month budget has spent 6_000_000 (lab-1 at the month's first
+/// millisecond; last month's not counted) and 12_000_000 (lab-2): 1.8 %.
+/// Each way a budget limited a request is counted under the budget the
+/// event names, one no configuration defines included; names are escaped
+/// for the terminal and the page.
+#[test]
+fn the_report_shows_each_budgets_use_and_what_it_did() {
+    let (_dir, url) = common::sqlite_url();
+    let mut ledger = common::budget_ledger(&url);
+    let r = ledger.report(&Rules::default()).expect("report");
+    let evil = "evil\u{1b}[31m<b>";
+    let names: Vec<&str> = r.budgets.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["acme-day", "acme-tpm", evil, "gone", "labs"]);
+    let day = u64::try_from(common::BUDGET_DAY).expect("day");
+    let month = u64::try_from(common::BUDGET_MONTH).expect("month");
+    let b = &r.budgets[0];
+    assert!(b.configured);
+    assert_eq!(
+        (b.tenants.as_slice(), b.period.as_deref(), b.usd),
+        (&["acme".to_string()][..], Some("day"), Some(0.01))
+    );
+    assert_eq!(
+        (b.start_ms, b.resets_ms, b.spent, b.state.as_deref()),
+        (
+            Some(day),
+            Some(day + 86_400_000),
+            Some(6_015_000),
+            Some("soft")
+        )
+    );
+    assert!((b.used.expect("used") - 0.6015).abs() < 1e-12);
+    assert_eq!(
+        (
+            b.refused_exhausted,
+            b.refused_tokens,
+            b.served_soft,
+            b.refused_soft,
+            b.other
+        ),
+        (1, 0, 1, 1, 0)
+    );
+    let tpm = &r.budgets[1];
+    assert_eq!(
+        (
+            tpm.configured,
+            tpm.usd,
+            tpm.tokens_per_minute,
+            tpm.period.as_deref()
+        ),
+        (true, None, Some(1000), None)
+    );
+    assert_eq!((tpm.spent, tpm.used, tpm.refused_tokens), (None, None, 1));
+    for gone in &r.budgets[2..4] {
+        assert_eq!(
+            (gone.configured, gone.spent, gone.refused_exhausted),
+            (false, None, 1)
+        );
+    }
+    let labs = &r.budgets[4];
+    assert_eq!(
+        (labs.tenants.len(), labs.period.as_deref(), labs.start_ms),
+        (2, Some("month"), Some(month))
+    );
+    // December 2026 resets on January 1st, 2027.
+    assert_eq!(
+        (labs.resets_ms, labs.spent, labs.state.as_deref()),
+        (Some(1_798_761_600_000), Some(18_000_000), Some("ok"))
+    );
+
+    let table = r.table();
+    assert!(
+        table.contains(
+            "budgets, spend in the period holding the last event (2026-12-04T00:00:06.000Z)"
+        ),
+        "{table}"
+    );
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("acme-day "))
+        .unwrap_or_else(|| panic!("no acme-day line: {table}"));
+    assert!(
+        line.contains("0.010000000") && line.contains("0.006015000") && line.contains("soft"),
+        "{line}"
+    );
+    assert!(
+        table.contains("evil\\u{1b}[31m<b>") && !table.contains('\u{1b}'),
+        "the terminal sees no escape: {table}"
+    );
+
+    let json = serde_json::to_value(&r).expect("json");
+    assert_eq!(json["budgets"][0]["spent"], 6_015_000);
+    assert_eq!(json["budgets"][0]["served_soft"], 1);
+
+    let page = ace_ledger::html::page(&r).expect("page");
+    assert!(page.contains("<table id=\"budgets\">"), "{page}");
+    assert!(
+        page.contains(
+            "<td>acme-day</td><td>acme</td><td>day</td><td>0.010000000</td><td>0.006015000</td>"
+        ),
+        "{page}"
+    );
+    assert!(page.contains("<td>lab-1, lab-2</td>"), "{page}");
+    assert!(
+        page.contains("<td>evil\u{1b}[31m&lt;b&gt;</td>") && !page.contains("[31m<b>"),
+        "names are escaped in the page"
+    );
+}

@@ -5,6 +5,7 @@
 
 mod common;
 
+use ace_harness::pg::Pg;
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::Options;
 use ace_ledger::window::Rules;
@@ -17,7 +18,7 @@ fn ingest_golden(url: &str) -> Ledger {
 
 #[test]
 fn sqlite_and_postgres_give_the_same_report() {
-    let pg = common::pg::Pg::start();
+    let pg = Pg::start();
     let (_dir, sqlite) = common::sqlite_url();
     let rules = Rules {
         window_ms: 60_000,
@@ -76,7 +77,7 @@ fn all_rows(ledger: &mut Ledger) -> Vec<ace_ledger::row::Row> {
 /// the whole batch on the NUL and named no line.
 #[test]
 fn the_hostile_file_gives_the_same_report_in_sqlite_and_postgres() {
-    let pg = common::pg::Pg::start();
+    let pg = Pg::start();
     let (_dir, sqlite) = common::sqlite_url();
     let (mut a, sa) = common::hostile_ledger(&sqlite);
     let (mut b, sb) = common::hostile_ledger(&pg.database("hostile"));
@@ -121,11 +122,47 @@ fn the_hostile_file_gives_the_same_report_in_sqlite_and_postgres() {
 /// place when opened and reads its rows back.
 #[test]
 fn a_postgres_store_as_commit_a4dc722_wrote_it_is_migrated_and_reads_back() {
-    let pg = common::pg::Pg::start();
+    let pg = Pg::start();
     let url = pg.database("older");
     postgres::Client::connect(&url, postgres::NoTls)
         .expect("connect")
         .batch_execute(common::LEDGER_V2_AT_A4DC722)
         .expect("the older store");
     common::check_the_v2_store_migrates(&url);
+}
+
+/// Budget readings (what the control service publishes) and the report's
+/// budget lines are the same from a real PostgreSQL as from SQLite for the
+/// same events (`common::budget_events`): the stores sum the spend, so
+/// the two engines' SQL must agree to the nano-dollar.
+#[test]
+fn budget_readings_are_the_same_in_sqlite_and_postgres() {
+    let pg = Pg::start();
+    let (_dir, sqlite) = common::sqlite_url();
+    let mut a = common::budget_ledger(&sqlite);
+    let mut b = common::budget_ledger(&pg.database("budgets"));
+    let setup = ace_flow::Setup::parse_for_pricing(&common::budget_config()).expect("config");
+    let budgets = &setup.config.budgets;
+    // As of the last event, a day later (acme's day is over), and a month
+    // later (so is the lab group's month).
+    let last = u64::try_from(common::BUDGET_DAY).expect("day") + 6000;
+    for now in [last, last + 86_400_000, last + 31 * 86_400_000] {
+        let ra = ace_ledger::budget::readings(a.store.as_mut(), budgets, now).expect("sqlite");
+        let rb = ace_ledger::budget::readings(b.store.as_mut(), budgets, now).expect("postgres");
+        assert_eq!(ra, rb, "as of {now}");
+    }
+    let got = ace_ledger::budget::readings(b.store.as_mut(), budgets, last).expect("postgres");
+    let spent: Vec<(&str, f64, &str)> = got
+        .iter()
+        .map(|r| (r.name.as_str(), r.spent_usd, r.state.as_str()))
+        .collect();
+    assert_eq!(
+        spent,
+        [("acme-day", 0.006015, "soft"), ("labs", 0.018, "ok")]
+    );
+    let rules = Rules::default();
+    let (ra, rb) = (a.report(&rules).expect("r"), b.report(&rules).expect("r"));
+    assert_eq!(ra.budgets.len(), 5);
+    assert_eq!(ra, rb);
+    assert_eq!(ra.table(), rb.table());
 }

@@ -22,6 +22,7 @@
 mod postgres;
 mod sqlite;
 
+use crate::money::Nano;
 use crate::row::{Row, COLUMNS};
 use anyhow::{bail, Context};
 
@@ -88,6 +89,18 @@ pub trait Store: Send {
     }
     /// Every row, by time then event id.
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()>;
+    /// Booked cost (`booked_nano`) per tenant of `tenants` over the rows
+    /// at or after `since_ms`, by tenant; a tenant with no such row is
+    /// left out. Summed by the store ([`spend_sql`]), since a budget
+    /// reading wants one figure per tenant, not every row.
+    ///
+    /// Every booked row counts, served or not, and so does a row booked
+    /// apart as an event id conflict ([`crate::row::CONFLICT_FLAG`]): the
+    /// report counts it in its tenant's booked cost as a booking of its
+    /// own, and a budget must see the same spend the report shows.
+    /// Tenants are matched as the store holds them
+    /// ([`crate::event::storable`]) and bound as parameters.
+    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, Nano)>>;
 }
 
 /// Open the store at `url`: `postgres://...` (or `postgresql://...`), or a
@@ -245,6 +258,60 @@ pub fn scan_sql() -> String {
         "SELECT {} FROM ace_events ORDER BY time_ms, event_id",
         names.join(", ")
     )
+}
+
+/// The most tenants one [`spend_sql`] statement binds: a budget's group
+/// may be long, and SQLite and PostgreSQL cap a statement's parameters
+/// (32,766 and 65,535), so longer lists are asked in parts.
+pub const SPEND_TENANTS_PER_QUERY: usize = 1000;
+
+/// `SELECT` of the booked cost per tenant since `$1` (ms) for the `n`
+/// tenants `$2` .. `$n+1`, by tenant.
+///
+/// The sum is taken in two parts, whole dollars (`booked_nano /
+/// 1000000000`) and the nano-dollars left (`booked_nano % 1000000000`), and
+/// put together by [`spend_total`] with saturation, so no store content
+/// overflows it: a single `SUM(booked_nano)` overflows SQLite's 64-bit
+/// integer (an error) past 9.2e9 USD, which a hostile log could write.
+/// Each part is cast to `BIGINT` since PostgreSQL sums a `BIGINT` as a
+/// `NUMERIC`.
+pub fn spend_sql(n: usize) -> String {
+    let marks: Vec<String> = (2..n + 2).map(|i| format!("${i}")).collect();
+    format!(
+        "SELECT tenant, CAST(SUM(booked_nano / 1000000000) AS BIGINT), \
+         CAST(SUM(booked_nano % 1000000000) AS BIGINT) FROM ace_events \
+         WHERE time_ms >= $1 AND tenant IN ({}) GROUP BY tenant ORDER BY tenant",
+        marks.join(", ")
+    )
+}
+
+/// The total of a [`spend_sql`] row's two parts, nano-dollars, saturated.
+pub fn spend_total(whole_usd: i64, nano: i64) -> Nano {
+    whole_usd.saturating_mul(1_000_000_000).saturating_add(nano)
+}
+
+/// `since_ms` as the stores' `time_ms` (a time past `i64::MAX` matches no
+/// row either way).
+pub fn spend_since(since_ms: u64) -> i64 {
+    i64::try_from(since_ms).unwrap_or(i64::MAX)
+}
+
+/// `tenants` as the stores hold them ([`crate::event::storable`]), each
+/// once, in parts of at most [`SPEND_TENANTS_PER_QUERY`].
+pub fn spend_parts(tenants: &[&str]) -> Vec<Vec<String>> {
+    let mut held: Vec<String> = tenants
+        .iter()
+        .map(|t| {
+            let mut t = (*t).to_string();
+            crate::event::storable(&mut t);
+            t
+        })
+        .collect();
+    held.sort_unstable();
+    held.dedup();
+    held.chunks(SPEND_TENANTS_PER_QUERY)
+        .map(<[String]>::to_vec)
+        .collect()
 }
 
 /// The statements shared by both engines for configurations and rejects.

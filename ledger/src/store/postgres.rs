@@ -4,6 +4,7 @@
 //! held in memory.
 
 use super::{at, Reject, Store};
+use crate::money::Nano;
 use crate::row::{Cols, Row, Val};
 use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use postgres::{Client, NoTls};
@@ -209,6 +210,27 @@ impl Store for Postgres {
 
     fn migrated(&self) -> &[String] {
         &self.migrated
+    }
+
+    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, Nano)>> {
+        let since = super::spend_since(since_ms);
+        let mut out = Vec::new();
+        for part in super::spend_parts(tenants) {
+            let sql = super::spend_sql(part.len());
+            let what = "cannot sum the tenants' booked cost";
+            let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(part.len() + 1);
+            params.push(&since);
+            params.extend(part.iter().map(|t| t as &(dyn ToSql + Sync)));
+            let rows = at(self.client.query(&sql, &params), what, &self.url)?;
+            let read = |r: &postgres::Row| -> Result<(String, i64, i64), postgres::Error> {
+                Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+            };
+            for r in &rows {
+                let (tenant, whole, nano) = at(read(r), what, &self.url)?;
+                out.push((tenant, super::spend_total(whole, nano)));
+            }
+        }
+        Ok(out)
     }
 
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {

@@ -3,6 +3,7 @@
 //! transaction per batch, make ingest fast.
 
 use super::{at, Reject, Store};
+use crate::money::Nano;
 use crate::row::{Cols, Row, Val};
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{Connection, OptionalExtension, ToSql};
@@ -206,6 +207,31 @@ impl Store for Sqlite {
 
     fn migrated(&self) -> &[String] {
         &self.migrated
+    }
+
+    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, Nano)>> {
+        let url = self.url.clone();
+        let since = super::spend_since(since_ms);
+        let mut out = Vec::new();
+        for part in super::spend_parts(tenants) {
+            let sql = super::spend_sql(part.len());
+            let what = "cannot sum the tenants' booked cost";
+            let mut st = at(self.conn.prepare_cached(&sql), what, &url)?;
+            let params = std::iter::once(SqlValue::Integer(since))
+                .chain(part.into_iter().map(SqlValue::Text));
+            let rows = st.query_map(rusqlite::params_from_iter(params), |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            });
+            for r in at(rows, what, &url)? {
+                let (tenant, whole, nano) = at(r, what, &url)?;
+                out.push((tenant, super::spend_total(whole, nano)));
+            }
+        }
+        Ok(out)
     }
 
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {

@@ -1,8 +1,7 @@
-//! Shared by the ledger's integration tests: the golden fleet and a real
-//! PostgreSQL started for the test.
+//! Shared by the ledger's integration tests: the golden fleet, its events
+//! and stores as earlier releases wrote them. (A real PostgreSQL for a
+//! test is `ace_harness::pg::Pg`.)
 #![allow(dead_code)]
-
-pub mod pg;
 
 use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use ace_ledger::book::Ledger;
@@ -13,8 +12,16 @@ use base64::Engine;
 /// feasibility tables (model `big` may not use `payg-a`; `small` may use
 /// everything).
 pub fn golden_config() -> Vec<u8> {
+    config_with(&[])
+}
+
+/// The golden configuration, its tables also reading a `tenant`
+/// attribute when `tenants` (in byte order, as the tables hold values)
+/// names any: every destination permitted to each, none to a tenant not
+/// named.
+fn config_with(tenants: &[&str]) -> Vec<u8> {
     let names = ["owned", "reserved", "spot", "payg-a", "payg-b"];
-    let spec = TableSpec {
+    let mut spec = TableSpec {
         destinations: names
             .iter()
             .map(|n| DestinationSpec {
@@ -32,6 +39,19 @@ pub fn golden_config() -> Vec<u8> {
             rows: vec![0, 0b10111, 0b11111],
         }],
     };
+    if !tenants.is_empty() {
+        spec.attributes.push(AttributeSpec {
+            name: "tenant".into(),
+            values: tenants.iter().map(|t| (*t).to_string()).collect(),
+        });
+        spec.factors.push(FactorSpec {
+            kind: FactorKind::Permit,
+            attributes: vec![1],
+            rows: std::iter::once(0)
+                .chain(tenants.iter().map(|_| 0b11111))
+                .collect(),
+        });
+    }
     let b64 = base64::engine::general_purpose::STANDARD.encode(encode(&spec).expect("tables"));
     include_str!("../golden/config.json")
         .replace("@TABLES@", &b64)
@@ -173,6 +193,8 @@ pub fn check_the_v2_store_migrates(url: &str) {
             "ALTER TABLE ace_events ADD COLUMN live_usd_per_input_token BIGINT",
             "ALTER TABLE ace_events ADD COLUMN live_usd_per_output_token BIGINT",
             "ALTER TABLE ace_events ADD COLUMN live_usd_per_hour BIGINT",
+            "ALTER TABLE ace_events ADD COLUMN budget TEXT",
+            "ALTER TABLE ace_events ADD COLUMN budget_state TEXT",
             "UPDATE ace_meta SET value = 'ace.ledger/3' WHERE key = 'schema'",
         ]
     );
@@ -182,8 +204,8 @@ pub fn check_the_v2_store_migrates(url: &str) {
         store
             .get(&old.event_id)
             .expect("get")
-            .map(|r| r.upstream_ms),
-        Some(None)
+            .map(|r| (r.upstream_ms, r.budget, r.budget_state)),
+        Some((None, None, None))
     );
     let rejects = store.rejects().expect("rejects");
     assert_eq!((rejects.len(), rejects[0].line), (1, 7));
@@ -204,4 +226,162 @@ pub fn check_the_v2_store_migrates(url: &str) {
         ledger.store.migrated().is_empty(),
         "migrated once, current since"
     );
+}
+
+/// The first millisecond of 2026-12-04 (UTC), the budget fixture's day.
+pub const BUDGET_DAY: i64 = 1_796_342_400_000;
+/// The first millisecond of December 2026 (UTC), its month.
+pub const BUDGET_MONTH: i64 = 1_796_083_200_000;
+
+/// The golden configuration, its tables reading the tenants `acme`,
+/// `lab-1`, `lab-2` and `globex`, with three tenant budgets: acme's day
+/// budget of $0.01 (soft at half), a month budget of $1 for the group
+/// `lab-1`, `lab-2`, and a token limit for acme.
+pub fn budget_config() -> Vec<u8> {
+    let budgets = r#""budgets": [
+    {"name": "acme-day", "tenants": ["acme"], "usd": 0.01, "soft_at": 0.5},
+    {"name": "labs", "tenants": ["lab-1", "lab-2"], "usd": 1, "period": "month"},
+    {"name": "acme-tpm", "tenants": ["acme"], "tokens_per_minute": 1000}
+  ],
+  "tables_base64""#;
+    let text = String::from_utf8(config_with(&["acme", "globex", "lab-1", "lab-2"])).expect("utf8");
+    assert!(text.contains("\"tables_base64\""), "the fixture changed");
+    text.replacen("\"tables_base64\"", budgets, 1).into_bytes()
+}
+
+/// One event of the budget fixture, model `small`: served by `dest`
+/// (`payg-a` or `owned`) for `tin` and `tout` tokens, or refused (429)
+/// when `dest` is none; naming `budget` in `state`.
+fn budget_event(
+    id: &str,
+    n: u32,
+    tenant: &str,
+    time_ms: i64,
+    dest: Option<&str>,
+    (tin, tout): (u32, u32),
+    budget: Option<(&str, &str)>,
+) -> String {
+    let payg = f64::from(tin) * 2e-6 + f64::from(tout) * 8e-6;
+    let (dest, tier, status, marginal, cf, warm) = match dest {
+        Some("owned") => (
+            "\"owned\"",
+            "\"inhouse\"",
+            200,
+            f64::from(tin + tout) * 1e-8,
+            payg.to_string(),
+            "true",
+        ),
+        Some(_) => (
+            "\"payg-a\"",
+            "\"payg\"",
+            200,
+            payg,
+            payg.to_string(),
+            "true",
+        ),
+        None => ("null", "null", 429, 0.0, "null".to_string(), "null"),
+    };
+    let (name, state, reason) = match budget {
+        Some((b, s)) => (
+            serde_json::to_string(b).expect("name"),
+            format!("\"{s}\""),
+            if status == 429 {
+                format!("budget_{s}")
+            } else {
+                "cheapest".into()
+            },
+        ),
+        None => ("null".into(), "null".into(), "cheapest".into()),
+    };
+    format!(
+        r#"{{"schema":"ace.event/2","event_id":"{n:032x}","config":"{id}","request_id":null,"time_ms":{time_ms},"tenant":"{tenant}","data_class":"public","latency_class":null,"model_requested":"small","model_served":"small","destination":{dest},"tier":{tier},"tokens_in":{tin},"tokens_out":{tout},"tokens_estimated":false,"status":{status},"latency_ms":100,"slo_ms":null,"slo_met":null,"marginal_usd":{marginal},"counterfactual_usd":{cf},"reason":"{reason}","warm":{warm},"overage":false,"usage_capped":false,"cached":false,"budget":{name},"budget_state":{state}}}"#
+    )
+}
+
+/// The budget fixture's events under configuration `id`: spend before
+/// and at each period's start, each way a budget limits a request, a
+/// budget no configuration defines, and one whose name would drive a
+/// terminal.
+pub fn budget_events(id: &str) -> Vec<u8> {
+    let (day, month) = (BUDGET_DAY, BUDGET_MONTH);
+    let e =
+        |n, tenant, t, dest, tokens, budget| budget_event(id, n, tenant, t, dest, tokens, budget);
+    let lines = [
+        // acme: yesterday (not in today's spend), then from today's first
+        // millisecond: payg-a 1000 × 2e-6 + 500 × 8e-6 = 6_000_000 nano.
+        e(1, "acme", day - 1, Some("payg-a"), (1000, 500), None),
+        e(2, "acme", day, Some("payg-a"), (1000, 500), None),
+        // Soft: served on the owned pool, 1500 × 1e-8 = 15_000; then
+        // refused while soft, refused exhausted, over its tokens.
+        e(
+            3,
+            "acme",
+            day + 1000,
+            Some("owned"),
+            (1000, 500),
+            Some(("acme-day", "soft")),
+        ),
+        e(
+            4,
+            "acme",
+            day + 2000,
+            None,
+            (1000, 0),
+            Some(("acme-day", "soft")),
+        ),
+        e(
+            5,
+            "acme",
+            day + 3000,
+            None,
+            (1000, 0),
+            Some(("acme-day", "exhausted")),
+        ),
+        e(
+            6,
+            "acme",
+            day + 4000,
+            None,
+            (1000, 0),
+            Some(("acme-tpm", "tokens_per_minute")),
+        ),
+        // The lab group: last month (not counted), this month's first
+        // millisecond (6_000_000), today 2000 × 2e-6 + 1000 × 8e-6 =
+        // 12_000_000.
+        e(7, "lab-1", month - 1, Some("payg-a"), (1000, 500), None),
+        e(8, "lab-1", month, Some("payg-a"), (1000, 500), None),
+        e(9, "lab-2", day + 5000, Some("payg-a"), (2000, 1000), None),
+        // Named by events only.
+        e(
+            10,
+            "globex",
+            day + 6000,
+            None,
+            (1000, 0),
+            Some(("gone", "exhausted")),
+        ),
+        e(
+            11,
+            "globex",
+            day + 6000,
+            None,
+            (1000, 0),
+            Some(("evil\u{1b}[31m<b>", "exhausted")),
+        ),
+    ];
+    (lines.join("\n") + "\n").into_bytes()
+}
+
+/// A ledger at `url` with [`budget_config`] registered and
+/// [`budget_events`] ingested.
+pub fn budget_ledger(url: &str) -> Ledger {
+    let mut ledger = Ledger::open(url).expect("open");
+    let id = ledger
+        .register(&budget_config(), "budget config")
+        .expect("register");
+    let s = ledger
+        .ingest_bytes("budgets.ndjson", &budget_events(&id), &Options::default())
+        .expect("ingest");
+    assert_eq!((s.new, s.rejected.len()), (11, 0), "{:?}", s.rejected);
+    ledger
 }

@@ -88,6 +88,14 @@ pub struct ServeArgs {
     /// idle between requests (above the filters' poll interval).
     #[arg(long, default_value = "30s", value_parser = duration)]
     idle_timeout: Duration,
+    /// The ledger's store (a SQLite file or a postgres:// URL, as `ace
+    /// ledger ingest --store`): read each tenant budget's spend from it
+    /// and publish the readings.
+    #[arg(long, env = "ACE_LEDGER_STORE", value_name = "URL")]
+    ledger_store: Option<String>,
+    /// How often the ledger's store is read (default: the interval).
+    #[arg(long, value_parser = duration, requires = "ledger_store")]
+    ledger_interval: Option<Duration>,
 }
 
 /// Arguments of `ace control snapshot`.
@@ -173,6 +181,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             idle_timeout: a.idle_timeout,
             ..Default::default()
         },
+        ledger_store: a.ledger_store,
+        ledger_interval: a.ledger_interval,
         ..Config::new(a.manifest)
     };
     ace_control::run(config, shutdown()).await?;
@@ -224,10 +234,11 @@ fn time(ms: u64) -> String {
 
 fn print_human(s: &Snapshot, etag: &str) {
     outln!(
-        "snapshot version {} generated {} ({} destinations, ETag {etag})",
+        "snapshot version {} generated {} ({} destinations, {} budgets, ETag {etag})",
         s.version,
         time(s.generated_ms),
-        s.reports.len()
+        s.reports.len(),
+        s.budgets.len()
     );
     for r in &s.reports {
         let mut parts = Vec::new();
@@ -268,5 +279,18 @@ fn print_human(s: &Snapshot, etag: &str) {
             parts.push(format!("warm [{}]", w.join(", ")));
         }
         outln!("  {}: {}", r.name, parts.join("; "));
+    }
+    for b in &s.budgets {
+        let resets = match b.resets_ms {
+            0 => "rolling window".to_string(),
+            ms => format!("resets {}", time(ms)),
+        };
+        outln!(
+            "  budget {}: {} (${:.2} spent; read {}; {resets})",
+            b.name,
+            b.state.as_str(),
+            b.spent_usd,
+            time(b.read_ms)
+        );
     }
 }

@@ -226,7 +226,16 @@ pub struct Budgets {
     pub list: Vec<Budget>,
     /// Per tenant, the indices of its budgets, sorted by tenant.
     by_tenant: Vec<(String, Vec<u16>)>,
+    /// How far the books trail a proxy, ms (`budget_books_lag_ms`): a
+    /// proxy counts its own spend on top of a reading for this long
+    /// before the reading's time.
+    pub lag_ms: u64,
 }
+
+/// The default of `budget_books_lag_ms`: Envoy's access-log flush (1 s),
+/// `ace ledger ingest --follow`'s poll and commit, the control service's
+/// read, with room to spare.
+pub const DEFAULT_LAG_MS: u64 = 5_000;
 
 impl Budgets {
     /// The budgets that count tenant `tenant`'s spend (none: empty).
@@ -314,13 +323,13 @@ impl Budgets {
                     (None | Some("day"), None) => Period::Day,
                     (Some("week"), None) => Period::Week,
                     (Some("month"), None) => Period::Month,
-                    (Some("rolling"), Some(s)) if (60..=31 * 86_400).contains(&s) => {
+                    (Some("rolling"), Some(s)) if (5..=31 * 86_400).contains(&s) => {
                         Period::Rolling { ms: s * 1000 }
                     }
                     (Some("rolling"), Some(_)) => {
                         return Err(err(
                             at("window_s"),
-                            "must be from 60 (a minute) to 2678400 (31 days)",
+                            "must be from 5 to 2678400 (31 days) seconds",
                         ))
                     }
                     (Some("rolling"), None) => {
@@ -413,7 +422,11 @@ impl Budgets {
             });
         }
         by_tenant.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(Budgets { list, by_tenant })
+        Ok(Budgets {
+            list,
+            by_tenant,
+            lag_ms: DEFAULT_LAG_MS,
+        })
     }
 }
 

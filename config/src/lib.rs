@@ -754,6 +754,11 @@ pub struct PluginConfig {
     /// Tenant budgets ([`BudgetSettings`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<BudgetSettings>,
+    /// How far the ledger's books trail this proxy, ms (default 5,000):
+    /// a proxy counts its own spend on top of a budget's reading for this
+    /// long before the reading was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_books_lag_ms: Option<u64>,
 }
 
 /// Polling the control service, as configured (see [`Control`]).
@@ -1255,7 +1260,16 @@ impl Config {
                 ));
             }
         }
-        let budgets = Budgets::validate(&raw.budgets)?;
+        let mut budgets = Budgets::validate(&raw.budgets)?;
+        if let Some(lag) = raw.budget_books_lag_ms {
+            if lag > 3_600_000 {
+                return Err(err(
+                    "budget_books_lag_ms",
+                    "must be at most 3600000 (an hour): ingest the access log more often",
+                ));
+            }
+            budgets.lag_ms = lag;
+        }
         if !budgets.list.is_empty() && !pricing {
             check_budget_tenants(&budgets, policy.as_ref())?;
         }
@@ -1298,7 +1312,7 @@ fn check_budget_tenants(budgets: &Budgets, policy: Option<&Policy>) -> Result<()
     let no_tenant = || {
         err(
             "budgets",
-            "are set but the policy tables read no `tenant` attribute, so no request has a              tenant to count: compile policies that decide on `tenant`",
+            "are set but the policy tables read no `tenant` attribute, so no request has a tenant to count: compile policies that decide on `tenant`",
         )
     };
     let policy = policy.ok_or_else(no_tenant)?;
@@ -1311,7 +1325,8 @@ fn check_budget_tenants(budgets: &Budgets, policy: Option<&Policy>) -> Result<()
                 return Err(err(
                     format!("budgets[{i}].tenants[{j}]"),
                     format!(
-                        "`{name}` is not a tenant the policy tables know (they would read it as                          any unknown tenant); name it in a policy, or drop it"
+                        "`{name}` is not a tenant the policy tables know (they would read it as any \
+                         unknown tenant); name it in the manifest's [[tenants]], or drop it"
                     ),
                 ));
             }

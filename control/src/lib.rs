@@ -6,7 +6,9 @@
 //! ([`load`]), resident models and adapters ([`models`]), per-token and
 //! GPU-hour prices ([`prices`]), spot eviction notices ([`eviction`], and
 //! pushed ones on `POST /v1/notice`) and owned capacity from the
-//! planner's rolling horizon ([`plan`]). It serves what it knows as an
+//! planner's rolling horizon ([`plan`]); with `--ledger-store`, it also
+//! reads each tenant budget's spend from the ledger (`budgets`). It
+//! serves what it knows as an
 //! [`ace_snapshot`] on `GET /v1/snapshot`, with an ETag so that an
 //! unchanged snapshot costs a 304; `control/README.md` is the operator's
 //! guide.
@@ -30,6 +32,7 @@ macro_rules! fixture {
     };
 }
 
+mod budgets;
 pub mod eviction;
 pub mod listen;
 pub mod load;
@@ -182,6 +185,11 @@ pub struct Config {
     pub plan: Option<PlanSource>,
     /// The bounds of the server's connections.
     pub limits: listen::Limits,
+    /// The ledger's store (a SQLite file or a `postgres://` URL) that
+    /// tenant budgets' spend is read from; none: no budget readings.
+    pub ledger_store: Option<String>,
+    /// How often the store is read (default: the interval).
+    pub ledger_interval: Option<Duration>,
 }
 
 impl Config {
@@ -200,6 +208,8 @@ impl Config {
             gpu_prices: None,
             plan: None,
             limits: listen::Limits::default(),
+            ledger_store: None,
+            ledger_interval: None,
         }
     }
 }
@@ -395,9 +405,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// The destinations of the manifest at `path`, resolved for polling.
-fn destinations(path: &std::path::Path) -> Result<Vec<Dest>, Error> {
+/// The destinations of the manifest at `path`, resolved for polling, and
+/// its tenant budgets.
+fn destinations(path: &std::path::Path) -> Result<(Vec<Dest>, ace_config::Budgets), Error> {
     let m = ace_policy::manifest::load(path).map_err(|e| Error::new(e.to_string()))?;
+    // The loader validated them, naming the line; this only builds them.
+    let budgets = ace_config::Budgets::validate(&m.budgets())
+        .map_err(|e| Error::new(format!("{}: `{}` {}", path.display(), e.field, e.message)))?;
     let resolved = m.resolved();
     let mut out = Vec::with_capacity(resolved.len());
     for (r, d) in resolved.into_iter().zip(&m.manifest.destinations) {
@@ -427,7 +441,7 @@ fn destinations(path: &std::path::Path) -> Result<Vec<Dest>, Error> {
             kv_token_budget: c.kv_token_budget,
         });
     }
-    Ok(out)
+    Ok((out, budgets))
 }
 
 /// Loads the manifest and inputs, binds, spawns the pollers and the
@@ -435,11 +449,38 @@ fn destinations(path: &std::path::Path) -> Result<Vec<Dest>, Error> {
 /// refuses to start); inputs that go bad later are logged and the last
 /// good ones kept.
 pub async fn start(config: Config) -> Result<Running, Error> {
-    let dests = destinations(&config.manifest)?;
+    let (dests, budgets) = destinations(&config.manifest)?;
     let interval = config.interval;
     if interval.is_zero() {
         return Err(Error::new("--interval must be above 0"));
     }
+    let ledger_interval = config.ledger_interval.unwrap_or(interval);
+    if ledger_interval.is_zero() {
+        return Err(Error::new("--ledger-interval must be above 0"));
+    }
+    // Budgets with an amount have a spend to read; a token limit alone is
+    // the filters' own.
+    let spend_budgets = budgets.list.iter().filter(|b| b.usd.is_some()).count();
+    let reader = match (&config.ledger_store, spend_budgets) {
+        (Some(url), 0) => {
+            let r = budgets::Reader::new(url)?;
+            log(&format!(
+                "--ledger-store {}: the manifest has no budget with `usd`, so the store is not \
+                 read",
+                r.shown
+            ));
+            None
+        }
+        (Some(url), _) => Some(budgets::Reader::new(url)?),
+        (None, 0) => None,
+        (None, n) => {
+            log(&format!(
+                "the manifest has {n} budgets with `usd` but no --ledger-store is given: no \
+                 budget readings are published, so each filter counts only its own spend"
+            ));
+            None
+        }
+    };
     let timeout = config.timeout.unwrap_or(interval);
     let stale_after = config.stale_after.unwrap_or(interval * 3);
     if let Some(t) = &config.token {
@@ -457,6 +498,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .plan
             .as_ref()
             .map(|p| (p.start_ms, (p.step.as_millis() as u64).max(1))),
+        ledger: reader.as_ref().map(|r| r.shown.clone()),
     };
     let client = http_client(timeout)?;
     // Model-server API keys: read now (an unreadable or empty file refuses
@@ -628,6 +670,37 @@ pub async fn start(config: Config) -> Result<Running, Error> {
                         })
                     });
                 }
+            }
+        });
+    }
+    if let Some(reader) = reader {
+        let svc = svc.clone();
+        let budgets = Arc::new(budgets);
+        let mut tick = tokio::time::interval(ledger_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tasks.spawn(async move {
+            let (shown, base) = (reader.shown.clone(), reader.fresh());
+            let mut reader = Some(reader);
+            loop {
+                tick.tick().await;
+                let mut r = reader.take().unwrap_or_else(|| base.fresh());
+                let (b, after) = (budgets.clone(), svc.budgets_read_ms());
+                let now = state::now_ms();
+                let done = tokio::task::spawn_blocking(move || {
+                    let got = r.read(&b, now, after);
+                    (r, got)
+                })
+                .await;
+                let got = match done {
+                    Ok((r, got)) => {
+                        reader = Some(r);
+                        got
+                    }
+                    // The read panicked: its connection is gone with it,
+                    // and the next tick opens a new one.
+                    Err(e) => Err(format!("the read failed: {e}")),
+                };
+                svc.set_budgets(got, &shown);
             }
         });
     }

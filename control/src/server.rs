@@ -284,6 +284,9 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
         );
     }
     let _ = writeln!(o, "# HELP ace_control_accept_errors_total Failed accepts (e.g. out of file descriptors).\n# TYPE ace_control_accept_errors_total counter\nace_control_accept_errors_total {}", k.accept_errors.load(Ordering::Relaxed));
+    if svc.settings.ledger.is_some() {
+        budget_metrics(&mut o, &svc, &p.snapshot.budgets, now);
+    }
     let _ = writeln!(o, "# HELP ace_control_source_errors_total Failed attempts per source.\n# TYPE ace_control_source_errors_total counter");
     let errors = c
         .source_errors
@@ -297,6 +300,46 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
         );
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}
+
+/// The budget readings' part of `/metrics` (with `--ledger-store`).
+fn budget_metrics(o: &mut String, svc: &Service, budgets: &[ace_snapshot::Budget], now: u64) {
+    let c = &svc.counters;
+    let _ = writeln!(o, "# HELP ace_control_ledger_up 1 when the last read of the ledger's store succeeded.\n# TYPE ace_control_ledger_up gauge\nace_control_ledger_up {}", u8::from(c.ledger_up.load(Ordering::Relaxed)));
+    let _ = writeln!(o, "# HELP ace_control_ledger_reads_total Reads of the ledger's store for budget spend, by result.\n# TYPE ace_control_ledger_reads_total counter");
+    for (result, n) in [
+        ("ok", &c.ledger_reads_ok),
+        ("error", &c.ledger_reads_failed),
+    ] {
+        let _ = writeln!(
+            o,
+            "ace_control_ledger_reads_total{{result=\"{result}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    // Absent until the first good read; growing while the store is down,
+    // since the readings published then are the last good ones.
+    if let Some(read) = budgets.iter().map(|b| b.read_ms).max() {
+        let _ = writeln!(o, "# HELP ace_control_budget_reading_age_seconds Age of the budget readings published (the last good read of the store).\n# TYPE ace_control_budget_reading_age_seconds gauge\nace_control_budget_reading_age_seconds {:.3}", now.saturating_sub(read) as f64 / 1000.0);
+    }
+    let _ = writeln!(o, "# HELP ace_control_budget_spent_usd Booked spend of each budget in its period, as published.\n# TYPE ace_control_budget_spent_usd gauge");
+    for b in budgets {
+        let _ = writeln!(
+            o,
+            "ace_control_budget_spent_usd{{budget=\"{}\"}} {}",
+            label(&b.name),
+            b.spent_usd
+        );
+    }
+    let _ = writeln!(o, "# HELP ace_control_budget_state Each budget's state as published: 0 ok, 1 soft, 2 exhausted.\n# TYPE ace_control_budget_state gauge");
+    for b in budgets {
+        let _ = writeln!(
+            o,
+            "ace_control_budget_state{{budget=\"{}\"}} {}",
+            label(&b.name),
+            b.state as u8
+        );
+    }
 }
 
 async fn healthz(State(svc): State<Arc<Service>>) -> String {

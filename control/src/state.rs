@@ -10,6 +10,10 @@
 //! that has seen version `v` from an earlier run of the service never
 //! mistakes a new snapshot for one it has already applied.
 //!
+//! Budget readings ([`crate::budgets`]) are published as the last good
+//! read left them; each good read carries a new `read_ms`, so it is a new
+//! version once per read.
+//!
 //! Drains: an eviction notice for time `T` drains the destination until
 //! `T + --eviction-hold` (default one hour). The instance is gone after
 //! `T`, and its metadata service with it, so the poll fails from then on;
@@ -23,11 +27,11 @@ use crate::plan::{self, Plan};
 use crate::prices::{GpuPrices, TokenPrices};
 use crate::{models, Error};
 use ace_snapshot::{
-    Drain, DrainReason, Load, Price, Report, Snapshot, MAX_SLOTS, MAX_USD_PER_HOUR,
+    Budget, Drain, DrainReason, Load, Price, Report, Snapshot, MAX_SLOTS, MAX_USD_PER_HOUR,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
@@ -81,6 +85,9 @@ pub(crate) struct Inputs {
     pub token_prices: Option<TokenPrices>,
     pub gpu_prices: Option<GpuPrices>,
     pub plan: Option<Plan>,
+    /// The last good budget readings from the ledger's store (none before
+    /// the first good read).
+    pub budgets: Option<Vec<Budget>>,
 }
 
 /// A snapshot as served.
@@ -102,6 +109,11 @@ pub(crate) struct Counters {
     pub publish_failures: AtomicU64,
     pub scrape_failures: Vec<AtomicU64>,
     pub source_errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Reads of the ledger's store that succeeded, and that failed.
+    pub ledger_reads_ok: AtomicU64,
+    pub ledger_reads_failed: AtomicU64,
+    /// Whether the last read of the ledger's store succeeded.
+    pub ledger_up: AtomicBool,
 }
 
 /// Service-wide settings, resolved.
@@ -112,6 +124,8 @@ pub(crate) struct Settings {
     pub token: Option<String>,
     /// (start, step length), Unix ms and ms.
     pub plan_clock: Option<(u64, u64)>,
+    /// The ledger's store as logs show it, when budgets are read from it.
+    pub ledger: Option<String>,
 }
 
 /// The running service's shared state.
@@ -393,6 +407,41 @@ impl Service {
         self.wake.notify_one();
     }
 
+    /// Takes the outcome of one read of the ledger's store: good readings
+    /// replace the published ones (and wake the publisher); a failure
+    /// keeps the last good ones as they were, so no limit is lifted and
+    /// every filter keeps counting its own spend on top.
+    pub fn set_budgets(&self, got: Result<Vec<Budget>, String>, store: &str) {
+        let c = &self.counters;
+        match got {
+            Ok(v) => {
+                self.inputs().budgets = Some(v);
+                c.ledger_reads_ok.fetch_add(1, Ordering::Relaxed);
+                c.ledger_up.store(true, Ordering::Relaxed);
+                self.note("ledger", store, Ok(()));
+                self.wake.notify_one();
+            }
+            Err(e) => {
+                c.ledger_reads_failed.fetch_add(1, Ordering::Relaxed);
+                c.ledger_up.store(false, Ordering::Relaxed);
+                let kept = match &self.inputs().budgets {
+                    Some(_) => "the last good budget readings stay published",
+                    None => "no budget readings are published until a read succeeds",
+                };
+                self.note("ledger", store, Err(&format!("{e}; {kept}")));
+            }
+        }
+    }
+
+    /// The `read_ms` of the last good budget readings (0: none yet).
+    pub fn budgets_read_ms(&self) -> u64 {
+        self.inputs()
+            .budgets
+            .as_ref()
+            .and_then(|v| v.iter().map(|b| b.read_ms).max())
+            .unwrap_or(0)
+    }
+
     /// The reports the sources give at `now`.
     pub fn build(&self, now: u64) -> Vec<Report> {
         let s = &self.settings;
@@ -518,7 +567,8 @@ impl Service {
     pub fn publish(&self, now: u64) -> Result<(), String> {
         let _one = lock(&self.publishing);
         let mut reports = self.build(now);
-        let fitted = fit(&mut reports);
+        let budgets = self.inputs().budgets.clone().unwrap_or_default();
+        let fitted = fit(&mut reports, &budgets);
         for (cut, r) in fitted.cut.iter().zip(&reports) {
             let key = format!("destination `{}` warm list", r.name);
             let r = match cut {
@@ -549,14 +599,17 @@ impl Service {
             size.as_ref().map(|_| ()).map_err(String::as_str),
         );
         let current = self.current();
-        if current.snapshot.version != 0 && current.snapshot.reports == reports {
+        if current.snapshot.version != 0
+            && current.snapshot.reports == reports
+            && current.snapshot.budgets == budgets
+        {
             return Ok(());
         }
         let snapshot = Snapshot {
             version: (current.snapshot.version + 1).max(now),
             generated_ms: now,
             reports,
-            budgets: Vec::new(),
+            budgets,
         };
         match ace_snapshot::encode(&snapshot) {
             Ok(bytes) => {
@@ -610,8 +663,10 @@ fn warm_bytes(w: &[String]) -> usize {
 /// would pass [`ace_snapshot::MAX_BYTES`], the largest warm lists are left
 /// out (a destination without one falls back to its configured warm
 /// models). Load, staleness, prices, capacity and drains are never left
-/// out: they are a few dozen bytes per destination.
-pub(crate) fn fit(reports: &mut [Report]) -> Fitted {
+/// out: they are a few dozen bytes per destination. Budget readings
+/// (`budgets`, bounded by the configuration's own limits) are never left
+/// out either.
+pub(crate) fn fit(reports: &mut [Report], budgets: &[Budget]) -> Fitted {
     let mut fitted = Fitted {
         cut: vec![None; reports.len()],
         dropped: 0,
@@ -633,7 +688,7 @@ pub(crate) fn fit(reports: &mut [Report]) -> Fitted {
             }
         }
     }
-    let mut size = ace_snapshot::encoded_len(reports, &[]);
+    let mut size = ace_snapshot::encoded_len(reports, budgets);
     if size > ace_snapshot::MAX_BYTES {
         let mut by_size: Vec<(usize, usize)> = reports
             .iter()
@@ -711,7 +766,7 @@ mod tests {
     fn warm_lists_give_way_per_destination_and_in_total() {
         // 200 destinations of 1,024 names of 250 bytes: 52 MB of warm lists.
         let mut reports: Vec<Report> = (0..200).map(|i| report(i, 1024, 250)).collect();
-        let fitted = fit(&mut reports);
+        let fitted = fit(&mut reports, &[]);
         let encoded = ace_snapshot::encode(&Snapshot {
             version: 1,
             generated_ms: 1,
@@ -738,7 +793,7 @@ mod tests {
         }
         // Small lists are left alone.
         let mut small = vec![report(0, 3, 10)];
-        let fitted = fit(&mut small);
+        let fitted = fit(&mut small, &[]);
         assert_eq!((fitted.cut, fitted.dropped), (vec![None], 0));
         assert_eq!(small[0].warm.as_ref().unwrap().len(), 3);
     }

@@ -2,24 +2,25 @@
 //! what a soft one still allows, and the 429 an exhausted one (or a
 //! minute's tokens) gets.
 //!
-//! Three figures make a budget's spend here: the control service's last
+//! Two figures make a budget's spend here: the control service's last
 //! reading of the books ([`Reading`], per budget, from the snapshot), and
-//! what this proxy booked since it ([`Cell`], in memory every worker of
-//! the proxy shares: Envoy's shared data for the Wasm filter, the
-//! module's own for the dynamic module). A reading replaces the one held
-//! only when it was read later; then the spend counted since the old one
-//! moves to a second counter that still counts, because the books lag the
-//! proxy (the access log, the ingest): a cost is counted twice for at most
-//! one reading rather than not at all. A stale snapshot keeps its
-//! readings, so losing the control service or the store never lifts a
-//! limit; each proxy keeps counting on top.
+//! what this proxy booked that the books may not hold yet ([`Cell`]: its
+//! spend in time buckets, in memory every worker of the proxy shares:
+//! Envoy's shared data for the Wasm filter, the module's own for the
+//! dynamic module). The books trail the proxy (the access log's flush,
+//! the ingest, the service's read) by up to `budget_books_lag_ms`, so the
+//! proxy adds what it booked after the reading's time less that lag: a
+//! cost is counted twice for a while rather than not at all. A reading
+//! replaces the one held only when it was read later, and nothing booked
+//! leaves the count until a reading covers it, so losing the control
+//! service or the store never lifts a limit.
 //!
 //! What that leaves past a limit: each proxy stops its own tenants once
 //! the reading plus its own spend reaches the amount, so the overshoot is
-//! what the other proxies book between readings (one interval, plus the
-//! ingest's lag), plus requests admitted in the same instant by two
-//! workers of one proxy (the check and the reservation are separate
-//! updates). A request reserves its estimated cost and tokens when it is
+//! what the other proxies book before a reading carries it (at most the
+//! amount once per other proxy), plus requests admitted in the same
+//! instant by two workers of one proxy (the check and the reservation are
+//! separate updates). A request reserves its estimated cost and tokens when it is
 //! routed and settles them to what it booked when it ends, so requests in
 //! flight count from their start.
 //!
@@ -35,8 +36,12 @@ use ace_config::Config;
 use ace_core::tables::Tables;
 use std::sync::Arc;
 
+/// Buckets of a [`Cell`]: its own spend over the last few spans of the
+/// books' lag.
+pub const BUCKETS: usize = 8;
+
 /// Bytes of one budget's [`Cell`] in shared memory.
-pub const CELL_BYTES: usize = 32;
+pub const CELL_BYTES: usize = 24 + BUCKETS * 12;
 
 /// The control service's reading of one budget, as this proxy holds it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -62,21 +67,28 @@ impl Reading {
     }
 }
 
-/// What this proxy booked against one budget since its reading, shared
-/// by its workers.
+/// What this proxy booked against one budget, by when, shared by its
+/// workers: the spend of the last [`BUCKETS`] spans of time in buckets,
+/// and what left them in one sum with the end of its newest span. A
+/// reading holds the books as of its `read_ms`, and the books trail the
+/// proxy by their lag; so the spend this proxy adds to a reading is every
+/// bucket that ends after `read_ms` less the lag.
+/// Nothing is forgotten until a reading covers it: without a newer
+/// reading, everything booked since the last one's cut stays counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cell {
-    /// The reading `since_nano` counts from (its `read_ms`).
-    pub reading_ms: u64,
-    /// Booked since that reading, nano-USD (reservations included).
-    pub since_nano: i64,
-    /// Booked between the reading before it and that one: the books may
-    /// not hold it yet.
-    pub before_nano: i64,
     /// The minute `tokens` counts (minutes since the epoch).
     pub minute: u32,
     /// Tokens used in that minute (reservations included).
     pub tokens: u32,
+    /// Spend that left the buckets, nano-USD.
+    pub older_nano: i64,
+    /// The span after the newest that left (0: none).
+    pub older_end: u32,
+    /// Per bucket: its span (ms since the epoch over the span's width)
+    /// and the spend booked in it, nano-USD (reservations and their
+    /// corrections).
+    pub buckets: [(u32, i64); BUCKETS],
 }
 
 impl Cell {
@@ -90,43 +102,41 @@ impl Cell {
             let a = b.get(i..i + 4).and_then(|s| <[u8; 4]>::try_from(s).ok());
             u32::from_le_bytes(a.unwrap_or_default())
         };
+        let mut buckets = [(0, 0); BUCKETS];
+        for (k, slot) in buckets.iter_mut().enumerate() {
+            let at = 24 + k * 12;
+            *slot = (u32_at(at), u64_at(at + 4) as i64);
+        }
         Cell {
-            reading_ms: u64_at(0),
-            since_nano: u64_at(8) as i64,
-            before_nano: u64_at(16) as i64,
-            minute: u32_at(24),
-            tokens: u32_at(28),
+            minute: u32_at(0),
+            tokens: u32_at(4),
+            older_nano: u64_at(8) as i64,
+            older_end: u32_at(16),
+            buckets,
         }
     }
 
     /// Its bytes.
     pub fn encode(&self) -> [u8; CELL_BYTES] {
         let mut b = [0u8; CELL_BYTES];
-        b[0..8].copy_from_slice(&self.reading_ms.to_le_bytes());
-        b[8..16].copy_from_slice(&self.since_nano.to_le_bytes());
-        b[16..24].copy_from_slice(&self.before_nano.to_le_bytes());
-        b[24..28].copy_from_slice(&self.minute.to_le_bytes());
-        b[28..32].copy_from_slice(&self.tokens.to_le_bytes());
+        let mut put = |at: usize, bytes: &[u8]| {
+            if let Some(d) = b.get_mut(at..at + bytes.len()) {
+                d.copy_from_slice(bytes);
+            }
+        };
+        put(0, &self.minute.to_le_bytes());
+        put(4, &self.tokens.to_le_bytes());
+        put(8, &self.older_nano.to_le_bytes());
+        put(16, &self.older_end.to_le_bytes());
+        for (k, (span, nano)) in self.buckets.iter().enumerate() {
+            put(24 + k * 12, &span.to_le_bytes());
+            put(24 + k * 12 + 4, &nano.to_le_bytes());
+        }
         b
     }
 
-    /// Brought up to `reading` and the minute of `now_ms`; `period_start`
-    /// is when the reading's period began (0: a rolling window).
-    fn roll(&mut self, reading: &Reading, period_start: u64, now_ms: u64) {
-        if reading.read_ms > self.reading_ms {
-            self.before_nano = if self.reading_ms != 0 && self.reading_ms < period_start {
-                // The reading is of a new period: what was booked before
-                // it belongs to the last one.
-                0
-            } else if self.reading_ms == 0 {
-                // Counted before any reading: the books may lack all of it.
-                self.before_nano.saturating_add(self.since_nano)
-            } else {
-                self.since_nano
-            };
-            self.since_nano = 0;
-            self.reading_ms = reading.read_ms;
-        }
+    /// Brought to the minute of `now_ms`.
+    fn roll(&mut self, now_ms: u64) {
         let minute = minute_of(now_ms);
         if self.minute != minute {
             self.minute = minute;
@@ -134,9 +144,50 @@ impl Cell {
         }
     }
 
-    /// Spend this proxy counts on top of the reading, USD.
-    fn own_usd(&self) -> f64 {
-        self.since_nano.saturating_add(self.before_nano).max(0) as f64 / 1e9
+    /// Count `nano` in the span of `now_ms` (`width_ms` long); the oldest
+    /// bucket makes room, its spend kept in the sum.
+    fn add(&mut self, nano: i64, now_ms: u64, width_ms: u64) {
+        let span = u32::try_from(now_ms / width_ms.max(1)).unwrap_or(u32::MAX);
+        let at = match self.buckets.iter().position(|(s, _)| *s == span) {
+            Some(i) => i,
+            None => {
+                let (i, _) = self
+                    .buckets
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, (s, _))| *s)
+                    .unwrap_or((0, &(0, 0)));
+                if let Some((s, n)) = self.buckets.get(i).copied() {
+                    if n != 0 || s != 0 {
+                        self.older_nano = self.older_nano.saturating_add(n);
+                        self.older_end = self.older_end.max(s.saturating_add(1));
+                    }
+                }
+                i
+            }
+        };
+        if let Some(b) = self.buckets.get_mut(at) {
+            if b.0 != span {
+                *b = (span, 0);
+            }
+            b.1 = b.1.saturating_add(nano);
+        }
+    }
+
+    /// What this proxy booked that the books may lack, USD: every span
+    /// ending after `cut_ms` (a reading's time less the books' lag, or
+    /// the period's start when later).
+    fn own_usd(&self, cut_ms: u64, width_ms: u64) -> f64 {
+        let ends_after = |span: u32| u64::from(span).saturating_add(1) * width_ms > cut_ms;
+        let mut nano = self
+            .buckets
+            .iter()
+            .filter(|(s, n)| *n != 0 && ends_after(*s))
+            .fold(0i64, |a, (_, n)| a.saturating_add(*n));
+        if self.older_end != 0 && u64::from(self.older_end) * width_ms > cut_ms {
+            nano = nano.saturating_add(self.older_nano);
+        }
+        nano.max(0) as f64 / 1e9
     }
 }
 
@@ -165,6 +216,11 @@ pub struct Budgeting {
     soft_mask: Vec<Vec<u64>>,
     /// Per budget, its name (shared with the events).
     pub names: Vec<Arc<str>>,
+    /// How far the books trail this proxy, ms (`budget_books_lag_ms`).
+    lag_ms: u64,
+    /// The width of a cell's buckets, ms: eight of them span twice the
+    /// lag (at least a second each).
+    width_ms: u64,
 }
 
 /// What a tenant's budgets allow a request.
@@ -254,10 +310,13 @@ impl Budgeting {
                 m
             })
             .collect();
+        let lag_ms = cfg.budgets.lag_ms;
         Some(Budgeting {
             by_value,
             soft_mask,
             names: list.iter().map(|b| Arc::from(b.name.as_str())).collect(),
+            lag_ms,
+            width_ms: (lag_ms * 2).div_ceil(BUCKETS as u64).max(1_000),
         })
     }
 
@@ -299,19 +358,20 @@ impl Budgeting {
                 continue;
             };
             let r = cells.reading(b);
-            let period_start = match budget.period {
-                Period::Rolling { .. } => 0,
-                p => p.window(r.read_ms).0,
-            };
+            // Counted on top of the reading: what the books may lack, and
+            // nothing from before the period (a day's, a week's, a
+            // month's start; a rolling window's, now).
+            let start = budget.period.window(now_ms).0;
+            let cut = r.read_ms.saturating_sub(self.lag_ms).max(start);
             let mut cell = Cell::default();
             cells.update(u32::from(b), &mut |bytes| {
                 cell = Cell::decode(bytes);
                 let before = cell;
-                cell.roll(&r, period_start, now_ms);
+                cell.roll(now_ms);
                 *bytes = cell.encode();
                 cell != before
             });
-            let spent = r.spent_usd + cell.own_usd();
+            let spent = r.spent_usd + cell.own_usd(cut, self.width_ms);
             let state = r.state.max(budget.state(spent));
             if state == State::Exhausted {
                 return Err(self.refusal(budget, b, Why::Exhausted, &r, spent, tokens, now_ms));
@@ -340,12 +400,13 @@ impl Budgeting {
         nano: i64,
         tokens: i64,
         minute: u32,
+        now_ms: u64,
         cells: &mut impl Cells,
     ) {
         for &b in budgets {
             cells.update(u32::from(b), &mut |bytes| {
                 let mut cell = Cell::decode(bytes);
-                cell.since_nano = cell.since_nano.saturating_add(nano);
+                cell.add(nano, now_ms, self.width_ms);
                 if cell.minute == minute {
                     let t = i64::from(cell.tokens).saturating_add(tokens);
                     cell.tokens = u32::try_from(t.max(0)).unwrap_or(u32::MAX);
@@ -518,69 +579,105 @@ mod tests {
     }
 
     #[test]
-    fn a_cell_round_trips_and_rolls_to_a_later_reading() {
-        let mut c = Cell {
-            reading_ms: 5,
-            since_nano: 700,
-            before_nano: 100,
-            minute: 3,
-            tokens: 9,
-        };
+    fn a_cell_round_trips_and_keeps_what_the_books_may_lack() {
+        let w = 1_000;
+        let mut c = Cell::default();
+        c.add(5, 10_500, w);
+        c.add(7, 10_900, w);
+        c.add(11, 12_000, w);
         assert_eq!(Cell::decode(&c.encode()), c);
+        // A reading whose cut is at 11 s: the 10 s span is in the books.
+        assert_eq!(c.own_usd(11_000, w), 11e-9);
+        assert_eq!(c.own_usd(10_999, w), 23e-9);
+        // Spans past the ring's eight fall into the sum, still counted
+        // until a reading's cut passes them.
+        for k in 0..8u64 {
+            c.add(1, 20_000 + k * 1_000, w);
+        }
+        assert_eq!(c.own_usd(0, w), 31e-9);
+        assert_eq!(c.own_usd(13_000, w), 8e-9);
+        assert_eq!(c.own_usd(30_000, w), 0.0);
+        c.roll(5 * 60_000);
+        c.tokens = 9;
+        c.roll(5 * 60_000 + 1);
+        assert_eq!((c.minute, c.tokens), (5, 9));
+        c.roll(6 * 60_000);
+        assert_eq!(c.tokens, 0);
+    }
+
+    #[test]
+    fn readings_are_replaced_only_by_later_ones() {
         let r = Reading {
             read_ms: 6,
             ..Reading::default()
         };
-        c.roll(&r, 0, 3 * 60_000 + 5);
-        assert_eq!(
-            (c.reading_ms, c.since_nano, c.before_nano, c.tokens),
-            (6, 0, 700, 9)
-        );
-        c.roll(&r, 0, 4 * 60_000);
-        assert_eq!((c.minute, c.tokens), (4, 0));
-        // An older reading changes nothing.
-        c.since_nano = 50;
-        c.roll(&Reading { read_ms: 2, ..r }, 0, 4 * 60_000);
-        assert_eq!((c.reading_ms, c.since_nano), (6, 50));
-        // A reading of a new period forgets the last one's spend.
-        c.roll(&Reading { read_ms: 100, ..r }, 50, 4 * 60_000);
-        assert_eq!((c.reading_ms, c.since_nano, c.before_nano), (100, 0, 0));
         let old = Reading { read_ms: 9, ..r };
         assert_eq!(old.or_newer(Some(r)), old);
         assert_eq!(r.or_newer(Some(old)), old);
+        assert_eq!(r.or_newer(None), r);
     }
 
     #[test]
-    fn cells_count_what_the_books_may_lack() {
-        let mut mem = Mem::default();
-        let mut c = Cell::default();
-        let mut f = |b: &mut [u8; CELL_BYTES]| {
-            c = Cell::decode(b);
-            c.since_nano += 1_000_000_000;
-            *b = c.encode();
-            true
+    fn a_budget_counts_its_own_spend_until_a_reading_covers_it() {
+        let cfg = ace_config::Config::parse_for_pricing(
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"a"}],
+                "budgets":[{"name":"b","tenants":["t"],"usd":1.0,"soft_at":1.0}],
+                "budget_books_lag_ms":2000}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.budgets.lag_ms, 2_000);
+        let bg = Budgeting {
+            by_value: vec![],
+            soft_mask: vec![vec![1]],
+            names: vec![Arc::from("b")],
+            lag_ms: 2_000,
+            width_ms: 1_000,
         };
-        mem.update(0, &mut f);
-        let mut cell = Cell::decode(&mem.0[0]);
-        // Before any reading: kept past the first one.
-        cell.roll(
-            &Reading {
-                read_ms: 10,
-                ..Reading::default()
-            },
-            0,
-            0,
-        );
-        assert_eq!(cell.own_usd(), 1.0);
-        cell.since_nano = 2_000_000_000;
-        cell.roll(
-            &Reading {
-                read_ms: 20,
-                ..Reading::default()
-            },
-            0,
-            0,
-        );
-        assert_eq!(cell.own_usd(), 2.0);
+        struct One(Mem, Reading);
+        impl Cells for One {
+            fn update(
+                &mut self,
+                slot: u32,
+                f: &mut dyn FnMut(&mut [u8; CELL_BYTES]) -> bool,
+            ) -> bool {
+                self.0.update(slot, f)
+            }
+            fn reading(&mut self, _b: u16) -> Reading {
+                self.1
+            }
+        }
+        let day = 86_400_000;
+        let t = 20_000 * day + 3_600_000;
+        let mut cells = One(Mem::default(), Reading::default());
+        bg.book(&[0], 900_000_000, 0, 0, t, &mut cells);
+        assert!(bg.admit(&cfg, &[0], 0, t + 10, &mut cells).is_ok());
+        bg.book(&[0], 200_000_000, 0, 0, t + 10, &mut cells);
+        // USD 1.1 booked here, none in the books yet: exhausted.
+        let e = bg.admit(&cfg, &[0], 0, t + 20, &mut cells).unwrap_err();
+        assert_eq!(e.why, Why::Exhausted);
+        // A reading from before the spend reached the books: still.
+        cells.1 = Reading {
+            read_ms: t + 1_000,
+            ..Reading::default()
+        };
+        assert!(bg.admit(&cfg, &[0], 0, t + 1_500, &mut cells).is_err());
+        // The books hold it: counted once, still exhausted.
+        cells.1 = Reading {
+            read_ms: t + 5_000,
+            spent_usd: 1.1,
+            state: State::Exhausted,
+            ..Reading::default()
+        };
+        assert!(bg.admit(&cfg, &[0], 0, t + 5_500, &mut cells).is_err());
+        // The next day's reading: lifted.
+        cells.1 = Reading {
+            read_ms: t + day,
+            ..Reading::default()
+        };
+        assert!(bg.admit(&cfg, &[0], 0, t + day + 1, &mut cells).is_ok());
+        // No reading at all, in the same day: what was booked stays.
+        let mut cells = One(Mem::default(), Reading::default());
+        bg.book(&[0], 1_100_000_000, 0, 0, t, &mut cells);
+        assert!(bg.admit(&cfg, &[0], 0, t + 3_600_000, &mut cells).is_err());
     }
 }

@@ -55,6 +55,12 @@
 //!   there is. Snapshots a consumer of the same configuration already
 //!   took ([`Delivery::Relayed`]: the Wasm workers that did not poll) skip
 //!   this rule: it was the poller's to apply, and workers must not split.
+//! - A snapshot's budget readings ([`crate::budget::Reading`]) are kept
+//!   per budget and replaced only by a later reading (its `read_ms`): a
+//!   snapshot that leaves one out, an old one replayed, or a service gone
+//!   stale never lifts a limit. A reading naming a budget this
+//!   configuration lacks is passed over (another manifest's budgets say
+//!   nothing of these).
 //! - Losing the service never stops traffic: the last snapshot stays in
 //!   force, and once nothing has been heard for `stale_after_ms` it is
 //!   stale: its load figures are dropped (the filter's own in-flight counts

@@ -1360,7 +1360,7 @@ impl Flow {
                 if let (Some(h), Some((bg, _, mine))) = (hold.as_mut(), budgeted) {
                     h.nano = nano_usd(decision.marginal_usd);
                     let cells = &mut HostCells(&mut *host);
-                    bg.book(mine, h.nano, i64::from(h.tokens), h.minute, cells);
+                    bg.book(mine, h.nano, i64::from(h.tokens), h.minute, now, cells);
                 }
             } else {
                 // From the cache: nothing booked upstream to count.
@@ -1682,14 +1682,10 @@ impl Flow {
             (nano_usd(e.marginal_usd), tokens)
         });
         let mine = bg.of(h.tenant);
+        let now = host.now_ms();
         let cells = &mut HostCells(&mut *host);
-        bg.book(
-            mine,
-            booked - h.nano,
-            tokens - i64::from(h.tokens),
-            h.minute,
-            cells,
-        );
+        let (nano, tokens) = (booked - h.nano, tokens - i64::from(h.tokens));
+        bg.book(mine, nano, tokens, h.minute, now, cells);
     }
 
     /// Answer 500: something that should not happen did; it is logged,

@@ -599,6 +599,11 @@ impl Envoy {
         s
     }
 
+    /// The access log's file (what `ace ledger ingest --follow` reads).
+    pub fn access_log_path(&self) -> &std::path::Path {
+        &self.access_log
+    }
+
     /// The access log's lines so far. Envoy flushes it about every second;
     /// use [`Envoy::wait_access_log`] to wait for a number of lines.
     pub fn access_log_lines(&self) -> Vec<String> {

@@ -1,6 +1,6 @@
 //! The fleet manifest: destinations (with their Envoy clusters, policy
-//! attributes and cost-curve parameters), tenants, the model catalogue and
-//! the finite domains of the request attributes.
+//! attributes and cost-curve parameters), tenants and their budgets, the
+//! model catalogue and the finite domains of the request attributes.
 //!
 //! Why TOML: it is one human-edited file, comments are first-class, and the
 //! parser gives byte spans, so a value outside its domain is reported at its
@@ -47,6 +47,13 @@ pub struct Manifest {
     /// what `ace sim` judges every policy by.
     #[serde(default)]
     pub slo: std::collections::BTreeMap<String, Spanned<ClassSlo>>,
+    /// Tenant budgets (`[[budgets]]`): spend per period, what a tenant past
+    /// its soft threshold may still use, tokens per minute. The plugin
+    /// configuration's own type, so the manifest and the filter read the
+    /// same fields; `ace plugin-config` copies them and `ace control serve`
+    /// reads each budget's spend from the ledger.
+    #[serde(default)]
+    pub budgets: Vec<Spanned<ace_config::BudgetSettings>>,
 }
 
 /// One latency class's service-level objective.
@@ -456,6 +463,15 @@ impl LoadedManifest {
         Some((classes, factors))
     }
 
+    /// The `[[budgets]]`, as the plugin configuration carries them.
+    pub fn budgets(&self) -> Vec<ace_config::BudgetSettings> {
+        self.manifest
+            .budgets
+            .iter()
+            .map(|b| b.get_ref().clone())
+            .collect()
+    }
+
     /// A path the manifest names, relative to the manifest's folder unless
     /// absolute.
     pub fn resolve_path(&self, p: &str) -> std::path::PathBuf {
@@ -569,6 +585,124 @@ fn check_prefix_cache(m: &LoadedManifest, d: &Destination, out: &mut Vec<Diagnos
             "see `prefix_cache` in fleet.schema.json",
         ));
     }
+}
+
+/// The `[[budgets]]`: valid as the filter will read them (the plugin
+/// configuration's own validation, its field mapped back to the line that
+/// holds it), and counting only tenants of `[[tenants]]`: the tables know
+/// no other, so a budget of another tenant would count nobody's spend.
+fn check_budgets(m: &LoadedManifest, out: &mut Vec<Diagnostic>) {
+    let budgets = &m.manifest.budgets;
+    if budgets.is_empty() {
+        return;
+    }
+    let raw: Vec<ace_config::BudgetSettings> =
+        budgets.iter().map(|b| b.get_ref().clone()).collect();
+    if let Err(e) = ace_config::Budgets::validate(&raw) {
+        let (i, field) = budget_field(&e.field);
+        let at = i.and_then(|i| budgets.get(i));
+        let span = match at {
+            Some(b) => field_span(&m.text, b.span(), &field),
+            None => budgets[0].span(),
+        };
+        let whose = match at {
+            Some(b) if !b.get_ref().name.trim().is_empty() => {
+                format!("budget `{}`", b.get_ref().name)
+            }
+            Some(_) => format!("budget {}", i.unwrap_or(0) + 1),
+            None => "`[[budgets]]`".to_string(),
+        };
+        out.push(m.diag(
+            span,
+            format!("{whose}: `{field}` {}", e.message),
+            "see `budgets` in fleet.schema.json",
+        ));
+    }
+    let known: BTreeSet<&str> = m
+        .manifest
+        .tenants
+        .iter()
+        .map(|t| t.get_ref().id.get_ref().as_str())
+        .collect();
+    for b in budgets {
+        let s = b.get_ref();
+        for t in &s.tenants {
+            if !t.trim().is_empty() && !known.contains(t.as_str()) {
+                out.push(m.diag(
+                    field_span(&m.text, b.span(), "tenants"),
+                    format!(
+                        "budget `{}` counts tenant `{t}`, which is not under `[[tenants]]`",
+                        s.name
+                    ),
+                    "budgets count tenants the policy tables know: add the tenant under \
+                     `[[tenants]]`, or fix the id",
+                ));
+            }
+        }
+    }
+}
+
+/// The budget index and the field within it of a configuration error's
+/// path (`budgets[2].soft.tiers[0]` gives 2 and `soft.tiers[0]`).
+fn budget_field(path: &str) -> (Option<usize>, String) {
+    let Some(rest) = path.strip_prefix("budgets[") else {
+        return (None, path.to_string());
+    };
+    let Some((i, field)) = rest.split_once(']') else {
+        return (None, path.to_string());
+    };
+    let field = field.strip_prefix('.').unwrap_or(field);
+    (i.parse().ok(), field.to_string())
+}
+
+/// Where the key of `field` (its last name, without an index:
+/// `soft.tiers[0]` looks for `tiers`) is written in the budget table at
+/// `span` of `text`, else the table's start: so an error points at the
+/// line to change. A `[[budgets]]` table's span is its header alone, so
+/// its body is read up to the next header that is not one of its own
+/// sub-tables (`[budgets.soft]`); an inline table's span is all of it.
+fn field_span(text: &str, span: std::ops::Range<usize>, field: &str) -> std::ops::Range<usize> {
+    let key = field
+        .rsplit('.')
+        .next()
+        .unwrap_or(field)
+        .split('[')
+        .next()
+        .unwrap_or("");
+    let Some(head) = text.get(span.clone()) else {
+        return span;
+    };
+    let end = if head.starts_with("[[") {
+        let mut end = text.len();
+        let mut at = span.end;
+        while let Some(i) = text[at..].find('\n') {
+            let line = text[at + i + 1..].trim_start_matches([' ', '\t']);
+            if line.starts_with('[') && !line.starts_with("[budgets.") {
+                end = at + i + 1;
+                break;
+            }
+            at += i + 1;
+        }
+        end
+    } else {
+        span.end
+    };
+    let body = &text[span.start..end];
+    if key.is_empty() {
+        return span;
+    }
+    let mut from = 0;
+    while let Some(i) = body[from..].find(key) {
+        let at = from + i;
+        let before = body[..at].chars().next_back();
+        let after = body[at + key.len()..].trim_start_matches([' ', '\t']);
+        let starts = before.is_none_or(|c| c.is_whitespace() || c == '{' || c == ',');
+        if starts && after.starts_with('=') {
+            return span.start + at..span.start + at + key.len();
+        }
+        from = at + key.len();
+    }
+    span
 }
 
 /// Reads, parses and validates the manifest at `path`.
@@ -1067,6 +1201,7 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
         }
     }
     check_slo(m, &mut out);
+    check_budgets(m, &mut out);
     let mut named = BTreeSet::new();
     for class in &man.model_classes {
         let class = class.get_ref();
@@ -1460,5 +1595,138 @@ mod slo_tests {
                 "{slo}: expected `{expect}` in {e:?}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    const BASE: &str = "version = 1\n[[tenants]]\nid = \"t1\"\n[[tenants]]\nid = \"t2\"\n\
+                        [[models]]\nid = \"m\"\nvram_gb = 1\n[[destinations]]\nname = \"api\"\n\
+                        cluster = \"api\"\nprovider = \"x\"\ntier = \"payg\"\njurisdiction = \"US\"\n\
+                        region = \"us-east-1\"\naccelerator = \"api\"\nvram_gb = 0\n\
+                        interconnect = \"none\"\nmodels = [\"m\"]\n";
+
+    /// The diagnostics of BASE with `budgets` appended.
+    fn errors(budgets: &str) -> Vec<Diagnostic> {
+        match parse(Path::new("fleet.toml"), format!("{BASE}{budgets}")) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.diagnostics,
+        }
+    }
+
+    /// The 1-based line of `BASE` + `budgets` that holds `needle`.
+    fn line_of(budgets: &str, needle: &str) -> usize {
+        let text = format!("{BASE}{budgets}");
+        let at = text.find(needle).expect("needle");
+        text[..at].matches('\n').count() + 1
+    }
+
+    #[test]
+    fn budgets_resolve_into_the_plugin_configuration_types() {
+        let text = format!(
+            "{BASE}[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 100\nperiod = \"week\"\n\
+             soft = {{ tiers = [\"inhouse\"], max_usd_per_mtok = 0.5 }}\n\
+             [[budgets]]\nname = \"g\"\ntenants = [\"t1\", \"t2\"]\ntokens_per_minute = 1000\n"
+        );
+        let m = parse(Path::new("fleet.toml"), text).unwrap();
+        let b = m.budgets();
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0].usd, Some(100.0));
+        assert_eq!(b[0].period.as_deref(), Some("week"));
+        assert_eq!(b[0].soft.as_ref().unwrap().max_usd_per_mtok, Some(0.5));
+        assert_eq!(b[1].tenants, ["t1", "t2"]);
+        let v = ace_config::Budgets::validate(&b).unwrap();
+        assert_eq!(v.of("t1"), &[0, 1]);
+    }
+
+    #[test]
+    fn a_bad_budget_is_named_at_the_line_of_its_field() {
+        for (budgets, needle, expect) in [
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 10\nsoft_at = 1.5\n",
+                "soft_at = 1.5",
+                "budget `a`: `soft_at` must be a share",
+            ),
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 10\n\n\
+                 [[budgets]]\nname = \"b\"\ntenants = [\"t2\"]\nusd = 10\nperiod = \"year\"\n",
+                "period = \"year\"",
+                "budget `b`: `period` `year` is not a period",
+            ),
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 10\n\
+                 soft = { tiers = [\"gpu\"] }\n",
+                "tiers = [\"gpu\"]",
+                "budget `a`: `soft.tiers[0]` `gpu` is not a tier",
+            ),
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 10\n[budgets.soft]\n\
+                 substitution_only = true\nmax_usd_per_mtok = -1.0\n",
+                "max_usd_per_mtok = -1.0",
+                "budget `a`: `soft.max_usd_per_mtok` must be a non-negative number",
+            ),
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 10\nperiod = \"rolling\"\n",
+                "[[budgets]]",
+                "budget `a`: `window_s` is missing",
+            ),
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 1\n\n[[budgets]]\n\
+                 name = \"a\"\ntenants = [\"t2\"]\nusd = 1\n",
+                "name = \"a\"\ntenants = [\"t2\"]",
+                "`name` `a` names two budgets",
+            ),
+            (
+                "[[budgets]]\nname = \"a\"\ntenants = [\"t1\", \"t9\"]\nusd = 10\n",
+                "tenants = [\"t1\", \"t9\"]",
+                "budget `a` counts tenant `t9`, which is not under `[[tenants]]`",
+            ),
+        ] {
+            let e = errors(budgets);
+            assert_eq!(e.len(), 1, "{budgets}: {e:?}");
+            let text = e[0].to_string();
+            assert!(text.contains(expect), "{budgets}: {text}");
+            assert_eq!(e[0].line, line_of(budgets, needle), "{budgets}: {text}");
+        }
+        let e = errors("[[budgets]]\nname = \"a\"\ntenants = [\"t1\"]\nusd = 1\ncolour = 1\n");
+        assert!(e[0].to_string().contains("unknown field `colour`"), "{e:?}");
+    }
+
+    #[test]
+    fn json_schema_lists_exactly_the_budget_fields() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/fleet.schema.json");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let items = &schema["properties"]["budgets"]["items"];
+        let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+            v.as_object().unwrap().keys().cloned().collect()
+        };
+        let full = ace_config::BudgetSettings {
+            name: "a".into(),
+            tenants: vec!["t".into()],
+            usd: Some(1.0),
+            period: Some("rolling".into()),
+            window_s: Some(60),
+            soft_at: Some(0.5),
+            soft: Some(ace_config::budget::SoftSettings {
+                tiers: Some(vec![]),
+                max_usd_per_mtok: Some(1.0),
+                substitution_only: true,
+            }),
+            tokens_per_minute: Some(1),
+        };
+        let rust = serde_json::to_value(&full).unwrap();
+        assert_eq!(
+            keys(&items["properties"]),
+            keys(&rust),
+            "policies/fleet.schema.json and BudgetSettings disagree"
+        );
+        assert_eq!(
+            keys(&items["properties"]["soft"]["properties"]),
+            keys(&rust["soft"]),
+            "policies/fleet.schema.json and SoftSettings disagree"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The filter's plugin configuration for a compiled policy directory: the
 //! destinations in table order with their cost curves in per-token dollars,
-//! and the compiled tables.
+//! the compiled tables, latency classes, model routing and tenant budgets.
 //!
 //! Why here and not in the `ace` command: the fleet manifest and the Cedar
 //! policies are the operator's source of truth and the filter needs them as
@@ -139,5 +139,8 @@ pub fn plugin_config(
             cost_factors,
         });
     }
+    // Tenant budgets as the manifest gives them (validated when it was
+    // loaded, their tenants among the tables' own).
+    config.budgets = project.manifest.budgets();
     Ok(config)
 }

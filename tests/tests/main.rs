@@ -5,6 +5,7 @@
 //! `cargo test -p ace-tests --test envoy hostile::` (the module's name).
 
 mod body;
+mod budgets;
 mod compliance_props;
 mod configs;
 mod control_dynamic;

@@ -537,7 +537,7 @@ impl Filter {
         self.send(status, "application/json", body, details)
     }
 
-    /// [`EnvoyFilter::send_json`] with `extra` headers (at most seven).
+    /// [`Self::send_json`] with `extra` headers (at most seven).
     pub fn send_json_with(self, status: u32, body: &[u8], details: &str, extra: &[(&str, &str)]) {
         let empty = ModuleHeader {
             key: ModuleBuffer::of(b""),

@@ -10,8 +10,7 @@ use ace_snapshot::{Budget, BudgetState, Snapshot};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{now_ms, TOKEN};
+use crate::common::{now_ms, TOKEN};
 
 const SCHEMA: &str = "namespace Ace {\n  entity Tenant;\n  entity Destination;\n  \
                       action dispatch appliesTo { principal: [Tenant], resource: [Destination], \

@@ -18,8 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod common;
-use common::{now_ms, rfc3339, serve_on, TOKEN};
+use crate::common::{now_ms, rfc3339, serve_on, TOKEN};
 
 const CHILD: &str = "ACE_HOSTILE_CHILD";
 
@@ -162,11 +161,14 @@ fn peak_rss_kib() -> u64 {
         .unwrap()
 }
 
-/// Runs test `name` of this binary in a child process with [`CHILD`] set;
+/// Runs test `name` of this module in a child process with [`CHILD`] set;
 /// its standard output and error.
 fn child(name: &str) -> (String, String) {
+    // The test's full name in the binary: its module path less the crate.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let full = format!("{module}::{name}");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .args([full.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .output()
         .unwrap();

@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{now_ms, rfc3339, serve, TOKEN};
+use crate::common::{now_ms, rfc3339, serve, TOKEN};
 
 const HOLD_MS: u64 = 3_600_000;
 

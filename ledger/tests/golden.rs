@@ -10,8 +10,7 @@
 //! - a line of an unknown schema or configuration is named, and the
 //!   lines after it are booked.
 
-mod common;
-
+use crate::common;
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::Options;
 use ace_ledger::split::Split;

@@ -7,8 +7,7 @@
 //! spreadsheet formulas and terminal escapes passed through, one bad line
 //! that stopped or lost the rest, and an earlier configuration refused.
 
-mod common;
-
+use crate::common;
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::{Options, Summary};
 use ace_ledger::row::Row;

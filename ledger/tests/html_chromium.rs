@@ -3,8 +3,7 @@
 //! shapes have a non-zero size, and Chromium's rendered DOM carries it.
 //! Fails (never skips), naming `make setup`, when Chromium is missing.
 
-mod common;
-
+use crate::common;
 use ace_ledger::window::Rules;
 use std::process::Command;
 

@@ -3,8 +3,7 @@
 //! when PostgreSQL cannot start), the golden events and the hostile ones.
 //! Also idempotence in PostgreSQL.
 
-mod common;
-
+use crate::common;
 use ace_harness::pg::Pg;
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::Options;

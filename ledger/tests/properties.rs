@@ -2,8 +2,7 @@
 //! total; ingest is idempotent under repetition, reordering and truncation
 //! (the report is the same as for one clean ingest).
 
-mod common;
-
+use crate::common;
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::Options;
 use ace_ledger::report::Report;

@@ -21,8 +21,20 @@ pub fn fleet(extra: &str) -> String {
     fleet_with(r#"{"read":true}"#, extra)
 }
 
-/// [`fleet`] with body settings `body`.
-pub fn fleet_with(body: &str, extra: &str) -> String {
+/// The fleet's tables, base64: the data class decides (`personal_eu`
+/// only in the EU, an unknown class nowhere); with `tenants`, the tables
+/// also read a `tenant` attribute of those values, which no rule uses.
+fn tables(tenants: &[&str]) -> String {
+    let mut attributes = vec![AttributeSpec {
+        name: "data_class".into(),
+        values: vec!["personal_eu".into(), "public".into()],
+    }];
+    if !tenants.is_empty() {
+        attributes.push(AttributeSpec {
+            name: "tenant".into(),
+            values: tenants.iter().map(|t| t.to_string()).collect(),
+        });
+    }
     let spec = TableSpec {
         destinations: vec![
             DestinationSpec {
@@ -34,10 +46,7 @@ pub fn fleet_with(body: &str, extra: &str) -> String {
                 cluster: "us_api".into(),
             },
         ],
-        attributes: vec![AttributeSpec {
-            name: "data_class".into(),
-            values: vec!["personal_eu".into(), "public".into()],
-        }],
+        attributes,
         factors: vec![
             FactorSpec {
                 kind: FactorKind::Permit,
@@ -53,7 +62,12 @@ pub fn fleet_with(body: &str, extra: &str) -> String {
             },
         ],
     };
-    let tables = base64::engine::general_purpose::STANDARD.encode(encode(&spec).unwrap());
+    base64::engine::general_purpose::STANDARD.encode(encode(&spec).unwrap())
+}
+
+/// [`fleet`] with body settings `body`.
+pub fn fleet_with(body: &str, extra: &str) -> String {
+    let tables = tables(&[]);
     format!(
         r#"{{"destinations":[
             {{"name":"eu-owned","cluster":"eu_owned","tier":"inhouse","capacity":2,
@@ -77,43 +91,8 @@ fn plain() -> String {
 /// default); `team-b` may use 2,500 tokens a minute. Polls the control
 /// service.
 fn budgeted() -> String {
-    let spec = TableSpec {
-        destinations: vec![
-            DestinationSpec {
-                name: "eu-owned".into(),
-                cluster: "eu_owned".into(),
-            },
-            DestinationSpec {
-                name: "us-api".into(),
-                cluster: "us_api".into(),
-            },
-        ],
-        attributes: vec![
-            AttributeSpec {
-                name: "data_class".into(),
-                values: vec!["personal_eu".into(), "public".into()],
-            },
-            AttributeSpec {
-                name: "tenant".into(),
-                values: vec!["team-a".into(), "team-b".into()],
-            },
-        ],
-        factors: vec![
-            FactorSpec {
-                kind: FactorKind::Permit,
-                attributes: vec![],
-                rows: vec![0b11],
-            },
-            FactorSpec {
-                kind: FactorKind::Forbid,
-                attributes: vec![0],
-                rows: vec![0b11, 0b10, 0],
-            },
-        ],
-    };
-    let tables = base64::engine::general_purpose::STANDARD.encode(encode(&spec).unwrap());
     let mut config: Value = serde_json::from_str(&with_control()).unwrap();
-    config["tables_base64"] = Value::String(tables);
+    config["tables_base64"] = Value::String(tables(&["team-a", "team-b"]));
     config["budgets"] = serde_json::json!([
         {"name": "team-a", "tenants": ["team-a"], "usd": 0.01, "period": "day", "soft_at": 0.5},
         {"name": "team-b", "tenants": ["team-b"], "tokens_per_minute": 2500}

@@ -149,14 +149,11 @@ impl Host for Mock {
         slot: u32,
         f: &mut dyn FnMut(&mut [u8; ace_flow::budget::CELL_BYTES]) -> bool,
     ) -> bool {
-        let cell = self
-            .budget_cells
+        let cells = &mut self.budget_cells;
+        let cell = cells
             .entry(slot)
             .or_insert([0; ace_flow::budget::CELL_BYTES]);
-        let mut c = *cell;
-        if f(&mut c) {
-            *cell = c;
-        }
+        ace_flow::budget::update_in(cell, f);
         true
     }
 

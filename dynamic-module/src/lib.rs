@@ -648,12 +648,7 @@ impl Host for Dynamic<'_> {
         };
         let mut cells = BUDGET_CELLS.lock().unwrap_or_else(|p| p.into_inner());
         match cells.get_mut(&**name) {
-            Some(cell) => {
-                let mut c = *cell;
-                if f(&mut c) {
-                    *cell = c;
-                }
-            }
+            Some(cell) => budget::update_in(cell, f),
             None => {
                 let mut c = [0; budget::CELL_BYTES];
                 if f(&mut c) {

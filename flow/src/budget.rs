@@ -30,7 +30,6 @@
 //! to clear bits of it.
 
 use crate::event;
-use crate::request::Refused;
 use ace_config::budget::{Budget, Period, State};
 use ace_config::Config;
 use ace_core::tables::Tables;
@@ -543,13 +542,12 @@ fn soft_rungs(b: &Budget) -> String {
     parts.join(" and ")
 }
 
-/// A refusal as the flow answers it.
-pub fn refused(r: &Refusal) -> Refused {
-    Refused {
-        status: 429,
-        kind: "budget_exceeded",
-        reason: reason(r.why),
-        message: String::new(),
+/// [`Cells::update`] on a cell a host keeps in its own memory (behind its
+/// own lock): `f` on a copy, stored when it says so.
+pub fn update_in(cell: &mut [u8; CELL_BYTES], f: &mut dyn FnMut(&mut [u8; CELL_BYTES]) -> bool) {
+    let mut c = *cell;
+    if f(&mut c) {
+        *cell = c;
     }
 }
 

@@ -19,6 +19,7 @@
 //!     "interactive": {"usd_per_s": 0.01, "ttft_ms": 1000, "late_usd": 0.05},
 //!     "batch": 0.0
 //!   },
+//!   "congestion_usd_per_s": 0.002,
 //!   "default_output_tokens": 256,
 //!   "response_headers": false,
 //!   "health": {"trip_after": 3, "base_cooldown_ms": 5000}
@@ -149,6 +150,14 @@ pub struct Config {
     /// second of queueing is worth (interactive work more than batch), and
     /// the class's time-to-first-token target with what missing it costs.
     pub latency_classes: Vec<(String, LatencyClass)>,
+    /// The least a second of queueing past a destination's knee is priced
+    /// at, whatever the request's class: a request past the knee slows
+    /// every request sharing the server (a fuller batch decodes slower, and
+    /// new sequences wait behind it), so even work that values its own
+    /// time at nothing pays for the time it takes from timed work. Default
+    /// ([`congestion_floor`]): the lowest value of a second among the
+    /// classes with a time-to-first-token target, 0 without one.
+    pub congestion_usd_per_s: f64,
     /// Which destinations have which models resident, as configured (the
     /// control service's reports replace a destination's list).
     pub warmth: Warmth,
@@ -685,6 +694,18 @@ pub struct HealthSettings {
     pub headroom_low: Option<f64>,
 }
 
+/// The default [`Config::congestion_usd_per_s`] for `classes`: the lowest
+/// value of a second among the classes with a time-to-first-token target
+/// (what the cheapest timed work loses a second), 0 when none has one.
+pub fn congestion_floor(classes: &[(String, LatencyClass)]) -> f64 {
+    classes
+        .iter()
+        .filter(|(_, c)| c.ttft_ms.is_some())
+        .map(|(_, c)| c.usd_per_s)
+        .reduce(f64::min)
+        .unwrap_or(0.0)
+}
+
 /// The plugin configuration document, as `ace plugin-config` writes it
 /// and the filter reads it: the one type both sides use. [`Config::parse`]
 /// validates it into a [`Config`].
@@ -699,6 +720,10 @@ pub struct PluginConfig {
     /// USD per second of queueing for a request of no listed latency class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_usd_per_s: Option<f64>,
+    /// The least USD a second of queueing past the knee costs any request
+    /// (default: the lowest `usd_per_s` of the classes with a `ttft_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub congestion_usd_per_s: Option<f64>,
     /// Latency classes: USD per second of queueing, or the whole class
     /// (`usd_per_s`, `ttft_ms`, `late_usd`, `when_late`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -1163,6 +1188,16 @@ impl Config {
             };
             latency_classes.push((class.clone(), c));
         }
+        let congestion_usd_per_s = match raw.congestion_usd_per_s {
+            Some(v) if v.is_finite() && v >= 0.0 => v,
+            Some(_) => {
+                return Err(err(
+                    "congestion_usd_per_s",
+                    "must be a finite number >= 0 (USD a second of queueing past a knee costs any request)",
+                ))
+            }
+            None => congestion_floor(&latency_classes),
+        };
         for (i, d) in raw.destinations.iter().enumerate() {
             if let Some(m) = d
                 .warm_models
@@ -1288,6 +1323,7 @@ impl Config {
             destination_header,
             latency_usd_per_s,
             latency_classes,
+            congestion_usd_per_s,
             warmth,
             response_headers: raw.response_headers,
             retry_next: raw.retry_next,
@@ -1597,6 +1633,34 @@ mod tests {
         assert_eq!(c.models[1].tier, Tier::Payg);
         assert_eq!(c.models[1].knee, 0.8);
         assert_eq!(c.health, HealthPolicy::default());
+    }
+
+    #[test]
+    fn queueing_past_a_knee_costs_at_least_what_the_cheapest_timed_class_loses() {
+        let parse = |extra: &str| {
+            Config::parse(
+                format!(
+                    r#"{{"allow_no_policy":true,"destinations":[{{"name":"a","cluster":"ca"}}],
+                        "latency_classes":{{"interactive":{{"usd_per_s":0.01,"ttft_ms":1000}},
+                                           "standard":{{"usd_per_s":0.002,"ttft_ms":3000}},
+                                           "batch":0}}{extra}}}"#
+                )
+                .as_bytes(),
+            )
+        };
+        let c = parse("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.congestion_usd_per_s, 0.002, "the standard class's");
+        let c = parse(r#","congestion_usd_per_s":0"#).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.congestion_usd_per_s, 0.0, "as configured");
+        let e = parse(r#","congestion_usd_per_s":-1"#).unwrap_err();
+        assert_eq!(e.field, "congestion_usd_per_s");
+        // No timed class: no floor.
+        let c = Config::parse(
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"ca"}],
+                 "latency_classes":{"interactive":0.01,"batch":0}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.congestion_usd_per_s, 0.0);
     }
 
     #[test]

@@ -212,7 +212,8 @@ pub fn plan(
     Request {
         tokens_in,
         tokens_out,
-        latency_usd_per_s: class.usd_per_s,
+        // Past a knee a request also costs the timed work it slows.
+        latency_usd_per_s: class.usd_per_s.max(cfg.congestion_usd_per_s),
         ttft_target_s: class
             .ttft_ms
             .map_or(f64::INFINITY, |t| f64::from(t) / 1000.0),
@@ -607,5 +608,28 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v["error"]["type"], "no_feasible_destination");
         assert_eq!(v["error"]["message"], "say \"why\"");
+    }
+
+    /// A batch request values its own time at nothing but pays, past a
+    /// knee, what its queueing costs the timed work it slows.
+    #[test]
+    fn queueing_is_priced_at_least_at_the_congestion_floor() {
+        let cfg = Config::parse(
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"ca"}],
+                 "latency_classes":{"interactive":{"usd_per_s":0.01,"ttft_ms":1000},
+                                    "standard":{"usd_per_s":0.002,"ttft_ms":3000},
+                                    "batch":0}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let value = |class: &str| {
+            let mut e = Event {
+                latency_class: Some(Text::Owned(class.to_string())),
+                ..Event::default()
+            };
+            plan(&cfg, &mut e, None, Some(100), 0).latency_usd_per_s
+        };
+        assert_eq!(value("batch"), 0.002);
+        assert_eq!(value("standard"), 0.002);
+        assert_eq!(value("interactive"), 0.01);
     }
 }

@@ -102,6 +102,8 @@ impl Targets {
                 }
             }
         }
+        // The targets replace the classes', and so the floor they set.
+        cfg.congestion_usd_per_s = ace_config::congestion_floor(&cfg.latency_classes);
     }
 
     /// The index of `class`'s targets.

@@ -121,8 +121,7 @@ pub fn build(
         .collect();
     let mut out = Vec::new();
     for (name, p) in pools {
-        let hours = period_ms.max(0) as f64 / 3_600_000.0;
-        let cost = money::from_usd_saturating(p.usd_per_hour * hours);
+        let cost = money::standing(p.usd_per_hour, period_ms);
         let budget = period_ms.max(0) as f64 * f64::from(p.capacity.max(1));
         let utilisation = (p.busy_ms.max(0) as f64 / budget.max(1.0)).clamp(0.0, 1.0);
         let used = (cost as f64 * utilisation).round() as Nano;

@@ -301,7 +301,10 @@ pub struct Cost {
     /// US dollars per million output tokens. Default 0.
     #[serde(default)]
     pub output_usd_per_mtok: f64,
-    /// US dollars per GPU-hour (spot, on-demand). Default 0.
+    /// US dollars per GPU-hour: what spot and on-demand capacity costs
+    /// while used; for in-house and reserved capacity its standing cost,
+    /// paid used or not (the ledger's chargeback, `ace sim`'s totals),
+    /// which does not price a request. Default 0.
     #[serde(default)]
     pub gpu_hour_usd: f64,
     /// GPUs behind the destination (multiplies `gpu_hour_usd`). Default 1.

@@ -30,6 +30,14 @@ pub fn from_usd_saturating(usd: f64) -> Nano {
     from_usd(usd.clamp(-8.999_999_999e9, 8.999_999_999e9)).unwrap_or(0)
 }
 
+/// What capacity bought by the hour (owned GPUs, a reserved block) costs
+/// over `period_ms`, used or not: `usd_per_hour` × the period in hours.
+/// The one rule for standing cost, the ledger's chargeback and the
+/// simulator's reports alike; a negative period is none.
+pub fn standing(usd_per_hour: f64, period_ms: i64) -> Nano {
+    from_usd_saturating(usd_per_hour * (period_ms.max(0) as f64 / 3_600_000.0))
+}
+
 /// Dollars with nine decimals, exactly (no float on the way).
 pub fn usd(n: Nano) -> String {
     let sign = if n < 0 { "-" } else { "" };
@@ -55,5 +63,13 @@ mod tests {
         assert_eq!(usd(1_234_567_891), "1.234567891");
         assert_eq!(usd(-5), "-0.000000005");
         assert_eq!(usd(0), "0.000000000");
+    }
+
+    #[test]
+    fn standing_cost_is_the_hourly_rate_over_the_period() {
+        assert_eq!(standing(17.12, 24 * 3_600_000), 410_880_000_000);
+        assert_eq!(standing(2.0, 90 * 60_000), 3_000_000_000);
+        assert_eq!(standing(2.0, -1), 0);
+        assert_eq!(standing(f64::NAN, 3_600_000), 0);
     }
 }

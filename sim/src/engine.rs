@@ -442,6 +442,7 @@ impl Run<'_> {
         if !self.block_ids.is_empty() {
             metrics.track_prompt_cache();
         }
+        metrics.stand(&self.up, end);
         let mut l = Loop {
             metrics,
             up: self.up,

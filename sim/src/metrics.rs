@@ -156,8 +156,16 @@ pub struct Metrics {
     pub cost_by_tier_nano: [Nano; 5],
     /// Event lines the pricing refused (0 in a sound run).
     pub unpriced: u64,
+    /// What the owned and reserved capacity cost over the run, used or
+    /// not: each in-house or reserved destination's hourly price (the
+    /// manifest's `gpu_hour_usd` × `gpus`) over the run's whole hours
+    /// ([`ace_pricing::money::standing`]). The same for every policy; the
+    /// marginal [`Metrics::cost`] leaves it out.
+    pub standing: Nano,
     /// [`Metrics::cost`], USD (for tables and charts; never summed).
     pub cost_usd: f64,
+    /// [`Metrics::standing`], USD.
+    pub standing_usd: f64,
     /// [`Metrics::counterfactual`], USD.
     pub counterfactual_usd: f64,
     /// [`Metrics::cost_served`], USD.
@@ -341,6 +349,18 @@ impl Metrics {
         }
     }
 
+    /// The standing cost of `up`'s owned and reserved capacity over a run
+    /// ending at `end_ms`, billed by the whole hour.
+    pub fn stand(&mut self, up: &[Upstream], end_ms: u64) {
+        let period = end_ms.max(1).div_ceil(3_600_000).saturating_mul(3_600_000);
+        let period = i64::try_from(period).unwrap_or(i64::MAX);
+        self.standing = up
+            .iter()
+            .filter(|u| u.p.tier.is_sunk())
+            .map(|u| ace_pricing::money::standing(u.p.cost.usd_per_gpu_hour, period))
+            .fold(0, Nano::saturating_add);
+    }
+
     /// Sample owned utilisation at `now`.
     pub fn sample(&mut self, now: u64, up: &[Upstream]) {
         if self.owned_slots <= 0.0 {
@@ -366,6 +386,7 @@ impl Metrics {
     /// dropped.
     pub fn finish(&mut self) {
         self.cost_usd = usd_f64(self.cost);
+        self.standing_usd = usd_f64(self.standing);
         self.counterfactual_usd = usd_f64(self.counterfactual);
         self.cost_with_counterfactual_usd = usd_f64(self.cost_served);
         self.cost_by_tier = self.cost_by_tier_nano.map(usd_f64);

@@ -47,8 +47,13 @@ pub struct PolicyFigures {
     /// Whether it may serve a request another model than the one named
     /// (ACE's model classes, LiteLLM's per-team aliases).
     pub substitutes: bool,
-    /// Total cost, USD.
+    /// Marginal cost, USD: every request's booked cost.
     pub cost_usd: Spread,
+    /// Standing cost, USD: the owned and reserved capacity over the run,
+    /// used or not ([`Metrics::standing`]), the same for every policy.
+    pub standing_usd: Spread,
+    /// Total spend, USD: marginal plus standing.
+    pub total_usd: Spread,
     /// Cost over the all-pay-as-you-go counterfactual of the same served
     /// requests.
     pub cost_vs_payg: Spread,
@@ -131,6 +136,8 @@ impl PolicyFigures {
         PolicyFigures {
             prompt_cache,
             cost_usd: s(&|m| m.cost_usd),
+            standing_usd: s(&|m| m.standing_usd),
+            total_usd: s(&|m| m.cost_usd + m.standing_usd),
             cost_vs_payg: s(&|m| m.cost_vs_counterfactual()),
             served: s(&|m| m.served_fraction()),
             slo: s(&|m| m.slo_attainment()),
@@ -227,8 +234,8 @@ impl Comparison {
             .unwrap_or(0)
             .max(24);
         let mut header = format!(
-            "{:<w$} {:>6} {:>12} {:>9} {:>8} {:>8}",
-            "policy", "subst", "cost USD", "vs payg", "served", "SLO"
+            "{:<w$} {:>6} {:>12} {:>10} {:>9} {:>8} {:>8}",
+            "policy", "subst", "cost USD", "total USD", "vs payg", "served", "SLO"
         );
         for c in &classes {
             header.push_str(&format!(" {:>11}", truncate(c, 11)));
@@ -241,10 +248,11 @@ impl Comparison {
         for p in &self.policies {
             let mark = if self.meets_slo(p) { ' ' } else { '*' };
             let mut line = format!(
-                "{:<w$} {:>6} {:>12} {:>8.1}% {:>7.2}% {:>7.2}%",
+                "{:<w$} {:>6} {:>12} {:>10.0} {:>8.1}% {:>7.2}% {:>7.2}%",
                 format!("{}{}", p.policy, mark),
                 if p.substitutes { "yes" } else { "-" },
                 format!("{:.0} ±{:.0}", p.cost_usd.mean, p.cost_usd.sd),
+                p.total_usd.mean,
                 p.cost_vs_payg.mean * 100.0,
                 p.served.mean * 100.0,
                 p.slo.mean * 100.0,
@@ -290,6 +298,14 @@ impl Comparison {
             "\n* below the SLO bar: served and every class's attainment at least {:.0}%\n",
             self.slo_bar * 100.0
         ));
+        let standing = self.policies.first().map_or(0.0, |p| p.standing_usd.mean);
+        if standing > 0.0 {
+            out.push_str(&format!(
+                "cost: marginal, every request as the ledger books it; total: cost plus USD {standing:.0} a run of standing cost, the owned and reserved capacity paid for whether used or not (the manifest's gpu_hour_usd x gpus of its in-house and reserved destinations over the run's hours), the same for every policy\n"
+            ));
+        } else {
+            out.push_str("cost: marginal, every request as the ledger books it; total: the same, the manifest giving no hourly price (gpu_hour_usd) for its owned and reserved capacity\n");
+        }
         out.push_str("vs payg: cost over what the cheapest feasible pay-as-you-go API would have charged for the same served requests\n");
         out.push_str("violations: attempts sent to a destination the compiled Cedar policies forbid for the request; requests: the requests with at least one\n");
         out.push_str("subst: may serve another model than the one named (ACE's model classes, LiteLLM's per-team aliases)\n");
@@ -328,11 +344,12 @@ impl Comparison {
             .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean));
         if let Some(b) = best {
             out.push(format!(
-                "best peer meeting the SLO bar: {} (USD {:.0}, {:.0} violations); ACE {}",
+                "best peer meeting the SLO bar: {} (USD {:.0}, {:.0} violations); ACE {} (total spend {})",
                 b.policy,
                 b.cost_usd.mean,
                 b.violations.mean,
                 cheaper(saving(ace, b)),
+                cheaper(saving_of_total(ace, b)),
             ));
         }
         // Substitution apart: each side of ACE against the best peer on
@@ -353,7 +370,7 @@ impl Comparison {
             };
             out.push(match peer {
                 Some(b) => format!(
-                    "{side}: {} (USD {:.0}{below}) against the best peer {} meeting the SLO bar, {} (USD {:.0}, {:.0} violations): {}",
+                    "{side}: {} (USD {:.0}{below}) against the best peer {} meeting the SLO bar, {} (USD {:.0}, {:.0} violations): {} (total spend {}){}",
                     ours.policy,
                     ours.cost_usd.mean,
                     if substitutes { "that substitutes" } else { "that does not substitute" },
@@ -361,6 +378,26 @@ impl Comparison {
                     b.cost_usd.mean,
                     b.violations.mean,
                     cheaper(saving(ours, b)),
+                    cheaper(saving_of_total(ours, b)),
+                    // A peer that breaks the policies is no one's choice:
+                    // the best that breaks none, too.
+                    match compliant
+                        .iter()
+                        .filter(|p| {
+                            !p.policy.starts_with("ace")
+                                && p.substitutes == substitutes
+                                && p.violations.max == 0.0
+                        })
+                        .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean))
+                    {
+                        Some(c) if c.policy != b.policy => format!(
+                            "; against the best with no violation, {} (USD {:.0}): {}",
+                            c.policy,
+                            c.cost_usd.mean,
+                            cheaper(saving(ours, c)),
+                        ),
+                        _ => String::new(),
+                    },
                 ),
                 None => format!(
                     "{side}: {} (USD {:.0}{below}); no peer {} meets the SLO bar",
@@ -405,6 +442,12 @@ impl Comparison {
 /// What `ours` saves over `peer`, as a fraction of the peer's cost.
 fn saving(ours: &PolicyFigures, peer: &PolicyFigures) -> f64 {
     1.0 - ours.cost_usd.mean / peer.cost_usd.mean.max(1e-12)
+}
+
+/// What `ours` saves over `peer` as a share of the peer's total spend,
+/// standing cost included (the same sum saved, over a larger whole).
+fn saving_of_total(ours: &PolicyFigures, peer: &PolicyFigures) -> f64 {
+    1.0 - ours.total_usd.mean / peer.total_usd.mean.max(1e-12)
 }
 
 /// A saving as "12.3% cheaper", or a loss as "4.5% dearer".

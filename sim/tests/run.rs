@@ -33,15 +33,20 @@ fn places() -> Vec<Placement> {
         .collect()
 }
 
+/// The filter configuration of [`simulation_with`]: an owned server
+/// (standing cost USD 8.56 an hour), a spot server and an API.
+const CONFIG: &[u8] = br#"{"destinations":[
+    {"name":"owned","cluster":"owned","tier":"inhouse","capacity":16,
+     "usd_per_input_token":5e-8,"usd_per_output_token":1.5e-7,"slo_ms":1500,
+     "usd_per_gpu_hour":8.56},
+    {"name":"spot","cluster":"spot","tier":"spot","capacity":16,
+     "usd_per_gpu_hour":4.4,"tokens_per_second":2400,"eviction_premium":0.15},
+    {"name":"api","cluster":"api","tier":"payg",
+     "usd_per_input_token":6e-7,"usd_per_output_token":6e-7}],
+  "allow_no_policy":true,"body":{"read":true}}"#;
+
 fn simulation_with(requests: usize, mix: &str) -> Result<Simulation, String> {
-    let config = br#"{"destinations":[
-        {"name":"owned","cluster":"owned","tier":"inhouse","capacity":16,
-         "usd_per_input_token":5e-8,"usd_per_output_token":1.5e-7,"slo_ms":1500},
-        {"name":"spot","cluster":"spot","tier":"spot","capacity":16,
-         "usd_per_gpu_hour":4.4,"tokens_per_second":2400,"eviction_premium":0.15},
-        {"name":"api","cluster":"api","tier":"payg",
-         "usd_per_input_token":6e-7,"usd_per_output_token":6e-7}],
-      "allow_no_policy":true,"body":{"read":true}}"#;
+    let config = CONFIG;
     let arrivals = trace::arrivals(
         &Trace::synthetic(3, requests, 4.0),
         Shape::Replay { speedup: 1.0 },
@@ -174,6 +179,26 @@ fn every_policy_accounts_for_every_request_and_repeats_itself() {
         );
         let per_class: u64 = a.classes.iter().map(|c| c.requests).sum();
         assert_eq!(per_class, 2000, "{}", kind.name());
+    }
+}
+
+/// Owned capacity costs its hourly price over the run's whole hours, for
+/// every policy alike, beside what each spends per request; spot capacity
+/// bought by the hour is marginal, not standing.
+#[test]
+fn standing_cost_is_the_owned_capacity_over_the_runs_hours_for_every_policy() {
+    // 3,000 requests at 4 a second: a run of 12.5 minutes, billed an hour.
+    let sim = simulation(3000);
+    for kind in [
+        PolicyKind::Ace,
+        PolicyKind::LiteLlm(Strategy::CostBased),
+        PolicyKind::AllPayg,
+    ] {
+        let m = sim
+            .run(kind, 1, None, &|_| {})
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(m.standing, 8_560_000_000, "{kind:?}");
+        assert_eq!(m.standing_usd, 8.56);
     }
 }
 

@@ -22,6 +22,7 @@ use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
 use crate::fleet::Answer;
 use crate::metrics::Booking;
 use ace_config::{Config, Trusted};
+use ace_core::cost::Tier;
 use ace_core::fleet::FleetState;
 use ace_flow::control::{Consumer, Delivery};
 use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
@@ -521,24 +522,35 @@ impl Ace {
                 .zip(&cfg.destinations)
                 .map(|(u, d)| Report {
                     name: d.name.clone(),
-                    load: u.p.slots.map(|slots| Load {
-                        // A committed block reports its use of the commitment
-                        // as load (Azure's PTU utilisation).
-                        running: u
-                            .running
-                            .max((u.commitment_used(w.now) * f64::from(slots)).ceil() as u32),
-                        waiting: u.queue.len() as u32,
-                        kv_permille: 0,
-                        stale: false,
-                        scraped_ms: 0,
-                    }),
-                    usd_per_hour: (d.usd_per_gpu_hour > 0.0)
+                    // A committed block is a provider's deployment: no
+                    // metrics page for the control service to scrape. Its
+                    // use of the commitment reaches ACE only in band, on
+                    // its answers (`answered`), as Azure sends it.
+                    load: u
+                        .p
+                        .slots
+                        .filter(|_| d.tier != Tier::Reserved)
+                        .map(|_| Load {
+                            running: u.running,
+                            waiting: u.queue.len() as u32,
+                            kv_permille: 0,
+                            stale: false,
+                            scraped_ms: 0,
+                        }),
+                    // A GPU-hour price feed moves what capacity bought by
+                    // the hour costs; owned and reserved capacity's hourly
+                    // figure is standing cost, which prices no request.
+                    usd_per_hour: (d.usd_per_gpu_hour > 0.0 && !d.tier.is_sunk())
                         .then(|| d.usd_per_gpu_hour * u.price_factor(w.now)),
                     drain: u.notice(w.now).map(|until| Drain {
                         until_ms: EPOCH_MS + until,
                         reason: DrainReason::Eviction,
                     }),
-                    warm: u.p.slots.map(|_| u.resident.clone()),
+                    warm: u
+                        .p
+                        .slots
+                        .filter(|_| d.tier != Tier::Reserved)
+                        .map(|_| u.resident.clone()),
                     ..Report::default()
                 })
                 .collect();
@@ -590,7 +602,7 @@ impl Policy for Ace {
         &mut self,
         w: &World<'_>,
         r: u32,
-        _d: usize,
+        d: usize,
         a: &Answer,
         _n: u32,
         _tried: &[usize],
@@ -613,6 +625,11 @@ impl Policy for Ace {
             }
             if let Some(s) = a.retry_after_s {
                 host.h.response.push(("retry-after", s.to_string()));
+            }
+            if let Some(u) = w.up.get(d).and_then(|u| utilisation(u, w.now)) {
+                host.h
+                    .response
+                    .push(("azure-openai-deployment-utilization", u));
             }
             f.flows.last_mut().map_or(Verdict::Continue, |flow| {
                 let verdict = flow.on_response_headers(setup, host);
@@ -814,6 +831,17 @@ pub struct Probe {
     next: u64,
 }
 
+/// What a committed block says of its use on every answer, as Azure
+/// OpenAI's provisioned deployments do in `azure-openai-deployment-utilization`
+/// (`89.3%`, read by `ace_flow::headroom`): the only signal of that use a
+/// real proxy gets, since no control service scrapes a provider's
+/// deployment. `None` for a destination without a commitment.
+fn utilisation(u: &crate::fleet::Upstream, now: u64) -> Option<String> {
+    u.p.tpm_cap
+        .is_some()
+        .then(|| format!("{:.1}%", u.commitment_used(now) * 100.0))
+}
+
 /// Where [`Probe::request`] sent a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probed {
@@ -983,4 +1011,56 @@ pub fn replay(setup: Setup, log: &[Recorded]) -> Vec<Replayed> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{test_gpu, Upstream};
+    use crate::rng::Rng;
+
+    /// The control service scrapes engines, not a provider's deployment:
+    /// the simulated snapshot carries load for the owned server and none
+    /// for the committed block, whose use reaches the filter on its
+    /// answers.
+    #[test]
+    fn a_committed_block_reports_no_load_and_says_its_use_on_its_answers() {
+        let cfg = Config::parse(
+            br#"{"destinations":[
+              {"name":"owned","cluster":"owned","tier":"inhouse","capacity":8},
+              {"name":"ptu","cluster":"ptu","tier":"reserved","capacity":8}],
+              "allow_no_policy":true}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let setup = Setup::new(cfg).unwrap_or_else(|e| panic!("{e}"));
+        let mut ace = Ace::new(setup, false, true);
+        let mut ptu = test_gpu(8);
+        ptu.tier = Tier::Reserved;
+        ptu.tpm_cap = Some(1000);
+        let mut up = vec![
+            Upstream::new(test_gpu(8), &mut Rng::new(1), 1),
+            Upstream::new(ptu, &mut Rng::new(1), 1),
+        ];
+        let mut rng = Rng::new(2);
+        for u in &mut up {
+            assert_eq!(u.admit(0, 800, 93, "m", &mut rng).status, 200);
+        }
+        let w = World {
+            now: 0,
+            up: &up,
+            reqs: &[],
+            profiles: &[],
+            block_ids: &[],
+        };
+        let snap = ace.snapshot(&w);
+        let owned = snap.reports.first().and_then(|r| r.load);
+        assert_eq!(owned.map(|l| l.running), Some(1));
+        let ptu = snap.reports.get(1);
+        assert!(ptu.is_some_and(|r| r.load.is_none() && r.warm.is_none()));
+        assert_eq!(up.first().and_then(|u| utilisation(u, 0)), None);
+        assert_eq!(
+            up.get(1).and_then(|u| utilisation(u, 0)).as_deref(),
+            Some("89.3%")
+        );
+    }
 }

@@ -60,7 +60,8 @@ pub struct Args {
     /// litellm-latency-based, litellm-cost-based, LiteLLM as an operator
     /// would configure it (litellm-cost-based-knee,
     /// litellm-cost-based-compliant, litellm-cost-based-team-alias,
-    /// litellm-cost-based-order),
+    /// litellm-cost-based-team-alias-split, litellm-cost-based-order,
+    /// litellm-cost-based-order-split),
     /// priority-gateway, owned-first; on a trace with prompt blocks also
     /// ace-locality (ACE with prefix locality) and sglang-cache-aware (an
     /// engine-side prefix-aware router). Default: all of them.

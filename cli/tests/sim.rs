@@ -53,6 +53,9 @@ fn the_same_seed_gives_the_same_bytes() {
         "litellm-cost-based-knee",
         "litellm-cost-based-compliant",
         "litellm-cost-based-team-alias",
+        "litellm-cost-based-team-alias-split",
+        "litellm-cost-based-order",
+        "litellm-cost-based-order-split",
         "priority-gateway",
         "owned-first",
     ] {
@@ -250,6 +253,12 @@ fn litellm_configured_with_tags_has_no_violation_on_the_example_fleet() {
         "litellm-cost-based-compliant",
         "--policy",
         "litellm-cost-based-team-alias",
+        "--policy",
+        "litellm-cost-based-team-alias-split",
+        "--policy",
+        "litellm-cost-based-order",
+        "--policy",
+        "litellm-cost-based-order-split",
     ]);
     for p in c["policies"].as_array().expect("policies") {
         assert_eq!(p["violations"]["max"], 0.0, "{}", p["policy"]);
@@ -373,11 +382,16 @@ fn ledger_books_on(trace: &[&str], requests: usize, extra: &[&str], count: usize
 }
 
 /// Prefix locality on the first 1,000 requests of the Mooncake trace
-/// (`sim/tests/fixtures/`, Qin et al., FAST 2025): ACE with locality reads
-/// more of its input from the destinations' prompt caches than ACE
-/// without, and the same seed gives the same bytes.
+/// (`sim/tests/fixtures/`, Qin et al., FAST 2025): the prompt caches are
+/// in play for ACE with and without locality (both read a good share of
+/// their input from them), and the same seed gives the same bytes. Which
+/// of the two reads more is a whole-trace question (BENCHMARKS, "Prefix
+/// locality on the Mooncake trace"): on this slice it turned on the
+/// reserved blocks' load, which the simulator no longer gives ACE through
+/// its snapshots (a provider's deployment says its use only on its
+/// answers), and the slice is too short to settle it.
 #[test]
-fn ace_with_locality_reads_more_cached_input_on_a_mooncake_slice() {
+fn ace_with_and_without_locality_read_cached_input_on_a_mooncake_slice() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let slice = root.join("sim/tests/fixtures/mooncake-conversation-head1000.jsonl");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -418,9 +432,8 @@ fn ace_with_locality_reads_more_cached_input_on_a_mooncake_slice() {
             .and_then(|p| p["prompt_cache"]["cached_share"]["mean"].as_f64())
             .unwrap_or_else(|| panic!("no cached share for {name}:\n{text}"))
     };
-    let (without, with) = (share("ace"), share("ace-locality"));
-    assert!(
-        with > without,
-        "ACE with locality read {with:.4} of its input cached, without {without:.4}:\n{text}"
-    );
+    for p in ["ace", "ace-locality"] {
+        let s = share(p);
+        assert!(s > 0.1, "{p} read {s:.4} of its input cached:\n{text}");
+    }
 }

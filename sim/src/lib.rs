@@ -77,7 +77,7 @@ impl PolicyKind {
     /// Every policy, in table order: the peers with their defaults, then
     /// as a competent operator configures them, so that the table's best
     /// peer is the best a peer can do.
-    pub const ALL: [PolicyKind; 14] = [
+    pub const ALL: [PolicyKind; 16] = [
         PolicyKind::Ace,
         PolicyKind::AceNoRouting,
         PolicyKind::AllPayg,
@@ -89,7 +89,9 @@ impl PolicyKind {
         PolicyKind::LiteLlmOperator(Variant::KneeCap),
         PolicyKind::LiteLlmOperator(Variant::Compliant),
         PolicyKind::LiteLlmOperator(Variant::TeamAlias),
+        PolicyKind::LiteLlmOperator(Variant::TeamAliasSplit),
         PolicyKind::LiteLlmOperator(Variant::Order),
+        PolicyKind::LiteLlmOperator(Variant::OrderSplit),
         PolicyKind::Priority,
         PolicyKind::OwnedFirst,
     ];
@@ -139,7 +141,7 @@ impl PolicyKind {
         match self {
             PolicyKind::Ace
             | PolicyKind::AceLocality
-            | PolicyKind::LiteLlmOperator(Variant::TeamAlias) => true,
+            | PolicyKind::LiteLlmOperator(Variant::TeamAlias | Variant::TeamAliasSplit) => true,
             PolicyKind::AceNoRouting
             | PolicyKind::CacheAware
             | PolicyKind::AllPayg

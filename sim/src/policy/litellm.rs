@@ -224,11 +224,10 @@ pub enum Variant {
     /// capacity plan writes to keep latency off the steep part of the
     /// curve. Everything else as the default. Each deployment (one per
     /// model resident on a server) counts its own requests, so a server
-    /// with several can pass its knee when they are busy together;
-    /// splitting the knee among them stops that, but at the example
-    /// fleet's traffic it cost the team-alias variant twice as much ($129
-    /// against $63, its aliases' target holding half a server), so the
-    /// peer keeps the per-deployment cap that serves it better.
+    /// with several can pass its knee when they are busy together; the
+    /// `-split` variants ([`Variant::OrderSplit`],
+    /// [`Variant::TeamAliasSplit`]) split the knee among them instead.
+    /// Neither is best at every load, so the comparison runs both.
     KneeCap,
     /// [`Variant::KneeCap`], compliant: `enable_tag_filtering=True` and
     /// `tag_filtering_match_any=True`; each request carries one tag, the
@@ -268,15 +267,26 @@ pub enum Variant {
     /// retries are spent, the same group at each higher order, then the
     /// group's `fallbacks`).
     Order,
+    /// [`Variant::Order`] with each server's knee split evenly among its
+    /// deployments (`max_parallel_requests` = `floor(knee * slots / n)`
+    /// for a server holding `n` models, at least 1): what an operator
+    /// writes who has seen a busy server pass its knee with every
+    /// deployment under its own cap. It spills to the next `order` sooner.
+    OrderSplit,
+    /// [`Variant::TeamAlias`] with each server's knee split evenly among
+    /// its deployments, as [`Variant::OrderSplit`].
+    TeamAliasSplit,
 }
 
 impl Variant {
     /// The operator variants, in table order.
-    pub const OPERATOR: [Variant; 4] = [
+    pub const OPERATOR: [Variant; 6] = [
         Variant::KneeCap,
         Variant::Compliant,
         Variant::TeamAlias,
+        Variant::TeamAliasSplit,
         Variant::Order,
+        Variant::OrderSplit,
     ];
 
     /// The policy's name for `strategy` under this variant.
@@ -288,6 +298,8 @@ impl Variant {
             Variant::Compliant => format!("{base}-compliant"),
             Variant::TeamAlias => format!("{base}-team-alias"),
             Variant::Order => format!("{base}-order"),
+            Variant::OrderSplit => format!("{base}-order-split"),
+            Variant::TeamAliasSplit => format!("{base}-team-alias-split"),
         }
     }
 
@@ -298,8 +310,25 @@ impl Variant {
     fn tags(self) -> bool {
         matches!(
             self,
-            Variant::Compliant | Variant::TeamAlias | Variant::Order
+            Variant::Compliant
+                | Variant::TeamAlias
+                | Variant::TeamAliasSplit
+                | Variant::Order
+                | Variant::OrderSplit
         )
+    }
+
+    fn order(self) -> bool {
+        matches!(self, Variant::Order | Variant::OrderSplit)
+    }
+
+    fn aliases(self) -> bool {
+        matches!(self, Variant::TeamAlias | Variant::TeamAliasSplit)
+    }
+
+    /// Whether a server's knee is split among its deployments.
+    fn split(self) -> bool {
+        matches!(self, Variant::OrderSplit | Variant::TeamAliasSplit)
     }
 }
 
@@ -613,7 +642,12 @@ impl LiteLlm {
                 let max_parallel_requests = u.p.slots.map(|s| {
                     if variant.knee_cap() {
                         // The manifest's knee: what the operator knows.
-                        ((u.p.cost.knee * f64::from(s)).floor() as u32).max(1)
+                        let share = if variant.split() {
+                            deployed.len().max(1) as f64
+                        } else {
+                            1.0
+                        };
+                        ((u.p.cost.knee * f64::from(s) / share).floor() as u32).max(1)
                     } else {
                         s
                     }
@@ -627,7 +661,7 @@ impl LiteLlm {
                     tpm,
                     weight: None,
                     price: truthy(pin * factor) + truthy(pout * factor),
-                    order: (variant == Variant::Order).then_some(match u.p.tier {
+                    order: variant.order().then_some(match u.p.tier {
                         Tier::InHouse => 1,
                         Tier::Reserved => 2,
                         Tier::Spot => 3,
@@ -687,7 +721,7 @@ impl LiteLlm {
             }
             tag_of.push(t);
         }
-        let aliases = if variant == Variant::TeamAlias {
+        let aliases = if variant.aliases() {
             alias_targets(setup, &deps, &groups)
         } else {
             HashMap::new()

@@ -973,7 +973,9 @@ fn d20_strategies_carry_litellms_names() {
             "litellm-cost-based-knee",
             "litellm-cost-based-compliant",
             "litellm-cost-based-team-alias",
-            "litellm-cost-based-order"
+            "litellm-cost-based-team-alias-split",
+            "litellm-cost-based-order",
+            "litellm-cost-based-order-split"
         ]
     );
 }
@@ -1008,6 +1010,31 @@ fn the_knee_variant_caps_gpu_deployments_at_their_knee() {
         (l.deps[0].max_parallel, l.deps[1].max_parallel),
         (Some(8), Some(100))
     );
+}
+
+#[test]
+fn the_split_variants_share_a_servers_knee_among_its_deployments() {
+    let b = Bench::new(
+        vec![
+            gpu("a", 10, &["m", "n"], 1e-7),
+            gpu("c", 10, &["m"], 1e-7),
+            api("b", 100, &["m", "n"], 1e-6),
+        ],
+        vec![profile("m", "public", "interactive")],
+    );
+    let caps = |v| {
+        let l = b.router_as(Strategy::CostBased, v, &[], 1);
+        l.deps.iter().map(|d| d.max_parallel).collect::<Vec<_>>()
+    };
+    // Server a holds two models: 8 each under the plain knee cap (16 in
+    // all, past its knee), 4 each split; c and the API as they were.
+    assert_eq!(
+        caps(Variant::Order),
+        [Some(8), Some(8), Some(8), Some(100), Some(100)]
+    );
+    for v in [Variant::OrderSplit, Variant::TeamAliasSplit] {
+        assert_eq!(caps(v), [Some(4), Some(4), Some(8), Some(100), Some(100)]);
+    }
 }
 
 #[test]

@@ -338,10 +338,7 @@ impl Comparison {
         ));
         // The best peer: the cheapest policy that is not ACE's own and
         // meets the SLO bar, whichever it is at this load.
-        let best = compliant
-            .iter()
-            .filter(|p| !p.policy.starts_with("ace"))
-            .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean));
+        let best = cheapest_peer(&compliant, |_| true);
         if let Some(b) = best {
             out.push(format!(
                 "best peer meeting the SLO bar: {} (USD {:.0}, {:.0} violations); ACE {} (total spend {})",
@@ -359,10 +356,21 @@ impl Comparison {
             ("dispatch alone", self.get("ace-no-model-routing"), false),
         ] {
             let Some(ours) = ours else { continue };
-            let peer = compliant
-                .iter()
-                .filter(|p| !p.policy.starts_with("ace") && p.substitutes == substitutes)
-                .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean));
+            let peer = cheapest_peer(&compliant, |p| p.substitutes == substitutes);
+            // A peer that breaks the policies is no one's choice: the best
+            // that breaks none, too, where it is another.
+            let clean = cheapest_peer(&compliant, |p| {
+                p.substitutes == substitutes && p.violations.max == 0.0
+            })
+            .filter(|c| peer.is_none_or(|b| c.policy != b.policy))
+            .map_or_else(String::new, |c| {
+                format!(
+                    "; against the best with no violation, {} (USD {:.0}): {}",
+                    c.policy,
+                    c.cost_usd.mean,
+                    cheaper(saving(ours, c)),
+                )
+            });
             let below = if self.meets_slo(ours) {
                 ""
             } else {
@@ -379,25 +387,7 @@ impl Comparison {
                     b.violations.mean,
                     cheaper(saving(ours, b)),
                     cheaper(saving_of_total(ours, b)),
-                    // A peer that breaks the policies is no one's choice:
-                    // the best that breaks none, too.
-                    match compliant
-                        .iter()
-                        .filter(|p| {
-                            !p.policy.starts_with("ace")
-                                && p.substitutes == substitutes
-                                && p.violations.max == 0.0
-                        })
-                        .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean))
-                    {
-                        Some(c) if c.policy != b.policy => format!(
-                            "; against the best with no violation, {} (USD {:.0}): {}",
-                            c.policy,
-                            c.cost_usd.mean,
-                            cheaper(saving(ours, c)),
-                        ),
-                        _ => String::new(),
-                    },
+                    clean,
                 ),
                 None => format!(
                     "{side}: {} (USD {:.0}{below}); no peer {} meets the SLO bar",
@@ -439,6 +429,18 @@ impl Comparison {
     }
 }
 
+/// The cheapest of `policies` that is not ACE's own and passes `keep`.
+fn cheapest_peer<'a>(
+    policies: &[&'a PolicyFigures],
+    keep: impl Fn(&PolicyFigures) -> bool,
+) -> Option<&'a PolicyFigures> {
+    policies
+        .iter()
+        .copied()
+        .filter(|p| !p.policy.starts_with("ace") && keep(p))
+        .min_by(|a, b| a.cost_usd.mean.total_cmp(&b.cost_usd.mean))
+}
+
 /// What `ours` saves over `peer`, as a fraction of the peer's cost.
 fn saving(ours: &PolicyFigures, peer: &PolicyFigures) -> f64 {
     1.0 - ours.cost_usd.mean / peer.cost_usd.mean.max(1e-12)
@@ -469,4 +471,58 @@ fn yes(b: bool) -> &'static str {
 
 fn truncate(s: &str, n: usize) -> &str {
     s.get(..n.min(s.len())).unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(name: &str, substitutes: bool, cost: f64, violations: u64) -> PolicyFigures {
+        let mut m = Metrics::default();
+        m.requests = 100;
+        m.served = 100;
+        m.cost_usd = cost;
+        m.standing_usd = 900.0;
+        m.violations = violations;
+        PolicyFigures::new(name.into(), substitutes, vec![m])
+    }
+
+    #[test]
+    fn the_verdict_gives_savings_of_total_spend_and_the_best_peer_with_no_violation() {
+        let c = Comparison {
+            setting: Setting {
+                trace: "t".into(),
+                requests: 100,
+                seeds: vec![1],
+                shape: "s".into(),
+                fleet_model: crate::fleet::FleetModel::default(),
+            },
+            policies: vec![
+                figures("ace", true, 10.0, 0),
+                figures("ace-no-model-routing", false, 60.0, 0),
+                figures("owned-first", false, 80.0, 5),
+                figures("litellm-cost-based-order", false, 100.0, 0),
+                figures("litellm-cost-based-team-alias", true, 50.0, 0),
+            ],
+            slo_bar: 0.95,
+        };
+        let v = c.verdict().join("\n");
+        assert!(
+            v.contains(
+                "dispatch alone: ace-no-model-routing (USD 60) against the best peer that does not \
+                 substitute meeting the SLO bar, owned-first (USD 80, 5 violations): 25.0% cheaper \
+                 (total spend 2.0% cheaper); against the best with no violation, \
+                 litellm-cost-based-order (USD 100): 40.0% cheaper"
+            ),
+            "{v}"
+        );
+        assert!(
+            v.contains(
+                "litellm-cost-based-team-alias (USD 50, 0 violations): 80.0% cheaper (total spend \
+                 4.2% cheaper)\n"
+            ),
+            "{v}"
+        );
+        assert!(c.table().contains("USD 900 a run of standing cost"));
+    }
 }

@@ -3,14 +3,14 @@
 //! plugin configuration compiled from the test's own manifest, budgets
 //! and all), checked on decoded snapshots and the service's /metrics.
 
-use ace_control::{fetch, Config, Fetched, Running};
+use ace_control::{Config, Running};
 use ace_ledger::book::Ledger;
 use ace_ledger::ingest::Options;
 use ace_snapshot::{Budget, BudgetState, Snapshot};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{now_ms, TOKEN};
+use crate::common::{now_ms, snapshot_and_etag, wait_for, TOKEN};
 
 const SCHEMA: &str = "namespace Ace {\n  entity Tenant;\n  entity Destination;\n  \
                       action dispatch appliesTo { principal: [Tenant], resource: [Destination], \
@@ -98,15 +98,6 @@ fn event(n: u32, config: &str, tenant: &str, time_ms: u64, usd: f64) -> String {
         + "\n"
 }
 
-async fn snapshot(r: &Running) -> Snapshot {
-    let url = format!("http://{}/v1/snapshot", r.addr);
-    let client = ace_control::http_client(Duration::from_secs(2)).unwrap();
-    match fetch(&client, &url, Some(TOKEN), None).await.unwrap() {
-        Fetched::Snapshot(s, _) => s,
-        Fetched::NotModified => panic!("304 without an ETag sent"),
-    }
-}
-
 async fn metrics(r: &Running) -> String {
     reqwest::get(format!("http://{}/metrics", r.addr))
         .await
@@ -118,22 +109,6 @@ async fn metrics(r: &Running) -> String {
 
 fn budget<'a>(s: &'a Snapshot, name: &str) -> Option<&'a Budget> {
     s.budgets.iter().find(|b| b.name == name)
-}
-
-/// Polls the snapshot until `ok` holds (`secs` at most).
-async fn wait_for(r: &Running, secs: u64, what: &str, ok: impl Fn(&Snapshot) -> bool) -> Snapshot {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let s = snapshot(r).await;
-        if ok(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; last: {s:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(40)).await;
-    }
 }
 
 /// Polls /metrics until it holds `line` (5 s at most).
@@ -195,7 +170,7 @@ async fn budgets_follow_the_books_and_hold_while_the_store_is_down() {
 
     // No ledger yet: the service runs, publishes no reading, and says so.
     wait_metric(&r, "ace_control_ledger_up 0").await;
-    assert!(snapshot(&r).await.budgets.is_empty());
+    assert!(snapshot_and_etag(&r).await.0.budgets.is_empty());
     assert!(!db.exists(), "a missing ledger is not created");
 
     // The ledger appears: every budget with an amount reads 0, ok.
@@ -245,15 +220,19 @@ async fn budgets_follow_the_books_and_hold_while_the_store_is_down() {
     let aside = dir.path().join("aside.sqlite");
     move_store(&db, &aside);
     wait_metric(&r, "ace_control_ledger_up 0").await;
-    let last = snapshot(&r).await;
+    let last = snapshot_and_etag(&r).await.0;
     assert_eq!(budget(&last, "team").unwrap().state, BudgetState::Exhausted);
     failed_reads(&r, 3).await;
-    assert_eq!(snapshot(&r).await.budgets, last.budgets, "held while gone");
+    assert_eq!(
+        snapshot_and_etag(&r).await.0.budgets,
+        last.budgets,
+        "held while gone"
+    );
     // Something that is not a ledger in its place: the same.
     std::fs::write(&db, b"not a ledger at all, just bytes").unwrap();
     failed_reads(&r, 3).await;
     assert_eq!(
-        snapshot(&r).await.budgets,
+        snapshot_and_etag(&r).await.0.budgets,
         last.budgets,
         "held while unreadable"
     );

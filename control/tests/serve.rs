@@ -10,9 +10,9 @@ use axum::routing::{get, put};
 use axum::Router;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::common::{now_ms, rfc3339, serve, TOKEN};
+use crate::common::{now_ms, rfc3339, serve, snapshot_and_etag, wait_for, TOKEN};
 
 const HOLD_MS: u64 = 3_600_000;
 
@@ -104,30 +104,11 @@ fn url(r: &Running) -> String {
 }
 
 async fn snapshot(r: &Running) -> (Snapshot, String) {
-    match fetch(&client(), &url(r), Some(TOKEN), None).await.unwrap() {
-        Fetched::Snapshot(s, etag) => (s, etag),
-        Fetched::NotModified => panic!("304 without an ETag sent"),
-    }
+    snapshot_and_etag(r).await
 }
 
 fn report<'a>(s: &'a Snapshot, name: &str) -> Option<&'a Report> {
     s.reports.iter().find(|r| r.name == name)
-}
-
-/// Polls the snapshot until `ok` holds (5 s at most).
-async fn wait_for(r: &Running, what: &str, ok: impl Fn(&Snapshot) -> bool) -> Snapshot {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (s, _) = snapshot(r).await;
-        if ok(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; last: {s:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(40)).await;
-    }
 }
 
 async fn metrics(r: &Running) -> String {
@@ -164,7 +145,7 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
     );
     let r = ace_control::start(config(m)).await.unwrap();
 
-    let s = wait_for(&r, "the first load", |s| {
+    let s = wait_for(&r, 5, "the first load", |s| {
         report(s, "gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.running == 3 && !l.stale)
@@ -183,7 +164,7 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
     );
 
     engine.lock().unwrap().running = 7;
-    wait_for(&r, "the load to follow", |s| {
+    wait_for(&r, 5, "the load to follow", |s| {
         report(s, "gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.running == 7 && !l.stale)
@@ -191,7 +172,7 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
     .await;
 
     engine.lock().unwrap().fail = true;
-    let s = wait_for(&r, "a stale load", |s| {
+    let s = wait_for(&r, 5, "a stale load", |s| {
         report(s, "gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.stale)
@@ -222,7 +203,7 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
         e.fail = false;
         e.running = 0;
     }
-    wait_for(&r, "a fresh load again", |s| {
+    wait_for(&r, 5, "a fresh load again", |s| {
         report(s, "gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.running == 0 && !l.stale)
@@ -276,7 +257,7 @@ async fn aws_notice_drains_and_404_lifts() {
         "{{\"action\":\"terminate\",\"time\":\"{}\"}}",
         rfc3339(at)
     ));
-    let s = wait_for(&r, "the drain", |s| {
+    let s = wait_for(&r, 5, "the drain", |s| {
         report(s, "spot").is_some_and(|r| r.drain.is_some())
     })
     .await;
@@ -291,7 +272,7 @@ async fn aws_notice_drains_and_404_lifts() {
     assert!(m.contains("ace_control_eviction_notices_total 1"), "{m}");
 
     *notice.lock().unwrap() = None;
-    wait_for(&r, "the drain to lift", |s| report(s, "spot").is_none()).await;
+    wait_for(&r, 5, "the drain to lift", |s| report(s, "spot").is_none()).await;
     r.stop().await;
 }
 
@@ -357,7 +338,7 @@ async fn gcp_true_and_azure_preempt_drain() {
     *events.lock().unwrap() = format!(
         r#"{{"DocumentIncarnation":2,"Events":[{{"EventId":"e1","EventType":"Preempt","ResourceType":"VirtualMachine","Resources":["vm1"],"EventStatus":"Scheduled","NotBefore":"{not_before}"}}]}}"#
     );
-    let s = wait_for(&r, "both drains", |s| {
+    let s = wait_for(&r, 5, "both drains", |s| {
         report(s, "g").is_some_and(|r| r.drain.is_some())
             && report(s, "a").is_some_and(|r| r.drain.is_some())
     })
@@ -375,7 +356,7 @@ async fn gcp_true_and_azure_preempt_drain() {
     // The event is cancelled; GCP's machine is replaced.
     *events.lock().unwrap() = r#"{"DocumentIncarnation":3,"Events":[]}"#.into();
     *preempted.lock().unwrap() = "FALSE".into();
-    wait_for(&r, "both lifted", |s| s.reports.is_empty()).await;
+    wait_for(&r, 5, "both lifted", |s| s.reports.is_empty()).await;
     r.stop().await;
 }
 
@@ -405,7 +386,7 @@ async fn the_webhook_drains_and_lifts_and_needs_the_token() {
     assert_eq!(post_notice(&r, Some("wrong"), body.clone()).await.0, 401);
     let (code, text) = post_notice(&r, Some(TOKEN), body).await;
     assert_eq!(code, 200, "{text}");
-    let s = wait_for(&r, "the pushed drain", |s| report(s, "spot").is_some()).await;
+    let s = wait_for(&r, 5, "the pushed drain", |s| report(s, "spot").is_some()).await;
     let d = report(&s, "spot").unwrap().drain.unwrap();
     assert_eq!((d.until_ms, d.reason), (until, DrainReason::Eviction));
 
@@ -436,7 +417,7 @@ async fn the_webhook_drains_and_lifts_and_needs_the_token() {
     )
     .await;
     assert_eq!(code, 200);
-    wait_for(&r, "the lift", |s| s.reports.is_empty()).await;
+    wait_for(&r, 5, "the lift", |s| s.reports.is_empty()).await;
     r.stop().await;
 }
 
@@ -479,7 +460,7 @@ async fn prices_version_etag_304_and_401() {
     c.gpu_prices = Some(FeedSource::File(feed));
     let r = ace_control::start(c).await.unwrap();
 
-    let s = wait_for(&r, "prices", |s| s.reports.len() == 2).await;
+    let s = wait_for(&r, 5, "prices", |s| s.reports.len() == 2).await;
     let p = report(&s, "api").unwrap().price.unwrap();
     assert_eq!(
         (p.usd_per_input_token, p.usd_per_output_token),
@@ -496,7 +477,7 @@ async fn prices_version_etag_304_and_401() {
         assert_eq!(again, Fetched::NotModified);
     }
     // The feed's scheduled change takes effect at its time, as a new version.
-    let s2 = wait_for(&r, "the scheduled GPU price", |s| {
+    let s2 = wait_for(&r, 5, "the scheduled GPU price", |s| {
         report(s, "spot").unwrap().usd_per_hour == Some(20.0)
     })
     .await;
@@ -508,7 +489,7 @@ async fn prices_version_etag_304_and_401() {
         r#"{"gpt-4o":{"input_cost_per_token":"1e-06","output_cost_per_token":"4e-06"}}"#,
     )
     .unwrap();
-    let s3 = wait_for(&r, "the new price", |s| {
+    let s3 = wait_for(&r, 5, "the new price", |s| {
         report(s, "api").unwrap().price.unwrap().usd_per_input_token == 1e-6
     })
     .await;
@@ -593,13 +574,13 @@ async fn the_plan_step_sets_capacity() {
     });
     let r = ace_control::start(c).await.unwrap();
     let cap = |s: &Snapshot| report(s, "owned").and_then(|r| r.capacity);
-    wait_for(&r, "step 1: the GPUs went to batch work", |s| {
+    wait_for(&r, 5, "step 1: the GPUs went to batch work", |s| {
         cap(s) == Some(0)
     })
     .await;
-    wait_for(&r, "step 2: 3 GPUs x 4 slots", |s| cap(s) == Some(12)).await;
+    wait_for(&r, 5, "step 2: 3 GPUs x 4 slots", |s| cap(s) == Some(12)).await;
     // Past the plan's last step: nothing to say.
-    wait_for(&r, "the end of the plan", |s| cap(s).is_none()).await;
+    wait_for(&r, 5, "the end of the plan", |s| cap(s).is_none()).await;
     r.stop().await;
 }
 
@@ -681,9 +662,9 @@ async fn a_gpu_price_feed_over_http_is_fetched_every_interval() {
     let hourly = |s: &Snapshot| report(s, "spot").and_then(|r| r.usd_per_hour);
     assert_eq!(hourly(&snapshot(&r).await.0), None);
     *feed.lock().unwrap() = change(0.5);
-    wait_for(&r, "the feed's price", |s| hourly(s) == Some(1.0)).await;
+    wait_for(&r, 5, "the feed's price", |s| hourly(s) == Some(1.0)).await;
     *feed.lock().unwrap() = change(0.75);
-    wait_for(&r, "the feed's new price", |s| hourly(s) == Some(1.5)).await;
+    wait_for(&r, 5, "the feed's new price", |s| hourly(s) == Some(1.5)).await;
     // Down again: the last good price stays.
     feed.lock().unwrap().clear();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -751,7 +732,7 @@ async fn restarted_and_fresh_engines_report_no_phantom_load() {
     );
     let r = ace_control::start(config(m)).await.unwrap();
     let load = |s: &Snapshot, name: &str| report(s, name).and_then(|r| r.load);
-    let s = wait_for(&r, "busy figures", |s| {
+    let s = wait_for(&r, 5, "busy figures", |s| {
         load(s, "tgi").is_some_and(|l| l.running == 3 && !l.stale)
             && load(s, "trt").is_some_and(|l| l.running == 5 && !l.stale)
     })
@@ -769,7 +750,7 @@ async fn restarted_and_fresh_engines_report_no_phantom_load() {
     // Both go down: their figures are held, stale, with their scrape time.
     *tgi_page.lock().unwrap() = None;
     *trt_page.lock().unwrap() = None;
-    let s = wait_for(&r, "held figures", |s| {
+    let s = wait_for(&r, 5, "held figures", |s| {
         load(s, "tgi").is_some_and(|l| l.stale) && load(s, "trt").is_some_and(|l| l.stale)
     })
     .await;
@@ -781,7 +762,7 @@ async fn restarted_and_fresh_engines_report_no_phantom_load() {
     // request, trtllm-serve's has no load gauge until one completes.
     *tgi_page.lock().unwrap() = Some(fixture!("tgi-restarted.prom"));
     *trt_page.lock().unwrap() = Some(fixture!("trtllm-fresh.prom"));
-    let s = wait_for(&r, "restarted engines, idle", |s| {
+    let s = wait_for(&r, 5, "restarted engines, idle", |s| {
         load(s, "tgi").is_some_and(|l| !l.stale) && load(s, "trt").is_some_and(|l| !l.stale)
     })
     .await;
@@ -835,7 +816,7 @@ async fn a_keyed_model_server_is_read_with_the_key_from_its_file() {
         ],
     );
     let r = ace_control::start(config(m)).await.unwrap();
-    let s = wait_for(&r, "the keyed server's warm list", |s| {
+    let s = wait_for(&r, 5, "the keyed server's warm list", |s| {
         report(s, "keyed").is_some_and(|r| r.warm.is_some())
     })
     .await;

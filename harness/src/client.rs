@@ -24,6 +24,15 @@ impl Response {
         crate::find_header(&self.headers, name)
     }
 
+    /// Where ACE sent the request (`x-ace-destination`), or `refused
+    /// <status>` when it did not.
+    pub fn served(&self) -> String {
+        match self.header("x-ace-destination") {
+            Some(d) => d.to_string(),
+            None => format!("refused {}", self.status),
+        }
+    }
+
     /// The body as (lossy) UTF-8.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()

@@ -279,14 +279,6 @@ fn ask(envoy: &Envoy, tenant: &str, model: &str) -> Response {
     .unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
-/// Where a response came from, or `refused <status>`.
-fn served(r: &Response) -> String {
-    match r.header("x-ace-destination") {
-        Some(d) => d.to_string(),
-        None => format!("refused {}", r.status),
-    }
-}
-
 fn error(r: &Response) -> Value {
     serde_json::from_slice::<Value>(&r.body).map_or(Value::Null, |v| v["error"].clone())
 }
@@ -383,13 +375,13 @@ fn a_tenant_steps_down_is_refused_and_the_limit_lifts(filter: Filter) {
     std::thread::sleep(WINDOW + Duration::from_secs(1));
     for _ in 0..5 {
         let r = ask(&envoy, "northbank", "gpt-4o");
-        assert_eq!(served(&r), "refused 429", "a dead store lifted the limit");
+        assert_eq!(r.served(), "refused 429", "a dead store lifted the limit");
     }
     w.stop_service();
     std::thread::sleep(Duration::from_secs(2));
     for _ in 0..5 {
         let r = ask(&envoy, "northbank", "gpt-4o");
-        assert_eq!(served(&r), "refused 429", "a dead service lifted the limit");
+        assert_eq!(r.served(), "refused 429", "a dead service lifted the limit");
     }
     // Others still flow.
     assert_eq!(ask(&envoy, "acme-health", "gpt-4o").status, 200);

@@ -156,13 +156,6 @@ fn ask(envoy: &Envoy, data_class: &str) -> Response {
         .unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
-fn served(r: &Response) -> String {
-    match r.header("x-ace-destination") {
-        Some(d) => d.to_string(),
-        None => format!("refused {}", r.status),
-    }
-}
-
 /// Wait (at most `limit`) until `data_class` requests go to `want` (or
 /// are refused: `want` = "refused 503") six times in a row: every worker
 /// has the news, not just the first to tick.
@@ -170,7 +163,7 @@ fn until_served(envoy: &Envoy, data_class: &str, want: &str, limit: Duration) ->
     let t0 = Instant::now();
     let mut in_a_row = 0;
     loop {
-        let got = served(&ask(envoy, data_class));
+        let got = ask(envoy, data_class).served();
         in_a_row = if got == want { in_a_row + 1 } else { 0 };
         if in_a_row == 6 {
             return t0.elapsed();
@@ -190,7 +183,7 @@ fn until_public_goes_to(envoy: &Envoy, want: &str, limit: Duration) -> Duration 
 /// EU personal data may only go to `eu-owned`: served there or refused.
 fn eu_data_stays_in_the_eu(envoy: &Envoy) {
     let r = ask(envoy, "personal_eu");
-    let got = served(&r);
+    let got = r.served();
     assert!(
         got == "eu-owned" || got.starts_with("refused 503"),
         "EU personal data went to {got}"
@@ -250,7 +243,7 @@ fn the_control_service_moves_traffic_and_never_feasibility(filter: Filter) {
     w.stop_service();
     std::thread::sleep(Duration::from_millis(3000));
     for _ in 0..5 {
-        assert_eq!(served(&ask(&envoy, "public")), "eu-owned");
+        assert_eq!(ask(&envoy, "public").served(), "eu-owned");
     }
     let stale = envoy.stat(&filter.stat("ace.control.stale"));
     assert_eq!(stale, Some(1), "the stale gauge");
@@ -312,7 +305,7 @@ fn the_ledger_books_the_spot_price_the_filter_decided_on(filter: Filter) {
     std::thread::sleep(Duration::from_millis(1500));
     let before = envoy.access_log_lines().len();
     for _ in 0..10 {
-        assert_eq!(served(&ask(&envoy, "public")), "us-spot");
+        assert_eq!(ask(&envoy, "public").served(), "us-spot");
     }
     let lines = envoy.wait_access_log(before + 10, Duration::from_secs(10));
     assert!(lines.len() >= before + 10, "{} lines", lines.len());
@@ -418,7 +411,7 @@ fn one_poll_per_interval_per_envoy_with_four_workers(filter: Filter) {
         (intervals - 3..=intervals + 1).contains(&polls),
         "{polls} polls in {intervals} intervals: one per interval per Envoy, not per worker"
     );
-    assert_eq!(served(&ask(&envoy, "public")), "eu-owned");
+    assert_eq!(ask(&envoy, "public").served(), "eu-owned");
 }
 
 ace_tests::for_each_filter!(

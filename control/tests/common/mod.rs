@@ -3,8 +3,10 @@
 //! write it.
 #![allow(dead_code)] // each test crate uses its own subset
 
+use ace_control::{fetch, Fetched, Running};
+use ace_snapshot::Snapshot;
 use axum::Router;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 /// The bearer token the service under test expects.
 pub const TOKEN: &str = "s3cret-token";
@@ -22,6 +24,37 @@ pub async fn serve_on(ip: &str, app: Router) -> String {
 /// Serves `app` on a free port of 127.0.0.1; its base URL.
 pub async fn serve(app: Router) -> String {
     serve_on("127.0.0.1", app).await
+}
+
+/// The service's snapshot now, and its ETag.
+pub async fn snapshot_and_etag(r: &Running) -> (Snapshot, String) {
+    let client = ace_control::http_client(Duration::from_secs(2)).unwrap();
+    let url = format!("http://{}/v1/snapshot", r.addr);
+    match fetch(&client, &url, Some(TOKEN), None).await.unwrap() {
+        Fetched::Snapshot(s, etag) => (s, etag),
+        Fetched::NotModified => panic!("304 without an ETag sent"),
+    }
+}
+
+/// Polls the service's snapshot until `ok` holds (`secs` at most).
+pub async fn wait_for(
+    r: &Running,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&Snapshot) -> bool,
+) -> Snapshot {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let (s, _) = snapshot_and_etag(r).await;
+        if ok(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last: {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
 }
 
 /// Unix ms now.

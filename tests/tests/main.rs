@@ -5,6 +5,7 @@
 //! `cargo test -p ace-tests --test envoy hostile::` (the module's name).
 
 mod body;
+mod budget_edges;
 mod budgets;
 mod compliance_props;
 mod configs;
@@ -14,7 +15,9 @@ mod crate_graph;
 mod dynamic_module;
 mod events;
 mod example_fleet;
+mod fail_closed;
 mod feasibility;
+mod headroom_edges;
 mod hostile;
 mod hostile_load;
 mod istio;
@@ -23,10 +26,12 @@ mod ledger_stream;
 mod prefix;
 mod providers;
 mod reload;
+mod rerun;
 mod retry;
 mod routing;
 mod routing_props;
 mod sim_replay;
 mod spill;
 mod trusted;
+mod usage_shapes;
 mod walking_skeleton;

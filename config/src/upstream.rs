@@ -127,12 +127,6 @@ impl Upstream {
         *self == Upstream::default()
     }
 
-    /// Whether it changes nothing of a request but, perhaps, lets the
-    /// client's credentials pass.
-    pub fn is_only_credentials(&self) -> bool {
-        self.authority.is_none() && self.paths.is_none() && self.models.iter().all(|(m, n)| m == n)
-    }
-
     /// The name the upstream knows catalogue model `model` by.
     #[inline]
     pub fn model_name<'a>(&'a self, model: &'a str) -> &'a str {

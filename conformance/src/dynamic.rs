@@ -219,6 +219,17 @@ pub mod cb {
         true
     }
 
+    pub unsafe fn add_header(f: *mut c_void, kind: u32, key: Buf, value: Buf) -> bool {
+        // SAFETY: the module's buffers, a handle this fake made.
+        let (key, value) = unsafe { (key.bytes().unwrap_or_default().to_vec(), value.bytes()) };
+        let p = pairs_of(unsafe { stream(f) }, kind);
+        match value {
+            Some(v) => p.push((key, v.to_vec())),
+            None => return false,
+        }
+        true
+    }
+
     pub unsafe fn body_chunks_size(f: *mut c_void, kind: u32) -> usize {
         // SAFETY: a handle this fake made.
         usize::from(!body_of(unsafe { stream(f) }, kind).is_empty())
@@ -362,6 +373,10 @@ macro_rules! fake_envoy_callbacks {
             #[no_mangle]
             pub unsafe extern "C" fn envoy_dynamic_module_callback_http_set_header(f: *mut c_void, kind: u32, key: Buf, value: Buf) -> bool {
                 cb::set_header(f, kind, key, value)
+            }
+            #[no_mangle]
+            pub unsafe extern "C" fn envoy_dynamic_module_callback_http_add_header(f: *mut c_void, kind: u32, key: Buf, value: Buf) -> bool {
+                cb::add_header(f, kind, key, value)
             }
             #[no_mangle]
             pub extern "C" fn envoy_dynamic_module_callback_http_clear_route_cache(_f: *mut c_void) {}

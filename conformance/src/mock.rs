@@ -54,6 +54,13 @@ pub struct Mock {
     pub metadata: Option<Vec<u8>>,
     /// Whether this host can run a request again.
     pub can_rerun: bool,
+    /// What a re-run takes over, when it can.
+    pub parking: ace_flow::rerun::Parking,
+    /// Whether this host can replace the held request body (off: the
+    /// suite's cases hold for hosts that cannot).
+    pub rewrites: bool,
+    /// The request body as the flow replaced it (what Envoy holds now).
+    pub body: Option<Vec<u8>>,
     /// Whether it marked the current run superseded.
     pub superseded: bool,
     /// Prefix locality's table, by slot.
@@ -87,6 +94,9 @@ impl Mock {
             reply_headers: vec![],
             metadata: None,
             can_rerun: false,
+            parking: ace_flow::rerun::Parking::new(),
+            rewrites: false,
+            body: None,
             superseded: false,
             locality: HashMap::new(),
             budget_cells: HashMap::new(),
@@ -194,6 +204,11 @@ impl Host for Mock {
         true
     }
 
+    fn add_request_header(&mut self, name: &str, value: &str) -> bool {
+        self.headers.push((name.to_string(), value.to_string()));
+        true
+    }
+
     fn clear_route_cache(&mut self) {}
 
     fn request_body(&mut self, into: &mut Vec<u8>, room: usize) -> usize {
@@ -266,8 +281,20 @@ impl Host for Mock {
         Ok(op.run(&mut self.fleet, warmth, &self.models, &self.policy, now_ms))
     }
 
-    fn can_rerun(&self) -> bool {
-        self.can_rerun
+    fn parking(&self) -> Option<&ace_flow::rerun::Parking> {
+        self.can_rerun.then_some(&self.parking)
+    }
+
+    fn can_replace_request_body(&self) -> bool {
+        self.rewrites
+    }
+
+    fn replace_request_body(&mut self, body: &[u8]) -> bool {
+        if !self.rewrites {
+            return false;
+        }
+        self.body = Some(body.to_vec());
+        self.set_request_header("content-length", &body.len().to_string())
     }
 
     fn replayable(&mut self, _bytes: usize) -> bool {

@@ -133,6 +133,11 @@ struct Shared {
 static BUDGET_CELLS: std::sync::Mutex<BTreeMap<String, [u8; budget::CELL_BYTES]>> =
     std::sync::Mutex::new(BTreeMap::new());
 
+/// What a re-run takes over from the run it replaces, shared by every
+/// worker and configuration (Envoy starts the re-run inside the failed
+/// run's `recreate_stream`, on the same worker).
+static PARKING: ace_flow::rerun::Parking = ace_flow::rerun::Parking::new();
+
 /// Prefix locality's key, drawn once per process: every worker shares the
 /// table, so every worker keys it alike.
 fn locality_secret() -> prefix::Secret {
@@ -502,6 +507,10 @@ impl Host for Dynamic<'_> {
         self.envoy.set_header(HeaderMap::Request, name, value)
     }
 
+    fn add_request_header(&mut self, name: &str, value: &str) -> bool {
+        self.envoy.add_header(HeaderMap::Request, name, value)
+    }
+
     fn clear_route_cache(&mut self) {
         self.envoy.clear_route_cache();
     }
@@ -734,8 +743,8 @@ impl Host for Dynamic<'_> {
         true
     }
 
-    fn can_rerun(&self) -> bool {
-        true
+    fn parking(&self) -> Option<&ace_flow::rerun::Parking> {
+        Some(&PARKING)
     }
 
     /// Envoy can run the request again whole when its body is all in

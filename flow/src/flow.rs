@@ -44,6 +44,7 @@ use crate::headers::{self, Pairs};
 use crate::headroom;
 use crate::prefix;
 use crate::request::{self, Lookup, Refused};
+use crate::rerun::{self, Carry, Parking};
 use crate::routing::{self, Routed};
 use crate::upstream;
 use crate::usage::UsageScanner;
@@ -58,14 +59,7 @@ use ace_core::tables::Tables;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// The request header that marks ACE's own re-run of a request
-/// (`retry_next`): this process's token and the index of the destination
-/// that failed. A value without the token (a client's) is removed and
-/// ignored.
-pub const RETRY_HEADER: &str = "x-ace-retry";
-
-/// The event's and `x-ace-reason`'s reason for a re-run request.
-pub const RETRY_REASON: &str = "retry";
+pub use crate::rerun::{RETRY_HEADER, RETRY_REASON};
 
 /// The response headers the flow reads, for hosts that read a header map
 /// in one pass ([`Host::response_header`] asks for them one at a time).
@@ -321,6 +315,14 @@ pub trait Host {
     /// value; false if the host could not.
     fn set_request_header(&mut self, name: &str, value: &str) -> bool;
 
+    /// Add `value` to request header `name`, keeping its earlier values
+    /// (a re-run puts a repeated header back, [`rerun::restore`]); false
+    /// if the host could not (the default).
+    fn add_request_header(&mut self, name: &str, value: &str) -> bool {
+        let _ = (name, value);
+        false
+    }
+
     /// Make Envoy select the route again after the destination header
     /// changed (a no-op where the host does it on its own).
     fn clear_route_cache(&mut self);
@@ -384,10 +386,18 @@ pub trait Host {
     /// transaction for a host that holds the state in its own memory.
     fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable>;
 
+    /// Where this host keeps what a re-run takes over from the run it
+    /// replaces ([`rerun`]), shared by every worker; `None` (the default):
+    /// this host cannot run a request again within the same request, and
+    /// `retry_next` is ignored.
+    fn parking(&self) -> Option<&Parking> {
+        None
+    }
+
     /// Whether this host can run a request again within the same request
-    /// (`retry_next`).
+    /// (`retry_next`): it keeps a [`Parking`].
     fn can_rerun(&self) -> bool {
-        false
+        self.parking().is_some()
     }
 
     /// Whether Envoy holds the whole request body, `bytes` long, to run
@@ -699,9 +709,10 @@ pub struct Flow {
     usage: Option<UsageScanner>,
     /// The request's own output budget (`max_tokens`), if its body gave one.
     max_output: Option<u32>,
-    /// This run is ACE's re-run of a request whose destination (this
-    /// index) failed: that destination is not a candidate.
-    retry_of: Option<usize>,
+    /// This run is ACE's re-run of a request: what it took over from the
+    /// run it replaces, the destination that failed among it (not a
+    /// candidate).
+    rerun: Option<Box<Carry>>,
     /// The event, set aside while Envoy runs the request again (boxed: a
     /// rare case should not grow every request's state).
     parked: Option<Box<Event>>,
@@ -724,6 +735,9 @@ struct Extra {
     cache: Option<Pending>,
     /// ACE asked the stream for its usage: what to take out of it.
     strip: Option<crate::stream_usage::Strip>,
+    /// The body as the client sent it, where ACE rewrote it and may run
+    /// the request again (`retry_next`): a re-run starts from it.
+    original: Option<Vec<u8>>,
 }
 
 /// What the rungs came to, inside the worker's buffers.
@@ -837,7 +851,7 @@ impl Ask<'_> {
             Some(routed) => routed?,
             // Only a substitute may serve, and none can.
             None if self.substitution_only => {
-                return Err(Stop::NoDestination(Refusal::NoFeasibleDestination))
+                return Err(Stop::NoDestination(Refusal::NoFeasibleDestination));
             }
             None => self.merit_rung(w, host)?,
         };
@@ -1060,11 +1074,17 @@ impl Flow {
         if let Some(value) = mark {
             // Ours (it carries this process's token) or a client's: either
             // way it goes no further than here.
-            self.retry_of = retry_of(value);
+            let key = rerun::key(value);
             host.remove_request_header(RETRY_HEADER);
+            if let Some(key) = key {
+                self.rerun = host.parking().and_then(|p| p.take(key));
+                if self.rerun.is_none() {
+                    return self.internal(host, "a re-run whose request was not kept");
+                }
+            }
         }
         host.count(
-            if self.retry_of.is_some() {
+            if self.rerun.is_some() {
                 Fleet::Retries
             } else {
                 Fleet::Requests
@@ -1107,6 +1127,18 @@ impl Flow {
         let room = max.saturating_sub(buf.len());
         let arrived = host.request_body(&mut buf, room);
         self.request_bytes = self.request_bytes.saturating_add(arrived);
+        // A re-run of a request whose body ACE rewrote for the destination
+        // that failed: the client's body, not that one.
+        let original = end_of_stream
+            .then(|| self.rerun.as_mut().and_then(|c| c.body.take()))
+            .flatten();
+        if let Some(original) = original {
+            if !host.replace_request_body(&original) {
+                return self.internal(host, "cannot put the client's body back for a re-run");
+            }
+            self.request_bytes = original.len();
+            buf = original;
+        }
         if !end_of_stream && self.request_bytes < max {
             self.body = Some(buf);
             return Verdict::Hold; // buffer more
@@ -1207,7 +1239,8 @@ impl Flow {
             return self.refuse(host, &refused);
         }
         self.max_output = body.and_then(|b| b.max_output_tokens);
-        let excluded = self.retry_of;
+        let excluded = self.rerun.as_ref().map(|c| c.failed);
+        let carried = self.rerun.as_deref();
         let Some(event) = self.event.as_mut() else {
             return self.internal(host, "request not captured");
         };
@@ -1245,7 +1278,13 @@ impl Flow {
                 setup.tables.as_ref(),
                 event,
                 body_model,
-                |source| host.trusted(source),
+                // A re-run reads what its first run verified: a filter
+                // before ACE may have consumed the header it verified.
+                |source| {
+                    carried
+                        .and_then(|c| c.verified(cfg, source))
+                        .or_else(|| host.trusted(source))
+                },
                 &mut w.lookup,
             )
             .map_err(Stop::Refused)?;
@@ -1400,7 +1439,7 @@ impl Flow {
                         reason: "shared_state",
                         message: "fleet state unavailable".to_string(),
                     },
-                )
+                );
             }
         };
         let won = Won {
@@ -1438,7 +1477,7 @@ impl Flow {
             live,
         } = won;
         let cfg = &setup.config;
-        let excluded = self.retry_of;
+        let excluded = self.rerun.as_ref().map(|c| c.failed);
         let Some((decision, _)) = self.chosen.as_mut() else {
             return self.internal(host, "routed without a decision");
         };
@@ -1489,10 +1528,19 @@ impl Flow {
                 (true, false) => routing::rewrite_model(b, name),
                 (false, _) => crate::stream_usage::ask(b),
             });
-            let done = rewritten.is_some_and(|b| host.replace_request_body(&b));
+            let sent = rewritten.filter(|b| host.replace_request_body(b));
+            let done = sent.is_some();
             if done && ask_usage {
                 self.extra.get_or_insert_with(Box::default).strip =
                     Some(crate::stream_usage::Strip::default());
+            }
+            // A request that may run again keeps the client's body for
+            // its re-run, and knows how long the body Envoy holds is.
+            if let (Some(sent), true) = (&sent, cfg.retry_next && host.can_rerun()) {
+                self.request_bytes = sent.len();
+                if excluded.is_none() {
+                    self.extra.get_or_insert_with(Box::default).original = raw.map(<[u8]>::to_vec);
+                }
             }
             if !done {
                 self.settle(setup, host, None, Some(now));
@@ -1901,7 +1949,7 @@ impl Flow {
                 v.is_some_and(|v| !v.eq_ignore_ascii_case(b"identity"))
             });
         let comparable = (200..300).contains(&status) && !encoded;
-        let reason = if self.retry_of.is_some() {
+        let reason = if self.rerun.is_some() {
             RETRY_REASON
         } else if comparable && self.pending().is_some_and(|p| p.check.is_some()) {
             // Counted as a check (the ledger's false-hit rate) only where
@@ -1977,31 +2025,39 @@ impl Flow {
     }
 
     /// Get ready to run the request again, once, without destination
-    /// `failed`: mark it with this process's token and the failed
-    /// destination, mark this run superseded and park its event (the new
-    /// run writes the request's one event). False, with nothing changed,
-    /// when this was a re-run already or Envoy cannot replay the request
-    /// whole (it had trailers, or its body is no longer held).
+    /// `failed`, from the client's request ([`rerun`]): the header map put
+    /// back as the client sent it, what the re-run takes over parked, the
+    /// request marked with this process's token and the carry's key; this
+    /// run marked superseded and its event parked (the new run writes the
+    /// request's one event). False when this was a re-run already, Envoy
+    /// cannot replay the request whole (it had trailers, or its body is no
+    /// longer held), or the map could not be put back: the failure is
+    /// answered.
     fn prepare_rerun<H: Host>(&mut self, cfg: &Config, host: &mut H, failed: usize) -> bool {
-        if self.retry_of.is_some() || !self.request_done || self.trailers {
-            return false;
-        }
-        // A request addressed to its upstream's own path, authority or
-        // model name is no longer the client's: run again, it would carry
-        // them to the next destination.
-        if cfg
-            .destinations
-            .get(failed)
-            .is_none_or(|d| !d.upstream.is_only_credentials())
-        {
-            log::debug!("not retrying: the request was rewritten for the destination that failed");
+        if self.rerun.is_some() || !self.request_done || self.trailers || !host.can_rerun() {
             return false;
         }
         if self.request_bytes > 0 && !host.replayable(self.request_bytes) {
             log::debug!("not retrying: Envoy does not hold the whole request to run it again");
             return false;
         }
-        if !host.set_request_header(RETRY_HEADER, &retry_mark(failed)) {
+        let Some(event) = self.event.as_ref() else {
+            return false;
+        };
+        if !rerun::restore(cfg, &event.headers, host) {
+            log::warn!("not retrying: the client's request headers could not be put back");
+            return false;
+        }
+        let carry = Box::new(Carry {
+            failed,
+            body: self.extra.as_mut().and_then(|x| x.original.take()),
+            verified: rerun::verified(cfg, host),
+        });
+        let Some(key) = host.parking().map(|p| p.park(carry)) else {
+            return false;
+        };
+        if !host.set_request_header(RETRY_HEADER, &rerun::mark(key)) {
+            host.parking().and_then(|p| p.take(key));
             return false;
         }
         host.mark_superseded(true);
@@ -2251,28 +2307,6 @@ pub fn not_configured() -> Refused {
     }
 }
 
-/// A random token for this process (or VM), so that clients cannot forge
-/// a re-run mark and steer requests away from a destination.
-fn retry_token() -> u64 {
-    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TOKEN.get_or_init(request::random_u64)
-}
-
-/// The re-run mark for a request whose destination `failed`.
-fn retry_mark(failed: usize) -> String {
-    format!("{:016x}.{failed}", retry_token())
-}
-
-/// The failed destination a re-run mark names, if the mark is ours.
-fn retry_of(value: &[u8]) -> Option<usize> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (token, index) = text.trim().split_once('.')?;
-    if u64::from_str_radix(token, 16).ok()? != retry_token() {
-        return None;
-    }
-    index.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2284,24 +2318,5 @@ mod tests {
         // `cache_creation_input_tokens`, and the cache counts); a
         // budget's hold is 32.
         assert!(flow <= event + 416, "Flow {flow} bytes, Event {event}");
-    }
-
-    #[test]
-    fn only_this_processs_retry_mark_names_a_destination() {
-        let ours = retry_mark(2);
-        assert_eq!(retry_of(ours.as_bytes()), Some(2));
-        assert_eq!(retry_of(format!(" {ours} ").as_bytes()), Some(2));
-        let forged = format!("{:016x}.2", retry_token() ^ 1);
-        assert_eq!(retry_of(forged.as_bytes()), None);
-        for junk in [
-            &b""[..],
-            b".",
-            b"2",
-            b"zz.2",
-            b"\xff\xfe.1",
-            ours.trim_end_matches('2').as_bytes(),
-        ] {
-            assert_eq!(retry_of(junk), None, "{junk:?}");
-        }
     }
 }

@@ -36,6 +36,7 @@ pub mod headers;
 pub mod headroom;
 pub mod prefix;
 pub mod request;
+pub mod rerun;
 pub mod routing;
 pub mod schema;
 pub mod stream_usage;

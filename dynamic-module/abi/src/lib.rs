@@ -186,6 +186,12 @@ pub mod raw {
             key: ModuleBuffer,
             value: ModuleBuffer,
         ) -> bool;
+        pub fn envoy_dynamic_module_callback_http_add_header(
+            f: Filter,
+            kind: u32,
+            key: ModuleBuffer,
+            value: ModuleBuffer,
+        ) -> bool;
         pub fn envoy_dynamic_module_callback_http_clear_route_cache(f: Filter);
         pub fn envoy_dynamic_module_callback_http_set_dynamic_metadata_bool(
             f: Filter,
@@ -365,6 +371,19 @@ impl Filter {
         // SAFETY: `self` is live; Envoy copies key and value.
         unsafe {
             envoy_dynamic_module_callback_http_set_header(
+                self,
+                map as u32,
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        }
+    }
+
+    /// Add `value` to header `name` of `map`, keeping its earlier values.
+    pub fn add_header(self, map: HeaderMap, name: &str, value: &str) -> bool {
+        // SAFETY: `self` is live; Envoy copies key and value.
+        unsafe {
+            envoy_dynamic_module_callback_http_add_header(
                 self,
                 map as u32,
                 ModuleBuffer::of(name.as_bytes()),

@@ -49,6 +49,8 @@ struct SimHost {
     outside: Consumer,
     /// The request headers of the callback in progress.
     headers: Vec<(String, String)>,
+    /// What a re-run takes over from the run it replaces.
+    parking: ace_flow::rerun::Parking,
     /// The request body chunk of the callback in progress.
     chunk: Vec<u8>,
     /// The response headers of the callback in progress.
@@ -260,8 +262,8 @@ impl Host for Envoy<'_> {
         true
     }
 
-    fn can_rerun(&self) -> bool {
-        self.cfg.retry_next
+    fn parking(&self) -> Option<&ace_flow::rerun::Parking> {
+        self.cfg.retry_next.then_some(&self.h.parking)
     }
 
     fn replayable(&mut self, _bytes: usize) -> bool {
@@ -360,6 +362,7 @@ impl Ace {
             fleet,
             outside: Consumer::new(cfg, EPOCH_MS),
             headers: Vec::new(),
+            parking: ace_flow::rerun::Parking::new(),
             chunk: Vec::new(),
             response: Vec::new(),
             response_chunk: Vec::new(),

@@ -8,8 +8,13 @@ use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::Upstream;
 use std::path::PathBuf;
 
-/// Build the ACE filter for wasm32-wasip1 (once per test binary) or fail the test.
+/// Build the ACE filter for wasm32-wasip1 (once per test binary) or fail
+/// the test; `ACE_TEST_FILTER_WASM` names another build to run the suite
+/// against instead (an earlier commit's, to show a test fails there).
 pub fn ace_filter_wasm() -> PathBuf {
+    if let Some(p) = std::env::var_os("ACE_TEST_FILTER_WASM") {
+        return PathBuf::from(p);
+    }
     match ace_harness::wasm::build("ace-filter") {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
@@ -92,8 +97,13 @@ impl Filter {
     }
 }
 
-/// Build the ACE dynamic module (once per test binary) or fail the test.
+/// Build the ACE dynamic module (once per test binary) or fail the test;
+/// `ACE_TEST_DYNAMIC_LIB` names another build, as for
+/// [`ace_filter_wasm`].
 pub fn ace_dynamic_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("ACE_TEST_DYNAMIC_LIB") {
+        return PathBuf::from(p);
+    }
     match ace_harness::dylib::build("ace-dynamic") {
         Ok(p) => p,
         Err(e) => panic!("{e}"),

@@ -18,7 +18,7 @@ use std::time::Duration;
 /// The access-log filter `envoy/envoy-dynamic.yaml` ships: drop the line of
 /// a run that ACE replaced by its retry (dynamic metadata
 /// `ace.superseded`), so each request logs one event.
-fn superseded_runs_unlogged() -> Value {
+pub(crate) fn superseded_runs_unlogged() -> Value {
     let yaml =
         std::fs::read_to_string(ace_harness::workspace_root().join("envoy/envoy-dynamic.yaml"))
             .unwrap_or_else(|e| panic!("envoy/envoy-dynamic.yaml: {e}"));

@@ -316,12 +316,32 @@ impl CostModel {
         billed_in * pin + f64::from(tokens_out) * pout
     }
 
+    /// The per-token prices (input, output) of one more request when
+    /// `in_flight` requests are already running under `cap` (`None`:
+    /// unlimited), or `None` when the destination takes nothing more.
+    /// Under the cap: at rest ([`CostModel::rest_prices`]). Past it: a
+    /// reserved block's overage price, when it has one and the cap is its
+    /// commitment; when the provider's own word set the cap (`limited`: a
+    /// 429, its rate-limit figures; [`crate::health::Health::provider_limited`]),
+    /// nothing, whatever the tier. Overage is the price of use past the
+    /// commitment while the provider still has room, never of use past
+    /// what the provider says it will serve.
+    #[inline]
+    pub fn prices_at(&self, in_flight: u32, cap: Option<u32>, limited: bool) -> Option<(f64, f64)> {
+        if cap.is_none_or(|c| in_flight < c) {
+            Some(self.rest_prices())
+        } else if self.tier.has_overage() && !limited {
+            self.overage_usd_per_token.map(|o| (o, o))
+        } else {
+            None
+        }
+    }
+
     /// The true marginal cost of one request of `tokens_in` + `tokens_out`
     /// when `in_flight` requests are already running, or `None` when the
-    /// destination has nothing more to give at that load (`cap` is the
-    /// current capacity cap, already reduced by throttling; `None` is
-    /// unlimited). Past its cap a reserved block with an overage price
-    /// charges that price per token; every other tier takes nothing more.
+    /// destination has nothing more to give at that load: `cap` is the
+    /// current capacity cap (`None` is unlimited), `limited` whether the
+    /// provider's own word set it ([`CostModel::prices_at`]).
     pub fn marginal_usd(
         &self,
         tokens_in: u32,
@@ -329,8 +349,16 @@ impl CostModel {
         warm: bool,
         in_flight: u32,
         cap: Option<u32>,
+        limited: bool,
     ) -> Option<f64> {
-        self.marginal_usd_billed(f64::from(tokens_in), tokens_out, warm, in_flight, cap)
+        self.marginal_usd_billed(
+            f64::from(tokens_in),
+            tokens_out,
+            warm,
+            in_flight,
+            cap,
+            limited,
+        )
     }
 
     /// [`CostModel::marginal_usd`] with the input as billed
@@ -342,15 +370,9 @@ impl CostModel {
         warm: bool,
         in_flight: u32,
         cap: Option<u32>,
+        limited: bool,
     ) -> Option<f64> {
-        let (pin, pout) = if cap.is_none_or(|c| in_flight < c) {
-            self.rest_prices()
-        } else if self.tier.has_overage() {
-            let o = self.overage_usd_per_token?;
-            (o, o)
-        } else {
-            return None;
-        };
+        let (pin, pout) = self.prices_at(in_flight, cap, limited)?;
         let base = billed_in * pin + f64::from(tokens_out) * pout;
         Some(if warm {
             base
@@ -420,29 +442,38 @@ mod tests {
     fn curves_by_tier() {
         let m = model(Tier::Payg);
         assert_eq!(
-            m.marginal_usd(1000, 500, true, 0, None),
+            m.marginal_usd(1000, 500, true, 0, None, false),
             Some(1000.0 * 1e-6 + 500.0 * 2e-6)
         );
         // Spot: $3.6/h over 1000 tok/s = 1e-6 $/token, +50 % premium.
-        let s = model(Tier::Spot).marginal_usd(1000, 0, true, 0, Some(10));
+        let s = model(Tier::Spot).marginal_usd(1000, 0, true, 0, Some(10), false);
         assert!(s.is_some_and(|c| (c - 1.5e-3).abs() < 1e-12), "{s:?}");
-        let o = model(Tier::OnDemand).marginal_usd(1000, 0, true, 0, Some(10));
+        let o = model(Tier::OnDemand).marginal_usd(1000, 0, true, 0, Some(10), false);
         assert!(o.is_some_and(|c| (c - 1e-3).abs() < 1e-12), "{o:?}");
     }
 
     #[test]
     fn owned_and_reserved_stop_at_their_cap() {
         assert_eq!(
-            model(Tier::InHouse).marginal_usd(1, 1, true, 10, Some(10)),
+            model(Tier::InHouse).marginal_usd(1, 1, true, 10, Some(10), false),
             None
         );
         assert_eq!(
-            model(Tier::Reserved).marginal_usd(1, 1, true, 10, Some(10)),
+            model(Tier::Reserved).marginal_usd(1, 1, true, 10, Some(10), false),
             None
         );
         let mut r = model(Tier::Reserved);
         r.overage_usd_per_token = Some(1e-5);
-        assert_eq!(r.marginal_usd(1, 1, true, 10, Some(10)), Some(2e-5));
+        assert_eq!(r.marginal_usd(1, 1, true, 10, Some(10), false), Some(2e-5));
+        // Past a cap its provider set (a 429, nothing left of its limit),
+        // a reserved block takes nothing more, overage or not; under it,
+        // its price at rest.
+        assert_eq!(r.prices_at(10, Some(10), true), None);
+        assert_eq!(r.prices_at(0, Some(0), true), None);
+        assert_eq!(r.marginal_usd(1, 1, true, 10, Some(10), true), None);
+        assert_eq!(r.prices_at(4, Some(5), true), Some(r.rest_prices()));
+        assert_eq!(r.prices_at(10, Some(10), false), Some((1e-5, 1e-5)));
+        assert_eq!(r.prices_at(10, None, true), Some(r.rest_prices()));
     }
 
     #[test]
@@ -450,10 +481,10 @@ mod tests {
         let mut m = model(Tier::InHouse);
         m.cold_load_usd = 0.25;
         let warm = m
-            .marginal_usd(10, 10, true, 0, Some(10))
+            .marginal_usd(10, 10, true, 0, Some(10), false)
             .unwrap_or(f64::NAN);
         let cold = m
-            .marginal_usd(10, 10, false, 0, Some(10))
+            .marginal_usd(10, 10, false, 0, Some(10), false)
             .unwrap_or(f64::NAN);
         assert!((cold - warm - 0.25).abs() < 1e-12);
     }

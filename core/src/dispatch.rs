@@ -8,11 +8,13 @@
 //!    health or load changes, turn each destination's cost model, health
 //!    and in-flight count into a [`Lane`] of numbers that hold until the
 //!    next change: its per-token marginal prices now (a reserved block past
-//!    its commitment prices at its overage), its queueing delay past the
-//!    knee, its expected time to first token at the SLO's quantile (learned
-//!    by load where it has answered enough, else declared: [`crate::latency`]),
-//!    its rank multiplier (derate times bias); and a bit in the `open` mask
-//!    when it can take a request (breaker not open, under its cap).
+//!    its commitment prices at its overage, unless its provider's own
+//!    word set the cap: then it is closed like any other), its queueing
+//!    delay past the knee, its expected time to first token at the SLO's
+//!    quantile (learned by load where it has answered enough, else
+//!    declared: [`crate::latency`]), its rank multiplier (derate times
+//!    bias); and a bit in the `open` mask when it can take a request
+//!    (breaker not open, under its cap).
 //! 2. **Decide** ([`decide`]), per request, over the candidates
 //!    `feasible & open`:
 //!
@@ -515,14 +517,9 @@ fn price_model(
 ) -> (Lane, u8, bool, bool, bool) {
     let (rest_in, rest_out) = model.rest_prices();
     let cap = health.cap(model.capacity, now_ms);
-    let now_prices = if cap.is_none_or(|c| in_flight < c) {
-        Some((rest_in, rest_out))
-    } else if model.tier.has_overage() {
-        // Past the commitment: the overage price, if there is one.
-        model.overage_usd_per_token.map(|o| (o, o))
-    } else {
-        None
-    };
+    // Past the commitment: the overage price, if there is one; past a cap
+    // the provider's own word set, nothing.
+    let now_prices = model.prices_at(in_flight, cap, health.provider_limited(now_ms));
     let open = !drained && health.admits(now_ms) && now_prices.is_some();
     let (per_in, per_out) = now_prices.unwrap_or((rest_in, rest_out));
     let sized = cap.or(Some(model.capacity));
@@ -1059,6 +1056,79 @@ mod tests {
     }
 
     #[test]
+    fn overage_is_past_the_commitment_never_past_the_providers_limit() {
+        // A reserved block priced past its commitment (capacity 10) at a
+        // fraction of pay-as-you-go.
+        let mut block = reserved(10);
+        block.overage_usd_per_token = Some(1e-7);
+        let mut w = World::new(vec![payg(), block]);
+        let p = w.policy;
+        // Work that values its time at nothing, so queueing past the
+        // knee ranks nothing here.
+        let batch = Request::untimed(1000, 200, 0.0);
+        let at = |w: &World, now: u64, feasible: u64| {
+            decide(&w.slate(now), &[feasible], &[u64::MAX], &batch)
+        };
+        // Full to its commitment, its provider with room: overage.
+        w.in_flight[1] = 10;
+        let d = at(&w, 0, 0b11);
+        assert_eq!(d.map(|d| (d.index, d.overage)), Ok((1, true)));
+        // Its provider says nothing is left (`x-ratelimit-remaining-tokens:
+        // 0`, a deployment at 100.5 %): closed, whatever its load, as a
+        // block without overage would be; the next request spills.
+        for in_flight in [0, 10] {
+            w.in_flight[1] = in_flight;
+            w.health[1] = Health::default();
+            let nothing_left = Outcome::Success {
+                latency_ms: 1,
+                slo_ms: None,
+                headroom: Some(crate::health::Headroom {
+                    left: 0.0,
+                    reset_ms: 1_000,
+                }),
+            };
+            w.health[1].observe(nothing_left, 0, &p);
+            let d = at(&w, 0, 0b11);
+            assert_eq!(d.map(|d| (d.index, d.reason)), Ok((0, Reason::Spill)));
+            assert_eq!(at(&w, 0, 0b10), Err(Refusal::NoHealthyDestination));
+            let d = at(&w, 1_000, 0b11);
+            assert_eq!(d.map(|d| d.index), Ok(1), "back when its limit resets");
+        }
+        // Little left (5 %, half of `headroom_low`): half the cap, and
+        // nothing past it at overage either.
+        w.health[1] = Health::default();
+        w.health[1].observe(
+            Outcome::Success {
+                latency_ms: 1,
+                slo_ms: None,
+                headroom: Some(crate::health::Headroom {
+                    left: 0.05,
+                    reset_ms: 1_000,
+                }),
+            },
+            0,
+            &p,
+        );
+        w.in_flight[1] = 4;
+        assert_eq!(
+            at(&w, 0, 0b11).map(|d| (d.index, d.overage)),
+            Ok((1, false))
+        );
+        w.in_flight[1] = 5;
+        assert_eq!(at(&w, 0, 0b11).map(|d| d.index), Ok(0));
+        // A 429: closed past its cut, as any tier.
+        w.health[1] = Health::default();
+        w.health[1].observe(
+            Outcome::Throttled {
+                retry_after_ms: Some(1_000),
+            },
+            0,
+            &p,
+        );
+        assert_eq!(at(&w, 0, 0b11).map(|d| d.index), Ok(0));
+    }
+
+    #[test]
     fn bias_moves_the_rank_but_not_the_booked_cost() {
         let mut w = World::new(vec![reserved(10), owned(10)]);
         let unbiased = w.decide(0b11);
@@ -1068,7 +1138,7 @@ mod tests {
         assert_eq!(d.map(|d| d.index), Ok(0));
         let booked = d.map(|d| d.marginal_usd).unwrap_or(f64::NAN);
         let true_cost = reserved(10)
-            .marginal_usd(1000, 200, true, 0, Some(10))
+            .marginal_usd(1000, 200, true, 0, Some(10), false)
             .unwrap_or(0.0);
         assert_eq!(booked, true_cost);
     }

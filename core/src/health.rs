@@ -22,6 +22,15 @@
 //!   proportion until the limit resets; with nothing left, the destination
 //!   is throttled until then, as a 429 would, so the next request spills
 //!   before the 429 comes. Each answer's figures replace the last ones.
+//!
+//! A cap the provider's own word set (a 429, its figures) is the
+//! provider's limit, and binds every tier: a reserved block's overage
+//! price is for use past its commitment while its provider still has room
+//! ([`Health::provider_limited`], [`crate::cost::CostModel::prices_at`]).
+//! And however long a provider says to wait (a 429's `retry-after`, a
+//! limit's reset), a destination is held back at most `max_cooldown_ms`,
+//! the longest cool-down of a trip: a reset in the year 9999 or a wrong
+//! clock costs one request per cool-down, never the destination.
 //! - **Derate** (latency above the SLO): alive and serving, only slow. Its
 //!   effective cost is multiplied by a factor that grows on each slow answer
 //!   and decays back with a half-life. It is priced up, never cut.
@@ -37,7 +46,9 @@ pub struct HealthPolicy {
     pub trip_after: u16,
     /// Cool-down of the first trip, ms.
     pub base_cooldown_ms: u64,
-    /// Longest cool-down, ms.
+    /// Longest cool-down, ms: of a trip, and the longest a provider's
+    /// word (a 429's `retry-after`, a limit's reset) holds a destination
+    /// back.
     pub max_cooldown_ms: u64,
     /// Multiplier applied to the capacity cap on a 429 (0..1).
     pub cap_cut: f64,
@@ -88,7 +99,9 @@ impl Default for HealthPolicy {
 pub struct Headroom {
     /// Fraction of the tightest limit left, 0 to 1.
     pub left: f64,
-    /// ms from the answer until that limit resets (0: not said).
+    /// ms from the answer until that limit resets (0: not said), as the
+    /// provider said it: [`Health`] holds a destination back at most
+    /// `max_cooldown_ms` whatever it says.
     pub reset_ms: u64,
 }
 
@@ -265,6 +278,17 @@ impl Health {
         now_ms < self.throttled_until_ms
     }
 
+    /// Whether the provider's own word holds the destination's cap below
+    /// its capacity at `now_ms`: a 429's throttle window, the cut it left
+    /// (not yet stepped back), or rate-limit figures below `headroom_low`.
+    /// Past such a cap the destination takes nothing more at any price: a
+    /// reserved block's overage is for use past its commitment, not past
+    /// what its provider will serve.
+    #[inline]
+    pub fn provider_limited(&self, now_ms: u64) -> bool {
+        self.throttled(now_ms) || self.cap_fraction < 1.0 || self.room(now_ms) < 1.0
+    }
+
     /// The derate multiplier (>= 1) at `now_ms`.
     pub fn derate(&self, now_ms: u64, p: &HealthPolicy) -> f64 {
         if self.derate <= 1.0 || p.derate_half_life_ms == 0 {
@@ -324,7 +348,7 @@ impl Health {
             Outcome::Throttled { retry_after_ms } => {
                 self.end_run();
                 self.probe_in_flight = false;
-                let wait = retry_after_ms.unwrap_or(p.default_retry_after_ms);
+                let wait = held_for(retry_after_ms, p);
                 self.throttled_until_ms = self.throttled_until_ms.max(now_ms.saturating_add(wait));
                 self.cap_fraction = (self.cap_fraction * p.cap_cut).max(0.0);
                 Change::CapCut {
@@ -374,11 +398,7 @@ impl Health {
         } else {
             1.0
         };
-        let reset = if h.reset_ms == 0 {
-            p.default_retry_after_ms
-        } else {
-            h.reset_ms
-        };
+        let reset = held_for((h.reset_ms != 0).then_some(h.reset_ms), p);
         let until = now_ms.saturating_add(reset);
         if left <= 0.0 {
             // Nothing left: no request until the limit resets, as after a
@@ -470,6 +490,17 @@ impl Health {
             headroom_until_ms: u64_at(44)?,
         })
     }
+}
+
+/// How long a provider's word holds a destination back, ms: what it said
+/// (a 429's `retry-after`, a limit's reset), else the policy's default,
+/// and never longer than the longest cool-down. One rule for every header
+/// that says when to come back.
+#[inline]
+fn held_for(said_ms: Option<u64>, p: &HealthPolicy) -> u64 {
+    said_ms
+        .unwrap_or(p.default_retry_after_ms)
+        .min(p.max_cooldown_ms)
 }
 
 /// What an observation changed (for metrics and logs).
@@ -577,6 +608,79 @@ mod tests {
         let back = Health::decode(&h.encode()).unwrap();
         assert_eq!(back.encode(), h.encode(), "stored as f32");
         assert_eq!(back.cap(10, 6_001), Some(3));
+    }
+
+    #[test]
+    fn no_word_of_a_provider_holds_a_destination_back_past_the_longest_cool_down() {
+        // A reset at the end of time (Anthropic's `-reset:
+        // 9999-12-31T23:59:59Z`), a 429's `retry-after` of a year: each
+        // holds the destination back `max_cooldown_ms` (8 s here), as the
+        // longest trip would; a shorter word is taken as said.
+        let far = 253_402_300_799_000;
+        let year = 365 * 86_400_000;
+        for outcome in [
+            figures(0.0, far),
+            Outcome::Throttled {
+                retry_after_ms: Some(year),
+            },
+        ] {
+            let mut h = Health::default();
+            h.observe(outcome, 1_000, &P);
+            assert_eq!(h.cap(0, 8_999), Some(0), "{outcome:?}");
+            assert!(h.throttled(8_999) && !h.throttled(9_000), "{outcome:?}");
+            assert_eq!(h.cap(0, 9_000), None, "{outcome:?}");
+        }
+        let mut h = Health::default();
+        h.observe(figures(0.05, far), 0, &P);
+        assert_eq!((h.cap(10, 7_999), h.cap(10, 8_000)), (Some(5), Some(10)));
+        h.observe(figures(0.0, 3_000), 10_000, &P);
+        assert!(h.throttled(12_999) && !h.throttled(13_000), "as said");
+        // The default wait is held to the same bound.
+        let p = HealthPolicy {
+            default_retry_after_ms: 60_000,
+            ..P
+        };
+        let mut h = Health::default();
+        h.observe(figures(0.0, 0), 0, &p);
+        assert!(h.throttled(7_999) && !h.throttled(8_000));
+    }
+
+    #[test]
+    fn the_provider_limits_the_cap_while_its_word_holds() {
+        let mut h = Health::default();
+        assert!(!h.provider_limited(0));
+        // Figures with room to spare say nothing; below the mark they limit
+        // until the reset.
+        h.observe(figures(0.5, 1_000), 0, &P);
+        assert!(!h.provider_limited(0));
+        h.observe(figures(0.05, 1_000), 0, &P);
+        assert!(h.provider_limited(999) && !h.provider_limited(1_000));
+        h.observe(figures(0.0, 1_000), 2_000, &P);
+        assert!(h.provider_limited(2_999) && !h.provider_limited(3_000));
+        // A 429: its window, then the cut until successes step it back.
+        h.observe(
+            Outcome::Throttled {
+                retry_after_ms: Some(1_000),
+            },
+            4_000,
+            &P,
+        );
+        assert!(h.provider_limited(5_500), "cut to half, not stepped back");
+        let ok = Outcome::Success {
+            latency_ms: 1,
+            slo_ms: None,
+            headroom: None,
+        };
+        for _ in 0..2 {
+            h.observe(ok, 5_500, &P);
+        }
+        assert!(!h.provider_limited(5_500), "stepped back to the whole cap");
+        // A trip is a failure, not the provider's limit.
+        let mut h = Health::default();
+        for _ in 0..3 {
+            h.observe(Outcome::Failure { tenant: 0 }, 0, &P);
+        }
+        assert!(!h.provider_limited(0));
     }
 
     #[test]

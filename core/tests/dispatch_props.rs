@@ -127,7 +127,8 @@ fn effective(
         return None;
     }
     let cap = h.cap(m.capacity, now_ms);
-    let marginal = m.marginal_usd(r.tokens_in, r.tokens_out, warm, in_flight, cap)?;
+    let limited = h.provider_limited(now_ms);
+    let marginal = m.marginal_usd(r.tokens_in, r.tokens_out, warm, in_flight, cap, limited)?;
     let delay = m.queueing_delay_s(in_flight, cap.or(Some(m.capacity)));
     Some((marginal + r.latency_usd_per_s * delay) * (h.derate(now_ms, p) * m.bias))
 }

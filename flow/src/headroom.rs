@@ -25,7 +25,10 @@
 //!
 //! One pass over the answer's headers; a value that does not parse is
 //! ignored (never an error: the answer is the client's), and a limit of 0
-//! or less (Azure's `-1` on some surfaces) says nothing.
+//! or less (Azure's `-1` on some surfaces) says nothing. Resets and
+//! `retry-after` are read as said, however far: how long any of them may
+//! hold a destination back is one rule of [`ace_core::health`] (at most
+//! `health.max_cooldown_ms`).
 
 use ace_core::health::Headroom;
 
@@ -179,7 +182,7 @@ fn number(v: &[u8]) -> Option<f64> {
 }
 
 /// A Go duration (`1s`, `6m0s`, `1h2m3s`, `12ms`, `18.642s`, `0.5s`) in
-/// ms, rounded up; at most a day.
+/// ms, rounded up (past `u64::MAX` ms, that).
 pub fn duration_ms(v: &[u8]) -> Option<u64> {
     let mut total = 0.0f64;
     let mut i = 0usize;
@@ -206,7 +209,9 @@ pub fn duration_ms(v: &[u8]) -> Option<u64> {
         total += n * ms;
         any = true;
     }
-    (any && total <= 86_400_000.0).then(|| total.ceil() as u64)
+    // A float to integer cast saturates: a duration past u64::MAX ms is
+    // that.
+    any.then(|| total.ceil() as u64)
 }
 
 /// An RFC 3339 UTC time (`2025-08-21T12:40:59Z`, fractions and a numeric
@@ -263,7 +268,7 @@ pub fn rfc3339_ms(v: &[u8]) -> Option<u64> {
 }
 
 /// `retry-after-ms` (Azure OpenAI, read first by OpenAI's own client),
-/// else `retry-after` in seconds (fractions allowed), in ms.
+/// else `retry-after` in seconds (fractions allowed), in ms (saturating).
 pub fn retry_after_ms(ms: Option<&[u8]>, secs: Option<&[u8]>) -> Option<u64> {
     let ms = ms
         .map(<[u8]>::trim_ascii)
@@ -274,7 +279,6 @@ pub fn retry_after_ms(ms: Option<&[u8]>, secs: Option<&[u8]>) -> Option<u64> {
             .and_then(number)
             .map(|x| (x * 1000.0).ceil() as u64)
     })
-    .map(|x| x.min(86_400_000))
 }
 
 #[cfg(test)]
@@ -405,7 +409,7 @@ mod tests {
             ("", None),
             ("5", None),
             ("5d", None),
-            ("25h", None),
+            ("25h", Some(90_000_000)),
             ("-1s", None),
         ] {
             assert_eq!(duration_ms(v.as_bytes()), ms, "{v}");
@@ -464,9 +468,7 @@ mod tests {
                 proptest::prop_assert!((0.0..=1.0).contains(&h.left), "{h:?}");
             }
             for (_, v) in &headers {
-                if let Some(ms) = duration_ms(v.as_bytes()) {
-                    proptest::prop_assert!(ms <= 86_400_000);
-                }
+                let _ = duration_ms(v.as_bytes());
                 let _ = rfc3339_ms(v.as_bytes());
                 let _ = retry_after_ms(Some(v.as_bytes()), Some(v.as_bytes()));
             }
@@ -482,6 +484,57 @@ mod tests {
             retry_after_ms(None, Some(b"Wed, 21 Oct 2015 07:28:00 GMT")),
             None
         );
-        assert_eq!(retry_after_ms(Some(b"99999999999"), None), Some(86_400_000));
+        assert_eq!(
+            retry_after_ms(Some(b"99999999999"), None),
+            Some(99_999_999_999),
+            "as said: health holds it to max_cooldown_ms"
+        );
+    }
+
+    #[test]
+    fn every_reset_is_read_as_said_however_far() {
+        // Anthropic's reset at the end of time, OpenAI's a day and more
+        // away, a `retry-after` of a year: each is read as it stands, and
+        // `ace_core::health` holds a destination back at most
+        // `health.max_cooldown_ms` for any of them.
+        let now = rfc3339_ms(b"2025-08-21T12:40:00Z").unwrap();
+        let far = read(
+            &[
+                ("anthropic-ratelimit-tokens-limit", "1000"),
+                ("anthropic-ratelimit-tokens-remaining", "0"),
+                ("anthropic-ratelimit-tokens-reset", "9999-12-31T23:59:59Z"),
+            ],
+            now,
+        )
+        .unwrap();
+        assert_eq!(far.left, 0.0);
+        assert_eq!(far.reset_ms, 253_402_300_799_000 - now);
+        let openai = read(
+            &[
+                ("x-ratelimit-limit-requests", "10000"),
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "30h0m0s"),
+            ],
+            0,
+        )
+        .unwrap();
+        assert_eq!(openai.reset_ms, 108_000_000);
+        assert_eq!(duration_ms(b"99999999999999999999h"), Some(u64::MAX));
+        assert_eq!(
+            retry_after_ms(None, Some(b"31536000")),
+            Some(31_536_000_000)
+        );
+        let p = ace_core::health::HealthPolicy::default();
+        for h in [far, openai] {
+            let mut health = ace_core::health::Health::default();
+            let answer = ace_core::health::Outcome::Success {
+                latency_ms: 1,
+                slo_ms: None,
+                headroom: Some(h),
+            };
+            health.observe(answer, now, &p);
+            assert!(health.throttled(now + p.max_cooldown_ms - 1));
+            assert!(!health.throttled(now + p.max_cooldown_ms), "{h:?}");
+        }
     }
 }

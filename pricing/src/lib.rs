@@ -270,10 +270,11 @@ fn price_with(
         }
     }
     let warm = e.warm != Some(false);
-    // Past a cap of 0 the core prices a reserved block at its overage.
+    // Past a cap of 0 that is its commitment (not its provider's limit)
+    // the core prices a reserved block at its overage.
     let cap = e.overage.then_some(0);
     let tokens = model
-        .marginal_usd_billed(billed(e, cfg, i), e.tokens_out, true, 0, cap)
+        .marginal_usd_billed(billed(e, cfg, i), e.tokens_out, true, 0, cap, false)
         .ok_or_else(|| {
             PriceError(format!(
                 "field `overage` is true but {dest:?} in configuration {cfg_id} is {} with no \

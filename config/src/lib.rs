@@ -35,7 +35,7 @@ use std::fmt;
 pub mod budget;
 pub mod upstream;
 pub use budget::{Budget, BudgetSettings, Budgets};
-pub use upstream::{Api, Serving, Upstream, CREDENTIAL_HEADERS};
+pub use upstream::{Api, Serving, Upstream, CREDENTIAL_HEADERS, CREDENTIAL_QUERY_PARAMS};
 
 /// The header the filter writes and Envoy's route reads (`cluster_header`).
 pub const DEFAULT_DESTINATION_HEADER: &str = "x-ace-destination";
@@ -656,7 +656,9 @@ pub struct HealthSettings {
     /// First cooldown after a trip, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_cooldown_ms: Option<u64>,
-    /// Longest cooldown after repeated trips, ms.
+    /// Longest cooldown after repeated trips, ms; also the longest a
+    /// provider's `retry-after` or rate-limit reset holds a destination
+    /// back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cooldown_ms: Option<u64>,
     /// Fraction of the cap left after a 429.

@@ -11,7 +11,7 @@
 //! injection from a secret file (`envoy/providers.yaml`), and the filter
 //! removes every credential header a client sent unless the destination
 //! says it passes them through, so a key meant for one provider never
-//! reaches another.
+//! reaches another; the same holds for a credential in the query string.
 //!
 //! The API of a request is read from the path the client used: its last
 //! segments, whatever the prefix (`/v1/chat/completions`,
@@ -84,13 +84,41 @@ impl Api {
 /// removed before the request leaves unless the destination chosen passes
 /// credentials through ([`Upstream::pass_credentials`]): OpenAI and most
 /// OpenAI-compatible providers read `authorization: Bearer`, Azure OpenAI
-/// `api-key`, Anthropic `x-api-key`, Gemini `x-goog-api-key`.
-pub const CREDENTIAL_HEADERS: [&str; 5] = [
+/// `api-key`, Anthropic `x-api-key`, Gemini `x-goog-api-key`, Azure API
+/// Management (in front of Azure OpenAI as an AI gateway)
+/// `ocp-apim-subscription-key` ("Subscriptions in Azure API Management").
+pub const CREDENTIAL_HEADERS: [&str; 6] = [
     "authorization",
     "api-key",
     "x-api-key",
     "x-goog-api-key",
+    "ocp-apim-subscription-key",
     "proxy-authorization",
+];
+
+/// The query parameters a client may carry a provider credential in,
+/// removed from the client's query string on the same terms as
+/// [`CREDENTIAL_HEADERS`] (a destination's configured `paths` replace the
+/// whole query anyway). Names as the providers document them, matched as
+/// a lenient server reads them (percent-decoded, in any case):
+///
+/// - `key` and `$key`: a Google API key, the Gemini API's `?key=` (Gemini
+///   API, "Get a Gemini API key"; Google Cloud "System parameters", which
+///   maps both to `X-Goog-Api-Key`).
+/// - `api-key`: Azure OpenAI's key on the request URI (Azure OpenAI,
+///   "Use the GPT Realtime API via WebSockets", authentication: "an
+///   `api-key` query string parameter on the request URI").
+/// - `access_token`: an OAuth 2.0 bearer token in the URI (RFC 6750
+///   §2.3, "URI Query Parameter"; Google's "Using OAuth 2.0 to Access
+///   Google APIs" takes it on every API).
+/// - `subscription-key`: Azure API Management's key in the query
+///   ("Subscriptions in Azure API Management").
+pub const CREDENTIAL_QUERY_PARAMS: [&str; 5] = [
+    "key",
+    "$key",
+    "api-key",
+    "access_token",
+    "subscription-key",
 ];
 
 /// One destination's upstream identity (`destinations[i].upstream`).
@@ -114,8 +142,9 @@ pub struct Upstream {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub models: BTreeMap<String, String>,
     /// Whether the client's own credential headers
-    /// ([`CREDENTIAL_HEADERS`]) reach this upstream (default false: they
-    /// are removed, and Envoy's cluster attaches the provider's own).
+    /// ([`CREDENTIAL_HEADERS`]) and query parameters
+    /// ([`CREDENTIAL_QUERY_PARAMS`]) reach this upstream (default false:
+    /// they are removed, and Envoy's cluster attaches the provider's own).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pass_credentials: bool,
 }

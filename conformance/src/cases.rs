@@ -590,8 +590,9 @@ fn a_held_body_decides_the_estimate(h: &mut dyn Driver) {
 
 /// A snapshot as the control service encodes it.
 /// A request goes only where its API is served, on that upstream's path
-/// and authority, without the client's credentials; an API nobody serves
-/// is refused as infeasible, never mis-sent.
+/// and authority, without the client's credentials (in its headers or its
+/// query string); an API nobody serves is refused as infeasible, never
+/// mis-sent.
 fn each_upstream_is_addressed_as_it_expects(h: &mut dyn Driver) {
     let chat = Req::class("public")
         .header("authorization", "Bearer client-key")
@@ -615,7 +616,10 @@ fn each_upstream_is_addressed_as_it_expects(h: &mut dyn Driver) {
     }
     let e = h.close(id, &ok());
     assert_eq!(e.event["api"], "chat_completions", "{}", e.event);
-    let embed = Req::class("public").header(":path", "/v1/embeddings");
+    // A destination's configured path replaces the client's, query and
+    // all: a key in the client's query string (Gemini's `key`,
+    // percent-encoded) goes with it.
+    let embed = Req::class("public").header(":path", "/v1/embeddings?%6Bey=client-key&x=%2F");
     let id = h.open(&embed);
     assert_eq!(h.upstream(id).as_deref(), Some("eu_owned"));
     if let Some(sent) = h.sent(id) {

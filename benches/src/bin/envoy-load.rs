@@ -65,6 +65,47 @@ use clap::Parser;
 use serde_json::json;
 use std::process::{Command, ExitCode};
 
+/// A chat completion as OpenAI's API reference shows it ("Create chat
+/// completion", the default example's response,
+/// <https://platform.openai.com/docs/api-reference/chat/create>), with its
+/// `usage` and the token details objects.
+const USAGE_ANSWER: &str = r#"{
+  "id": "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT",
+  "object": "chat.completion",
+  "created": 1741569952,
+  "model": "gpt-4.1-2025-04-14",
+  "choices": [
+    {
+      "index": 0,
+      "message": {
+        "role": "assistant",
+        "content": "Hello! How can I assist you today?",
+        "refusal": null,
+        "annotations": []
+      },
+      "logprobs": null,
+      "finish_reason": "stop"
+    }
+  ],
+  "usage": {
+    "prompt_tokens": 19,
+    "completion_tokens": 10,
+    "total_tokens": 29,
+    "prompt_tokens_details": {
+      "cached_tokens": 0,
+      "audio_tokens": 0
+    },
+    "completion_tokens_details": {
+      "reasoning_tokens": 0,
+      "audio_tokens": 0,
+      "accepted_prediction_tokens": 0,
+      "rejected_prediction_tokens": 0
+    }
+  },
+  "service_tier": "default"
+}
+"#;
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -114,6 +155,13 @@ struct Options {
     /// queue (needs `h2load` from nghttp2-client; `make setup` installs it).
     #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..))]
     rate: Option<u32>,
+    /// Have the upstream answer every request as OpenAI's chat completions
+    /// API does (`USAGE_ANSWER`: the API reference's example response, its
+    /// `usage` with the prompt and completion token details), so the
+    /// filter's usage scan is paid as in production; without it the
+    /// upstream answers a 35-byte body naming itself.
+    #[arg(long)]
+    usage: bool,
     /// Length of each measured run, in seconds.
     #[arg(value_name = "SECONDS", default_value_t = 10)]
     secs: u32,
@@ -161,6 +209,13 @@ fn run() -> Result<(), String> {
     let noop = ace_harness::wasm::build("ace-bench-noop-filter")?;
     let minimal = ace_harness::wasm::build("ace-bench-minimal-filter")?;
     let up = Upstream::start("upstream").map_err(|e| e.to_string())?;
+    if o.usage {
+        up.set_behavior(ace_harness::upstream::Behavior::Respond {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: USAGE_ANSWER.as_bytes().to_vec(),
+        });
+    }
     let fixed_route = json!({"cluster": "owned", "timeout": "30s"});
     let ace_config = json!({"allow_no_policy": true, "destinations": [
         {"name": "payg", "cluster": "payg", "tier": "payg",

@@ -25,6 +25,18 @@
 //!   100 % answers a fast 429 with `retry-after-ms` and `retry-after`
 //!   ("Provisioned throughput", "Get started with provisioned
 //!   deployments").
+//! - **Anthropic** (`Errors::Anthropic`, `Limits::Anthropic`): `x-api-key:
+//!   <key>` and a required `anthropic-version` header; errors as
+//!   `{"type":"error","error":{"type","message"}}` with the type named by
+//!   the status (`authentication_error` 401, `not_found_error` 404,
+//!   `rate_limit_error` 429, `api_error` 500; docs.anthropic.com/en/api/errors);
+//!   an answer in the Messages API's shape (`"type":"message"`, `content`
+//!   blocks, `usage.input_tokens` and `output_tokens`;
+//!   docs.anthropic.com/en/api/messages); rate-limit figures
+//!   `anthropic-ratelimit-tokens-{limit,remaining,reset}`, the reset an
+//!   RFC 3339 time such as `2025-08-21T12:40:59Z`, and a 429 with
+//!   `retry-after` in seconds past the limit (docs.anthropic.com/en/api/rate-limits,
+//!   "Response headers").
 //! - **vLLM** (`Errors::OpenAi`, plain HTTP): `vllm serve --api-key` reads
 //!   `authorization: Bearer`, and serves each model under its
 //!   `--served-model-name`.
@@ -115,6 +127,9 @@ pub enum Errors {
     OpenAi,
     /// `{"error":{"code":"<status>","message"}}` (Azure OpenAI).
     Azure,
+    /// `{"type":"error","error":{"type","message"}}` (Anthropic), which
+    /// also wants `anthropic-version` and answers in the Messages shape.
+    Anthropic,
 }
 
 /// What a provider says of its rate limit on each answer.
@@ -141,6 +156,18 @@ pub enum Limits {
         /// Tokens each request spends.
         per_request: u64,
         /// The `x-ratelimit-reset-tokens` value.
+        reset: &'static str,
+    },
+    /// A token budget as Anthropic reports it: like [`Limits::Tokens`],
+    /// with `anthropic-ratelimit-tokens-{limit,remaining,reset}` on every
+    /// answer (the reset `reset`, an RFC 3339 time, said as given) and a
+    /// 429 `rate_limit_error` with `retry-after` past it.
+    Anthropic {
+        /// Tokens per window.
+        limit: u64,
+        /// Tokens each request spends.
+        per_request: u64,
+        /// The `anthropic-ratelimit-tokens-reset` value.
         reset: &'static str,
     },
 }
@@ -184,6 +211,16 @@ impl State {
                 json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
             }
             Errors::Azure => json!({"error": {"code": status.to_string(), "message": message}}),
+            Errors::Anthropic => {
+                let kind = match status {
+                    400 => "invalid_request_error",
+                    401 => "authentication_error",
+                    404 => "not_found_error",
+                    429 => "rate_limit_error",
+                    _ => "api_error",
+                };
+                json!({"type": "error", "error": {"type": kind, "message": message}})
+            }
         };
         Behavior::Respond {
             status,
@@ -208,7 +245,11 @@ impl State {
                     "",
                     "Access denied due to invalid subscription key or wrong API endpoint.".into(),
                 ),
+                Errors::Anthropic => self.error(401, "", "", "invalid x-api-key".into()),
             });
+        }
+        if self.spec.errors == Errors::Anthropic && req.header("anthropic-version").is_none() {
+            return Err(self.error(400, "", "", "anthropic-version: header is required".into()));
         }
         if !self.spec.paths.contains(&req.path) {
             return Err(match self.spec.errors {
@@ -219,6 +260,7 @@ impl State {
                     format!("Invalid URL ({} {})", req.method, req.path),
                 ),
                 Errors::Azure => self.error(404, "", "", "Resource not found".into()),
+                Errors::Anthropic => self.error(404, "", "", "Not found".into()),
             });
         }
         let model = serde_json::from_slice::<Value>(&req.body)
@@ -280,6 +322,50 @@ impl State {
             }
             headers.extend(figures(left - per_request));
         }
+        if let Limits::Anthropic {
+            limit,
+            per_request,
+            reset,
+        } = self.spec.limits
+        {
+            let spent = self
+                .served
+                .load(Ordering::SeqCst)
+                .saturating_mul(per_request);
+            let left = limit.saturating_sub(spent);
+            let figures = |left: u64| {
+                vec![
+                    (
+                        "anthropic-ratelimit-tokens-limit".to_string(),
+                        limit.to_string(),
+                    ),
+                    (
+                        "anthropic-ratelimit-tokens-remaining".to_string(),
+                        left.to_string(),
+                    ),
+                    (
+                        "anthropic-ratelimit-tokens-reset".to_string(),
+                        reset.to_string(),
+                    ),
+                ]
+            };
+            if left < per_request {
+                let mut b = self.error(
+                    429,
+                    "",
+                    "",
+                    "This request would exceed your organization's rate limit of tokens per \
+                     minute."
+                        .into(),
+                );
+                if let Behavior::Respond { headers, .. } = &mut b {
+                    headers.extend(figures(left));
+                    headers.push(("retry-after".into(), "1".into()));
+                }
+                return Err(b);
+            }
+            headers.extend(figures(left - per_request));
+        }
         if let Limits::Provisioned { step } = self.spec.limits {
             let before = self.served.load(Ordering::SeqCst) as f64 * step;
             if before >= 100.0 {
@@ -315,6 +401,20 @@ impl State {
                 headers: vec![("content-type".into(), "text/event-stream".into())],
                 body: stream_events(&model, include).into_bytes(),
                 trailers: Vec::new(),
+            });
+        }
+        if self.spec.errors == Errors::Anthropic {
+            let body = json!({
+                "id": "msg_01", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": self.spec.name}],
+                "stop_reason": "end_turn", "stop_sequence": null,
+                "usage": {"input_tokens": 12, "output_tokens": 3}
+            });
+            headers.push(("x-upstream".into(), self.spec.name.clone()));
+            return Ok(Behavior::Respond {
+                status: 200,
+                headers,
+                body: body.to_string().into_bytes(),
             });
         }
         let body = json!({
@@ -413,6 +513,12 @@ impl Provider {
     /// error), as they arrive.
     pub fn fail_next(&self, n: u64) {
         self.state.fail.store(n, Ordering::SeqCst);
+    }
+
+    /// Give back its whole rate limit now, whatever reset it said (its
+    /// window turned).
+    pub fn replenish(&self) {
+        self.state.served.store(0, Ordering::SeqCst);
     }
 
     /// The requests it served, as they arrived.

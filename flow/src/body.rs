@@ -1,7 +1,8 @@
 //! Reading an OpenAI-compatible request body.
 //!
 //! The filter may need the body's `model`, its output budget
-//! (`max_tokens` / `max_completion_tokens`) and whether it streams. It buffers
+//! (`max_completion_tokens` / `max_tokens`, or the Responses API's
+//! `max_output_tokens`) and whether it streams. It buffers
 //! at most the configured bound and parses once with `serde_json`, which
 //! rejects malformed input with an error instead of panicking; unknown fields
 //! are skipped without being stored. The input-token estimate is the
@@ -18,7 +19,8 @@ use serde_json::value::RawValue;
 pub struct RequestBody {
     /// The `model` field.
     pub model: Option<String>,
-    /// `max_completion_tokens`, else `max_tokens`.
+    /// `max_completion_tokens`, else `max_tokens`, else the Responses
+    /// API's `max_output_tokens`: the most output the request allows.
     pub max_output_tokens: Option<u32>,
     /// The `stream` field.
     pub stream: bool,
@@ -42,6 +44,9 @@ struct Wire<'a> {
     max_tokens: Option<serde_json::Value>,
     #[serde(default)]
     max_completion_tokens: Option<serde_json::Value>,
+    /// The Responses API's output bound.
+    #[serde(default)]
+    max_output_tokens: Option<serde_json::Value>,
     #[serde(default)]
     stream: Option<bool>,
     /// Present whatever its value (`null` included).
@@ -143,6 +148,7 @@ pub fn scan_request(bytes: &[u8], total_len: usize) -> Result<RequestBody, BodyE
     })?;
     let completion = token_count(&wire.max_completion_tokens, "max_completion_tokens")?;
     let max = token_count(&wire.max_tokens, "max_tokens")?;
+    let responses = token_count(&wire.max_output_tokens, "max_output_tokens")?;
     // Anything else (absent, another number, not a number) may sample.
     let cacheable = wire.temperature.as_ref().and_then(|t| t.as_f64()) == Some(0.0)
         && wire.n.as_ref().map_or(Some(1), |n| n.as_u64()) == Some(1)
@@ -150,7 +156,7 @@ pub fn scan_request(bytes: &[u8], total_len: usize) -> Result<RequestBody, BodyE
         && wire.functions.is_none();
     Ok(RequestBody {
         model: wire.model.map(|m| m.into_owned()),
-        max_output_tokens: completion.or(max),
+        max_output_tokens: completion.or(max).or(responses),
         stream: wire.stream.unwrap_or(false),
         stream_options: wire.stream_options.is_some(),
         tokens_in: estimate_tokens(total_len),
@@ -210,6 +216,12 @@ mod tests {
             scan_request(b, b.len()).map(|r| r.max_output_tokens),
             Ok(Some(20))
         );
+        // The Responses API names its bound `max_output_tokens`.
+        let b = br#"{"model":"m","input":"Hello!","stream":true,"max_output_tokens":64}"#;
+        assert_eq!(
+            scan_request(b, b.len()).map(|r| r.max_output_tokens),
+            Ok(Some(64))
+        );
         let b = br#"{"model":"a\"b\u00e9"}"#;
         assert_eq!(
             scan_request(b, b.len()).map(|r| r.model),
@@ -226,6 +238,7 @@ mod tests {
             b"{\"model\":7}",
             b"{\"max_tokens\":-1}",
             b"{\"max_tokens\":\"x\"}",
+            b"{\"max_output_tokens\":-64}",
             b"\xff\xfe",
         ] {
             assert!(scan_request(b, b.len()).is_err(), "{b:?}");

@@ -78,6 +78,9 @@ named! {
         BudgetRefused => "ace.budget.refused",
         /// Requests served under a soft budget, on the rungs it allows.
         BudgetSoft => "ace.budget.soft",
+        /// Answers (2xx, whole) whose usage was not found or could not be
+        /// read: booked at the request's estimate ([`crate::usage`]).
+        UsageUnread => "ace.usage.unread",
     }
 }
 

@@ -2132,6 +2132,11 @@ impl Flow {
             };
             let found = scanner.finish();
             self.usage = None;
+            if found.is_none() {
+                // No usage it could read: the estimate stands, counted.
+                host.count(Fleet::UsageUnread.into(), 1);
+                log::debug!("no readable usage in the answer: booked at the estimate");
+            }
             if let (Some(u), Some((decision, _)), Some(e)) =
                 (found, self.chosen, self.event.as_mut())
             {

@@ -1,45 +1,78 @@
 //! Token usage in a response, found as it streams by, without buffering it.
 //!
-//! Destinations report what a request used in the response itself: the
-//! top-level `usage` object of a JSON body or, for server-sent events, of
-//! one `data:` line near the stream's end. The response reaches the filter
-//! in chunks of any size, and a completion can be large or a stream long,
-//! so [`UsageScanner`] reads it in one pass with a few bytes of state: a
-//! JSON reader that follows only nesting and strings, and looks at keys in
-//! just two places, the top-level object and its `usage` object. Nothing
-//! is held: memory stays constant whatever the response's size, and the
-//! response path runs no general JSON parser (`serde_json` was most of the
-//! filter's per-response instructions when it read the buffered body).
+//! Destinations report what a request used in the response itself, in one
+//! of a few shapes the providers document (the fixtures of
+//! `flow/tests/fixtures/usage/` are copies of their examples, each citing
+//! its page):
 //!
-//! What counts matches reading the body as
-//! `{"usage": {"prompt_tokens" | "input_tokens": u64, "completion_tokens" | "output_tokens": u64}}`,
-//! with the input tokens a provider served from its prompt cache:
+//! - a JSON body's top-level `usage` object: OpenAI chat completions and
+//!   the Responses API, Azure OpenAI, Gemini's OpenAI-compatible
+//!   endpoint, Anthropic Messages;
+//! - a server-sent event stream, each `data:` line a JSON document:
+//!   - OpenAI chat completions (and every OpenAI-compatible server): the
+//!     top-level `usage` of a chunk, `null` on every chunk but the last
+//!     when `stream_options.include_usage` asked for it (cumulative on
+//!     every chunk for engines that report it so);
+//!   - the Responses API: `response.usage` of the `response.completed`,
+//!     `response.incomplete` and `response.failed` events (`null` in
+//!     `response.created` and `response.in_progress`);
+//!   - Anthropic Messages: `message.usage` of `message_start` (the input
+//!     and cache counts, an output count that is not final) and the
+//!     top-level `usage` of `message_delta`, whose counts are cumulative
+//!     and may or may not repeat the input and cache counts.
 //!
-//! - OpenAI (chat completions `usage.prompt_tokens_details.cached_tokens`,
-//!   the Responses API `usage.input_tokens_details.cached_tokens`,
-//!   `CompletionUsage` in openai-node's `completions.ts`): the cached
-//!   tokens are part of the input count;
+//! Across a stream each count is the latest value any event reported: an
+//! event that leaves a count out (or says `null`) leaves it as it was,
+//! and counts are never added up (they are totals so far, not
+//! increments). A stream whose only usage is `message_start`'s has no
+//! final output count and is not read.
+//!
+//! The response reaches the filter in chunks of any size, and a completion
+//! can be large or a stream long, so [`UsageScanner`] reads it in one pass
+//! with a few bytes of state: a JSON reader that follows only nesting and
+//! strings, and looks at keys in a few places (the top-level object, its
+//! `response` and `message` objects, a `usage` object there and its token
+//! details). Nothing is held: memory stays constant whatever the
+//! response's size, no allocation is made, and the response path runs no
+//! general JSON parser (`serde_json` was most of the filter's
+//! per-response instructions when it read the buffered body).
+//!
+//! The counts, with the input tokens a provider served from or wrote to
+//! its prompt cache:
+//!
+//! - OpenAI (chat completions `usage.prompt_tokens_details.cached_tokens`
+//!   and `cache_write_tokens`, the Responses API
+//!   `usage.input_tokens_details.cached_tokens` and `cache_write_tokens`;
+//!   `CompletionUsage` and `ResponseUsage` in OpenAI's OpenAPI
+//!   description): the cached tokens are part of the input count;
 //! - Anthropic (`cache_read_input_tokens`, `cache_creation_input_tokens`,
 //!   `Usage` in anthropic-sdk-python's `types/usage.py`): cache reads and
 //!   writes are *not* in `input_tokens`; the input booked is all three.
 //!
-//! The rules:
+//! The rules, which fail towards the request's estimate rather than
+//! towards a guess:
 //!
-//! - the `usage` member of the top-level object, itself an object; a token
-//!   field that is absent or `null` counts 0;
-//! - a token field holding anything but a non-negative integer that fits
-//!   in 64 bits (a fraction, a negative number, a string, an object) makes
-//!   the whole usage unreadable, rather than guessed at;
-//! - the document must end (its top-level object closes, and only
-//!   whitespace follows), so a truncated response keeps the estimate;
+//! - a token count is a non-negative integer that fits in 64 bits, or
+//!   `null` (not reported); anything else (a fraction, a negative number,
+//!   a string, an object) makes that usage unreadable;
+//! - an answer's usage must report its input tokens (`prompt_tokens` or
+//!   `input_tokens`); an absent output count is 0 (embeddings have none);
+//! - a document holding a usage must end (its top-level object closes,
+//!   and only whitespace follows), so a truncated response keeps the
+//!   estimate;
 //! - keys are compared as written: one spelled with escapes
-//!   (`"\u0075sage"`) is not recognised. A `usage` key that repeats, or a
-//!   token field that repeats inside it (`prompt_tokens` and
-//!   `input_tokens` count as the same field), makes the usage unreadable:
-//!   which copy a reader takes differs between parsers, and an upstream
-//!   could bill by one while ACE books the other. The rest of the document
-//!   is not validated.
+//!   (`"\u0075sage"`) is not recognised. A `usage` key that repeats in a
+//!   document (at any of its places), a repeated `response` or `message`
+//!   key, or a token field that repeats inside one `usage`
+//!   (`prompt_tokens` and `input_tokens` count as the same field) makes
+//!   the usage unreadable: which copy a reader takes differs between
+//!   parsers, and an upstream could bill by one while ACE books the
+//!   other. The rest of the document is not validated;
+//! - one unreadable usage anywhere in a stream makes the whole answer's
+//!   unreadable.
 //!
+//! An answer whose usage is unreadable, or that reports none, is booked at
+//! the request's estimate (the flow counts it in `ace.usage.unread`).
 //! Counts above `u32::MAX` are clamped to it.
 
 /// Token usage reported by a destination.
@@ -52,8 +85,155 @@ pub struct Usage {
     pub output: u32,
     /// Of `input`, those read from the provider's prompt cache.
     pub cache_read: u32,
-    /// Of `input`, those written to it (Anthropic bills them apart).
+    /// Of `input`, those written to it.
     pub cache_write: u32,
+}
+
+/// A count a `usage` object may report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// `prompt_tokens` or `input_tokens`.
+    Input,
+    /// `completion_tokens` or `output_tokens`.
+    Output,
+    /// Anthropic's `cache_read_input_tokens` (apart from the input).
+    CacheRead,
+    /// Anthropic's `cache_creation_input_tokens` (apart from the input).
+    CacheWrite,
+    /// OpenAI's `…_tokens_details.cached_tokens` (part of the input).
+    Cached,
+    /// OpenAI's `…_tokens_details.cache_write_tokens` (part of the input).
+    CachedWrite,
+}
+
+impl Count {
+    const ALL: [Count; 6] = [
+        Count::Input,
+        Count::Output,
+        Count::CacheRead,
+        Count::CacheWrite,
+        Count::Cached,
+        Count::CachedWrite,
+    ];
+}
+
+/// The counts a `usage` object reported, each only if it gave one (a
+/// count, not `null`): its value, and its bit in `given`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    n: [u32; 6],
+    given: u8,
+}
+
+impl Counts {
+    fn get(&self, c: Count) -> Option<u32> {
+        let i = c as usize;
+        if self.given & (1 << i) == 0 {
+            return None;
+        }
+        self.n.get(i).copied()
+    }
+
+    fn set(&mut self, c: Count, v: Option<u32>) {
+        let i = c as usize;
+        match (v, self.n.get_mut(i)) {
+            (Some(v), Some(slot)) => {
+                *slot = v;
+                self.given |= 1 << i;
+            }
+            _ => self.given &= !(1 << i),
+        }
+    }
+
+    /// Each count `later` reported replaces this one's; the others stay.
+    fn merge(&mut self, later: Counts) {
+        for c in Count::ALL {
+            if let Some(v) = later.get(c) {
+                self.set(c, Some(v));
+            }
+        }
+    }
+
+    /// As booked: Anthropic's cache reads and writes added to its input
+    /// (it counts them apart); OpenAI's cached tokens already in it (at
+    /// most all of it). `None` without an input count.
+    fn usage(&self) -> Option<Usage> {
+        let input = self.get(Count::Input)?;
+        let output = self.get(Count::Output).unwrap_or(0);
+        let (read, write) = (self.get(Count::CacheRead), self.get(Count::CacheWrite));
+        Some(if read.is_some() || write.is_some() {
+            let (read, write) = (read.unwrap_or(0), write.unwrap_or(0));
+            Usage {
+                input: input.saturating_add(read).saturating_add(write),
+                output,
+                cache_read: read,
+                cache_write: write,
+            }
+        } else {
+            let read = self.get(Count::Cached).unwrap_or(0).min(input);
+            Usage {
+                input,
+                output,
+                cache_read: read,
+                cache_write: self.get(Count::CachedWrite).unwrap_or(0).min(input - read),
+            }
+        })
+    }
+}
+
+/// Where a `usage` object sits in its document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The top-level object's `usage`.
+    Top,
+    /// `response.usage`: a Responses API event's.
+    Response,
+    /// `message.usage`: Anthropic's `message_start`, whose output count
+    /// is not final.
+    Message,
+}
+
+/// What one document said of usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// No usage (none there, or `null`).
+    Nothing,
+    /// A usage object, read.
+    Counts(Counts, Place),
+    /// A usage that is there but cannot be read.
+    Unreadable,
+}
+
+/// The usage of a whole answer, document by document.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    /// The latest value of each count.
+    counts: Counts,
+    /// A usage that speaks for the answer was read (not only
+    /// `message.usage`).
+    settled: bool,
+    /// A usage could not be read.
+    unreadable: bool,
+}
+
+impl Tally {
+    fn take(&mut self, found: Found) {
+        match found {
+            Found::Nothing => {}
+            Found::Unreadable => self.unreadable = true,
+            Found::Counts(counts, place) => {
+                self.counts.merge(counts);
+                self.settled |= place != Place::Message;
+            }
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        if self.unreadable || !self.settled {
+            return None;
+        }
+        self.counts.usage()
+    }
 }
 
 /// Finds token usage in a response fed chunk by chunk, JSON or SSE.
@@ -63,8 +243,8 @@ pub struct UsageScanner {
     sse: Option<Line>,
     /// The JSON document being read: the body, or the current `data:` line.
     doc: Doc,
-    /// The last usage an SSE line reported.
-    found: Option<Usage>,
+    /// What the documents read so far said.
+    tally: Tally,
 }
 
 impl UsageScanner {
@@ -75,7 +255,7 @@ impl UsageScanner {
         UsageScanner {
             sse: sse.then_some(Line::Prefix(0)),
             doc: Doc::default(),
-            found: None,
+            tally: Tally::default(),
         }
     }
 
@@ -103,9 +283,7 @@ impl UsageScanner {
             chunk = rest;
             if b == b'\n' {
                 if *line != Line::Skip {
-                    if let Some(u) = self.doc.finish() {
-                        self.found = Some(u);
-                    }
+                    self.tally.take(self.doc.finish());
                 }
                 self.doc = Doc::default();
                 *line = Line::Prefix(0);
@@ -134,22 +312,24 @@ impl UsageScanner {
         }
     }
 
-    /// The usage, once the whole response was fed.
+    /// The usage, once the whole response was fed: `None` when the answer
+    /// reported none, or none that could be read.
     pub fn finish(&mut self) -> Option<Usage> {
         match self.sse {
-            None => self.doc.finish(),
+            None => {
+                self.tally.take(self.doc.finish());
+                self.doc = Doc::default();
+            }
             Some(line) => {
                 // A last line without its newline still counts.
                 if matches!(line, Line::Space | Line::Data) {
-                    if let Some(u) = self.doc.finish() {
-                        self.found = Some(u);
-                    }
+                    self.tally.take(self.doc.finish());
                 }
                 self.doc = Doc::default();
                 self.sse = Some(Line::Prefix(0));
-                self.found
             }
         }
+        self.tally.usage()
     }
 }
 
@@ -175,6 +355,10 @@ enum Key {
     #[default]
     Other,
     Usage,
+    /// The top-level `response` (a Responses API event's).
+    Response,
+    /// The top-level `message` (Anthropic's `message_start`).
+    Message,
     Input,
     Output,
     /// Anthropic's `cache_read_input_tokens`.
@@ -185,9 +369,24 @@ enum Key {
     Details,
     /// `cached_tokens` in the details.
     Cached,
+    /// `cache_write_tokens` in the details.
+    CachedWrite,
 }
 
 impl Key {
+    /// The count a token field gives.
+    fn count(self) -> Option<Count> {
+        match self {
+            Key::Input => Some(Count::Input),
+            Key::Output => Some(Count::Output),
+            Key::CacheRead => Some(Count::CacheRead),
+            Key::CacheWrite => Some(Count::CacheWrite),
+            Key::Cached => Some(Count::Cached),
+            Key::CachedWrite => Some(Count::CachedWrite),
+            _ => None,
+        }
+    }
+
     /// Its bit in `fields_seen` (0: not a field counted).
     fn bit(self) -> u8 {
         match self {
@@ -197,13 +396,17 @@ impl Key {
             Key::CacheWrite => 8,
             Key::Details => 16,
             Key::Cached => 32,
-            Key::Other | Key::Usage => 0,
+            Key::CachedWrite => 64,
+            Key::Other | Key::Usage | Key::Response | Key::Message => 0,
         }
     }
 }
 
 /// The longest key looked for (`cache_creation_input_tokens`).
 const KEY_MAX: usize = 27;
+
+/// A key length past [`KEY_MAX`]: the key matches nothing.
+const KEY_LONG: u8 = KEY_MAX as u8 + 1;
 
 /// A token field's value as it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,37 +438,46 @@ struct Doc {
     capturing: bool,
     key_buf: [u8; KEY_MAX],
     /// Bytes of the key so far; above [`KEY_MAX`] it matches nothing.
-    key_len: usize,
+    key_len: u8,
     /// The key whose value comes next, at a watched depth.
     key: Key,
-    /// Depth 2 is the top-level object's `usage`.
+    /// Inside the top-level `response` or `message` object (its members
+    /// at depth 2), and which.
+    holder: Option<Place>,
+    /// Inside a `usage` object, whose members are at `usage_depth`.
     in_usage: bool,
-    /// Depth 3 is that `usage`'s token details.
+    usage_depth: u32,
+    usage_place: Option<Place>,
+    /// Inside that `usage`'s token details (members at `usage_depth + 1`).
     in_details: bool,
-    /// A `usage` key was read in this document.
-    usage_seen: bool,
-    /// The `usage` key was read twice.
+    /// `usage` keys read where a usage may sit.
+    usage_keys: u8,
+    /// `response` and `message` keys read at the top (bits).
+    holders_seen: u8,
+    /// A `usage`, `response` or `message` key was read twice.
     duplicate: bool,
     /// Fields read so far in this `usage` ([`Key::bit`]).
     fields_seen: u8,
     /// A token field's value being read.
     value: Option<Value>,
-    input: u64,
-    output: u64,
-    /// Cache counts, clamped as read (their sum is clamped again).
-    cache_read: u32,
-    cache_write: u32,
-    cached: u32,
+    /// What this `usage` reported so far.
+    counts: Counts,
     /// A token field of this `usage` is not a count.
     bad: bool,
-    /// The last `usage` object that closed.
-    usage: Option<Usage>,
+    /// Where the `usage` object that closed sat (its counts are
+    /// `counts`), if it could be read.
+    closed: Option<Place>,
+    /// A `usage` object that closed could not be read.
+    closed_bad: bool,
 }
 
 impl Doc {
-    /// Keys matter in the top-level object and in its `usage` object.
+    /// Whether keys are looked at in the containers at `depth`.
     fn watched(&self, depth: u32) -> bool {
-        depth == 1 || (depth == 2 && self.in_usage) || (depth == 3 && self.in_details)
+        depth == 1
+            || (depth == 2 && self.holder.is_some())
+            || (self.in_usage && depth == self.usage_depth)
+            || (self.in_details && depth == self.usage_depth + 1)
     }
 
     /// Read `bytes`. Strings are taken a run at a time (up to the next
@@ -306,13 +518,14 @@ impl Doc {
         }
         let (run, rest) = bytes.split_at(find(bytes, b"\"\\"));
         if self.capturing {
-            let at = self.key_len;
+            let at = usize::from(self.key_len);
             match self.key_buf.get_mut(at..at + run.len()) {
                 Some(dst) => {
                     dst.copy_from_slice(run);
-                    self.key_len = at + run.len();
+                    // At most KEY_MAX.
+                    self.key_len = u8::try_from(at + run.len()).unwrap_or(u8::MAX);
                 }
-                None => self.key_len = KEY_MAX + 1,
+                None => self.key_len = KEY_LONG,
             }
         }
         let Some((&b, rest)) = rest.split_first() else {
@@ -328,7 +541,7 @@ impl Doc {
             // A backslash. Escaped keys are not decoded: this one
             // matches nothing.
             self.escape = true;
-            self.key_len = KEY_MAX + 1;
+            self.key_len = KEY_LONG;
         }
         rest
     }
@@ -348,7 +561,6 @@ impl Doc {
             // Only whitespace may follow the document.
             if !b.is_ascii_whitespace() {
                 self.dead = true;
-                self.usage = None;
             }
             return;
         }
@@ -379,31 +591,15 @@ impl Doc {
                 if self.token_field() {
                     self.bad = true;
                 }
-                if self.depth == 1 && b == b'{' && self.key == Key::Usage {
-                    self.in_usage = true;
-                    self.input = 0;
-                    self.output = 0;
-                    self.cache_read = 0;
-                    self.cache_write = 0;
-                    self.cached = 0;
-                    self.bad = false;
-                    self.fields_seen = 0;
-                }
-                if self.depth == 2 && self.in_usage && b == b'{' && self.key == Key::Details {
-                    self.in_details = true;
+                if b == b'{' {
+                    self.open(self.key);
                 }
                 self.depth = self.depth.saturating_add(1);
                 self.key = Key::Other;
                 self.key_next = b == b'{' && self.watched(self.depth);
             }
             b'}' | b']' => {
-                if self.depth == 3 && self.in_details {
-                    self.in_details = false;
-                }
-                if self.depth == 2 && self.in_usage {
-                    self.in_usage = false;
-                    self.usage = (!self.bad).then(|| self.counted());
-                }
+                self.close();
                 self.depth = self.depth.saturating_sub(1);
                 self.key = Key::Other;
                 self.key_next = false;
@@ -430,104 +626,148 @@ impl Doc {
         }
     }
 
+    /// An object opens as the value of `key` (at the current depth).
+    fn open(&mut self, key: Key) {
+        let depth = self.depth;
+        match key {
+            Key::Usage if depth == 1 => self.start_usage(Place::Top, 2),
+            Key::Usage if depth == 2 && !self.in_usage => {
+                if let Some(place) = self.holder {
+                    self.start_usage(place, 3);
+                }
+            }
+            Key::Response if depth == 1 => self.holder = Some(Place::Response),
+            Key::Message if depth == 1 => self.holder = Some(Place::Message),
+            Key::Details if self.in_usage && depth == self.usage_depth => self.in_details = true,
+            _ => {}
+        }
+    }
+
+    /// A `usage` object opens at `place`, its members at `depth`.
+    fn start_usage(&mut self, place: Place, depth: u32) {
+        self.in_usage = true;
+        self.usage_depth = depth;
+        self.usage_place = Some(place);
+        self.counts = Counts::default();
+        self.bad = false;
+        self.fields_seen = 0;
+    }
+
+    /// The container whose members are at the current depth closes.
+    fn close(&mut self) {
+        let depth = self.depth;
+        if self.in_details && depth == self.usage_depth + 1 {
+            self.in_details = false;
+        } else if self.in_usage && depth == self.usage_depth {
+            self.in_usage = false;
+            match self.usage_place {
+                Some(place) if !self.bad => self.closed = Some(place),
+                _ => self.closed_bad = true,
+            }
+        } else if depth == 2 && self.holder.is_some() {
+            self.holder = None;
+        }
+    }
+
     /// The key just read, as one of those looked for (a token field seen
-    /// twice in one `usage` marks it unreadable).
+    /// twice in one `usage` marks it unreadable; a `usage`, `response` or
+    /// `message` key seen twice, the document).
     fn captured(&mut self) -> Key {
-        let Some(k) = self.key_buf.get(..self.key_len) else {
+        let Some(k) = self.key_buf.get(..usize::from(self.key_len)) else {
             return Key::Other;
         };
-        let key = match (self.depth, k) {
-            (1, b"usage") => Key::Usage,
-            (2, b"prompt_tokens" | b"input_tokens") => Key::Input,
-            (2, b"completion_tokens" | b"output_tokens") => Key::Output,
-            (2, b"cache_read_input_tokens") => Key::CacheRead,
-            (2, b"cache_creation_input_tokens") => Key::CacheWrite,
-            (2, b"prompt_tokens_details" | b"input_tokens_details") => Key::Details,
-            (3, b"cached_tokens") => Key::Cached,
-            _ => Key::Other,
+        let depth = self.depth;
+        let key = if self.in_details && depth == self.usage_depth + 1 {
+            match k {
+                b"cached_tokens" => Key::Cached,
+                b"cache_write_tokens" => Key::CachedWrite,
+                _ => Key::Other,
+            }
+        } else if self.in_usage && depth == self.usage_depth {
+            match k {
+                b"prompt_tokens" | b"input_tokens" => Key::Input,
+                b"completion_tokens" | b"output_tokens" => Key::Output,
+                b"cache_read_input_tokens" => Key::CacheRead,
+                b"cache_creation_input_tokens" => Key::CacheWrite,
+                b"prompt_tokens_details" | b"input_tokens_details" => Key::Details,
+                _ => Key::Other,
+            }
+        } else if depth == 1 {
+            match k {
+                b"usage" => Key::Usage,
+                b"response" => Key::Response,
+                b"message" => Key::Message,
+                _ => Key::Other,
+            }
+        } else if depth == 2 && self.holder.is_some() && k == b"usage" {
+            Key::Usage
+        } else {
+            Key::Other
         };
         let bit = key.bit();
-        if bit != 0 && self.in_usage {
+        if bit != 0 {
             if self.fields_seen & bit != 0 {
                 self.bad = true;
             }
             self.fields_seen |= bit;
         }
-        if key == Key::Usage {
-            // A second `usage` key, whatever its value: unreadable.
-            self.duplicate |= self.usage_seen;
-            self.usage_seen = true;
+        match key {
+            Key::Usage => {
+                self.duplicate |= self.usage_keys > 0;
+                self.usage_keys = self.usage_keys.saturating_add(1);
+            }
+            Key::Response | Key::Message => {
+                let bit = if key == Key::Response { 1 } else { 2 };
+                self.duplicate |= self.holders_seen & bit != 0;
+                self.holders_seen |= bit;
+            }
+            _ => {}
         }
         key
     }
 
-    /// Whether the next value is a token count of `usage`.
+    /// Whether the next value is a token count of the `usage` being read.
     fn token_field(&self) -> bool {
         (self.in_usage
-            && self.depth == 2
+            && self.depth == self.usage_depth
             && matches!(
                 self.key,
                 Key::Input | Key::Output | Key::CacheRead | Key::CacheWrite
             ))
-            || (self.in_details && self.depth == 3 && self.key == Key::Cached)
+            || (self.in_details
+                && self.depth == self.usage_depth + 1
+                && matches!(self.key, Key::Cached | Key::CachedWrite))
     }
 
-    /// The `usage` object just closed, as booked: Anthropic's cache reads
-    /// and writes added to its input (it counts them apart); OpenAI's
-    /// cached tokens already in it (at most all of it).
-    fn counted(&self) -> Usage {
-        let anthropic = self.fields_seen & (Key::CacheRead.bit() | Key::CacheWrite.bit()) != 0;
-        if anthropic {
-            Usage {
-                input: clamp(
-                    self.input
-                        .saturating_add(u64::from(self.cache_read))
-                        .saturating_add(u64::from(self.cache_write)),
-                ),
-                output: clamp(self.output),
-                cache_read: self.cache_read,
-                cache_write: self.cache_write,
-            }
-        } else {
-            Usage {
-                input: clamp(self.input),
-                output: clamp(self.output),
-                cache_read: self.cached.min(clamp(self.input)),
-                cache_write: 0,
-            }
-        }
-    }
-
-    /// A token field's bare value ended: book it.
+    /// A token field's bare value ended: book it (`null`: not reported).
     fn end_value(&mut self) {
         let Some(v) = self.value.take() else {
             return;
         };
         let n = match v {
-            Value::Digits(n) => n,
-            Value::Null(4) => 0,
+            Value::Digits(n) => Some(n),
+            Value::Null(4) => None,
             _ => {
                 self.bad = true;
-                0
+                None
             }
         };
-        match self.key {
-            Key::Input => self.input = n,
-            Key::Output => self.output = n,
-            Key::CacheRead => self.cache_read = clamp(n),
-            Key::CacheWrite => self.cache_write = clamp(n),
-            Key::Cached => self.cached = clamp(n),
-            _ => {}
+        if let Some(c) = self.key.count() {
+            self.counts.set(c, n.map(clamp));
         }
         self.key = Key::Other;
     }
 
-    fn finish(&mut self) -> Option<Usage> {
+    /// What the whole document said.
+    fn finish(&mut self) -> Found {
         self.end_value();
-        if self.done && !self.dead && !self.duplicate {
-            self.usage
+        if self.usage_keys == 0 {
+            Found::Nothing
+        } else if self.dead || !self.done || self.duplicate || self.closed_bad {
+            Found::Unreadable
         } else {
-            None
+            self.closed
+                .map_or(Found::Nothing, |place| Found::Counts(self.counts, place))
         }
     }
 }
@@ -589,58 +829,91 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Value as Json};
 
-    /// What `serde_json` reads from a whole body: the behaviour the
-    /// scanner keeps without buffering.
-    fn reference(body: &[u8]) -> Option<Usage> {
-        #[derive(serde::Deserialize)]
-        struct Counts {
-            #[serde(default, alias = "input_tokens")]
-            prompt_tokens: Option<u64>,
-            #[serde(default, alias = "output_tokens")]
-            completion_tokens: Option<u64>,
-            #[serde(default)]
-            cache_read_input_tokens: Option<u64>,
-            #[serde(default)]
-            cache_creation_input_tokens: Option<u64>,
-            #[serde(default, alias = "input_tokens_details")]
-            prompt_tokens_details: Option<Json>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Body {
-            #[serde(default)]
-            usage: Option<Counts>,
-        }
-        let u = serde_json::from_slice::<Body>(body).ok()?.usage?;
-        // Details count only as an object, whose `cached_tokens` is a
-        // count or null.
-        let cached = match u.prompt_tokens_details {
-            Some(Json::Object(d)) => match d.get("cached_tokens") {
-                None | Some(Json::Null) => 0,
-                Some(v) => v.as_u64()?,
-            },
-            _ => 0,
+    /// What one parsed document says of usage, by the module's rules:
+    /// the behaviour the scanner keeps without buffering. (A parsed value
+    /// holds no repeated keys; those cases are tested apart.)
+    fn reference_doc(doc: &Json) -> Found {
+        let Json::Object(top) = doc else {
+            return Found::Nothing;
         };
-        let (input, read, write) = (
-            u.prompt_tokens.unwrap_or(0),
-            u.cache_read_input_tokens,
-            u.cache_creation_input_tokens,
-        );
-        Some(if read.is_some() || write.is_some() {
-            let (read, write) = (read.unwrap_or(0), write.unwrap_or(0));
-            Usage {
-                input: clamp(input.saturating_add(read).saturating_add(write)),
-                output: u.completion_tokens.map_or(0, clamp),
-                cache_read: clamp(read),
-                cache_write: clamp(write),
+        let mut places = Vec::new();
+        if let Some(u) = top.get("usage") {
+            places.push((Place::Top, u));
+        }
+        for (k, place) in [("response", Place::Response), ("message", Place::Message)] {
+            if let Some(u) = top.get(k).and_then(|h| h.as_object()?.get("usage")) {
+                places.push((place, u));
             }
-        } else {
-            Usage {
-                input: clamp(input),
-                output: u.completion_tokens.map_or(0, clamp),
-                cache_read: clamp(cached.min(input)),
-                cache_write: 0,
+        }
+        let (place, u) = match places.as_slice() {
+            [] => return Found::Nothing,
+            [one] => *one,
+            _ => return Found::Unreadable,
+        };
+        let Json::Object(u) = u else {
+            return Found::Nothing;
+        };
+        // One of two spellings, a count or null; anything else unreadable.
+        let count = |m: &serde_json::Map<String, Json>, keys: &[&str]| -> Result<Option<u32>, ()> {
+            let mut given = keys.iter().filter_map(|k| m.get(*k));
+            let v = given.next();
+            if given.next().is_some() {
+                return Err(());
             }
-        })
+            match v {
+                None | Some(Json::Null) => Ok(None),
+                Some(v) => v.as_u64().map(|n| Some(clamp(n))).ok_or(()),
+            }
+        };
+        let read = || -> Result<Counts, ()> {
+            let details = {
+                let mut given = ["prompt_tokens_details", "input_tokens_details"]
+                    .iter()
+                    .filter_map(|k| u.get(*k));
+                let d = given.next();
+                if given.next().is_some() {
+                    return Err(());
+                }
+                d
+            };
+            let (cached, cached_write) = match details {
+                Some(Json::Object(d)) => (
+                    count(d, &["cached_tokens"])?,
+                    count(d, &["cache_write_tokens"])?,
+                ),
+                _ => (None, None),
+            };
+            let mut c = Counts::default();
+            c.set(Count::Input, count(u, &["prompt_tokens", "input_tokens"])?);
+            c.set(
+                Count::Output,
+                count(u, &["completion_tokens", "output_tokens"])?,
+            );
+            c.set(Count::CacheRead, count(u, &["cache_read_input_tokens"])?);
+            c.set(
+                Count::CacheWrite,
+                count(u, &["cache_creation_input_tokens"])?,
+            );
+            c.set(Count::Cached, cached);
+            c.set(Count::CachedWrite, cached_write);
+            Ok(c)
+        };
+        read().map_or(Found::Unreadable, |c| Found::Counts(c, place))
+    }
+
+    /// The answer's usage from its documents, in order.
+    fn reference_tally<'a>(docs: impl IntoIterator<Item = &'a Json>) -> Option<Usage> {
+        let mut t = Tally::default();
+        for d in docs {
+            t.take(reference_doc(d));
+        }
+        t.usage()
+    }
+
+    /// [`reference_tally`] of one body, parsed whole by `serde_json`.
+    fn reference(body: &[u8]) -> Option<Usage> {
+        let doc: Json = serde_json::from_slice(body).ok()?;
+        reference_tally([&doc])
     }
 
     fn scan(body: &[u8], sse: bool, chunk: usize) -> Option<Usage> {
@@ -659,16 +932,17 @@ mod tests {
         })
     }
 
+    fn cached(input: u32, output: u32, cache_read: u32, cache_write: u32) -> Option<Usage> {
+        Some(Usage {
+            input,
+            output,
+            cache_read,
+            cache_write,
+        })
+    }
+
     #[test]
     fn cached_input_in_each_providers_shape() {
-        let cached = |input, output, cache_read, cache_write| {
-            Some(Usage {
-                input,
-                output,
-                cache_read,
-                cache_write,
-            })
-        };
         for (body, want) in [
             // OpenAI chat completions: cached tokens are part of the prompt.
             (
@@ -682,6 +956,17 @@ mod tests {
                 br#"{"object":"response","usage":{"input_tokens":1300,"input_tokens_details":{"cached_tokens":1024},
                    "output_tokens":50,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":1350}}"#,
                 cached(1300, 50, 1024, 0),
+            ),
+            // OpenAI's cache writes (`cache_write_tokens`, in the details
+            // of both APIs): part of the input too.
+            (
+                br#"{"usage":{"prompt_tokens":2600,"completion_tokens":9,
+                   "prompt_tokens_details":{"cached_tokens":2000,"cache_write_tokens":400}}}"#,
+                cached(2600, 9, 2000, 400),
+            ),
+            (
+                br#"{"usage":{"input_tokens":100,"input_tokens_details":{"cached_tokens":80,"cache_write_tokens":50}}}"#,
+                cached(100, 0, 80, 20),
             ),
             // Anthropic: reads and writes counted apart from input_tokens.
             (
@@ -707,17 +992,9 @@ mod tests {
                 br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":99}}}"#,
                 cached(10, 0, 10, 0),
             ),
-            // A cached count that is not a count, or given twice: unreadable.
+            // A cached count that is not a count: unreadable.
             (
                 br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":"5"}}}"#,
-                None,
-            ),
-            (
-                br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":1},"input_tokens_details":{}}}"#,
-                None,
-            ),
-            (
-                br#"{"usage":{"input_tokens":1,"cache_read_input_tokens":2,"cache_read_input_tokens":3}}"#,
                 None,
             ),
             // `cached_tokens` anywhere else is not the usage's.
@@ -756,8 +1033,139 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
         }
         // The last line needs no newline; `data:` needs no space.
         assert_eq!(
-            scan(b"event: x\ndata:{\"usage\":{\"output_tokens\":3}}", true, 4),
-            usage(0, 3)
+            scan(
+                b"event: x\ndata:{\"usage\":{\"input_tokens\":1,\"output_tokens\":3}}",
+                true,
+                4
+            ),
+            usage(1, 3)
+        );
+    }
+
+    /// Anthropic's stream: `message_start` (input and cache counts, an
+    /// output count that is not final), then `message_delta` (cumulative
+    /// counts, with or without the input and cache counts again).
+    #[test]
+    fn anthropic_message_start_and_message_delta() {
+        let start = |usage: &str| {
+            format!("event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m\",\"content\":[],\"usage\":{usage}}}}}\n\n")
+        };
+        let delta = |usage: &str| {
+            format!("event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{usage}}}\n\n")
+        };
+        let body = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"usage\"}}\n\n";
+        let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let cache_start = start(
+            r#"{"input_tokens":3000,"cache_creation_input_tokens":500,"cache_read_input_tokens":2000,"output_tokens":1}"#,
+        );
+        for (stream, want) in [
+            // The delta gives only the output: input and cache counts
+            // stay as message_start gave them.
+            (
+                format!("{cache_start}{body}{}{stop}", delta(r#"{"output_tokens":50}"#)),
+                cached(5500, 50, 2000, 500),
+            ),
+            // The delta repeats every count (cumulative): the latest wins,
+            // nothing is added twice.
+            (
+                format!(
+                    "{cache_start}{body}{}{stop}",
+                    delta(r#"{"input_tokens":3000,"cache_creation_input_tokens":500,"cache_read_input_tokens":2000,"output_tokens":50}"#)
+                ),
+                cached(5500, 50, 2000, 500),
+            ),
+            // Counts that grew (a server tool read more input).
+            (
+                format!(
+                    "{}{body}{}{stop}",
+                    start(r#"{"input_tokens":2679,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":3}"#),
+                    delta(r#"{"input_tokens":10682,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":510}"#)
+                ),
+                cached(10682, 510, 0, 0),
+            ),
+            // Several deltas, each cumulative: the last, not their sum.
+            (
+                format!(
+                    "{cache_start}{}{}{stop}",
+                    delta(r#"{"output_tokens":20}"#),
+                    delta(r#"{"output_tokens":50,"cache_read_input_tokens":null}"#)
+                ),
+                cached(5500, 50, 2000, 500),
+            ),
+            // message_start alone: no final output count, not read.
+            (format!("{cache_start}{body}{stop}"), None),
+            // A delta alone: no input count, not read.
+            (format!("{body}{}{stop}", delta(r#"{"output_tokens":50}"#)), None),
+            // No usage anywhere (as the docs' extended thinking example).
+            (
+                format!(
+                    "{}{body}{}{stop}",
+                    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\"}}\n\n",
+                    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{}}\n\n"
+                ),
+                None,
+            ),
+            // An unreadable count anywhere: the whole answer unreadable.
+            (
+                format!("{cache_start}{}{stop}", delta(r#"{"output_tokens":"50"}"#)),
+                None,
+            ),
+        ] {
+            for chunk in [1, 2, 5, 64, stream.len()] {
+                assert_eq!(scan(stream.as_bytes(), true, chunk), want, "{stream}chunks of {chunk}");
+            }
+        }
+    }
+
+    /// The Responses API's stream: usage in `response.usage` of its last
+    /// event, `response.completed`, `response.incomplete` or
+    /// `response.failed`; `null` before.
+    #[test]
+    fn responses_api_events() {
+        let event = |kind: &str, usage: &str| {
+            format!("event: {kind}\ndata: {{\"type\":\"{kind}\",\"response\":{{\"id\":\"r\",\"status\":\"x\",\"output\":[{{\"type\":\"message\",\"usage\":{{\"input_tokens\":9}}}}],\"usage\":{usage}}},\"sequence_number\":1}}\n\n")
+        };
+        let delta = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"i\",\"delta\":\"usage\"}\n\n";
+        let counts = r#"{"input_tokens":5000,"input_tokens_details":{"cached_tokens":4096},"output_tokens":60,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5060}"#;
+        for last in [
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+        ] {
+            let stream = format!(
+                "{}{}{delta}{}",
+                event("response.created", "null"),
+                event("response.in_progress", "null"),
+                event(last, counts)
+            );
+            for chunk in [1, 3, 16, stream.len()] {
+                assert_eq!(
+                    scan(stream.as_bytes(), true, chunk),
+                    cached(5000, 60, 4096, 0),
+                    "{last} in chunks of {chunk}"
+                );
+            }
+            // Its usage null (as the reference's examples of the last two):
+            // nothing to read.
+            let stream = format!(
+                "{}{delta}{}",
+                event("response.created", "null"),
+                event(last, "null")
+            );
+            assert_eq!(
+                scan(stream.as_bytes(), true, 7),
+                None,
+                "{last} without usage"
+            );
+        }
+        // The Responses API's body (not streamed) has it at the top.
+        assert_eq!(
+            scan(
+                br#"{"object":"response","output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#,
+                false,
+                5
+            ),
+            usage(3, 4)
         );
     }
 
@@ -768,7 +1176,15 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
             br#"{"usage":{"prompt_tokens":1},"usage":null}"#,
             br#"{"usage":{"prompt_tokens":1,"prompt_tokens":9}}"#,
             br#"{"usage":{"prompt_tokens":1,"input_tokens":9}}"#,
-            br#"{"usage":{"completion_tokens":1,"output_tokens":9}}"#,
+            br#"{"usage":{"prompt_tokens":1,"completion_tokens":1,"output_tokens":9}}"#,
+            br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":1},"input_tokens_details":{}}}"#,
+            br#"{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#,
+            br#"{"usage":{"input_tokens":1,"cache_read_input_tokens":2,"cache_read_input_tokens":3}}"#,
+            // At two places, or a holder twice.
+            br#"{"usage":{"prompt_tokens":1},"response":{"usage":{"input_tokens":2}}}"#,
+            br#"{"response":{"usage":{"input_tokens":2},"usage":{"input_tokens":2}}}"#,
+            br#"{"response":{"usage":{"input_tokens":2}},"response":{}}"#,
+            br#"{"message":{},"message":{"usage":{"input_tokens":2}},"usage":{"input_tokens":2}}"#,
         ] {
             for chunk in 1..body.len() {
                 assert_eq!(
@@ -778,6 +1194,11 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
                     String::from_utf8_lossy(body)
                 );
             }
+            // In a stream, it spoils the answer's usage.
+            let mut stream = b"data: {\"usage\":{\"prompt_tokens\":7}}\n\ndata: ".to_vec();
+            stream.extend_from_slice(body);
+            stream.extend_from_slice(b"\n\n");
+            assert_eq!(scan(&stream, true, 3), None);
         }
         // Each SSE line is its own document: a later line's usage (engines
         // that report cumulative usage on every chunk) replaces the earlier.
@@ -786,19 +1207,28 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
     }
 
     #[test]
-    fn only_the_top_level_usage_counts() {
+    fn only_the_documented_places_count() {
         for (body, want) in [
             (&br#"{"choices":[{"usage":{"prompt_tokens":1}}]}"#[..], None),
             (br#"{"x":{"usage":{"prompt_tokens":1}}}"#, None),
+            (br#"{"response":[{"usage":{"prompt_tokens":1}}]}"#, None),
+            (br#"{"response":"{\"usage\":{\"prompt_tokens\":1}}"}"#, None),
+            (br#"{"response":{"x":{"usage":{"prompt_tokens":1}}}}"#, None),
             (
-                br#"{"usage":{"x":{"prompt_tokens":1}},"a":"usage"}"#,
-                usage(0, 0),
+                br#"{"response":{"output":[{"usage":{"input_tokens":8}}],"usage":{"input_tokens":7,"output_tokens":8}}}"#,
+                usage(7, 8),
             ),
+            (br#"{"usage":{"x":{"prompt_tokens":1}},"a":"usage"}"#, None),
             (
                 br#"{"usage":{"input_tokens":7,"output_tokens":8}}"#,
                 usage(7, 8),
             ),
-            (br#"{"usage":{"prompt_tokens":null}}"#, usage(0, 0)),
+            // A usage without an input count is not read (not booked as 0).
+            (br#"{"usage":{"prompt_tokens":null}}"#, None),
+            (br#"{"usage":{"completion_tokens":5}}"#, None),
+            (br#"{"usage":{}}"#, None),
+            // Embeddings report no output: 0.
+            (br#"{"usage":{"prompt_tokens":8,"total_tokens":8}}"#, usage(8, 0)),
             (br#"{"usage":null}"#, None),
             (br#"{"usage":"{\"prompt_tokens\":1}"}"#, None),
             (
@@ -809,6 +1239,8 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
                 br#"{"usage":{"prompt_tokens":99999999999}}"#,
                 usage(u32::MAX, 0),
             ),
+            // `message.usage` alone is Anthropic's message_start: not final.
+            (br#"{"message":{"usage":{"input_tokens":2,"output_tokens":1}}}"#, None),
         ] {
             assert_eq!(
                 scan(body, false, 3),
@@ -831,11 +1263,12 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
             br#"{"usage":{"prompt_tokens":-1}}"#,
             br#"{"usage":{"prompt_tokens":1e3}}"#,
             br#"{"usage":{"prompt_tokens":"12"}}"#,
-            br#"{"usage":{"completion_tokens":{}}}"#,
-            br#"{"usage":{"completion_tokens":[1]}}"#,
-            br#"{"usage":{"completion_tokens":true}}"#,
-            br#"{"usage":{"completion_tokens":nul}}"#,
-            br#"{"usage":{"completion_tokens":18446744073709551616}}"#,
+            br#"{"usage":{"prompt_tokens":1,"completion_tokens":{}}}"#,
+            br#"{"usage":{"prompt_tokens":1,"completion_tokens":[1]}}"#,
+            br#"{"usage":{"prompt_tokens":1,"completion_tokens":true}}"#,
+            br#"{"usage":{"prompt_tokens":1,"completion_tokens":nul}}"#,
+            br#"{"usage":{"prompt_tokens":1,"completion_tokens":18446744073709551616}}"#,
+            br#"{"response":{"usage":{"input_tokens":1,"output_tokens":-3}}}"#,
         ] {
             let text = String::from_utf8_lossy(body);
             assert_eq!(scan(body, false, 5), None, "{text}");
@@ -853,8 +1286,28 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
             b"   ",
         ] {
             assert_eq!(scan(body, false, 2), None);
+            // A stream whose last line is cut inside a usage: unreadable,
+            // whatever came before.
+            let mut stream = b"data: {\"usage\":{\"prompt_tokens\":7}}\n\ndata: ".to_vec();
+            stream.extend_from_slice(body);
+            let before = if body.starts_with(b"{") {
+                None
+            } else {
+                usage(7, 0)
+            };
+            assert_eq!(scan(&stream, true, 2), before, "{stream:?}");
         }
-        assert_eq!(scan(b" {\"usage\":{}} \n", false, 2), usage(0, 0));
+        assert_eq!(
+            scan(b" {\"usage\":{\"prompt_tokens\":0}} \n", false, 2),
+            usage(0, 0)
+        );
+    }
+
+    #[test]
+    fn the_scanner_is_small() {
+        // Its state is fixed: no buffer grows with the answer.
+        let size = std::mem::size_of::<UsageScanner>();
+        assert!(size <= 144, "{size} bytes");
     }
 
     /// A JSON value of some depth, for the property test.
@@ -885,69 +1338,102 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
         ]
     }
 
-    /// A response body with a usage object somewhere, or none.
-    fn body() -> impl Strategy<Value = Json> {
+    /// A usage object: input and output (either spelling, or none), other
+    /// members, and OpenAI's details or Anthropic's cache counts.
+    fn usage_object() -> impl Strategy<Value = Json> {
         (
-            prop::collection::btree_map("[a-z_]{1,10}", any_json(), 0..4),
-            prop::option::of((
-                prop::option::of((any::<bool>(), count())),
-                prop::option::of((any::<bool>(), count())),
-                prop::collection::btree_map("[a-z_]{1,10}", any_json(), 0..3),
-                prop::option::of(prop_oneof![
-                    // OpenAI's details (an object with a count, or
-                    // anything), or Anthropic's cache counts.
-                    (any::<bool>(), count()).prop_map(|(alias, c)| {
+            prop::option::weighted(0.9, (any::<bool>(), count())),
+            prop::option::of((any::<bool>(), count())),
+            prop::collection::btree_map("[a-z_]{1,10}", any_json(), 0..3),
+            prop::option::of(prop_oneof![
+                // OpenAI's details (an object with counts, or anything),
+                // or Anthropic's cache counts.
+                (
+                    any::<bool>(),
+                    prop::option::of(count()),
+                    prop::option::of(count())
+                )
+                    .prop_map(|(alias, c, w)| {
                         let k = if alias {
                             "input_tokens_details"
                         } else {
                             "prompt_tokens_details"
                         };
-                        vec![(k.to_string(), json!({ "cached_tokens": c }))]
-                    }),
-                    any_json().prop_map(|v| vec![("prompt_tokens_details".to_string(), v)]),
-                    (prop::option::of(count()), prop::option::of(count())).prop_map(|(r, w)| {
-                        let mut v = Vec::new();
-                        if let Some(r) = r {
-                            v.push(("cache_read_input_tokens".to_string(), r));
+                        let mut d = serde_json::Map::new();
+                        if let Some(c) = c {
+                            d.insert("cached_tokens".into(), c);
                         }
                         if let Some(w) = w {
-                            v.push(("cache_creation_input_tokens".to_string(), w));
+                            d.insert("cache_write_tokens".into(), w);
                         }
-                        v
+                        vec![(k.to_string(), Json::Object(d))]
                     }),
-                ]),
-            )),
-            any::<bool>(),
+                any_json().prop_map(|v| vec![("prompt_tokens_details".to_string(), v)]),
+                (prop::option::of(count()), prop::option::of(count())).prop_map(|(r, w)| {
+                    let mut v = Vec::new();
+                    if let Some(r) = r {
+                        v.push(("cache_read_input_tokens".to_string(), r));
+                    }
+                    if let Some(w) = w {
+                        v.push(("cache_creation_input_tokens".to_string(), w));
+                    }
+                    v
+                }),
+            ]),
         )
-            .prop_map(|(rest, usage, nest)| {
-                let mut top: serde_json::Map<String, Json> = rest.into_iter().collect();
-                if let Some((input, output, extra, cache)) = usage {
-                    let mut u: serde_json::Map<String, Json> = extra.into_iter().collect();
-                    u.extend(cache.into_iter().flatten());
-                    if let Some((alias, v)) = input {
-                        u.insert(
-                            if alias {
-                                "input_tokens"
-                            } else {
-                                "prompt_tokens"
-                            }
-                            .into(),
-                            v,
-                        );
-                    }
-                    if let Some((alias, v)) = output {
-                        let k = if alias {
-                            "output_tokens"
-                        } else {
-                            "completion_tokens"
-                        };
-                        u.insert(k.into(), v);
-                    }
-                    let u = Json::Object(u);
-                    if nest {
-                        top.insert("choices".into(), json!([{ "usage": u }]));
+            .prop_map(|(input, output, extra, cache)| {
+                let mut u: serde_json::Map<String, Json> = extra.into_iter().collect();
+                u.extend(cache.into_iter().flatten());
+                if let Some((alias, v)) = input {
+                    let k = if alias {
+                        "input_tokens"
                     } else {
-                        top.insert("usage".into(), u);
+                        "prompt_tokens"
+                    };
+                    u.insert(k.into(), v);
+                }
+                if let Some((alias, v)) = output {
+                    let k = if alias {
+                        "output_tokens"
+                    } else {
+                        "completion_tokens"
+                    };
+                    u.insert(k.into(), v);
+                }
+                Json::Object(u)
+            })
+    }
+
+    /// A document with usage objects at any of the places the scanner
+    /// reads (the top, `response`, `message`) and where it must not
+    /// (inside `choices`), or none.
+    fn body() -> impl Strategy<Value = Json> {
+        (
+            prop::collection::btree_map("[a-z_]{1,10}", any_json(), 0..4),
+            prop::collection::vec((0u8..5, usage_object()), 0..3),
+        )
+            .prop_map(|(rest, usages)| {
+                let mut top: serde_json::Map<String, Json> = rest.into_iter().collect();
+                for (at, u) in usages {
+                    match at {
+                        0 => {
+                            top.insert("usage".into(), u);
+                        }
+                        1 => {
+                            top.insert(
+                                "response".into(),
+                                json!({"id": "r", "usage": u, "output": [{"usage": 1}]}),
+                            );
+                        }
+                        2 => {
+                            top.insert("message".into(), json!({"content": [], "usage": u}));
+                        }
+                        3 => {
+                            top.insert("choices".into(), json!([{ "usage": u }]));
+                        }
+                        _ => {
+                            top.insert("usage".into(), Json::Null);
+                        }
                     }
                 }
                 Json::Object(top)
@@ -975,6 +1461,29 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
             }
         }
 
+        /// A stream of events, each a document with or without usage,
+        /// among comments, named events and `[DONE]`, in any chunking: the
+        /// scanner finds what parsing each event whole and keeping the
+        /// latest of each count finds.
+        #[test]
+        fn a_stream_matches_its_events_parsed_whole(
+            events in prop::collection::vec((body(), 0u8..4), 0..6),
+            chunk in 1usize..64,
+        ) {
+            let mut sse = String::new();
+            for (doc, framing) in &events {
+                let text = serde_json::to_string(doc).unwrap_or_default();
+                match framing {
+                    0 => sse.push_str(&format!("data: {text}\n\n")),
+                    1 => sse.push_str(&format!("event: x\ndata:{text}\r\n\r\n")),
+                    2 => sse.push_str(&format!(": keep-alive\n\ndata: {text}\n\n")),
+                    _ => sse.push_str(&format!("id: 1\ndata: {text}\n\ndata: [DONE]\n\n")),
+                }
+            }
+            let want = reference_tally(events.iter().map(|(d, _)| d));
+            prop_assert_eq!(scan(sse.as_bytes(), true, chunk), want, "{}", sse);
+        }
+
         /// The word-at-a-time search finds what a byte loop finds.
         #[test]
         fn find_is_a_byte_search(data in prop::collection::vec(prop::sample::select(b"ab\"\\{}[]".to_vec()), 0..40)) {
@@ -983,11 +1492,13 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\r
             prop_assert_eq!(find(&data, b"\"{[]}"), want(b"\"{[]}"));
         }
 
-        /// Arbitrary bytes in any chunking: an answer, never a panic.
+        /// Arbitrary bytes in any chunking: an answer, never a panic, and
+        /// the same answer whatever the chunking.
         #[test]
         fn arbitrary_bytes_are_safe(data in prop::collection::vec(any::<u8>(), 0..300), chunk in 1usize..20) {
-            let _ = scan(&data, false, chunk);
-            let _ = scan(&data, true, chunk);
+            for sse in [false, true] {
+                prop_assert_eq!(scan(&data, sse, chunk), scan(&data, sse, data.len().max(1)));
+            }
         }
     }
 }

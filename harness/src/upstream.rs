@@ -65,6 +65,19 @@ pub enum Behavior {
         /// Trailers.
         trailers: Vec<(String, String)>,
     },
+    /// Answer with this status and these headers, then the body as a
+    /// provider streams it: each of `chunks` its own chunk of
+    /// `transfer-encoding: chunked`, written and flushed `gap` apart.
+    Chunks {
+        /// HTTP status.
+        status: u16,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+        /// The body, piece by piece.
+        chunks: Vec<Vec<u8>>,
+        /// The pause before each piece after the first.
+        gap: Duration,
+    },
 }
 
 /// One request as the upstream received it.
@@ -350,6 +363,12 @@ fn respond(out: &mut TcpStream, b: &Behavior, name: &str, in_flight: usize, own:
             body,
             trailers,
         } => return respond_chunked(out, name, *status, headers, body, trailers),
+        Behavior::Chunks {
+            status,
+            headers,
+            chunks,
+            gap,
+        } => return respond_chunks(out, name, *status, headers, chunks, *gap),
         Behavior::Stream {
             first,
             per_in_flight,
@@ -408,6 +427,40 @@ fn respond_stream(out: &mut TcpStream, name: &str, rest: Duration) -> bool {
     }
     std::thread::sleep(rest);
     out.write_all(last.as_bytes()).is_ok() && out.flush().is_ok()
+}
+
+/// The answer of [`Behavior::Chunks`].
+fn respond_chunks(
+    out: &mut TcpStream,
+    name: &str,
+    status: u16,
+    headers: &[(String, String)],
+    chunks: &[Vec<u8>],
+    gap: Duration,
+) -> bool {
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\ntransfer-encoding: chunked\r\nx-upstream: {name}\r\n",
+        reason(status)
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    if !(out.write_all(head.as_bytes()).is_ok() && out.flush().is_ok()) {
+        return false;
+    }
+    for (i, c) in chunks.iter().filter(|c| !c.is_empty()).enumerate() {
+        if i > 0 {
+            std::thread::sleep(gap);
+        }
+        let mut bytes = format!("{:x}\r\n", c.len()).into_bytes();
+        bytes.extend_from_slice(c);
+        bytes.extend_from_slice(b"\r\n");
+        if !(out.write_all(&bytes).is_ok() && out.flush().is_ok()) {
+            return false;
+        }
+    }
+    out.write_all(b"0\r\n\r\n").is_ok() && out.flush().is_ok()
 }
 
 fn respond_chunked(

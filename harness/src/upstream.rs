@@ -429,6 +429,19 @@ fn respond_stream(out: &mut TcpStream, name: &str, rest: Duration) -> bool {
     out.write_all(last.as_bytes()).is_ok() && out.flush().is_ok()
 }
 
+/// The status line and headers of a chunked answer from upstream `name`.
+fn chunked_head(name: &str, status: u16, headers: &[(String, String)]) -> String {
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\ntransfer-encoding: chunked\r\nx-upstream: {name}\r\n",
+        reason(status)
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// The answer of [`Behavior::Chunks`].
 fn respond_chunks(
     out: &mut TcpStream,
@@ -438,14 +451,7 @@ fn respond_chunks(
     chunks: &[Vec<u8>],
     gap: Duration,
 ) -> bool {
-    let mut head = format!(
-        "HTTP/1.1 {status} {}\r\ntransfer-encoding: chunked\r\nx-upstream: {name}\r\n",
-        reason(status)
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
+    let head = chunked_head(name, status, headers);
     if !(out.write_all(head.as_bytes()).is_ok() && out.flush().is_ok()) {
         return false;
     }
@@ -471,14 +477,7 @@ fn respond_chunked(
     body: &[u8],
     trailers: &[(String, String)],
 ) -> bool {
-    let mut head = format!(
-        "HTTP/1.1 {status} {}\r\ntransfer-encoding: chunked\r\nx-upstream: {name}\r\n",
-        reason(status)
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
+    let head = chunked_head(name, status, headers);
     let mut bytes = head.into_bytes();
     if !body.is_empty() {
         bytes.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());

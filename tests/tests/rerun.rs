@@ -112,6 +112,21 @@ fn post(envoy: &Envoy, model: &str) -> Response {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The first rung fails the next `n` requests: each is re-run and
+/// answered by the gateway.
+fn fail_and_rerun(f: &Fleet, n: u64) {
+    f.first.fail_next(n);
+    for _ in 0..n {
+        let r = post(&f.envoy, "gpt-4o");
+        assert_eq!(
+            (r.status, r.header("x-upstream"), r.header("x-ace-reason")),
+            (200, Some("gateway"), Some("retry")),
+            "{}",
+            r.text()
+        );
+    }
+}
+
 /// Every request the gateway got is the client's, as the client sent it:
 /// its key, its path and authority, its model name, its own headers; and
 /// the gateway refused none.
@@ -154,16 +169,7 @@ fn a_rerun_never_carries_the_failed_destinations_injected_key() {
         ),
         json!({}),
     );
-    f.first.fail_next(3);
-    for _ in 0..3 {
-        let r = post(&f.envoy, "gpt-4o");
-        assert_eq!(
-            (r.status, r.header("x-upstream"), r.header("x-ace-reason")),
-            (200, Some("gateway"), Some("retry")),
-            "{}",
-            r.text()
-        );
-    }
+    fail_and_rerun(&f, 3);
     // The first rung got its own key, injected over the client's.
     assert_eq!(f.first.rejected().len(), 0, "{:?}", f.first.rejected());
     the_gateway_got_the_clients_requests(&f, 3);
@@ -197,16 +203,7 @@ fn a_provider_that_fails_is_rerun_and_the_next_rung_gets_the_clients_request() {
                "paths": {"chat_completions": path},
                "models": {"gpt-4o": "gpt4o-dep"}}),
     );
-    f.first.fail_next(2);
-    for _ in 0..2 {
-        let r = post(&f.envoy, "gpt-4o");
-        assert_eq!(
-            (r.status, r.header("x-upstream"), r.header("x-ace-reason")),
-            (200, Some("gateway"), Some("retry")),
-            "{}",
-            r.text()
-        );
-    }
+    fail_and_rerun(&f, 2);
     the_gateway_got_the_clients_requests(&f, 2);
     for r in f.gateway.accepted() {
         assert_eq!(

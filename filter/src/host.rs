@@ -98,6 +98,8 @@ extern "C" {
     fn increment_metric_raw(id: u32, offset: i64) -> u32;
     #[link_name = "proxy_record_metric"]
     fn record_metric_raw(id: u32, value: u64) -> u32;
+    #[link_name = "proxy_set_effective_context"]
+    fn set_effective_context_raw(context_id: u32) -> u32;
 }
 
 /// A raw status as a result; numbers the ABI does not define are
@@ -309,6 +311,15 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
 pub fn increment_metric(id: u32, offset: i64) -> Result<(), Status> {
     // SAFETY: no pointers.
     check(unsafe { increment_metric_raw(id, offset) })
+}
+
+/// Make the host calls that follow, until the current callback returns,
+/// act on context `context_id` (a root context acting on one of its
+/// streams from a tick). `BadArgument` when the host has no such context
+/// (the stream ended).
+pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    // SAFETY: no pointers.
+    check(unsafe { set_effective_context_raw(context_id) })
 }
 
 /// A `log` logger over [`log()`] that drops what the host refuses.

@@ -18,6 +18,7 @@
 pub mod alloc;
 pub mod host;
 pub mod state;
+pub mod stop_iteration;
 mod wasm;
 
 /// The module's allocator: size-class free lists over wasi-libc's malloc

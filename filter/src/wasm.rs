@@ -31,6 +31,7 @@
 
 use crate::host;
 use crate::state::{Mirror, Synced};
+use crate::stop_iteration::{self, Knob, Watch};
 use ace_core::health::Change;
 use ace_flow::budget;
 use ace_flow::config::{Config, Control, Trusted};
@@ -57,8 +58,8 @@ const TICK_MS: u32 = 500;
 
 proxy_wasm::main! {{
     host::init_logging(log::LevelFilter::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(AceRoot { plugin: None })
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(AceRoot { plugin: None, id })
     });
 }}
 
@@ -85,6 +86,11 @@ struct Plugin {
     secret: std::cell::Cell<Option<prefix::Secret>>,
     /// Prefix locality's shared-data key of a slot, rewritten per lookup.
     locality_key: RefCell<String>,
+    /// Whether Envoy hands a held request's body to the filter
+    /// ([`stop_iteration`]), and the requests watched until it is known.
+    watch: RefCell<Watch>,
+    /// The watched requests a tick checks, reused.
+    due: RefCell<Vec<u32>>,
 }
 
 /// Shared-data key of prefix locality's secret, one for every VM of this
@@ -154,6 +160,8 @@ impl Drop for Metrics {
 #[derive(Debug)]
 struct AceRoot {
     plugin: Option<Rc<Plugin>>,
+    /// Its context id.
+    id: u32,
 }
 
 impl Context for AceRoot {
@@ -197,6 +205,8 @@ impl RootContext for AceRoot {
                     ids: RefCell::new(EventIds::new(request::random_u64())),
                     secret: std::cell::Cell::new(None),
                     locality_key: RefCell::new(String::new()),
+                    watch: RefCell::new(Watch::new()),
+                    due: RefCell::new(Vec::new()),
                     setup,
                 }));
                 // Hands counts to Envoy, pays owed in-flight releases when
@@ -232,13 +242,17 @@ impl RootContext for AceRoot {
                 log::warn!("cannot update the shared fleet state: {s:?}");
             }
         }
+        // Last: it may make later host calls of this tick act on a stream.
+        plugin.check_holds(self.id, now_ms());
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(AceStream {
             plugin: self.plugin.clone(),
             flow: Flow::new(),
             body_seen: 0,
+            id: context_id,
+            held: false,
         }))
     }
 
@@ -250,6 +264,29 @@ impl RootContext for AceRoot {
 /// The host's clock in ms since the Unix epoch (0 if it cannot be read).
 fn now_ms() -> u64 {
     host::current_time_ns().map_or(0, |ns| ns / 1_000_000)
+}
+
+/// Envoy's `request.total_size` of the current (or effective) stream: the
+/// request headers' bytes and every body byte Envoy received, whether or
+/// not it reached the filter. `None` when the host has no such property.
+fn total_size() -> Option<u64> {
+    let bytes = host::property(&["request", "total_size"]).ok().flatten()?;
+    let n = i64::from_le_bytes(<[u8; 8]>::try_from(bytes.as_slice()).ok()?);
+    u64::try_from(n).ok()
+}
+
+/// Answer the current (or effective) stream 503: Envoy does not hand it
+/// its body ([`stop_iteration`]).
+fn refuse_unread_body() {
+    let body = request::error_body(
+        "misconfigured",
+        stop_iteration::REASON,
+        stop_iteration::MESSAGE,
+    );
+    let json = [("content-type", "application/json")];
+    if let Err(s) = host::send_local_response(503, &json, &body) {
+        log::error!("cannot send local reply: {s:?}");
+    }
 }
 
 impl Plugin {
@@ -429,6 +466,48 @@ impl Poller {
 }
 
 impl Plugin {
+    /// On each tick, while Envoy's `allow_on_headers_stop_iteration` is
+    /// unknown: ask Envoy, for each request held long enough, whether its
+    /// body arrived without reaching the filter; once it did, refuse every
+    /// held request ([`stop_iteration`]). Acts on those streams through
+    /// the effective context, given back to the root (`root`) after.
+    fn check_holds(&self, root: u32, now: u64) {
+        let (Ok(mut watch), Ok(mut due)) = (self.watch.try_borrow_mut(), self.due.try_borrow_mut())
+        else {
+            return;
+        };
+        if watch.knob() == Knob::Allowed {
+            return;
+        }
+        watch.due(now, &mut due);
+        let mut switched = false;
+        for &context in due.iter() {
+            if host::set_effective_context(context).is_err() {
+                watch.ended(context); // gone
+                continue;
+            }
+            switched = true;
+            if watch.observed(context, total_size()) {
+                break;
+            }
+        }
+        if watch.log_once() {
+            log::error!(
+                "{}; refusing with 503 every request this worker would hold for its body",
+                stop_iteration::MESSAGE
+            );
+        }
+        for context in watch.take_stuck() {
+            if host::set_effective_context(context).is_ok() {
+                switched = true;
+                refuse_unread_body();
+            }
+        }
+        if switched {
+            let _ = host::set_effective_context(root);
+        }
+    }
+
     /// On each tick: take what another worker stored, age the snapshot,
     /// and poll if this worker wins the lease.
     fn tick_control(
@@ -623,9 +702,27 @@ struct AceStream {
     flow: Flow,
     /// Request body bytes already read from Envoy's buffer.
     body_seen: usize,
+    /// Its context id.
+    id: u32,
+    /// Whether its headers were held for its body.
+    held: bool,
 }
 
 impl Context for AceStream {}
+
+impl Drop for AceStream {
+    fn drop(&mut self) {
+        if self.held {
+            if let Some(mut w) = self
+                .plugin
+                .as_ref()
+                .and_then(|p| p.watch.try_borrow_mut().ok())
+            {
+                w.ended(self.id);
+            }
+        }
+    }
+}
 
 /// The proxy-wasm host for one callback of one request.
 struct Wasm<'a> {
@@ -1027,6 +1124,49 @@ impl AceStream {
     }
 }
 
+impl AceStream {
+    /// The headers are held for the body: unless Envoy is known not to
+    /// hand the body over (then 503, [`stop_iteration`]), watched until it
+    /// is known whether it does.
+    fn hold_for_body(&mut self) -> Action {
+        let Some(plugin) = self.plugin.clone() else {
+            return Action::Pause;
+        };
+        let Ok(mut watch) = plugin.watch.try_borrow_mut() else {
+            return Action::Pause;
+        };
+        match watch.knob() {
+            Knob::Allowed => {}
+            Knob::Missing => refuse_unread_body(),
+            Knob::Unknown => {
+                let size = if watch.wants_size() {
+                    total_size()
+                } else {
+                    None
+                };
+                watch.held(self.id, now_ms(), size);
+                self.held = true;
+            }
+        }
+        Action::Pause
+    }
+
+    /// A body or trailers callback: if the headers were held, Envoy hands
+    /// the body over.
+    fn body_arrived(&mut self) {
+        if std::mem::take(&mut self.held) {
+            if let Some(mut w) = self
+                .plugin
+                .as_ref()
+                .and_then(|p| p.watch.try_borrow_mut().ok())
+            {
+                w.body_arrived();
+                w.ended(self.id);
+            }
+        }
+    }
+}
+
 /// Envoy's action for a request-path verdict.
 fn action(v: Verdict) -> Action {
     match v {
@@ -1042,20 +1182,22 @@ impl HttpContext for AceStream {
         let verdict = self.with(0, |flow, p, host| {
             flow.on_request_headers(&p.setup, &p.worker, host, eos)
         });
-        verdict.map_or_else(
-            || {
+        match verdict {
+            None => {
                 let refused = flow::not_configured();
                 let json = [("content-type", "application/json")];
                 if let Err(s) = host::send_local_response(refused.status, &json, &refused.body()) {
                     log::error!("cannot send local reply: {s:?}");
                 }
                 Action::Pause
-            },
-            action,
-        )
+            }
+            Some(Verdict::Hold) => self.hold_for_body(),
+            Some(v) => action(v),
+        }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.body_arrived();
         let v = self.with(body_size, |flow, p, host| {
             flow.on_request_body(&p.setup, &p.worker, host, end_of_stream)
         });
@@ -1063,6 +1205,7 @@ impl HttpContext for AceStream {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.body_arrived();
         let v = self.with(0, |flow, p, host| {
             flow.on_request_trailers(&p.setup, &p.worker, host)
         });

@@ -77,10 +77,11 @@ pub struct ServeArgs {
     /// How long one plan step lasts.
     #[arg(long, default_value = "1h", value_parser = duration)]
     plan_step: Duration,
-    /// Connections open at once, all clients together (keep it below
-    /// `ulimit -n`).
-    #[arg(long, default_value_t = 4096)]
-    max_connections: usize,
+    /// Connections open at once, all clients together (default: what
+    /// `ulimit -n` leaves once the service's own needs are kept aside, at
+    /// most 4096; a number the limit cannot hold refuses to start).
+    #[arg(long)]
+    max_connections: Option<usize>,
     /// Connections open at once from one client address.
     #[arg(long, default_value_t = 256)]
     max_connections_per_ip: usize,

@@ -44,7 +44,7 @@ pub struct Args {
 /// The bounds of the playground's connections: a browser opens a handful.
 fn limits() -> ace_control::listen::Limits {
     ace_control::listen::Limits {
-        max_connections: 512,
+        max_connections: Some(512),
         max_per_ip: 128,
         idle_timeout: Duration::from_secs(30),
         request_timeout: Duration::from_secs(30),

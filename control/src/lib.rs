@@ -481,6 +481,16 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             None
         }
     };
+    // Connections get what the file descriptor limit leaves once the
+    // service's own are kept aside: its polls (three per destination at
+    // most: metrics, models, eviction notices) and the rest.
+    let reserved = listen::RESERVED_FDS + 3 * dests.len();
+    let cap = listen::connection_cap(&config.limits, listen::fd_soft_limit(), reserved)
+        .map_err(Error::new)?;
+    let limits = listen::Limits {
+        max_connections: Some(cap),
+        ..config.limits.clone()
+    };
     let timeout = config.timeout.unwrap_or(interval);
     let stale_after = config.stale_after.unwrap_or(interval * 3);
     if let Some(t) = &config.token {
@@ -720,7 +730,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let app = server::router(svc.clone());
-    let (limits, stats) = (config.limits.clone(), svc.conns.clone());
+    let stats = svc.conns.clone();
     tasks.spawn(async move {
         let stopped = async {
             let _ = stopped.await;

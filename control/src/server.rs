@@ -275,7 +275,9 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
     let _ = writeln!(o, "# HELP ace_control_publish_failures_total Snapshots that could not be published (the last one stayed).\n# TYPE ace_control_publish_failures_total counter\nace_control_publish_failures_total {}", c.publish_failures.load(Ordering::Relaxed));
     let k = &svc.conns;
     let _ = writeln!(o, "# HELP ace_control_connections_open Connections open to the service now.\n# TYPE ace_control_connections_open gauge\nace_control_connections_open {}", k.open.load(Ordering::Relaxed));
-    let _ = writeln!(o, "# HELP ace_control_connections_refused_total Connections closed at once: the service-wide cap (full) or the peer address's cap (per_ip) was reached.\n# TYPE ace_control_connections_refused_total counter");
+    let _ = writeln!(o, "# HELP ace_control_connections_max Connections the service holds at most (--max-connections, or what the file descriptor limit leaves).\n# TYPE ace_control_connections_max gauge\nace_control_connections_max {}", k.cap.load(Ordering::Relaxed));
+    let _ = writeln!(o, "# HELP ace_control_connections_closed_idle_total Idle connections closed to take a new one while the service was full (the idlest of the address holding the most).\n# TYPE ace_control_connections_closed_idle_total counter\nace_control_connections_closed_idle_total {}", k.closed_idle.load(Ordering::Relaxed));
+    let _ = writeln!(o, "# HELP ace_control_connections_refused_total Connections closed at once: the service was full with every connection answering (full), or the peer address's cap was reached (per_ip).\n# TYPE ace_control_connections_refused_total counter");
     for (why, n) in [("full", &k.refused_full), ("per_ip", &k.refused_per_ip)] {
         let _ = writeln!(
             o,

@@ -6,5 +6,6 @@
 
 mod budgets;
 mod common;
+mod connections;
 mod hostile;
 mod serve;

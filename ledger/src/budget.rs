@@ -15,6 +15,15 @@
 //! scanning them: a reading is taken every few seconds, and needs one
 //! figure per tenant, not every row. Budgets whose periods start at the
 //! same moment (every `day` budget, every `month` budget) share one query.
+//!
+//! A reading is bounded in time on both sides, and each row counts at
+//! least 0. It counts the rows from its period's start to [`AHEAD_MS`]
+//! after its own time, never at or past the period's end: a row dated
+//! ahead (a forged time, or a proxy's clock far ahead of the control
+//! service's) waits until the reading's time comes within [`AHEAD_MS`] of
+//! it, rather than counting in every period until then. A row with a
+//! negative cost counts as nothing ([`Store::spend`]): no row lowers what
+//! the others add up to.
 
 use crate::event::{MAX_TIME_MS, MIN_TIME_MS};
 use crate::money::{usd_f64, Nano};
@@ -31,8 +40,9 @@ use std::collections::{BTreeMap, HashMap};
 /// left out.
 ///
 /// The spend is held to the snapshot's range (0 to
-/// [`ace_snapshot::MAX_SPENT_USD`]): a store edited to hold a negative
-/// cost reads as nothing spent, never as credit.
+/// [`ace_snapshot::MAX_SPENT_USD`]), each row counting at least 0: a store
+/// edited to hold a negative cost reads it as nothing spent, never as
+/// credit against the other rows.
 pub fn readings(
     store: &mut dyn Store,
     budgets: &Budgets,
@@ -56,6 +66,20 @@ pub fn readings(
         .collect())
 }
 
+/// How far past a reading's time a row still counts in it, ms: a minute.
+///
+/// Proxies date their events by their own clocks and the control service
+/// reads as of its own. A proxy whose clock is ahead of the service's by
+/// less than this loses nothing: its rows count at once. One further ahead
+/// (or a row dated ahead by hand) counts once the service's clock is
+/// within this of the row's time: late by the skew less a minute, never
+/// early by more than a minute, and never in a period it is not dated in.
+/// A proxy behind the service's clock is covered by the filter's own
+/// count (`budget_books_lag_ms`), which keeps what it booked counted until
+/// a reading's time, less that lag, passes it: keep the proxies' clocks
+/// within that lag of the service's (NTP keeps them within milliseconds).
+pub const AHEAD_MS: u64 = 60_000;
+
 /// One budget's spend in the period holding a moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spend {
@@ -68,9 +92,10 @@ pub struct Spend {
 }
 
 /// The spend of each of `budgets` (in their order) in its period holding
-/// `now_ms`: one store query per distinct period start. `now_ms` is held
-/// to the times the ledger books (2000 to 2100), so a store edited to hold
-/// any time still has a period to read.
+/// `now_ms`, from the period's start to [`AHEAD_MS`] past `now_ms` and
+/// before the period's end: one store query per distinct pair of bounds.
+/// `now_ms` is held to the times the ledger books (2000 to 2100), so a
+/// store edited to hold any time still has a period to read.
 pub fn spends(
     store: &mut dyn Store,
     budgets: &[&Budget],
@@ -78,23 +103,36 @@ pub fn spends(
 ) -> anyhow::Result<Vec<Spend>> {
     let now = now_ms.clamp(MIN_TIME_MS, MAX_TIME_MS);
     let windows: Vec<(u64, u64)> = budgets.iter().map(|b| b.period.window(now)).collect();
-    let mut by_start: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
-    for (b, (start, _)) in budgets.iter().zip(&windows) {
-        by_start
-            .entry(*start)
+    // From the period's start to a minute past now, and before its end
+    // (a rolling window has none).
+    let bounds = |(start, resets): (u64, u64)| {
+        let ahead = now.saturating_add(AHEAD_MS);
+        (
+            start,
+            if resets == 0 {
+                ahead
+            } else {
+                ahead.min(resets)
+            },
+        )
+    };
+    let mut by_bounds: BTreeMap<(u64, u64), Vec<&str>> = BTreeMap::new();
+    for (b, w) in budgets.iter().zip(&windows) {
+        by_bounds
+            .entry(bounds(*w))
             .or_default()
             .extend(b.tenants.iter().map(String::as_str));
     }
-    let mut per_start: HashMap<u64, HashMap<String, Nano>> = HashMap::new();
-    for (start, tenants) in by_start {
-        let got = store.spend(start, &tenants)?;
-        per_start.insert(start, got.into_iter().collect());
+    let mut per_bounds: HashMap<(u64, u64), HashMap<String, Nano>> = HashMap::new();
+    for ((since, until), tenants) in by_bounds {
+        let got = store.spend(since, until, &tenants)?;
+        per_bounds.insert((since, until), got.into_iter().collect());
     }
     Ok(budgets
         .iter()
         .zip(windows)
         .map(|(b, (start_ms, resets_ms))| {
-            let spent_by = per_start.get(&start_ms);
+            let spent_by = per_bounds.get(&bounds((start_ms, resets_ms)));
             let spent = b
                 .tenants
                 .iter()
@@ -239,10 +277,15 @@ mod tests {
             fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {
                 self.0.scan(f)
             }
-            fn spend(&mut self, since: u64, t: &[&str]) -> anyhow::Result<Vec<(String, Nano)>> {
+            fn spend(
+                &mut self,
+                since: u64,
+                until: u64,
+                t: &[&str],
+            ) -> anyhow::Result<Vec<(String, Nano)>> {
                 self.1
                     .push((since, t.iter().map(|s| (*s).to_string()).collect()));
-                self.0.spend(since, t)
+                self.0.spend(since, until, t)
             }
         }
         let b = budgets(
@@ -280,7 +323,7 @@ mod tests {
             (got[1].spent_usd, got[1].state),
             (ace_snapshot::MAX_SPENT_USD, BudgetState::Exhausted)
         );
-        let sums = s.spend(0, &["h", "nul\0t", "h"]).expect("spend");
+        let sums = s.spend(0, u64::MAX, &["h", "nul\0t", "h"]).expect("spend");
         assert_eq!(
             sums,
             [

@@ -124,8 +124,13 @@ impl Store for Picky {
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()> {
         self.0.scan(f)
     }
-    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, i64)>> {
-        self.0.spend(since_ms, tenants)
+    fn spend(
+        &mut self,
+        since_ms: u64,
+        until_ms: u64,
+        tenants: &[&str],
+    ) -> anyhow::Result<Vec<(String, i64)>> {
+        self.0.spend(since_ms, until_ms, tenants)
     }
 }
 

@@ -165,3 +165,73 @@ fn budget_readings_are_the_same_in_sqlite_and_postgres() {
     assert_eq!(ra, rb);
     assert_eq!(ra.table(), rb.table());
 }
+
+/// Rows (issue 50): "One store row with a negative `booked_nano` lowers a
+/// budget reading to 0 (the clamp is on the sum, not the rows)." and "A
+/// row dated years ahead counts in every period until then (no upper time
+/// bound in the budget query)." The same hostile rows in SQLite and in a
+/// real PostgreSQL read alike, each row counting at least 0 and only from
+/// a minute before its time, and never in a period it is not dated in.
+#[test]
+fn hostile_rows_neither_lower_nor_raise_a_reading_in_sqlite_and_postgres() {
+    let pg = Pg::start();
+    let (_dir, sqlite) = common::sqlite_url();
+    for url in [sqlite, pg.database("hostile_rows")] {
+        hostile_rows_read_as_booked(&url);
+    }
+}
+
+/// [`hostile_rows_neither_lower_nor_raise_a_reading_in_sqlite_and_postgres`]
+/// on the store at `url`.
+fn hostile_rows_read_as_booked(url: &str) {
+    use ace_ledger::budget::{readings, AHEAD_MS};
+    use ace_ledger::row::Row;
+    /// 2026-12-07T01:30:00Z, and the next day's start.
+    const NOW: u64 = 1_796_607_000_000;
+    const NEXT_DAY: u64 = 1_796_688_000_000;
+    const USD: i64 = 1_000_000_000;
+    let row = |n: u32, time_ms: u64, booked: i64| Row {
+        event_id: format!("{n:032x}"),
+        tenant: Some("a".into()),
+        time_ms: time_ms as i64,
+        booked,
+        ..Row::default()
+    };
+    let mut store = ace_ledger::store::open(url).expect("open");
+    store
+        .insert(&[
+            row(1, NOW - 1_000, 2 * USD),
+            // Never booked by the ledger: a hand or a hostile edit.
+            row(2, NOW - 500, -5 * USD),
+            row(3, NOW + 10 * 365 * 86_400_000, 100 * USD),
+            // Within a minute ahead (a proxy's clock ahead): counts.
+            row(4, NOW + AHEAD_MS / 2, USD),
+            // Further ahead: counts once its time is a minute away.
+            row(5, NOW + AHEAD_MS + 30_000, 4 * USD),
+            // The next day's, a few seconds in.
+            row(6, NEXT_DAY + 10_000, 8 * USD),
+        ])
+        .expect("insert");
+    let raw: Vec<ace_config::BudgetSettings> = serde_json::from_str(
+        r#"[{"name":"day","tenants":["a"],"usd":10},
+            {"name":"hour","tenants":["a"],"usd":10,"period":"rolling","window_s":3600}]"#,
+    )
+    .expect("budgets");
+    let budgets = ace_config::Budgets::validate(&raw).expect("valid");
+    let mut spent = |now: u64| -> Vec<f64> {
+        readings(store.as_mut(), &budgets, now)
+            .unwrap_or_else(|e| panic!("{url}: {e:#}"))
+            .iter()
+            .map(|r| r.spent_usd)
+            .collect()
+    };
+    // Rows 1 and 4; the negative row lowers nothing, the years-ahead row
+    // and the one 90 s ahead are not counted yet.
+    assert_eq!(spent(NOW), [3.0, 3.0], "{url}");
+    // A minute on, row 5 is within a minute.
+    assert_eq!(spent(NOW + 60_000), [7.0, 7.0], "{url}");
+    // Thirty seconds before the day ends, row 6 (40 s ahead) is the next
+    // day's; the last hour, with no end, counts it.
+    assert_eq!(spent(NEXT_DAY - 30_000), [7.0, 8.0], "{url}");
+    assert_eq!(spent(NEXT_DAY + 20_000), [8.0, 8.0], "{url}");
+}

@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "budget-token";
+pub(crate) const TOKEN: &str = "budget-token";
 /// The control service's poll of the store, and the filter's of it.
-const INTERVAL: Duration = Duration::from_millis(300);
+pub(crate) const INTERVAL: Duration = Duration::from_millis(300);
 /// `northbank`'s rolling window.
 const WINDOW: Duration = Duration::from_secs(6);
 
@@ -34,7 +34,7 @@ const WINDOW: Duration = Duration::from_secs(6);
 /// pay-as-you-go API serving both; tenants `globex` (soft at half of USD
 /// 0.05 a day: then only the owned GPUs), `northbank` (USD 0.05 over a
 /// rolling six seconds, no soft step) and `acme-health` (no budget).
-fn fleet_toml() -> String {
+pub(crate) fn fleet_toml() -> String {
     r#"version = 1
 [request.data_class]
 values = ["public"]
@@ -112,7 +112,7 @@ soft_at = 1.0
 
 /// What each upstream answers: the API 2,000 tokens in and 1,000 out
 /// (USD 0.015 a request), the owned GPUs 100 and 50.
-fn answering(u: &Upstream, prompt: u32, completion: u32) {
+pub(crate) fn answering(u: &Upstream, prompt: u32, completion: u32) {
     u.set_behavior(Behavior::Respond {
         status: 200,
         headers: vec![("content-type".into(), "application/json".into())],
@@ -123,37 +123,62 @@ fn answering(u: &Upstream, prompt: u32, completion: u32) {
     });
 }
 
-struct World {
+/// A policy directory in a temp dir: the example schema, the capability
+/// permit and the no-spot rule, the example's policies named in `extra`,
+/// and `fleet` as its manifest.
+pub(crate) fn policy_dir_with(fleet: &str, extra: &[&str]) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tmp.path();
+    let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let base = [
+        "ace.cedarschema",
+        "model_capability.cedar",
+        "tenant_no_spot.cedar",
+    ];
+    for f in base.iter().chain(extra) {
+        std::fs::copy(policies.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    std::fs::write(dir.join("fleet.toml"), fleet).unwrap_or_else(|e| panic!("{e}"));
+    tmp
+}
+
+/// [`policy_dir_with`] and no more policies.
+pub(crate) fn policy_dir(fleet: &str) -> tempfile::TempDir {
+    policy_dir_with(fleet, &[])
+}
+
+/// A real PostgreSQL ledger store, `ace control serve --ledger-store` on
+/// it, the fleet's two upstreams, and the plugin configuration polling the
+/// service; Envoys added by [`World::envoy`].
+pub(crate) struct World {
     _dir: tempfile::TempDir,
     dir: PathBuf,
     pg: Option<Pg>,
-    store: String,
-    owned: Upstream,
-    api: Upstream,
+    /// The store's URL.
+    pub(crate) store: String,
+    pub(crate) owned: Upstream,
+    pub(crate) api: Upstream,
     runtime: tokio::runtime::Runtime,
     service: Option<ace_control::Running>,
     control_port: u16,
-    plugin: String,
+    /// The plugin configuration, as JSON text.
+    pub(crate) plugin: String,
     stop: Arc<AtomicBool>,
     ingests: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl World {
-    fn new(database: &str, fleet: &str) -> World {
+    pub(crate) fn new(database: &str, fleet: &str) -> World {
+        World::new_with(database, fleet, &[])
+    }
+
+    /// [`World::new`] with the example's policies named in `extra` too.
+    pub(crate) fn new_with(database: &str, fleet: &str, extra: &[&str]) -> World {
         require_envoy();
         let pg = Pg::start();
         let store = pg.database(database);
-        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let tmp = policy_dir_with(fleet, extra);
         let dir = tmp.path().to_path_buf();
-        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-        for f in [
-            "ace.cedarschema",
-            "model_capability.cedar",
-            "tenant_no_spot.cedar",
-        ] {
-            std::fs::copy(policies.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
-        }
-        std::fs::write(dir.join("fleet.toml"), fleet).unwrap_or_else(|e| panic!("{e}"));
         let (owned, api) = (upstream("eu_owned"), upstream("us_api"));
         answering(&owned, 100, 50);
         answering(&api, 2_000, 1_000);
@@ -200,7 +225,7 @@ impl World {
 
     /// A real Envoy with this world's filter, and its access log followed
     /// into the store.
-    fn envoy(&mut self, filter: Filter) -> Envoy {
+    pub(crate) fn envoy(&mut self, filter: Filter) -> Envoy {
         let control = json!({"cluster": "ace_control", "token": TOKEN,
             "interval_ms": INTERVAL.as_millis() as u64, "stale_after_ms": 1000});
         let mut b = EnvoyBuilder::new();
@@ -265,7 +290,7 @@ impl Drop for World {
     }
 }
 
-fn ask(envoy: &Envoy, tenant: &str, model: &str) -> Response {
+pub(crate) fn ask(envoy: &Envoy, tenant: &str, model: &str) -> Response {
     Request::post_json(
         "/v1/chat/completions",
         &json!({"model": model, "max_tokens": 1000,
@@ -279,13 +304,19 @@ fn ask(envoy: &Envoy, tenant: &str, model: &str) -> Response {
     .unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
-fn error(r: &Response) -> Value {
+pub(crate) fn error(r: &Response) -> Value {
     serde_json::from_slice::<Value>(&r.body).map_or(Value::Null, |v| v["error"].clone())
 }
 
 /// Ask until `want` comes back (a worker may hold the previous reading
 /// for a poll), at most `limit`.
-fn until(envoy: &Envoy, tenant: &str, model: &str, want: &str, limit: Duration) -> Response {
+pub(crate) fn until(
+    envoy: &Envoy,
+    tenant: &str,
+    model: &str,
+    want: &str,
+    limit: Duration,
+) -> Response {
     let t0 = Instant::now();
     loop {
         let r = ask(envoy, tenant, model);
@@ -462,7 +493,7 @@ fn under_load_two_envoys_overshoot_a_limit_within_the_bound() {
     let t = Instant::now();
     loop {
         let spent = store
-            .spend(0, &["globex"])
+            .spend(0, u64::MAX, &["globex"])
             .unwrap_or_else(|e| panic!("{e:#}"));
         let now = spent.first().map_or(0.0, |(_, n)| *n as f64 / 1e9);
         if now == booked && now > 0.0 && t.elapsed() > Duration::from_secs(2) {

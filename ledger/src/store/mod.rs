@@ -90,9 +90,15 @@ pub trait Store: Send {
     /// Every row, by time then event id.
     fn scan(&mut self, f: &mut dyn FnMut(Row) -> anyhow::Result<()>) -> anyhow::Result<()>;
     /// Booked cost (`booked_nano`) per tenant of `tenants` over the rows
-    /// at or after `since_ms`, by tenant; a tenant with no such row is
-    /// left out. Summed by the store ([`spend_sql`]), since a budget
-    /// reading wants one figure per tenant, not every row.
+    /// at or after `since_ms` and before `until_ms`, by tenant; a tenant
+    /// with no such row is left out. Summed by the store ([`spend_sql`]),
+    /// since a budget reading wants one figure per tenant, not every row.
+    ///
+    /// Each row counts at least 0: a row with a negative cost (never
+    /// booked by the ledger, only written into the store by hand or by a
+    /// hostile edit) counts as nothing, so that no row can lower what the
+    /// others add up to, and no reading lifts a limit that what was booked
+    /// reached.
     ///
     /// Every booked row counts, served or not, and so does a row booked
     /// apart as an event id conflict ([`crate::row::CONFLICT_FLAG`]): the
@@ -100,7 +106,12 @@ pub trait Store: Send {
     /// own, and a budget must see the same spend the report shows.
     /// Tenants are matched as the store holds them
     /// ([`crate::event::storable`]) and bound as parameters.
-    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, Nano)>>;
+    fn spend(
+        &mut self,
+        since_ms: u64,
+        until_ms: u64,
+        tenants: &[&str],
+    ) -> anyhow::Result<Vec<(String, Nano)>>;
 }
 
 /// Open the store at `url`: `postgres://...` (or `postgresql://...`), or a
@@ -265,8 +276,9 @@ pub fn scan_sql() -> String {
 /// (32,766 and 65,535), so longer lists are asked in parts.
 pub const SPEND_TENANTS_PER_QUERY: usize = 1000;
 
-/// `SELECT` of the booked cost per tenant since `$1` (ms) for the `n`
-/// tenants `$2` .. `$n+1`, by tenant.
+/// `SELECT` of the booked cost per tenant from `$1` (ms) to before `$2`
+/// for the `n` tenants `$3` .. `$n+2`, by tenant, each row's cost counted
+/// as at least 0 (`booked_nano > 0`: a negative row lowers nothing).
 ///
 /// The sum is taken in two parts, whole dollars (`booked_nano /
 /// 1000000000`) and the nano-dollars left (`booked_nano % 1000000000`), and
@@ -276,11 +288,12 @@ pub const SPEND_TENANTS_PER_QUERY: usize = 1000;
 /// Each part is cast to `BIGINT` since PostgreSQL sums a `BIGINT` as a
 /// `NUMERIC`.
 pub fn spend_sql(n: usize) -> String {
-    let marks: Vec<String> = (2..n + 2).map(|i| format!("${i}")).collect();
+    let marks: Vec<String> = (3..n + 3).map(|i| format!("${i}")).collect();
     format!(
         "SELECT tenant, CAST(SUM(booked_nano / 1000000000) AS BIGINT), \
          CAST(SUM(booked_nano % 1000000000) AS BIGINT) FROM ace_events \
-         WHERE time_ms >= $1 AND tenant IN ({}) GROUP BY tenant ORDER BY tenant",
+         WHERE time_ms >= $1 AND time_ms < $2 AND booked_nano > 0 AND tenant IN ({}) \
+         GROUP BY tenant ORDER BY tenant",
         marks.join(", ")
     )
 }
@@ -290,10 +303,10 @@ pub fn spend_total(whole_usd: i64, nano: i64) -> Nano {
     whole_usd.saturating_mul(1_000_000_000).saturating_add(nano)
 }
 
-/// `since_ms` as the stores' `time_ms` (a time past `i64::MAX` matches no
-/// row either way).
-pub fn spend_since(since_ms: u64) -> i64 {
-    i64::try_from(since_ms).unwrap_or(i64::MAX)
+/// A time bound of [`spend_sql`] (ms) as the stores' `time_ms` (a time
+/// past `i64::MAX` is `i64::MAX`, past every row's).
+pub fn spend_time(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 /// `tenants` as the stores hold them ([`crate::event::storable`]), each

@@ -212,14 +212,20 @@ impl Store for Postgres {
         &self.migrated
     }
 
-    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, Nano)>> {
-        let since = super::spend_since(since_ms);
+    fn spend(
+        &mut self,
+        since_ms: u64,
+        until_ms: u64,
+        tenants: &[&str],
+    ) -> anyhow::Result<Vec<(String, Nano)>> {
+        let (since, until) = (super::spend_time(since_ms), super::spend_time(until_ms));
         let mut out = Vec::new();
         for part in super::spend_parts(tenants) {
             let sql = super::spend_sql(part.len());
             let what = "cannot sum the tenants' booked cost";
-            let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(part.len() + 1);
+            let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(part.len() + 2);
             params.push(&since);
+            params.push(&until);
             params.extend(part.iter().map(|t| t as &(dyn ToSql + Sync)));
             let rows = at(self.client.query(&sql, &params), what, &self.url)?;
             let read = |r: &postgres::Row| -> Result<(String, i64, i64), postgres::Error> {

@@ -209,15 +209,21 @@ impl Store for Sqlite {
         &self.migrated
     }
 
-    fn spend(&mut self, since_ms: u64, tenants: &[&str]) -> anyhow::Result<Vec<(String, Nano)>> {
+    fn spend(
+        &mut self,
+        since_ms: u64,
+        until_ms: u64,
+        tenants: &[&str],
+    ) -> anyhow::Result<Vec<(String, Nano)>> {
         let url = self.url.clone();
-        let since = super::spend_since(since_ms);
+        let (since, until) = (super::spend_time(since_ms), super::spend_time(until_ms));
         let mut out = Vec::new();
         for part in super::spend_parts(tenants) {
             let sql = super::spend_sql(part.len());
             let what = "cannot sum the tenants' booked cost";
             let mut st = at(self.conn.prepare_cached(&sql), what, &url)?;
-            let params = std::iter::once(SqlValue::Integer(since))
+            let params = [SqlValue::Integer(since), SqlValue::Integer(until)]
+                .into_iter()
                 .chain(part.into_iter().map(SqlValue::Text));
             let rows = st.query_map(rusqlite::params_from_iter(params), |r| {
                 Ok((

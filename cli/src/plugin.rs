@@ -6,7 +6,9 @@
 //! compiled tables. The translation itself is
 //! [`ace_policy::plugin::plugin_config`], shared with the browser
 //! playground; this module adds the command's options (the control
-//! service) and writes the document.
+//! service) and writes the document, and prints on stderr what the
+//! operator must still see to ([`ace_policy::plugin::warnings`]: budgets
+//! on a tenant the client names).
 
 use crate::out;
 use ace_config::{ControlSettings, PluginConfig};
@@ -46,7 +48,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut config = build(&args.dir, args.restrict, args.read_body)?;
+    let built = build_config(&args.dir, args.restrict, args.read_body)?;
+    for w in ace_policy::plugin::warnings(&built) {
+        eprintln!("warning: {w}");
+    }
+    let mut config = serde_json::to_value(built)?;
     if let Some(cluster) = args.control_cluster {
         let token = match &args.control_token_file {
             Some(f) => Some(

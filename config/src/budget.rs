@@ -430,6 +430,47 @@ impl Budgets {
     }
 }
 
+/// The warning for budgets (`names`) that count spend by the `tenant`
+/// attribute as the client's `x-ace-tenant` header gives it: a client that
+/// names another tenant spends that tenant's budget and escapes its own.
+/// `ace plugin-config` prints it, and the filter logs it once when it
+/// loads such a configuration; `attribute_sources.tenant` (a source the
+/// client cannot forge) silences it.
+pub fn unverified_tenant(names: &[&str]) -> String {
+    let listed: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    let (noun, verb) = if names.len() == 1 {
+        ("budget", "counts")
+    } else {
+        ("budgets", "count")
+    };
+    format!(
+        "{noun} {} {verb} spend by the `tenant` attribute, which this configuration takes from \
+         the client's `x-ace-tenant` header: a client that sends another tenant's name spends \
+         that tenant's budget and escapes its own. Verify the tenant: set \
+         `attribute_sources.tenant` to a source the client cannot forge, the mTLS peer \
+         ({{\"peer\": \"uri_san\"}}) or metadata an authentication filter before ACE wrote \
+         ({{\"metadata\": {{\"namespace\": \"envoy.filters.http.ext_authz\", \"path\": \
+         [\"tenant\"]}}}}), or have Envoy set `x-ace-tenant` itself after removing the \
+         client's",
+        listed.join(", ")
+    )
+}
+
+/// [`unverified_tenant`] for `cfg`, when its budgets count a tenant
+/// attribute with no verified source.
+pub fn unverified_tenant_in(cfg: &crate::Config) -> Option<String> {
+    if cfg.budgets.list.is_empty() {
+        return None;
+    }
+    let policy = cfg.policy.as_ref()?;
+    let tenant = policy.attributes.get(policy.tenant?)?;
+    if tenant.trusted.is_some() {
+        return None;
+    }
+    let names: Vec<&str> = cfg.budgets.list.iter().map(|b| b.name.as_str()).collect();
+    Some(unverified_tenant(&names))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

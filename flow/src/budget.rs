@@ -356,28 +356,14 @@ impl Budgeting {
             let Some(budget) = cfg.budgets.list.get(usize::from(b)) else {
                 continue;
             };
-            let r = cells.reading(b);
-            // Counted on top of the reading: what the books may lack, and
-            // nothing from before the period (a day's, a week's, a
-            // month's start; a rolling window's, now).
-            let start = budget.period.window(now_ms).0;
-            let cut = r.read_ms.saturating_sub(self.lag_ms).max(start);
-            let mut cell = Cell::default();
-            cells.update(u32::from(b), &mut |bytes| {
-                cell = Cell::decode(bytes);
-                let before = cell;
-                cell.roll(now_ms);
-                *bytes = cell.encode();
-                cell != before
-            });
-            let spent = r.spent_usd + cell.own_usd(cut, self.width_ms);
-            let state = r.state.max(budget.state(spent));
+            let (spend, cell) = self.spend(budget, b, now_ms, true, cells);
+            let state = spend.reading.state.max(budget.state(spend.total()));
             if state == State::Exhausted {
-                return Err(self.refusal(budget, b, Why::Exhausted, &r, spent, tokens, now_ms));
+                return Err(self.refusal(budget, b, Why::Exhausted, &spend, tokens, now_ms));
             }
             if let Some(limit) = budget.tokens_per_minute {
                 if u64::from(cell.tokens).saturating_add(u64::from(tokens)) > limit {
-                    return Err(self.refusal(budget, b, Why::Tokens, &r, spent, tokens, now_ms));
+                    return Err(self.refusal(budget, b, Why::Tokens, &spend, tokens, now_ms));
                 }
             }
             if state == State::Soft {
@@ -388,6 +374,36 @@ impl Budgeting {
             }
         }
         Ok(allowed)
+    }
+
+    /// Where budget `b` (`budget`) stands at `now_ms`: the control
+    /// service's reading and what this proxy booked that it may lack
+    /// (counted on top of it: nothing from before the period, a day's, a
+    /// week's, a month's start, a rolling window's, now), with its cell,
+    /// brought to the minute of `now_ms` when `roll` (else only read).
+    fn spend(
+        &self,
+        budget: &Budget,
+        b: u16,
+        now_ms: u64,
+        roll: bool,
+        cells: &mut impl Cells,
+    ) -> (Spend, Cell) {
+        let reading = cells.reading(b);
+        let start = budget.period.window(now_ms).0;
+        let cut = reading.read_ms.saturating_sub(self.lag_ms).max(start);
+        let mut cell = Cell::default();
+        cells.update(u32::from(b), &mut |bytes| {
+            cell = Cell::decode(bytes);
+            let before = cell;
+            if roll {
+                cell.roll(now_ms);
+            }
+            *bytes = cell.encode();
+            cell != before
+        });
+        let own_usd = cell.own_usd(cut, self.width_ms);
+        (Spend { reading, own_usd }, cell)
     }
 
     /// Count `nano` (booked cost, nano-USD, perhaps a correction below
@@ -421,29 +437,31 @@ impl Budgeting {
         minute_of(now_ms)
     }
 
-    /// A soft budget's refusal: none of its rungs can serve now.
+    /// A soft budget's refusal: none of its rungs can serve now. Its
+    /// spend as [`Budgeting::admit`] counted it: the reading and this
+    /// proxy's own since (read, not changed).
     pub fn soft_refusal(
         &self,
         cfg: &Config,
         b: u16,
-        reading: &Reading,
         now_ms: u64,
+        cells: &mut impl Cells,
     ) -> Option<Refusal> {
         let budget = cfg.budgets.list.get(usize::from(b))?;
-        Some(self.refusal(budget, b, Why::Soft, reading, reading.spent_usd, 0, now_ms))
+        let (spend, _) = self.spend(budget, b, now_ms, false, cells);
+        Some(self.refusal(budget, b, Why::Soft, &spend, 0, now_ms))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn refusal(
         &self,
         budget: &Budget,
         b: u16,
         why: Why,
-        r: &Reading,
-        spent: f64,
+        spend: &Spend,
         tokens: u32,
         now_ms: u64,
     ) -> Refusal {
+        let r = &spend.reading;
         let resets_ms = match (r.resets_ms, budget.period) {
             (_, Period::Rolling { .. }) => 0,
             (0, p) => p.window(now_ms).1,
@@ -467,18 +485,19 @@ impl Budgeting {
             Some(t) => format!("it resets at {}", ace_config::budget::rfc3339(t)),
             None => format!("spend ages out of {period}; retry in {retry_after_s} s"),
         };
+        let spent = spend.words();
         let message = match why {
-            Why::Exhausted => format!(
-                "the budget `{name}` ({amount}) is exhausted: USD {spent:.2} booked; {when}"
-            ),
+            Why::Exhausted => {
+                format!("the budget `{name}` ({amount}) is exhausted: {spent}; {when}")
+            }
             Why::Tokens => format!(
                 "the budget `{name}` allows {} tokens a minute on this proxy, and this request's \
                  estimated {tokens} would pass it; retry in {retry_after_s} s",
                 budget.tokens_per_minute.unwrap_or(0)
             ),
             Why::Soft => format!(
-                "the budget `{name}` ({amount}) is past its soft threshold (USD {spent:.2} \
-                 booked): only {} may serve this tenant, and none can now; {when}",
+                "the budget `{name}` ({amount}) is past its soft threshold ({spent}): only {} \
+                 may serve this tenant, and none can now; {when}",
                 soft_rungs(budget)
             ),
         };
@@ -510,6 +529,39 @@ impl Budgeting {
             why,
             retry_after_s,
             body,
+        }
+    }
+}
+
+/// A budget's spend as this proxy counts it: the control service's last
+/// reading of the books, and what this proxy booked that the books may
+/// not hold yet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Spend {
+    /// The reading (`read_ms` 0: none yet).
+    reading: Reading,
+    /// This proxy's own spend since the reading's cut, USD.
+    own_usd: f64,
+}
+
+impl Spend {
+    /// The two together, what the limits are held to.
+    fn total(&self) -> f64 {
+        self.reading.spent_usd + self.own_usd
+    }
+
+    /// Both figures in words, for a refusal: a client told only the books'
+    /// figure ("USD 0.00 booked" after spending USD 0.90 here) cannot see
+    /// why it was refused.
+    fn words(&self) -> String {
+        let own = self.own_usd;
+        match self.reading.read_ms {
+            0 => format!("no reading of the books yet, USD {own:.2} booked by this proxy"),
+            t => format!(
+                "USD {:.2} booked as of {}, USD {own:.2} by this proxy since",
+                self.reading.spent_usd,
+                ace_config::budget::rfc3339(t)
+            ),
         }
     }
 }
@@ -677,5 +729,87 @@ mod tests {
         let mut cells = One(Mem::default(), Reading::default());
         bg.book(&[0], 1_100_000_000, 0, 0, t, &mut cells);
         assert!(bg.admit(&cfg, &[0], 0, t + 3_600_000, &mut cells).is_err());
+    }
+
+    /// Row (issue 50): "The soft-budget 429 states the control service's
+    /// reading only ('USD 0.00 booked' after USD 0.90 booked here)." Each
+    /// refusal states the books' reading and this proxy's own spend since.
+    #[test]
+    fn a_refusal_states_the_books_and_this_proxys_own_spend() {
+        let cfg = ace_config::Config::parse_for_pricing(
+            br#"{"allow_no_policy":true,"destinations":[{"name":"a","cluster":"a"}],
+                "budgets":[{"name":"b","tenants":["t"],"usd":1.0,"soft_at":0.5}],
+                "budget_books_lag_ms":2000}"#,
+        )
+        .unwrap();
+        let bg = Budgeting {
+            by_value: vec![],
+            soft_mask: vec![vec![1]],
+            names: vec![Arc::from("b")],
+            lag_ms: 2_000,
+            width_ms: 1_000,
+        };
+        struct One(Mem, Reading);
+        impl Cells for One {
+            fn update(
+                &mut self,
+                slot: u32,
+                f: &mut dyn FnMut(&mut [u8; CELL_BYTES]) -> bool,
+            ) -> bool {
+                self.0.update(slot, f)
+            }
+            fn reading(&mut self, _b: u16) -> Reading {
+                self.1
+            }
+        }
+        // 2026-12-07T01:30:00Z.
+        let t = 1_796_607_000_000;
+        let message = |r: Refusal| {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        // No reading yet: this proxy's USD 0.90 alone.
+        let mut cells = One(Mem::default(), Reading::default());
+        bg.book(&[0], 900_000_000, 0, 0, t, &mut cells);
+        let m = message(bg.soft_refusal(&cfg, 0, t + 10, &mut cells).unwrap());
+        assert!(
+            m.contains("(no reading of the books yet, USD 0.90 booked by this proxy)"),
+            "{m}"
+        );
+        // A reading of nothing from before that spend: both figures.
+        cells.1 = Reading {
+            read_ms: t - 10_000,
+            ..Reading::default()
+        };
+        assert_eq!(
+            bg.admit(&cfg, &[0], 0, t + 10, &mut cells).unwrap().soft,
+            Some(0)
+        );
+        let m = message(bg.soft_refusal(&cfg, 0, t + 10, &mut cells).unwrap());
+        assert!(
+            m.contains("USD 0.00 booked as of 2026-12-07T01:29:50Z, USD 0.90 by this proxy since"),
+            "{m}"
+        );
+        bg.book(&[0], 200_000_000, 0, 0, t + 20, &mut cells);
+        let e = bg.admit(&cfg, &[0], 0, t + 30, &mut cells).unwrap_err();
+        assert_eq!(e.why, Why::Exhausted);
+        let m = message(e);
+        assert!(m.contains("is exhausted: USD 0.00 booked as of"), "{m}");
+        assert!(m.contains("USD 1.10 by this proxy since"), "{m}");
+        // The books have it: counted once, and said so.
+        cells.1 = Reading {
+            read_ms: t + 10_000,
+            spent_usd: 1.1,
+            state: State::Exhausted,
+            ..Reading::default()
+        };
+        let m = message(bg.admit(&cfg, &[0], 0, t + 10_001, &mut cells).unwrap_err());
+        assert!(
+            m.contains("USD 1.10 booked as of 2026-12-07T01:30:10Z, USD 0.00 by this proxy since"),
+            "{m}"
+        );
     }
 }

@@ -629,6 +629,9 @@ impl Setup {
                 "allow_no_policy: routing without policy tables, every destination is feasible for every request (counted in ace.requests_without_policy)"
             );
         }
+        if let Some(w) = ace_config::budget::unverified_tenant_in(&self.config) {
+            log::warn!("{w}");
+        }
         if self.config.retry_next && !can_rerun {
             log::warn!(
                 "retry_next is ignored: only the dynamic module can run a request again; failures spill from the next request"
@@ -1369,8 +1372,7 @@ impl Flow {
             // A soft budget left nothing that could serve a request its
             // policy allows: the budget's 429, not a fleet outage's 503.
             if let (Err(Stop::NoDestination(_)), Some((bg, b, true, _))) = (&climbed, soft) {
-                let reading = host.budget_reading(b);
-                if let Some(r) = bg.soft_refusal(cfg, b, &reading, now) {
+                if let Some(r) = bg.soft_refusal(cfg, b, now, &mut HostCells(&mut *host)) {
                     climbed = Err(Stop::Budget(r));
                 }
             }

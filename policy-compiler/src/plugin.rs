@@ -144,3 +144,18 @@ pub fn plugin_config(
     config.budgets = project.manifest.budgets();
     Ok(config)
 }
+
+/// What an operator should know of `config` before deploying it, one
+/// sentence each (`ace plugin-config` prints them on stderr): budgets that
+/// count a tenant the client names, since the manifest cannot say where a
+/// verified tenant comes from and the document leaves `attribute_sources`
+/// to the operator ([`ace_config::budget::unverified_tenant`]; the filter
+/// logs the same when it loads such a configuration).
+pub fn warnings(config: &PluginConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    if !config.budgets.is_empty() && !config.attribute_sources.contains_key("tenant") {
+        let names: Vec<&str> = config.budgets.iter().map(|b| b.name.as_str()).collect();
+        out.push(ace_config::budget::unverified_tenant(&names));
+    }
+    out
+}

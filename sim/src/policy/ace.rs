@@ -574,7 +574,7 @@ impl Policy for Ace {
     fn route(&mut self, w: &World<'_>, r: u32) -> Route {
         self.request(w, r);
         let (flow, route) = self.run_request(w.now);
-        self.note_served(r);
+        self.note_served(r, &route);
         match route {
             Route::To(_) => {
                 self.flows.insert(
@@ -659,7 +659,7 @@ impl Policy for Ace {
         // headers now carry its mark, the body is replayed.
         self.request_body_again(w, r);
         let (flow, route) = self.run_request(w.now);
-        self.note_served(r);
+        self.note_served(r, &route);
         f.flows.push(flow);
         f.answered = false;
         self.flows.insert(r, f);
@@ -784,21 +784,40 @@ impl Ace {
         verdict == ace_flow::control::Verdict::Heard
     }
 
-    /// The model the flow substituted in the request just routed (it
-    /// rewrote the body), if it did.
-    fn take_substituted(&mut self) -> Option<String> {
+    /// The model the flow substituted in the request just routed to
+    /// `route` (it rewrote the body to name another model of the class),
+    /// by its catalogue id; `None` when the model named is served. The
+    /// body names the model as the destination knows it
+    /// (`upstream.models`: a vLLM `--served-model-name`, a provider's id),
+    /// so the name is read back to the catalogue's, which the Cedar tables
+    /// (the violation count) and the simulated upstreams know: a renamed
+    /// model is not a substitute. A name that maps back to no model of the
+    /// catalogue is kept as sent, and so counts as a violation (fails
+    /// closed).
+    fn take_substituted(&mut self, route: &Route) -> Option<String> {
         let body = self.host.as_mut()?.served_body.take()?;
-        serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()?
-            .get("model")?
-            .as_str()
-            .map(str::to_string)
+        let Route::To(d) = route else {
+            return None;
+        };
+        let sent = model_of(&body)?;
+        let dest = self.setup.config.destinations.get(*d)?;
+        let known_as_sent = |catalogue: &str| dest.upstream.model_name(catalogue) == sent;
+        if model_of(&self.body).is_some_and(|asked| known_as_sent(&asked)) {
+            return None;
+        }
+        let member = self.setup.routing.as_ref().and_then(|r| {
+            r.members
+                .iter()
+                .find(|m| known_as_sent(&m.name))
+                .map(|m| m.name.clone())
+        });
+        Some(member.unwrap_or(sent))
     }
 
     /// Remember the model request `r` is served by when the flow
     /// substituted one, for the simulated upstream.
-    fn note_served(&mut self, r: u32) {
-        match self.take_substituted() {
+    fn note_served(&mut self, r: u32, route: &Route) {
+        match self.take_substituted(route) {
             Some(m) => {
                 self.served.insert(r, m);
             }
@@ -967,6 +986,15 @@ pub struct Recorded {
     pub latency_ms: u64,
 }
 
+/// The `model` a JSON request body names.
+fn model_of(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()?
+        .get("model")?
+        .as_str()
+        .map(str::to_string)
+}
+
 /// What ACE chose for one replayed request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Replayed {
@@ -991,7 +1019,7 @@ pub fn replay(setup: Setup, log: &[Recorded]) -> Vec<Replayed> {
             }
             ace.body.clone_from(&rec.body);
             let (mut flow, route) = ace.run_request(now);
-            let substituted = ace.take_substituted();
+            let substituted = ace.take_substituted(&route);
             let chosen = match route {
                 Route::To(d) => ace.setup.config.destinations.get(d).map(|x| x.name.clone()),
                 Route::Refuse(_) | Route::Wait(_) => None,

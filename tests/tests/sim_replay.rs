@@ -215,3 +215,81 @@ fn shadow_mode_runs_every_policy_on_the_log(lines: &[String], policies: &std::pa
         }
     }
 }
+
+/// Row: "`ace sim --shadow` counts every request sent to a destination that
+/// renames its model (`upstream.models`) as a Cedar violation (the check
+/// uses the upstream's name, not the catalogue id): on a real log where
+/// every decision was allowed it prints 'ACE has no compliance violation:
+/// NOT met'." A real Envoy's log of requests to the owned GPUs, which know
+/// llama-3.1-8b as `meta-llama/Llama-3.1-8B-Instruct`, and to an API:
+/// replayed in shadow mode, ACE sends nothing where policy forbids.
+#[test]
+fn shadow_mode_judges_a_renamed_model_by_its_catalogue_id() {
+    require_envoy();
+    let upstream_name = "meta-llama/Llama-3.1-8B-Instruct";
+    let fleet = crate::budgets::fleet_toml();
+    let fleet = fleet.split("[[budgets]]").next().unwrap_or_default().replacen(
+        "capacity = 64\n",
+        &format!("capacity = 64\n[destinations.upstream]\nmodels = {{ \"llama-3.1-8b\" = \"{upstream_name}\" }}\n"),
+        1,
+    );
+    assert!(fleet.contains(upstream_name));
+    let dir = crate::budgets::policy_dir(&fleet);
+    let config =
+        ace_cli::plugin::build(dir.path(), false, true).unwrap_or_else(|e| panic!("{e:#}"));
+    let (owned, api) = (upstream("eu_owned"), upstream("us_api"));
+    crate::budgets::answering(&owned, 100, 50);
+    crate::budgets::answering(&api, 2_000, 1_000);
+    let filter = Filter::Wasm;
+    let envoy = start(
+        &filter
+            .event_log(filter.add_reading_body(EnvoyBuilder::new(), &config.to_string()))
+            .cluster("eu_owned", owned.port())
+            .cluster("us_api", api.port()),
+    );
+    let n = 12;
+    for i in 0..n {
+        let tenant = ["globex", "northbank", "acme-health"][i % 3];
+        let model = if i % 4 == 3 { "gpt-4o" } else { "llama-3.1-8b" };
+        let r = crate::budgets::ask(&envoy, tenant, model);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let renamed = owned
+        .requests()
+        .iter()
+        .filter(|r| String::from_utf8_lossy(&r.body).contains(upstream_name))
+        .count();
+    assert!(
+        renamed > 0,
+        "the owned GPUs got their own name for the model"
+    );
+    let lines = envoy.wait_access_log(n, Duration::from_secs(20));
+    assert_eq!(lines.len(), n, "one event per request");
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = tmp.path().join("access.log");
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    let (sim, _) =
+        ace_cli::shadow::simulation(dir.path(), &[log], ace_sim::slo::Targets::default(), 1)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    for kind in ace_sim::PolicyKind::ALL
+        .into_iter()
+        .filter(|k| k.name().starts_with("ace"))
+    {
+        let m = sim
+            .run(kind, 1, None, &|_| {})
+            .unwrap_or_else(|e| panic!("{}: {e}", kind.name()));
+        println!(
+            "{}: {} requests, {} violations",
+            kind.name(),
+            m.requests,
+            m.violations
+        );
+        assert_eq!(m.requests, n as u64);
+        assert_eq!(
+            m.violations,
+            0,
+            "{} sends nothing where policy forbids (every decision on the log was allowed)",
+            kind.name()
+        );
+    }
+}

@@ -113,13 +113,8 @@ pub const CREDENTIAL_HEADERS: [&str; 6] = [
 ///   Google APIs" takes it on every API).
 /// - `subscription-key`: Azure API Management's key in the query
 ///   ("Subscriptions in Azure API Management").
-pub const CREDENTIAL_QUERY_PARAMS: [&str; 5] = [
-    "key",
-    "$key",
-    "api-key",
-    "access_token",
-    "subscription-key",
-];
+pub const CREDENTIAL_QUERY_PARAMS: [&str; 5] =
+    ["key", "$key", "api-key", "access_token", "subscription-key"];
 
 /// One destination's upstream identity (`destinations[i].upstream`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]

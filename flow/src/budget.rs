@@ -667,6 +667,30 @@ mod tests {
         assert_eq!(r.or_newer(None), r);
     }
 
+    /// One budget's cells in memory, and the books' reading of it.
+    struct One(Mem, Reading);
+
+    impl Cells for One {
+        fn update(&mut self, slot: u32, f: &mut dyn FnMut(&mut [u8; CELL_BYTES]) -> bool) -> bool {
+            self.0.update(slot, f)
+        }
+        fn reading(&mut self, _b: u16) -> Reading {
+            self.1
+        }
+    }
+
+    /// Budget `b`, its soft mask the first destination, the books 2 s
+    /// behind.
+    fn one_budget() -> Budgeting {
+        Budgeting {
+            by_value: vec![],
+            soft_mask: vec![vec![1]],
+            names: vec![Arc::from("b")],
+            lag_ms: 2_000,
+            width_ms: 1_000,
+        }
+    }
+
     #[test]
     fn a_budget_counts_its_own_spend_until_a_reading_covers_it() {
         let cfg = ace_config::Config::parse_for_pricing(
@@ -676,26 +700,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.budgets.lag_ms, 2_000);
-        let bg = Budgeting {
-            by_value: vec![],
-            soft_mask: vec![vec![1]],
-            names: vec![Arc::from("b")],
-            lag_ms: 2_000,
-            width_ms: 1_000,
-        };
-        struct One(Mem, Reading);
-        impl Cells for One {
-            fn update(
-                &mut self,
-                slot: u32,
-                f: &mut dyn FnMut(&mut [u8; CELL_BYTES]) -> bool,
-            ) -> bool {
-                self.0.update(slot, f)
-            }
-            fn reading(&mut self, _b: u16) -> Reading {
-                self.1
-            }
-        }
+        let bg = one_budget();
         let day = 86_400_000;
         let t = 20_000 * day + 3_600_000;
         let mut cells = One(Mem::default(), Reading::default());
@@ -742,26 +747,7 @@ mod tests {
                 "budget_books_lag_ms":2000}"#,
         )
         .unwrap();
-        let bg = Budgeting {
-            by_value: vec![],
-            soft_mask: vec![vec![1]],
-            names: vec![Arc::from("b")],
-            lag_ms: 2_000,
-            width_ms: 1_000,
-        };
-        struct One(Mem, Reading);
-        impl Cells for One {
-            fn update(
-                &mut self,
-                slot: u32,
-                f: &mut dyn FnMut(&mut [u8; CELL_BYTES]) -> bool,
-            ) -> bool {
-                self.0.update(slot, f)
-            }
-            fn reading(&mut self, _b: u16) -> Reading {
-                self.1
-            }
-        }
+        let bg = one_budget();
         // 2026-12-07T01:30:00Z.
         let t = 1_796_607_000_000;
         let message = |r: Refusal| {

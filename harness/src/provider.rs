@@ -229,6 +229,42 @@ impl State {
         }
     }
 
+    /// A token budget of `limit` a window, `per_request` spent by each
+    /// request served: the figures to answer with (`names`: the limit,
+    /// remaining and reset headers), or, with too little left, the 429
+    /// `refuse(spent)` words, with the figures and its extra header.
+    fn spend_tokens(
+        &self,
+        limit: u64,
+        per_request: u64,
+        names: [&str; 3],
+        reset: &str,
+        refuse: impl FnOnce(u64) -> (Behavior, Option<(String, String)>),
+    ) -> Result<Vec<(String, String)>, Behavior> {
+        let spent = self
+            .served
+            .load(Ordering::SeqCst)
+            .saturating_mul(per_request);
+        let left = limit.saturating_sub(spent);
+        let figures = |left: u64| {
+            let [l, r, t] = names.map(str::to_string);
+            vec![
+                (l, limit.to_string()),
+                (r, left.to_string()),
+                (t, reset.to_string()),
+            ]
+        };
+        if left < per_request {
+            let (mut b, extra) = refuse(spent);
+            if let Behavior::Respond { headers, .. } = &mut b {
+                headers.extend(figures(left));
+                headers.extend(extra);
+            }
+            return Err(b);
+        }
+        Ok(figures(left - per_request))
+    }
+
     fn judge(&self, req: &Recorded) -> Result<Behavior, Behavior> {
         let (header, key) = &self.spec.credential;
         if req.header(header) != Some(key.as_str()) {
@@ -293,34 +329,25 @@ impl State {
             reset,
         } = self.spec.limits
         {
-            let spent = self
-                .served
-                .load(Ordering::SeqCst)
-                .saturating_mul(per_request);
-            let left = limit.saturating_sub(spent);
-            let figures = |left: u64| {
-                vec![
-                    ("x-ratelimit-limit-tokens".to_string(), limit.to_string()),
-                    ("x-ratelimit-remaining-tokens".to_string(), left.to_string()),
-                    ("x-ratelimit-reset-tokens".to_string(), reset.to_string()),
-                ]
-            };
-            if left < per_request {
-                let mut b = self.error(
-                    429,
-                    "tokens",
-                    "rate_limit_exceeded",
-                    format!(
+            let names = [
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ];
+            headers.extend(
+                self.spend_tokens(limit, per_request, names, reset, |spent| {
+                    let b = self.error(
+                        429,
+                        "tokens",
+                        "rate_limit_exceeded",
+                        format!(
                         "Rate limit reached on tokens per min (TPM): Limit {limit}, Used {spent}, \
                          Requested {per_request}."
                     ),
-                );
-                if let Behavior::Respond { headers, .. } = &mut b {
-                    headers.extend(figures(left));
-                }
-                return Err(b);
-            }
-            headers.extend(figures(left - per_request));
+                    );
+                    (b, None)
+                })?,
+            );
         }
         if let Limits::Anthropic {
             limit,
@@ -328,29 +355,13 @@ impl State {
             reset,
         } = self.spec.limits
         {
-            let spent = self
-                .served
-                .load(Ordering::SeqCst)
-                .saturating_mul(per_request);
-            let left = limit.saturating_sub(spent);
-            let figures = |left: u64| {
-                vec![
-                    (
-                        "anthropic-ratelimit-tokens-limit".to_string(),
-                        limit.to_string(),
-                    ),
-                    (
-                        "anthropic-ratelimit-tokens-remaining".to_string(),
-                        left.to_string(),
-                    ),
-                    (
-                        "anthropic-ratelimit-tokens-reset".to_string(),
-                        reset.to_string(),
-                    ),
-                ]
-            };
-            if left < per_request {
-                let mut b = self.error(
+            let names = [
+                "anthropic-ratelimit-tokens-limit",
+                "anthropic-ratelimit-tokens-remaining",
+                "anthropic-ratelimit-tokens-reset",
+            ];
+            headers.extend(self.spend_tokens(limit, per_request, names, reset, |_| {
+                let b = self.error(
                     429,
                     "",
                     "",
@@ -358,13 +369,8 @@ impl State {
                      minute."
                         .into(),
                 );
-                if let Behavior::Respond { headers, .. } = &mut b {
-                    headers.extend(figures(left));
-                    headers.push(("retry-after".into(), "1".into()));
-                }
-                return Err(b);
-            }
-            headers.extend(figures(left - per_request));
+                (b, Some(("retry-after".to_string(), "1".to_string())))
+            })?);
         }
         if let Limits::Provisioned { step } = self.spec.limits {
             let before = self.served.load(Ordering::SeqCst) as f64 * step;

@@ -932,29 +932,28 @@ impl Ask<'_> {
         let r = self.routing?;
         let asked = r.asked(self.model()?)?;
         let tables = self.setup.tables.as_ref()?;
-        r.expand(tables, &mut w.lookup.values, asked, &mut w.pairs);
+        // A soft budget that allows substitutes only: never the model
+        // named, each destination at the cheapest substitute it serves.
+        let named = self
+            .substitution_only
+            .then(|| {
+                asked.member.or_else(|| {
+                    r.reference(asked)
+                        .and_then(|m| r.members.iter().position(|x| x == m))
+                })
+            })
+            .flatten();
+        r.expand_without(tables, &mut w.lookup.values, asked, named, &mut w.pairs);
         // Only destinations serving the request's API (a routed body is
         // always rewritable, so every upstream name can be sent).
         self.setup
             .config
             .serving
             .narrow(self.api, &mut w.pairs.mask);
-        // A soft budget: its tiers only, and no pair serving the model
-        // named when it allows substitutes only.
+        // A soft budget: its tiers only.
         if let Some(m) = self.soft {
             for (a, b) in w.pairs.mask.iter_mut().zip(m) {
                 *a &= b;
-            }
-        }
-        if self.substitution_only {
-            let named = asked.member.or_else(|| {
-                r.reference(asked)
-                    .and_then(|m| r.members.iter().position(|x| x == m))
-            });
-            for d in 0..w.pairs.assigned.len() {
-                if w.pairs.member(d) == named {
-                    clear_bit(&mut w.pairs.mask, d);
-                }
             }
         }
         // The counterfactual: the model named (a class's reference model),

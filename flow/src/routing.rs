@@ -283,6 +283,21 @@ impl Routing {
     /// gets the cheapest member it may serve (ties to the one named, then
     /// class order). A lookup that fails allows nothing: fail closed.
     pub fn expand(&self, tables: &Tables<'_>, values: &mut [u32], asked: Asked, pairs: &mut Pairs) {
+        self.expand_without(tables, values, asked, None, pairs);
+    }
+
+    /// [`Routing::expand`] with member `skip` never a candidate (a soft
+    /// budget that allows substitutes only leaves out the model named):
+    /// each destination gets the cheapest of the other members it may
+    /// serve, and one that may serve only `skip` is not in the mask.
+    pub fn expand_without(
+        &self,
+        tables: &Tables<'_>,
+        values: &mut [u32],
+        asked: Asked,
+        skip: Option<usize>,
+        pairs: &mut Pairs,
+    ) {
         pairs.fit(self.destinations);
         pairs.mask.fill(0);
         pairs.assigned.fill(NONE);
@@ -294,7 +309,8 @@ impl Routing {
         let order = asked
             .member
             .into_iter()
-            .chain(range.clone().filter(|m| Some(*m) != asked.member));
+            .chain(range.clone().filter(|m| Some(*m) != asked.member))
+            .filter(|m| Some(*m) != skip);
         for m in order {
             let Some(member) = self.members.get(m) else {
                 continue;
@@ -677,6 +693,16 @@ mod tests {
             values,
             [routing.members[0].value, routing.substituted_value(false)]
         );
+        // Substitutes only: d0 may serve nothing but `a`, so it leaves.
+        routing.expand_without(
+            &tables,
+            &mut values,
+            routing.asked("a").unwrap(),
+            Some(0),
+            &mut pairs,
+        );
+        assert_eq!(pairs.mask, [0b10]);
+        assert_eq!(pairs.member(1), Some(1));
         // The class: the same pairs, none a substitution.
         routing.expand(
             &tables,
@@ -686,6 +712,58 @@ mod tests {
         );
         assert_eq!(pairs.mask, [0b11]);
         assert_eq!(routing.asked("zz"), None);
+    }
+
+    /// Substitutes only: a destination where the model named is the
+    /// cheapest still serves a substitute it may serve, rather than
+    /// leaving the merit order.
+    #[test]
+    fn substitutes_only_leaves_out_the_model_named_not_its_destinations() {
+        let spec = TableSpec {
+            destinations: ["d0", "d1"]
+                .map(|d| DestinationSpec {
+                    name: d.into(),
+                    cluster: d.into(),
+                })
+                .to_vec(),
+            attributes: vec![
+                AttributeSpec {
+                    name: "model".into(),
+                    values: vec!["a".into(), "b".into()],
+                },
+                AttributeSpec {
+                    name: "substituted".into(),
+                    values: vec!["false".into(), "true".into()],
+                },
+            ],
+            factors: vec![FactorSpec {
+                kind: FactorKind::Permit,
+                attributes: vec![0],
+                rows: vec![0, 0b11, 0b11],
+            }],
+        };
+        let b64 = base64::engine::general_purpose::STANDARD
+            .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")));
+        let cfg = Setup::parse(
+            format!(
+                r#"{{"destinations":[{{"name":"d0","cluster":"d0"}},{{"name":"d1","cluster":"d1"}}],
+                    "tables_base64":"{b64}","body":{{"read":true}},
+                    "model_routing":{{"classes":{{"c":["a","b"]}},
+                                      "cost_factors":{{"d0":{{"b":2.0}},"d1":{{"b":0.5}}}}}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (tables, routing) = (cfg.tables.unwrap(), cfg.routing.as_ref().unwrap());
+        let mut values = vec![0u32; 2];
+        let mut pairs = Pairs::default();
+        let asked = routing.asked("a").unwrap();
+        routing.expand(&tables, &mut values, asked, &mut pairs);
+        assert_eq!((pairs.member(0), pairs.member(1)), (Some(0), Some(1)));
+        routing.expand_without(&tables, &mut values, asked, Some(0), &mut pairs);
+        assert_eq!(pairs.mask, [0b11], "d0 stays, serving the substitute");
+        assert_eq!((pairs.member(0), pairs.member(1)), (Some(1), Some(1)));
+        assert_eq!(pairs.scale, [2.0, 0.5]);
     }
 
     #[test]

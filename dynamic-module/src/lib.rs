@@ -61,13 +61,13 @@ use ace_dynamic_abi::{
 };
 use ace_flow::budget;
 use ace_flow::counters::Counter;
-use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{
+    Can, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
+};
 use ace_flow::headers::Pairs;
-use ace_flow::prefix;
-use ace_flow::request;
+use ace_flow::store;
 use fleet::Fleet;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::sync::Arc;
 
@@ -83,14 +83,6 @@ pub const SUPERSEDED: (&str, &str) = ("ace", "superseded");
 
 /// This process's next event id (see [`request::EventIds`]): a random
 /// prefix drawn once, one counter shared by every worker.
-fn next_event_id() -> [u8; 32] {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let prefix = *PREFIX.get_or_init(request::random_u64);
-    request::event_id(prefix, NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
 /// What this build cannot read of `cfg`'s verified attribute sources: the
 /// dynamic-module ABI reads a metadata namespace's top-level string keys
 /// and not (yet, here) the peer certificate.
@@ -119,31 +111,19 @@ struct Shared {
     /// Envoy's id per counter ([`Counter::index`] order); `None` if Envoy refused
     /// to define it.
     counters: Vec<Option<usize>>,
-    /// The response cache's slots (`cache.slots` of them once used), in
-    /// process memory: every worker of this configuration shares them.
-    cache: std::sync::Mutex<Vec<Option<Box<[u8]>>>>,
-    /// Prefix locality's table (`locality` slots once used), in process
-    /// memory: every worker of this configuration shares it.
-    locality: std::sync::Mutex<Vec<[u8; prefix::RECORD_BYTES]>>,
 }
 
-/// The budgets' cells, by budget name, in process memory: every worker
-/// and every configuration of this Envoy counts into the same ones, so a
-/// reload neither forgets what was booked nor lifts a limit.
-static BUDGET_CELLS: std::sync::Mutex<BTreeMap<String, [u8; budget::CELL_BYTES]>> =
-    std::sync::Mutex::new(BTreeMap::new());
+/// The store every worker and configuration of this Envoy shares
+/// ([`ace_flow::store`]): the response cache, prefix locality's table,
+/// the budgets' counters. Keys carry a configuration's fingerprint where a
+/// value is that configuration's, a budget's name where it outlives a
+/// reload.
+static STORE: store::Memory = store::Memory::new();
 
 /// What a re-run takes over from the run it replaces, shared by every
 /// worker and configuration (Envoy starts the re-run inside the failed
 /// run's `recreate_stream`, on the same worker).
 static PARKING: ace_flow::rerun::Parking = ace_flow::rerun::Parking::new();
-
-/// Prefix locality's key, drawn once per process: every worker shares the
-/// table, so every worker keys it alike.
-fn locality_secret() -> prefix::Secret {
-    static SECRET: std::sync::OnceLock<prefix::Secret> = std::sync::OnceLock::new();
-    *SECRET.get_or_init(|| prefix::Secret([request::random_u64(), request::random_u64()]))
-}
 
 /// Per-worker buffers, reused so that a warm worker allocates little per
 /// request.
@@ -273,8 +253,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         fleet: Fleet::shared(config, now_ms()),
         counters,
         setup,
-        cache: std::sync::Mutex::new(Vec::new()),
-        locality: std::sync::Mutex::new(Vec::new()),
     };
     Arc::into_raw(Arc::new(shared)).cast()
 }
@@ -486,10 +464,6 @@ impl Host for Dynamic<'_> {
         now_ms()
     }
 
-    fn next_event_id(&mut self) -> [u8; 32] {
-        next_event_id()
-    }
-
     fn request_headers(&mut self) -> Pairs {
         let envoy = self.envoy;
         with_scratch(|s| {
@@ -575,14 +549,16 @@ impl Host for Dynamic<'_> {
         with_scratch(|s| envoy.for_each_chunk(Body::ReceivedResponse, &mut s.chunks, f));
     }
 
-    fn send_local_with(
+    fn send_local(
         &mut self,
         status: u32,
+        content_type: &str,
         body: &[u8],
         details: &str,
         headers: &[(&str, &str)],
     ) -> bool {
-        self.envoy.send_json_with(status, body, details, headers);
+        self.envoy
+            .send_with(status, content_type, body, details, headers);
         true
     }
 
@@ -609,12 +585,11 @@ impl Host for Dynamic<'_> {
         Ok(self.shared.fleet.run(cfg, now_ms, op))
     }
 
-    fn can_replace_request_body(&self) -> bool {
-        true
-    }
-
-    fn can_replace_response_body(&self) -> bool {
-        true
+    fn can(&self) -> Can {
+        Can {
+            replace_request_body: true,
+            replace_response_body: true,
+        }
     }
 
     fn replace_response_chunk(&mut self, bytes: &[u8]) -> bool {
@@ -632,115 +607,17 @@ impl Host for Dynamic<'_> {
             )
     }
 
-    fn locality_secret(&mut self) -> Option<prefix::Secret> {
-        Some(locality_secret())
-    }
-
     fn budget_reading(&mut self, b: u16) -> budget::Reading {
         let now = self.now_ms();
         self.shared.fleet.budget(now, b)
     }
 
-    fn budget_cell(
-        &mut self,
-        slot: u32,
-        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
-    ) -> bool {
-        let Some(name) = self
-            .shared
-            .setup
-            .budgets
-            .as_ref()
-            .and_then(|b| b.names.get(slot as usize))
-        else {
-            return false;
-        };
-        let mut cells = BUDGET_CELLS.lock().unwrap_or_else(|p| p.into_inner());
-        match cells.get_mut(&**name) {
-            Some(cell) => budget::update_in(cell, f),
-            None => {
-                let mut c = [0; budget::CELL_BYTES];
-                if f(&mut c) {
-                    cells.insert(name.to_string(), c);
-                }
-            }
-        }
-        true
+    fn shared_get(&mut self, key: &str, into: &mut Vec<u8>) -> Option<store::Version> {
+        STORE.get(key, into)
     }
 
-    fn locality_get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
-        let table = self
-            .shared
-            .locality
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match table.get(slot as usize) {
-            Some(r) => {
-                *into = *r;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn locality_put(&mut self, slot: u32, bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
-        let n = self
-            .shared
-            .setup
-            .locality
-            .as_ref()
-            .map_or(0, |l| l.slots as usize);
-        let mut table = self
-            .shared
-            .locality
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if table.len() < n {
-            table.resize(n, [0; prefix::RECORD_BYTES]);
-        }
-        match table.get_mut(slot as usize) {
-            Some(r) => {
-                *r = *bytes;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
-        let slots = self.shared.cache.lock().unwrap_or_else(|p| p.into_inner());
-        match slots.get(slot as usize) {
-            Some(Some(entry)) => {
-                into.extend_from_slice(entry);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
-        let n = self
-            .shared
-            .setup
-            .cache
-            .as_ref()
-            .map_or(0, |c| c.slots as usize);
-        let mut slots = self.shared.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if slots.len() < n {
-            slots.resize(n, None);
-        }
-        match slots.get_mut(slot as usize) {
-            Some(s) => {
-                *s = Some(entry.into());
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
-        self.envoy.send(status, content_type, body, "ace_cache_hit");
-        true
+    fn shared_set(&mut self, key: &str, value: &[u8], expect: store::Expect) -> store::Written {
+        STORE.set(key, value, expect)
     }
 
     fn parking(&self) -> Option<&ace_flow::rerun::Parking> {

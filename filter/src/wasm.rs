@@ -38,11 +38,11 @@ use ace_flow::config::{Config, Control, Trusted};
 use ace_flow::control::{self, Answered, Consumer, Delivery, Heard, Metric, Reply};
 use ace_flow::counters::Counter;
 use ace_flow::flow::{
-    self, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
+    self, Can, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
 };
 use ace_flow::headers::{Pairs, Span};
-use ace_flow::prefix;
-use ace_flow::request::{self, EventIds};
+use ace_flow::request;
+use ace_flow::store::{Expect, Version, Written};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType, Status};
 use std::cell::RefCell;
@@ -80,22 +80,12 @@ struct Plugin {
     worker: RefCell<Worker>,
     /// The counters, and counts not yet handed to Envoy.
     metrics: Metrics,
-    /// This VM's event ids.
-    ids: RefCell<EventIds>,
-    /// Prefix locality's key, once read from shared data.
-    secret: std::cell::Cell<Option<prefix::Secret>>,
-    /// Prefix locality's shared-data key of a slot, rewritten per lookup.
-    locality_key: RefCell<String>,
     /// Whether Envoy hands a held request's body to the filter
     /// ([`stop_iteration`]), and the requests watched until it is known.
     watch: RefCell<Watch>,
     /// The watched requests a tick checks, reused.
     due: RefCell<Vec<u32>>,
 }
-
-/// Shared-data key of prefix locality's secret, one for every VM of this
-/// Envoy (whatever the configuration).
-const SECRET_KEY: &str = "ace.locality.secret";
 
 /// Proxy-wasm counters ([`Counter`]), shown by Envoy as `wasmcustom.ace.*`
 /// (Prometheus output strips the namespace).
@@ -202,9 +192,6 @@ impl RootContext for AceRoot {
                         .clone()
                         .map(|c| RefCell::new(Poller::new(c, config.fingerprint))),
                     worker: RefCell::new(Worker::default()),
-                    ids: RefCell::new(EventIds::new(request::random_u64())),
-                    secret: std::cell::Cell::new(None),
-                    locality_key: RefCell::new(String::new()),
                     watch: RefCell::new(Watch::new()),
                     due: RefCell::new(Vec::new()),
                     setup,
@@ -742,10 +729,6 @@ impl Host for Wasm<'_> {
         now_ms()
     }
 
-    fn next_event_id(&mut self) -> [u8; 32] {
-        self.plugin.ids.borrow_mut().next_id()
-    }
-
     fn request_headers(&mut self) -> Pairs {
         host::header_pairs(MapType::HttpRequestHeaders).unwrap_or_else(|s| {
             log::warn!("cannot read the request headers: {s:?}");
@@ -849,14 +832,15 @@ impl Host for Wasm<'_> {
         }
     }
 
-    fn send_local_with(
+    fn send_local(
         &mut self,
         status: u32,
+        content_type: &str,
         body: &[u8],
         _details: &str,
         extra: &[(&str, &str)],
     ) -> bool {
-        let mut headers = [("content-type", "application/json"); 8];
+        let mut headers = [("content-type", content_type); 8];
         let mut n = 1;
         for (slot, h) in headers.iter_mut().skip(1).zip(extra) {
             *slot = *h;
@@ -920,12 +904,11 @@ impl Host for Wasm<'_> {
             })
     }
 
-    fn can_replace_request_body(&self) -> bool {
-        true
-    }
-
-    fn can_replace_response_body(&self) -> bool {
-        true
+    fn can(&self) -> Can {
+        Can {
+            replace_request_body: true,
+            replace_response_body: true,
+        }
     }
 
     fn replace_response_chunk(&mut self, bytes: &[u8]) -> bool {
@@ -957,152 +940,49 @@ impl Host for Wasm<'_> {
         }
     }
 
-    fn locality_secret(&mut self) -> Option<prefix::Secret> {
-        if let Some(s) = self.plugin.secret.get() {
-            return Some(s);
-        }
-        let read = |b: &[u8]| -> Option<prefix::Secret> {
-            let (a, b) = (b.get(..8)?, b.get(8..16)?);
-            Some(prefix::Secret([
-                u64::from_le_bytes(a.try_into().ok()?),
-                u64::from_le_bytes(b.try_into().ok()?),
-            ]))
-        };
-        if let Ok((None, _)) = host::shared_data(SECRET_KEY) {
-            // Drawn here, stored only if no VM stored one first: Envoy
-            // creates a missing entry whatever the CAS, and refuses to
-            // overwrite one whose CAS is not this (never, in practice,
-            // at start-up: its CAS counter starts at 1).
-            let mut bytes = [0u8; 16];
-            bytes[..8].copy_from_slice(&request::random_u64().to_le_bytes());
-            bytes[8..].copy_from_slice(&request::random_u64().to_le_bytes());
-            let _ = host::set_shared_data(SECRET_KEY, &bytes, Some(u32::MAX));
-        }
-        let secret = match host::shared_data(SECRET_KEY) {
-            Ok((Some(b), _)) => read(&b),
-            Ok((None, _)) => None,
-            Err(s) => {
-                log::warn!("cannot read prefix locality's key: {s:?}");
-                None
-            }
-        };
-        self.plugin.secret.set(secret);
-        secret
-    }
-
     fn budget_reading(&mut self, b: u16) -> budget::Reading {
         self.plugin.outside.borrow().budget(b)
     }
 
-    fn budget_cell(
-        &mut self,
-        slot: u32,
-        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
-    ) -> bool {
-        let setup = &self.plugin.setup;
-        let Some(name) = setup
-            .budgets
-            .as_ref()
-            .and_then(|b| b.names.get(slot as usize))
-        else {
-            return false;
+    fn shared_get(&mut self, key: &str, into: &mut Vec<u8>) -> Option<Version> {
+        match host::shared_data(key) {
+            Ok((Some(bytes), cas)) => {
+                if into.is_empty() {
+                    *into = bytes;
+                } else {
+                    into.extend_from_slice(&bytes);
+                }
+                // Envoy's CAS counts from 1; a value without one is still
+                // there, and a write to it replaces it unconditionally.
+                Some(cas.unwrap_or(0))
+            }
+            Ok((None, _)) => None,
+            Err(s) => {
+                log::warn!("cannot read shared data `{key}`: {s:?}");
+                None
+            }
+        }
+    }
+
+    fn shared_set(&mut self, key: &str, value: &[u8], expect: Expect) -> Written {
+        // Envoy creates a missing entry whatever the CAS, and refuses to
+        // overwrite one whose CAS is not the one given (0: no check). Its
+        // CAS counter starts at 1 and never reaches `u32::MAX` in
+        // practice, so that value stands for "only if absent".
+        let cas = match expect {
+            Expect::Any => None,
+            Expect::Absent => Some(u32::MAX),
+            Expect::Version(v) => Some(v),
         };
-        // Keyed by name, not configuration: a reload keeps what this
-        // Envoy booked against the budget.
-        let key = format!("ace.budget.{name}");
-        // Another worker's write between the read and this one's: read
-        // again (a bounded number of times; then not counted).
-        for _ in 0..16 {
-            let (stored, cas) = match host::shared_data(&key) {
-                Ok(v) => v,
-                Err(s) => {
-                    log::warn!("cannot read budget `{name}`'s counters: {s:?}");
-                    return false;
-                }
-            };
-            let mut cell = [0u8; budget::CELL_BYTES];
-            if let Some(b) = stored.as_deref().filter(|b| b.len() == budget::CELL_BYTES) {
-                cell.copy_from_slice(b);
-            }
-            if !f(&mut cell) {
-                return true;
-            }
-            match host::set_shared_data(&key, &cell, cas) {
-                Ok(()) => return true,
-                Err(Status::CasMismatch) => continue,
-                Err(s) => {
-                    log::warn!("cannot write budget `{name}`'s counters: {s:?}");
-                    return false;
-                }
-            }
-        }
-        false
-    }
-
-    fn locality_get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
-        let mut key = self.plugin.locality_key.borrow_mut();
-        locality_key(&mut key, self.plugin.setup.config.fingerprint, slot);
-        match host::shared_data(&key) {
-            Ok((Some(bytes), _)) if bytes.len() == prefix::RECORD_BYTES => {
-                into.copy_from_slice(&bytes);
-                true
-            }
-            Ok(_) => false,
+        match host::set_shared_data(key, value, cas) {
+            Ok(()) => Written::Stored,
+            Err(Status::CasMismatch) => Written::Raced,
             Err(s) => {
-                log::warn!("cannot read prefix locality: {s:?}");
-                false
+                log::warn!("cannot write shared data `{key}`: {s:?}");
+                Written::Failed
             }
         }
     }
-
-    fn locality_put(&mut self, slot: u32, bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
-        let mut key = self.plugin.locality_key.borrow_mut();
-        locality_key(&mut key, self.plugin.setup.config.fingerprint, slot);
-        host::set_shared_data(&key, bytes, None)
-            .map_err(|s| log::warn!("cannot write prefix locality: {s:?}"))
-            .is_ok()
-    }
-
-    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
-        let key = format!(
-            "ace.cache.{:016x}.{slot}",
-            self.plugin.setup.config.fingerprint
-        );
-        match host::shared_data(&key) {
-            Ok((Some(bytes), _)) => {
-                *into = bytes;
-                true
-            }
-            Ok(_) => false,
-            Err(s) => {
-                log::warn!("cannot read the cache: {s:?}");
-                false
-            }
-        }
-    }
-
-    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
-        let key = format!(
-            "ace.cache.{:016x}.{slot}",
-            self.plugin.setup.config.fingerprint
-        );
-        host::set_shared_data(&key, entry, None)
-            .map_err(|s| log::warn!("cannot write the cache: {s:?}"))
-            .is_ok()
-    }
-
-    fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
-        host::send_local_response(status, &[("content-type", content_type)], body)
-            .map_err(|s| log::error!("cannot answer from the cache: {s:?}"))
-            .is_ok()
-    }
-}
-
-/// Prefix locality's shared-data key of `slot`, written into `key`.
-fn locality_key(key: &mut String, fingerprint: u64, slot: u32) {
-    use std::fmt::Write;
-    key.clear();
-    let _ = write!(key, "ace.loc.{fingerprint:016x}.{slot}");
 }
 
 impl AceStream {

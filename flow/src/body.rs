@@ -11,6 +11,7 @@
 //! [`crate::usage`] module's.
 
 use crate::prefix::Messages;
+use crate::tokens::estimate_tokens;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -116,11 +117,6 @@ fn token_count(v: &Option<serde_json::Value>, field: &str) -> Result<Option<u32>
             "`{field}` must be a non-negative integer"
         ))),
     }
-}
-
-/// Estimate tokens from a byte count (about four bytes per token).
-pub fn estimate_tokens(bytes: usize) -> u32 {
-    ((bytes / 4).max(1)).min(u32::MAX as usize) as u32
 }
 
 /// Parse a request body. `total_len` is the whole body's size (the bytes

@@ -11,8 +11,8 @@
 //! addressed by the key's hash, so memory is bounded and a new entry
 //! replaces the one in its slot. Sharing across Envoys (a Valkey or Redis
 //! behind every proxy) would add a round trip to every lookup and a
-//! second failure mode; the host methods ([`crate::flow::Host::cache_get`],
-//! [`crate::flow::Host::cache_put`]) are where such a store would plug in.
+//! second failure mode; the shared store ([`crate::store::cache_get`],
+//! [`crate::store::cache_put`]) is where such a store would plug in.
 //!
 //! What is cached, and for whom:
 //!

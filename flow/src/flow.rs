@@ -36,508 +36,31 @@
 //!    its dollars.
 
 use crate::body::{self, RequestBody};
-use crate::budget;
 use crate::cache::{self, Entry, Pending};
 use crate::counters::{Counter, Fleet};
 use crate::event::{self, Event, Text};
-use crate::headers::{self, Pairs};
+use crate::headers;
 use crate::headroom;
-use crate::prefix;
-use crate::request::{self, Lookup, Refused};
-use crate::rerun::{self, Carry, Parking};
-use crate::routing::{self, Routed};
+use crate::request::{self, Refused};
+use crate::rerun::{self, Carry};
+use crate::routing;
+use crate::setup::with_worker;
+use crate::stage::budget::{self as budget_stage, Hold};
+use crate::stage::rungs::{counterfactual, Claimed, Climbed};
+use crate::stage::{self, Shape, Stop};
+use crate::store;
 use crate::upstream;
 use crate::usage::UsageScanner;
-use ace_config::Api;
-use ace_config::Warmth;
-use ace_config::{Config, ConfigError, Trusted};
-use ace_core::cost::CostModel;
-use ace_core::dispatch::{Decision, Held, Refusal, Request};
-use ace_core::fleet::{FleetState, LivePrices};
-use ace_core::health::{Change, HealthPolicy, Outcome};
-use ace_core::tables::Tables;
+use ace_config::{Api, Config};
+use ace_core::dispatch::{Decision, Request};
+use ace_core::health::{Change, Outcome};
 use std::cell::RefCell;
-use std::sync::Arc;
 
+pub use crate::fleet::{FleetAnswer, FleetOp, FleetUnavailable};
+pub use crate::host::{Can, Host, RESPONSE_HEADERS};
 pub use crate::rerun::{RETRY_HEADER, RETRY_REASON};
-
-/// The response headers the flow reads, for hosts that read a header map
-/// in one pass ([`Host::response_header`] asks for them one at a time).
-pub const RESPONSE_HEADERS: [&str; 5] = [
-    ":status",
-    "retry-after",
-    "retry-after-ms",
-    "content-type",
-    request::UPSTREAM_TIME_HEADER,
-];
-
-/// The fleet's shared state could not be read or written (the host has
-/// logged why).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FleetUnavailable;
-
-/// One change the flow makes to the fleet's shared state (health,
-/// in-flight counts, prices): the only way a request touches it.
-#[derive(Debug)]
-pub enum FleetOp<'r, 'p> {
-    /// Decide among the `feasible` destinations (warm for `model` as the
-    /// control service last said) and claim a slot on the one chosen
-    /// ([`FleetState::decide`]).
-    Claim {
-        /// Feasible destinations (a bitmask).
-        feasible: &'r [u64],
-        /// The model asked for, for warmth.
-        model: Option<&'r str>,
-        /// The request as the merit order sees it.
-        req: &'r Request,
-        /// What each destination holds of its prompt (prefix locality).
-        held: Held<'r>,
-    },
-    /// Decide among a request's (destination, model) pairs under model
-    /// routing, each destination warm for and priced at the model it would
-    /// serve ([`FleetState::decide_scaled`]), and claim a slot.
-    ClaimRouted {
-        /// The pairs.
-        routed: &'r mut Routed<'p>,
-        /// The request as the merit order sees it.
-        req: &'r Request,
-        /// What each destination holds of its prompt (prefix locality).
-        held: Held<'r>,
-    },
-    /// Fold an answer's outcome into destination `d`'s health, keeping
-    /// its slot: a success still streaming holds its place in the
-    /// server's batch until its last byte ([`FleetState::observe`]).
-    Observe {
-        /// The destination.
-        d: usize,
-        /// What happened.
-        outcome: Outcome,
-        /// The health tunables.
-        policy: &'r HealthPolicy,
-    },
-    /// Learn from an answer's first byte on destination `d`
-    /// ([`FleetState::learn`]): what this copy of the state expects of
-    /// `d`'s time to first token. Never shared between copies: a host
-    /// applies it to its own copy ([`FleetOp::is_local`]).
-    Learn {
-        /// The destination.
-        d: usize,
-        /// Its load band when the request was sent there.
-        band: u8,
-        /// From the request sent to the answer's first byte, ms.
-        ttft_ms: u64,
-        /// The request's tenant key.
-        tenant: u32,
-        /// The health tunables (the learning's among them).
-        policy: &'r HealthPolicy,
-    },
-    /// Release destination `d`'s slot and fold in the request's outcome
-    /// (`None`: the client went away, or the outcome was already
-    /// observed: blame no one) ([`FleetState::settle`]).
-    Settle {
-        /// The destination.
-        d: usize,
-        /// What happened.
-        outcome: Option<Outcome>,
-        /// The health tunables.
-        policy: &'r HealthPolicy,
-    },
-}
-
-/// What a [`FleetOp`] came to.
-#[derive(Clone, Debug, PartialEq)]
-pub enum FleetAnswer {
-    /// A claim's decision and the control service's prices on the
-    /// destination chosen (what the request is priced with), or why no
-    /// destination may take the request.
-    Claimed(Result<(Decision, LivePrices), Refusal>),
-    /// A settle's effect on the destination's health.
-    Settled(Change),
-}
-
-impl FleetOp<'_, '_> {
-    /// Apply the op to `state`, current at `now_ms`, with `warmth`: the
-    /// destination it changed (to store and reprice; `None` for a refusal)
-    /// and its answer.
-    #[inline]
-    pub fn apply(
-        &mut self,
-        state: &mut FleetState,
-        warmth: &Warmth,
-        now_ms: u64,
-    ) -> (Option<usize>, FleetAnswer) {
-        match self {
-            FleetOp::Claim {
-                feasible,
-                model,
-                req,
-                held,
-            } => {
-                let warm = warmth.mask(*model);
-                let d = if held.is_none() {
-                    state.decide(feasible, warm, req, now_ms)
-                } else {
-                    state.decide_held(feasible, warm, &[], *held, req, now_ms)
-                };
-                claimed(state, d)
-            }
-            FleetOp::ClaimRouted { routed, req, held } => {
-                let (feasible, warm, scale) = routed.parts(warmth);
-                let d = state.decide_held(feasible, warm, scale, *held, req, now_ms);
-                claimed(state, d)
-            }
-            FleetOp::Learn {
-                d,
-                band,
-                ttft_ms,
-                tenant,
-                policy,
-            } => {
-                let moved = state.learn(*d, *band, *ttft_ms, *tenant, policy);
-                (moved.then_some(*d), FleetAnswer::Settled(Change::None))
-            }
-            FleetOp::Observe { d, outcome, policy } => (
-                Some(*d),
-                FleetAnswer::Settled(state.observe(*d, *outcome, policy, now_ms)),
-            ),
-            FleetOp::Settle { d, outcome, policy } => (
-                Some(*d),
-                FleetAnswer::Settled(state.settle(*d, *outcome, policy, now_ms)),
-            ),
-        }
-    }
-
-    /// The whole transaction on a state the host holds in its own memory:
-    /// for a claim, the slate brought up to `now_ms` under `models` and
-    /// `policy` (a decision reads every destination's price at `now_ms`);
-    /// the op applied; the destination it changed repriced. A settle
-    /// changes one destination and reprices it, and leaves the others'
-    /// timed changes to the next claim's advance, which sees them alike.
-    pub fn run(
-        mut self,
-        state: &mut FleetState,
-        warmth: &Warmth,
-        models: &[CostModel],
-        policy: &HealthPolicy,
-        now_ms: u64,
-    ) -> FleetAnswer {
-        if !matches!(
-            self,
-            FleetOp::Settle { .. } | FleetOp::Observe { .. } | FleetOp::Learn { .. }
-        ) {
-            state.advance(models, policy, now_ms);
-        }
-        let (changed, answer) = self.apply(state, warmth, now_ms);
-        if let Some(d) = changed {
-            state.reprice(d, models, policy, now_ms);
-        }
-        answer
-    }
-
-    /// The destination a settle only releases a slot of, changing no
-    /// health (a success within its SLO, or the client gone, on a
-    /// destination with no failures to clear): a host that pays for every
-    /// write may owe that release to its next write instead.
-    #[inline]
-    pub fn quiet_release(&self, state: &FleetState, now_ms: u64) -> Option<usize> {
-        match self {
-            FleetOp::Settle { d, outcome, policy } => {
-                state.is_quiet(*d, *outcome, policy, now_ms).then_some(*d)
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether the op changes only the host's own copy of the state (what
-    /// it learned), never the state its copies share.
-    #[inline]
-    pub fn is_local(&self) -> bool {
-        matches!(self, FleetOp::Learn { .. })
-    }
-
-    /// Whether the op changes nothing at all: an observed outcome that is
-    /// quiet (see [`FleetOp::quiet_release`]) on a destination it leaves
-    /// as it was. A host that pays for every write skips it.
-    #[inline]
-    pub fn is_noop(&self, state: &FleetState, now_ms: u64) -> bool {
-        match self {
-            FleetOp::Observe { d, outcome, policy } => {
-                state.is_quiet(*d, Some(*outcome), policy, now_ms)
-            }
-            _ => false,
-        }
-    }
-}
-
-#[inline]
-fn claimed(state: &FleetState, d: Result<Decision, Refusal>) -> (Option<usize>, FleetAnswer) {
-    let changed = d.as_ref().ok().map(|d| d.index);
-    let d = d.map(|d| {
-        let live = state.live_prices(d.index);
-        (d, live)
-    });
-    (changed, FleetAnswer::Claimed(d))
-}
-
-/// A claim through `host`: the decision, why there is none, or that the
-/// fleet state could not be reached.
-fn claim<H: Host>(
-    host: &mut H,
-    now_ms: u64,
-    op: FleetOp<'_, '_>,
-) -> Result<Result<(Decision, LivePrices), Refusal>, FleetUnavailable> {
-    match host.fleet(now_ms, op)? {
-        FleetAnswer::Claimed(d) => Ok(d),
-        FleetAnswer::Settled(_) => Err(FleetUnavailable),
-    }
-}
-
-/// What only Envoy can do for a request, as the flow needs it. Every
-/// method is infallible or reports failure in its result: a host never
-/// panics, it logs and answers.
-pub trait Host {
-    /// The clock, ms since the Unix epoch.
-    fn now_ms(&mut self) -> u64;
-
-    /// A new event id, unique across every worker (see
-    /// [`request::EventIds`]).
-    fn next_event_id(&mut self) -> [u8; 32];
-
-    /// The request headers, whole (empty if they cannot be read: every
-    /// attribute is then unknown, and the policy fails closed).
-    fn request_headers(&mut self) -> Pairs;
-
-    /// Remove every value of request header `name`; false if the host
-    /// could not.
-    fn remove_request_header(&mut self, name: &str) -> bool;
-
-    /// Set request header `name` to `value`, replacing every earlier
-    /// value; false if the host could not.
-    fn set_request_header(&mut self, name: &str, value: &str) -> bool;
-
-    /// Add `value` to request header `name`, keeping its earlier values
-    /// (a re-run puts a repeated header back, [`rerun::restore`]); false
-    /// if the host could not (the default).
-    fn add_request_header(&mut self, name: &str, value: &str) -> bool {
-        let _ = (name, value);
-        false
-    }
-
-    /// Make Envoy select the route again after the destination header
-    /// changed (a no-op where the host does it on its own).
-    fn clear_route_cache(&mut self);
-
-    /// The request body that arrived with this body callback: append up
-    /// to `room` bytes of it to `into`, and return how many arrived.
-    fn request_body(&mut self, into: &mut Vec<u8>, room: usize) -> usize;
-
-    /// A verified attribute's value (dynamic metadata, the mTLS peer), or
-    /// `None` when the source has none or this host cannot read it.
-    fn trusted(&mut self, source: &Trusted) -> Option<Vec<u8>>;
-
-    /// `f` of response header `name`'s value (`None` when absent).
-    fn response_header<R>(&mut self, name: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R;
-
-    /// Set response header `name` to `value`.
-    fn set_response_header(&mut self, name: &str, value: &str);
-
-    /// Every response header, `f(name, value)` for each, in one pass.
-    fn each_response_header(&mut self, f: impl FnMut(&[u8], &[u8]));
-
-    /// Calls `f` on each chunk of the response body that arrived with this
-    /// body callback.
-    fn response_body(&mut self, f: impl FnMut(&[u8]));
-
-    /// Answer the request from the proxy: `status`, a JSON `body`, and
-    /// `details` for Envoy's response-code details; false if the host
-    /// could not.
-    fn send_local(&mut self, status: u32, body: &[u8], details: &str) -> bool {
-        self.send_local_with(status, body, details, &[])
-    }
-
-    /// [`Host::send_local`] with `headers` besides its content type (a
-    /// budget's 429 carries `retry-after`).
-    fn send_local_with(
-        &mut self,
-        status: u32,
-        body: &[u8],
-        details: &str,
-        headers: &[(&str, &str)],
-    ) -> bool;
-
-    /// The status Envoy answered with, when it answered without the
-    /// filter seeing the answer (its 413 while the body was held).
-    fn envoy_response_code(&mut self) -> Option<u32>;
-
-    /// Hand the request's event line to Envoy's access log.
-    fn write_event(&mut self, line: &[u8]) -> bool;
-
-    /// Count `n` on `counter`.
-    fn count(&mut self, counter: Counter, n: u64);
-
-    /// Run `op` on the fleet's shared state at `now_ms`, as one
-    /// transaction: the host brings its copy of the state up to `now_ms`,
-    /// runs [`FleetOp::apply`] with the warmth the control service last
-    /// gave it ([`crate::control::Outside`]), and stores the destination
-    /// the op changed (repriced). A host whose store can refuse a write
-    /// (the Wasm filter's compare-and-swap in shared data) may run `apply`
-    /// again on a fresher copy; an op is safe to re-run. What the op does
-    /// is the flow's, never the host's: [`FleetOp::run`] is the whole
-    /// transaction for a host that holds the state in its own memory.
-    fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable>;
-
-    /// Where this host keeps what a re-run takes over from the run it
-    /// replaces ([`rerun`]), shared by every worker; `None` (the default):
-    /// this host cannot run a request again within the same request, and
-    /// `retry_next` is ignored.
-    fn parking(&self) -> Option<&Parking> {
-        None
-    }
-
-    /// Whether this host can run a request again within the same request
-    /// (`retry_next`): it keeps a [`Parking`].
-    fn can_rerun(&self) -> bool {
-        self.parking().is_some()
-    }
-
-    /// Whether Envoy holds the whole request body, `bytes` long, to run
-    /// the request again.
-    fn replayable(&mut self, bytes: usize) -> bool {
-        let _ = bytes;
-        false
-    }
-
-    /// Mark this run of the request as replaced by a re-run (its access
-    /// log line carries no event), or not.
-    fn mark_superseded(&mut self, superseded: bool) {
-        let _ = superseded;
-    }
-
-    /// Whether this host can replace the held request body
-    /// ([`Host::replace_request_body`]). Model routing substitutes a model
-    /// only on a host that can: the upstream serves the model its body
-    /// names.
-    fn can_replace_request_body(&self) -> bool {
-        false
-    }
-
-    /// Replace the whole held request body with `body` (and its
-    /// `content-length`); false if the host could not.
-    fn replace_request_body(&mut self, body: &[u8]) -> bool {
-        let _ = body;
-        false
-    }
-
-    /// Whether this host can replace a response body chunk as it passes
-    /// ([`Host::replace_response_chunk`]). ACE asks a stream for its usage
-    /// on the client's behalf only on a host that can give the client back
-    /// the stream it asked for ([`crate::stream_usage`]).
-    fn can_replace_response_body(&self) -> bool {
-        false
-    }
-
-    /// Replace the response body chunk of this callback with `bytes`;
-    /// false if the host could not.
-    fn replace_response_chunk(&mut self, bytes: &[u8]) -> bool {
-        let _ = bytes;
-        false
-    }
-
-    /// The cache entry in `slot` ([`crate::cache`]), appended to `into`;
-    /// false when there is none or this host keeps no cache.
-    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
-        let _ = (slot, into);
-        false
-    }
-
-    /// Store `entry` in `slot`, replacing what it held; false if the host
-    /// could not (or keeps no cache).
-    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
-        let _ = (slot, entry);
-        false
-    }
-
-    /// The secret that keys prefix locality's table
-    /// ([`crate::prefix::Secret`]): drawn once at random and shared by
-    /// every worker whose table is shared. `None` (the default): no
-    /// locality on this host.
-    fn locality_secret(&mut self) -> Option<prefix::Secret> {
-        None
-    }
-
-    /// Slot `slot` of prefix locality's table, shared by every worker
-    /// ([`crate::prefix::Table::get`]).
-    fn locality_get(&mut self, _slot: u32, _into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
-        false
-    }
-
-    /// Store slot `slot` of prefix locality's table.
-    fn locality_put(&mut self, _slot: u32, _bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
-        false
-    }
-
-    /// Answer the request from the cache: `status`, `content_type` and
-    /// `body` as stored; false if the host could not.
-    fn send_cached(&mut self, status: u32, content_type: &str, body: &[u8]) -> bool {
-        let _ = (status, content_type, body);
-        false
-    }
-
-    /// The control service's latest reading of budget `b`, as this host
-    /// holds it ([`crate::control::Outside::budget`]); an empty one when
-    /// it has none (the default: a host without a control service).
-    fn budget_reading(&mut self, b: u16) -> budget::Reading {
-        let _ = b;
-        budget::Reading::default()
-    }
-
-    /// Run `f` on budget `slot`'s counters in memory every worker of this
-    /// proxy shares, atomically, storing them when `f` returns `true`
-    /// ([`budget::Cells::update`]); false when they cannot be reached.
-    /// The default keeps none: such a host enforces a budget by the
-    /// readings alone (its own spend since them is not counted).
-    fn budget_cell(
-        &mut self,
-        slot: u32,
-        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
-    ) -> bool {
-        let _ = (slot, f);
-        false
-    }
-}
-
-/// The host's shared memory as the budgets' cells.
-struct HostCells<'h, H: Host>(&'h mut H);
-
-impl<H: Host> budget::Cells for HostCells<'_, H> {
-    fn update(
-        &mut self,
-        slot: u32,
-        f: &mut dyn FnMut(&mut [u8; budget::CELL_BYTES]) -> bool,
-    ) -> bool {
-        self.0.budget_cell(slot, f)
-    }
-
-    fn reading(&mut self, b: u16) -> budget::Reading {
-        self.0.budget_reading(b)
-    }
-}
-
-/// What a request a tenant budget counts reserved when it was routed:
-/// settled to what it booked when it ends.
-#[derive(Debug, Clone, Copy)]
-struct Hold {
-    /// The tenant's value index (its budgets: `Budgeting::of`).
-    tenant: u32,
-    /// Cost reserved, nano-USD.
-    nano: i64,
-    /// Tokens reserved.
-    tokens: u32,
-    /// The minute they count in.
-    minute: u32,
-    /// The soft budget it was served under, if any.
-    soft: Option<u16>,
-}
+pub use crate::setup::{not_configured, Setup, Worker};
+pub use crate::stage::budget::BUDGET_HEADER;
 
 /// What the adapter tells Envoy after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -548,137 +71,10 @@ pub enum Verdict {
     Hold,
     /// The request was answered locally: stop it here.
     Answered,
-    /// Ask Envoy to run the request again (see [`Host::can_rerun`]); if it
+    /// Ask Envoy to run the request again (a host that keeps a
+    /// [`Host::parking`]); if it
     /// will not, call [`Flow::not_rerun`].
     Rerun,
-}
-
-/// Everything a request needs of one configuration, built once.
-#[derive(Debug)]
-pub struct Setup {
-    /// The validated configuration.
-    pub config: Config,
-    /// The compiled policy tables, borrowed zero-copy.
-    pub tables: Option<Tables<'static>>,
-    /// Destination names, shared with each request's event.
-    pub names: Vec<Arc<str>>,
-    /// Model routing, built against the tables; none when not configured.
-    pub routing: Option<routing::Routing>,
-    /// The response cache's parameters, built against the tables; none
-    /// when not configured.
-    pub cache: Option<cache::Cache>,
-    /// Prefix locality, built against the destinations; none when not
-    /// configured.
-    pub locality: Option<prefix::Locality>,
-    /// Tenant budgets, built against the tables; none when not configured.
-    pub budgets: Option<budget::Budgeting>,
-}
-
-impl Setup {
-    /// The setup of `config`: its routing and cache built against its
-    /// tables, or the configuration error that names what is wrong.
-    pub fn new(config: Config) -> Result<Setup, ConfigError> {
-        let tables = config.tables();
-        let names = config.names();
-        let ids: Vec<&str> = config
-            .destinations
-            .iter()
-            .map(|d| d.name.as_str())
-            .collect();
-        let routing = config
-            .model_routing
-            .as_ref()
-            .map(|r| routing::Routing::build(r, tables.as_ref(), &ids))
-            .transpose()?;
-        let cache = config
-            .cache
-            .as_ref()
-            .map(|c| cache::Cache::build(c, tables.as_ref()))
-            .transpose()?;
-        let locality = prefix::Locality::build(&config)?;
-        let budgets = budget::Budgeting::build(&config, tables.as_ref());
-        Ok(Setup {
-            budgets,
-            tables,
-            names,
-            routing,
-            cache,
-            locality,
-            config,
-        })
-    }
-
-    /// Parse, validate and build the plugin configuration `bytes`: what a
-    /// host does when a configuration arrives.
-    pub fn parse(bytes: &[u8]) -> Result<Setup, ConfigError> {
-        Setup::new(Config::parse(bytes)?)
-    }
-
-    /// The same for a configuration a filter ran with, to price its events
-    /// ([`Config::parse_for_pricing`]).
-    pub fn parse_for_pricing(bytes: &[u8]) -> Result<Setup, ConfigError> {
-        Setup::new(Config::parse_for_pricing(bytes)?)
-    }
-
-    /// Log what the configuration does, and what this host will not do of
-    /// it (`can_rerun`: see [`Host::can_rerun`]).
-    pub fn announce(&self, can_rerun: bool) {
-        log::info!("{}", self.config.summary());
-        if self.config.no_policy {
-            log::warn!(
-                "allow_no_policy: routing without policy tables, every destination is feasible for every request (counted in ace.requests_without_policy)"
-            );
-        }
-        if let Some(w) = ace_config::budget::unverified_tenant_in(&self.config) {
-            log::warn!("{w}");
-        }
-        if self.config.retry_next && !can_rerun {
-            log::warn!(
-                "retry_next is ignored: only the dynamic module can run a request again; failures spill from the next request"
-            );
-        }
-    }
-}
-
-/// Buffers one worker reuses for every request, so that a warm worker
-/// allocates little per request.
-#[derive(Debug, Default)]
-pub struct Worker {
-    /// The feasibility lookup's buffers.
-    pub lookup: Lookup,
-    /// The event's JSON line, rewritten in place for every write.
-    pub event_line: Vec<u8>,
-    /// A request's (destination, model) pairs under model routing.
-    pub pairs: routing::Pairs,
-    /// A cache entry as read.
-    pub entry: Vec<u8>,
-    /// Cache hits on this worker (every `cache.check_every`-th is checked).
-    pub hits: u64,
-    /// Scratch mask.
-    pub scratch: Vec<u64>,
-    /// What each destination holds of a request's prompt.
-    pub held: prefix::HeldBuf,
-}
-
-/// The host's shared memory as prefix locality's table.
-struct HostTable<'h, H: Host>(&'h mut H);
-
-impl<H: Host> prefix::Table for HostTable<'_, H> {
-    fn get(&mut self, slot: u32, into: &mut [u8; prefix::RECORD_BYTES]) -> bool {
-        self.0.locality_get(slot, into)
-    }
-    fn put(&mut self, slot: u32, bytes: &[u8; prefix::RECORD_BYTES]) -> bool {
-        self.0.locality_put(slot, bytes)
-    }
-}
-
-/// `f` on `worker`'s buffers, or on fresh ones if they are in use (a
-/// re-entrant call from the host: never expected, never a panic).
-fn with_worker<R>(worker: &RefCell<Worker>, f: impl FnOnce(&mut Worker) -> R) -> R {
-    match worker.try_borrow_mut() {
-        Ok(mut w) => f(&mut w),
-        Err(_) => f(&mut Worker::default()),
-    }
 }
 
 /// One request's state, from its headers to its event.
@@ -743,23 +139,6 @@ struct Extra {
     original: Option<Vec<u8>>,
 }
 
-/// What the rungs came to, inside the worker's buffers.
-enum Climbed {
-    /// A destination claimed (the decision is the flow's `chosen`), with
-    /// the member served when model routing chose one other than the
-    /// model named, and, for a routed request, the counterfactual it books
-    /// against.
-    Claimed(
-        Option<usize>,
-        Option<Option<Counterfactual>>,
-        LivePrices,
-        Decision,
-    ),
-    /// The cache has an answer the request may have (in the worker's
-    /// `entry` buffer).
-    Hit,
-}
-
 /// What a request won besides its decision (the flow's `chosen`): the
 /// routing member served (when another than the one named), a routed
 /// request's counterfactual, the cache check pending, and the control
@@ -769,266 +148,10 @@ struct Won {
     api: Option<Api>,
     /// Ask the stream for its usage on the client's behalf.
     ask_usage: bool,
-    served: Option<usize>,
-    cf: Option<Option<Counterfactual>>,
+    /// The claim.
+    claimed: Claimed,
+    /// The cache check or store pending.
     pending: Option<Box<Pending>>,
-    live: LivePrices,
-}
-
-/// A claim: the decision, the routing member served (when another than
-/// the one named), a routed request's counterfactual, and the control
-/// service's prices on the destination chosen.
-type Claim = (
-    Decision,
-    Option<usize>,
-    Option<Option<Counterfactual>>,
-    LivePrices,
-);
-
-/// One request, feasibility done, as the rungs see it. The rungs are
-/// tried in order, each on the feasible set the tables gave:
-///
-/// 1. [`Ask::cache_rung`]: an exact answer already given, that policy
-///    lets this request have (`cached` true, from the producer's
-///    destination);
-/// 2. [`Ask::routed_rung`]: a permitted cheaper model (model routing),
-///    each (destination, model) pair priced in one merit order;
-/// 3. [`Ask::merit_rung`]: the merit order over the feasible
-///    destinations, for the model named.
-///
-/// Nothing here adds a destination: every rung reads the tables' masks.
-struct Ask<'a> {
-    setup: &'a Setup,
-    event: &'a Event,
-    req: &'a Request,
-    /// The body as received (the cache key; the routing rewrite).
-    raw: Option<&'a [u8]>,
-    /// Model routing, where this request may be routed.
-    routing: Option<&'a crate::routing::Routing>,
-    /// The destination that failed this request (a re-run excludes it).
-    excluded: Option<usize>,
-    /// The API the client's path asks for.
-    api: Option<Api>,
-    /// What each destination holds of the prompt (prefix locality).
-    held: Held<'a>,
-    /// The destinations a soft budget allows (none: no soft budget).
-    soft: Option<&'a [u64]>,
-    /// A soft budget allows only a substitute model.
-    substitution_only: bool,
-    now: u64,
-}
-
-/// What the cache rung came to.
-enum CacheRung {
-    /// Nothing to look up (no body or tables to key on).
-    Skip,
-    /// Answer from the entry in the worker's buffer.
-    Hit,
-    /// Go on up the rungs: a miss to store, or a hit to check upstream.
-    Pending(Box<Pending>),
-}
-
-impl Ask<'_> {
-    #[inline]
-    fn model(&self) -> Option<&str> {
-        self.event.text(&self.event.model_requested)
-    }
-
-    /// The rungs in order: the cache (when `cacheable`), model routing,
-    /// the merit order.
-    fn climb<H: Host>(
-        &self,
-        cacheable: Option<&cache::Cache>,
-        w: &mut Worker,
-        host: &mut H,
-    ) -> Result<(Climbed, Option<Box<Pending>>), Stop> {
-        let pending = match cacheable {
-            Some(c) => match self.cache_rung(c, w, host) {
-                CacheRung::Hit => return Ok((Climbed::Hit, None)),
-                CacheRung::Pending(p) => Some(p),
-                CacheRung::Skip => None,
-            },
-            None => None,
-        };
-        let claimed = match self.routed_rung(w, host) {
-            Some(routed) => routed?,
-            // Only a substitute may serve, and none can.
-            None if self.substitution_only => {
-                return Err(Stop::NoDestination(Refusal::NoFeasibleDestination));
-            }
-            None => self.merit_rung(w, host)?,
-        };
-        let (decision, served, cf, live) = claimed;
-        Ok((Climbed::Claimed(served, cf, live, decision), pending))
-    }
-
-    /// The cache: an entry for this exact request, young enough, that
-    /// policy lets this request have. A cached answer is checked against
-    /// the configured classes even where this request cannot be routed
-    /// (trailers, a body that cannot be replaced): an entry a substitute
-    /// produced is then still `substituted` to the model named.
-    fn cache_rung<H: Host>(&self, c: &cache::Cache, w: &mut Worker, host: &mut H) -> CacheRung {
-        let (cfg, event, now) = (&self.setup.config, self.event, self.now);
-        let (Some(raw), Some(tables)) = (self.raw, self.setup.tables.as_ref()) else {
-            return CacheRung::Skip;
-        };
-        let configured = self.setup.routing.as_ref();
-        let named = configured.zip(self.model()).and_then(|(r, m)| r.asked(m));
-        let key = cache::key(
-            &cfg.id,
-            &w.lookup.values,
-            event.bytes(&event.tenant),
-            event.bytes(&event.data_class),
-            event.headers.get(":path"),
-            raw,
-        );
-        let slot = c.slot(&key);
-        let found = {
-            w.entry.clear();
-            host.cache_get(slot, &mut w.entry)
-        };
-        let hit = found
-            .then(|| Entry::decode(&w.entry))
-            .flatten()
-            .filter(|e| e.key == key && now.saturating_sub(e.created_ms) < c.ttl_ms)
-            .filter(|e| {
-                cache::may_serve(
-                    cfg,
-                    tables,
-                    &mut w.lookup,
-                    &mut w.scratch,
-                    c,
-                    configured,
-                    named,
-                    e,
-                )
-            })
-            .map(|e| e.digest);
-        let mut p = Box::new(Pending {
-            key,
-            slot,
-            ..Pending::default()
-        });
-        match hit {
-            Some(digest) => {
-                w.hits = w.hits.wrapping_add(1);
-                if c.check_every > 0 && w.hits.is_multiple_of(c.check_every) {
-                    // Checked: answered upstream, then compared.
-                    p.check = Some(digest);
-                } else {
-                    return CacheRung::Hit;
-                }
-            }
-            None => host.count(Fleet::CacheMisses.into(), 1),
-        }
-        CacheRung::Pending(p)
-    }
-
-    /// Model routing: every (destination, model) pair the tables allow
-    /// for the models that may stand in for the one named, in one merit
-    /// order, each at its model's price there; `None` when this request is
-    /// not routed.
-    fn routed_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Option<Result<Claim, Stop>> {
-        let r = self.routing?;
-        let asked = r.asked(self.model()?)?;
-        let tables = self.setup.tables.as_ref()?;
-        // A soft budget that allows substitutes only: never the model
-        // named, each destination at the cheapest substitute it serves.
-        let named = self
-            .substitution_only
-            .then(|| {
-                asked.member.or_else(|| {
-                    r.reference(asked)
-                        .and_then(|m| r.members.iter().position(|x| x == m))
-                })
-            })
-            .flatten();
-        r.expand_without(tables, &mut w.lookup.values, asked, named, &mut w.pairs);
-        // Only destinations serving the request's API (a routed body is
-        // always rewritable, so every upstream name can be sent).
-        self.setup
-            .config
-            .serving
-            .narrow(self.api, &mut w.pairs.mask);
-        // A soft budget: its tiers only.
-        if let Some(m) = self.soft {
-            for (a, b) in w.pairs.mask.iter_mut().zip(m) {
-                *a &= b;
-            }
-        }
-        // The counterfactual: the model named (a class's reference model),
-        // not substituted, at its price.
-        if asked.member.is_none()
-            && tables
-                .feasible(&w.lookup.values, &mut w.lookup.mask)
-                .is_err()
-        {
-            w.lookup.mask.fill(0);
-        }
-        let reference = r.reference(asked).map_or(usize::MAX, |m| {
-            r.members.iter().position(|x| x == m).unwrap_or(usize::MAX)
-        });
-        let cf = counterfactual(&self.setup.config, &w.lookup.mask, self.req, |d| {
-            r.factor(reference, d)
-        });
-        if let Some(d) = self.excluded {
-            clear_bit(&mut w.pairs.mask, d);
-        }
-        let mut routed = Routed::new(&mut w.pairs, r);
-        let op = FleetOp::ClaimRouted {
-            routed: &mut routed,
-            req: self.req,
-            held: self.held,
-        };
-        let (decision, live) = match claim(host, self.now, op) {
-            Ok(Ok(d)) => d,
-            Ok(Err(refusal)) => return Some(Err(Stop::NoDestination(refusal))),
-            Err(FleetUnavailable) => return Some(Err(Stop::Fleet)),
-        };
-        let served = w
-            .pairs
-            .member(decision.index)
-            .filter(|m| Some(*m) != asked.member);
-        Some(Ok((decision, served, Some(cf), live)))
-    }
-
-    /// The merit order over the feasible destinations.
-    fn merit_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Result<Claim, Stop> {
-        if let Some(d) = self.excluded {
-            // The destination that just failed this request.
-            clear_bit(&mut w.lookup.mask, d);
-        }
-        let op = FleetOp::Claim {
-            feasible: &w.lookup.mask,
-            model: self.model(),
-            req: self.req,
-            held: self.held,
-        };
-        let (decision, live) = claim(host, self.now, op)
-            .map_err(|_| Stop::Fleet)?
-            .map_err(Stop::NoDestination)?;
-        Ok((decision, None, None, live))
-    }
-}
-
-/// The counterfactual of a routed request: the cheapest pay-as-you-go
-/// destination the tables allow for the model named, at that model's
-/// price there.
-#[derive(Clone, Copy)]
-struct Counterfactual {
-    index: usize,
-    usd: f64,
-    scale: f64,
-}
-
-/// Why routing stopped before a decision.
-enum Stop {
-    Refused(Refused),
-    /// A tenant budget refuses it.
-    Budget(budget::Refusal),
-    /// No destination may take the request.
-    NoDestination(Refusal),
-    Fleet,
 }
 
 impl Flow {
@@ -1066,13 +189,13 @@ impl Flow {
             }
         }
         let now = host.now_ms();
-        let head = request::capture(cfg, headers, now, host.next_event_id());
+        let id = with_worker(worker, Worker::next_event_id);
+        let head = request::capture(cfg, headers, now, id);
         // Only a host that re-runs requests reads re-run marks (a host that
         // cannot never acts on one, so it skips the lookup).
         let mark = host
-            .can_rerun()
-            .then(|| head.event.headers.get(RETRY_HEADER))
-            .flatten();
+            .parking()
+            .and_then(|_| head.event.headers.get(RETRY_HEADER));
         if let Some(value) = mark {
             // Ours (it carries this process's token) or a client's: either
             // way it goes no further than here.
@@ -1118,7 +241,7 @@ impl Flow {
         }
         let cfg = &setup.config;
         let Some(mut buf) = self.body.take() else {
-            if cfg.retry_next && host.can_rerun() {
+            if cfg.retry_next && host.parking().is_some() {
                 // A re-run must know the body is whole where Envoy keeps it.
                 let n = host.request_body(&mut Vec::new(), 0);
                 self.request_bytes = self.request_bytes.saturating_add(n);
@@ -1221,7 +344,8 @@ impl Flow {
     }
 
     /// [`Flow::route`] with the body read whole, parsed and raw (model
-    /// routing rewrites it; the cache keys on it).
+    /// routing rewrites it; the cache keys on it): the request's shape,
+    /// then its stages ([`stage::route`]), then what they came to.
     fn route_with<H: Host>(
         &mut self,
         setup: &Setup,
@@ -1241,217 +365,100 @@ impl Flow {
             return self.refuse(host, &refused);
         }
         self.max_output = body.and_then(|b| b.max_output_tokens);
-        let excluded = self.rerun.as_ref().map(|c| c.failed);
         let carried = self.rerun.as_deref();
         let Some(event) = self.event.as_mut() else {
             return self.internal(host, "request not captured");
         };
         let mut req = request::plan(cfg, event, body, self.content_length, now);
+        let can = host.can();
         let body_model = body.and_then(|b| b.model.as_deref());
         // Model routing only where the body can say the model served: read
         // whole, naming a model, on a host that can replace it, and not
         // ended by trailers (Envoy has passed the body on by then, and a
         // rewrite could only be appended).
-        let trailers = self.trailers;
         let rewritable =
-            raw.is_some() && body_model.is_some() && !trailers && host.can_replace_request_body();
-        let routing = setup.routing.as_ref().filter(|_| rewritable);
+            raw.is_some() && body_model.is_some() && !self.trailers && can.replace_request_body;
         let api = event.headers.get(":path").and_then(Api::of_path);
         event.api = api.map(Api::name);
         // A completion streamed without `stream_options`: ask for its usage
         // (the client still gets the stream it asked for).
         let ask_usage = rewritable
-            && host.can_replace_response_body()
+            && can.replace_response_body
             && matches!(api, Some(Api::ChatCompletions | Api::Completions))
             && body.is_some_and(|b| b.stream && !b.stream_options);
-        // The cache only for requests safe to answer twice, and never for
-        // ACE's own re-run of a failed request.
-        let cacheable = setup
-            .cache
-            .as_ref()
-            .filter(|_| excluded.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some());
-        let chosen = &mut self.chosen;
-        let mut hold: Option<Hold> = None;
-        // Feasibility first (the compiled Cedar tables), then the rungs in
-        // order, with this worker's lookup buffers.
-        let climbed = with_worker(worker, |w| {
-            request::feasible(
-                cfg,
-                setup.tables.as_ref(),
-                event,
-                body_model,
-                // A re-run reads what its first run verified: a filter
-                // before ACE may have consumed the header it verified.
-                |source| {
-                    carried
-                        .and_then(|c| c.verified(cfg, source))
-                        .or_else(|| host.trusted(source))
-                },
-                &mut w.lookup,
-            )
-            .map_err(Stop::Refused)?;
-            let model = event.text(&event.model_requested);
-            upstream::narrow(cfg, api, model, rewritable, &mut w.lookup.mask);
-            // The tenant's budgets: refused, or narrowed when one is soft.
-            let budgeted = setup.budgets.as_ref().and_then(|bg| {
-                let t = cfg.policy.as_ref()?.tenant?;
-                let tenant = w.lookup.values.get(t).copied()?;
-                let mine = bg.of(tenant);
-                (!mine.is_empty()).then_some((bg, tenant, mine))
-            });
-            let mut soft = None;
-            if let Some((bg, tenant, mine)) = budgeted {
-                let tokens = req.tokens_in.saturating_add(req.tokens_out);
-                let allowed = bg
-                    .admit(cfg, mine, tokens, now, &mut HostCells(&mut *host))
-                    .map_err(Stop::Budget)?;
-                if let Some(b) = allowed.soft {
-                    let feasible = w.lookup.mask.iter().any(|m| *m != 0);
-                    for (a, m) in w.lookup.mask.iter_mut().zip(bg.soft_mask(b)) {
-                        *a &= m;
-                    }
-                    req.max_usd = allowed.max_usd_per_token * f64::from(tokens);
-                    soft = Some((bg, b, feasible, allowed.substitution_only));
-                }
-                hold = Some(Hold {
-                    tenant,
-                    nano: 0,
-                    tokens,
-                    minute: budget::Budgeting::minute(now),
-                    soft: allowed.soft,
-                });
-            }
-            // Prefix locality: what each feasible destination holds of
-            // this prompt (its buffers out of the worker while the rungs
-            // borrow the rest).
-            let mut held = std::mem::take(&mut w.held);
-            let local = setup.locality.as_ref().and_then(|l| {
-                let mut fp = body.map(|b| b.prefix).unwrap_or_default();
-                if let Some(v) = l
-                    .session_header
-                    .as_deref()
-                    .and_then(|h| event.headers.get(h))
-                {
-                    fp.hint_from_header(v);
-                }
-                if fp.is_empty() {
-                    return None;
-                }
-                let secret = host.locality_secret()?;
-                let who = prefix::Whose::of(event);
-                let mut table = HostTable(&mut *host);
-                let any = l.held(
-                    &mut table,
-                    &secret,
-                    who,
-                    &fp,
-                    &w.lookup.mask,
-                    now,
-                    &mut held,
-                );
-                Some((l, fp, secret, any))
-            });
-            let ask = Ask {
-                setup,
-                event,
-                req: &req,
-                raw,
-                routing,
-                excluded,
-                api,
-                held: match local {
-                    Some((_, _, _, true)) => held.as_held(),
-                    _ => Held::NONE,
-                },
-                soft: soft.map(|(bg, b, _, _)| bg.soft_mask(b)),
-                substitution_only: soft.is_some_and(|(_, _, _, s)| s),
-                now,
-            };
-            let mut climbed = ask.climb(cacheable, w, host);
-            // A soft budget left nothing that could serve a request its
-            // policy allows: the budget's 429, not a fleet outage's 503.
-            if let (Err(Stop::NoDestination(_)), Some((bg, b, true, _))) = (&climbed, soft) {
-                if let Some(r) = bg.soft_refusal(cfg, b, now, &mut HostCells(&mut *host)) {
-                    climbed = Err(Stop::Budget(r));
-                }
-            }
-            if let (Ok((Climbed::Claimed(_, _, _, d), _)), Some((l, fp, secret, _))) =
-                (&climbed, &local)
-            {
-                // The destination sent this prompt holds it from now.
-                let who = prefix::Whose::of(event);
-                l.record(
-                    &mut HostTable(&mut *host),
-                    secret,
-                    who,
-                    fp,
-                    d.index,
-                    now,
-                    &held,
-                );
-                event.tokens_prefix_held = held.cached.get(d.index).copied().unwrap_or(0);
-            }
-            w.held = held;
-            let (climbed, pending) = climbed?;
-            if let Climbed::Claimed(_, _, _, decision) = &climbed {
-                *chosen = Some((*decision, now));
-                // What the budgets count from now: the estimate, settled
-                // to what is booked when the request ends.
-                if let (Some(h), Some((bg, _, mine))) = (hold.as_mut(), budgeted) {
-                    h.nano = nano_usd(decision.marginal_usd);
-                    let cells = &mut HostCells(&mut *host);
-                    bg.book(mine, h.nano, i64::from(h.tokens), h.minute, now, cells);
-                }
-            } else {
-                // From the cache: nothing booked upstream to count.
-                hold = None;
-            }
-            Ok((climbed, pending))
-        });
-        if let Some(h) = hold {
-            // A request run again releases its first run's reservation.
-            if let Some(old) = self.budget.replace(h) {
-                self.release(setup, host, old);
-            }
-            if let (Some(b), Some(e)) = (h.soft, self.event.as_mut()) {
-                host.count(Fleet::BudgetSoft.into(), 1);
-                e.budget = setup
-                    .budgets
-                    .as_ref()
-                    .and_then(|bg| bg.names.get(usize::from(b)).cloned());
-                e.budget_state = Some(budget::Why::Soft.state());
-            }
-        }
-        let ((served, cf, live), pending) = match climbed {
-            Ok((Climbed::Hit, _)) => return self.answer_from_cache(setup, worker, host, routing),
-            Ok((Climbed::Claimed(served, cf, live, _), pending)) => ((served, cf, live), pending),
-            Err(Stop::Refused(refused)) => return self.refuse(host, &refused),
-            Err(Stop::Budget(r)) => return self.refuse_budget(setup, host, &r),
-            Err(Stop::NoDestination(refusal)) => {
-                host.count(Fleet::NoDestination.into(), 1);
-                return self.refuse(host, &Refused::no_destination(refusal));
-            }
-            Err(Stop::Fleet) => {
-                return self.refuse(
-                    host,
-                    &Refused {
-                        status: 503,
-                        kind: "internal",
-                        reason: "shared_state",
-                        message: "fleet state unavailable".to_string(),
-                    },
-                );
-            }
+        let routing = setup.routing.as_ref().filter(|_| rewritable);
+        let shape = Shape {
+            raw,
+            body_model,
+            fingerprint: body.map(|b| b.prefix),
+            api,
+            rewritable,
+            routing,
+            // The cache only for requests safe to answer twice, and never
+            // for ACE's own re-run of a failed request.
+            cacheable: setup.cache.as_ref().filter(|_| {
+                carried.is_none() && body.is_some_and(|b| b.cacheable) && raw.is_some()
+            }),
+            carried,
+            now,
         };
+        let routed = with_worker(worker, |w| {
+            stage::route(setup, w, host, event, &mut req, &shape)
+        });
+        if let Some(h) = routed.hold {
+            self.hold(setup, worker, host, h);
+        }
+        let (claimed, pending) = match routed.climbed {
+            Ok((Climbed::Hit, _)) => return self.answer_from_cache(setup, worker, host, routing),
+            Ok((Climbed::Claimed(c), pending)) => (c, pending),
+            Err(stop) => return self.stopped(setup, host, stop),
+        };
+        self.chosen = Some((claimed.decision, now));
         let won = Won {
             api,
             ask_usage,
-            served,
-            cf,
+            claimed,
             pending,
-            live,
         };
         self.go(setup, host, won, raw, routing, now)
+    }
+
+    /// What the budget reserved for the request routed: a re-run's
+    /// replaces its first run's, and a soft budget is said in the event.
+    fn hold<H: Host>(&mut self, setup: &Setup, worker: &RefCell<Worker>, host: &mut H, h: Hold) {
+        // A request run again releases its first run's reservation.
+        if let Some(old) = self.budget.replace(h) {
+            self.release(setup, worker, host, old);
+        }
+        if let (Some(b), Some(e)) = (h.soft, self.event.as_mut()) {
+            host.count(Fleet::BudgetSoft.into(), 1);
+            e.budget = setup
+                .budgets
+                .as_ref()
+                .and_then(|bg| bg.names.get(usize::from(b)).cloned());
+            e.budget_state = Some(crate::budget::Why::Soft.state());
+        }
+    }
+
+    /// Answer why routing stopped before a decision.
+    fn stopped<H: Host>(&mut self, setup: &Setup, host: &mut H, stop: Stop) -> Verdict {
+        match stop {
+            Stop::Refused(refused) => self.refuse(host, &refused),
+            Stop::Budget(r) => self.refuse_budget(setup, host, &r),
+            Stop::NoDestination(refusal) => {
+                host.count(Fleet::NoDestination.into(), 1);
+                self.refuse(host, &Refused::no_destination(refusal))
+            }
+            Stop::Fleet => self.refuse(
+                host,
+                &Refused {
+                    status: 503,
+                    kind: "internal",
+                    reason: "shared_state",
+                    message: "fleet state unavailable".to_string(),
+                },
+            ),
+        }
     }
 
     /// Send the request to the destination claimed: book the routed
@@ -1472,11 +479,12 @@ impl Flow {
         let Won {
             api,
             ask_usage,
-            served,
-            cf,
+            claimed,
             pending,
-            live,
         } = won;
+        let Claimed {
+            served, cf, live, ..
+        } = claimed;
         let cfg = &setup.config;
         let excluded = self.rerun.as_ref().map(|c| c.failed);
         let Some((decision, _)) = self.chosen.as_mut() else {
@@ -1537,7 +545,7 @@ impl Flow {
             }
             // A request that may run again keeps the client's body for
             // its re-run, and knows how long the body Envoy holds is.
-            if let (Some(sent), true) = (&sent, cfg.retry_next && host.can_rerun()) {
+            if let (Some(sent), true) = (&sent, cfg.retry_next && host.parking().is_some()) {
                 self.request_bytes = sent.len();
                 if excluded.is_none() {
                     self.extra.get_or_insert_with(Box::default).original = raw.map(<[u8]>::to_vec);
@@ -1610,7 +618,14 @@ impl Flow {
         let cfg = &setup.config;
         let sent = with_worker(worker, |w| {
             let entry = Entry::decode(&w.entry)?;
-            let ok = host.send_cached(u32::from(entry.status), entry.content_type, entry.body);
+            let status = u32::from(entry.status);
+            let ok = host.send_local(
+                status,
+                entry.content_type,
+                entry.body,
+                cache::HIT_REASON,
+                &[],
+            );
             ok.then(|| {
                 (
                     entry.producer,
@@ -1689,7 +704,8 @@ impl Flow {
         if let Some(e) = self.event.as_mut() {
             e.finish(refused.status, refused.reason);
         }
-        if !host.send_local(refused.status, &refused.body(), refused.reason) {
+        let body = refused.body();
+        if !host.send_local(refused.status, JSON, &body, refused.reason, &[]) {
             log::error!("cannot send the local reply {}", refused.status);
         }
         Verdict::Answered
@@ -1700,9 +716,9 @@ impl Flow {
         &mut self,
         setup: &Setup,
         host: &mut H,
-        r: &budget::Refusal,
+        r: &crate::budget::Refusal,
     ) -> Verdict {
-        let reason = budget::reason(r.why);
+        let reason = crate::budget::reason(r.why);
         if let Some(e) = self.event.as_mut() {
             e.finish(429, reason);
             e.budget = setup
@@ -1714,7 +730,7 @@ impl Flow {
         host.count(Fleet::BudgetRefused.into(), 1);
         let mut secs = itoa::Buffer::new();
         let retry = [("retry-after", secs.format(r.retry_after_s))];
-        if !host.send_local_with(429, &r.body, reason, &retry) {
+        if !host.send_local(429, JSON, &r.body, reason, &retry) {
             log::error!("cannot send the local reply 429");
         }
         Verdict::Answered
@@ -1722,19 +738,14 @@ impl Flow {
 
     /// Count what a request booked against its tenant's budgets, in place
     /// of what it reserved.
-    fn release<H: Host>(&mut self, setup: &Setup, host: &mut H, h: Hold) {
-        let Some(bg) = setup.budgets.as_ref() else {
-            return;
-        };
-        let (booked, tokens) = self.event.as_ref().map_or((0, 0), |e| {
+    fn release<H: Host>(&mut self, setup: &Setup, worker: &RefCell<Worker>, host: &mut H, h: Hold) {
+        let (usd, tokens) = self.event.as_ref().map_or((0.0, 0), |e| {
             let tokens = i64::from(e.tokens_in) + i64::from(e.tokens_out);
-            (nano_usd(e.marginal_usd), tokens)
+            (e.marginal_usd, tokens)
         });
-        let mine = bg.of(h.tenant);
-        let now = host.now_ms();
-        let cells = &mut HostCells(&mut *host);
-        let (nano, tokens) = (booked - h.nano, tokens - i64::from(h.tokens));
-        bg.book(mine, nano, tokens, h.minute, now, cells);
+        with_worker(worker, |w| {
+            budget_stage::release(setup, w, host, h, usd, tokens);
+        });
     }
 
     /// Answer 500: something that should not happen did; it is logged,
@@ -1917,7 +928,7 @@ impl Flow {
         let rerun = matches!(outcome, Outcome::Failure { .. })
             && cfg.retry_next
             && decision.runner_up.is_some()
-            && host.can_rerun();
+            && host.parking().is_some();
         if matches!(outcome, Outcome::Success { .. }) {
             // Only a stream's first byte is its first token: a whole
             // answer's first byte comes with its last.
@@ -2035,7 +1046,7 @@ impl Flow {
     /// longer held), or the map could not be put back: the failure is
     /// answered.
     fn prepare_rerun<H: Host>(&mut self, cfg: &Config, host: &mut H, failed: usize) -> bool {
-        if self.rerun.is_some() || !self.request_done || self.trailers || !host.can_rerun() {
+        if self.rerun.is_some() || !self.request_done || self.trailers || host.parking().is_none() {
             return false;
         }
         if self.request_bytes > 0 && !host.replayable(self.request_bytes) {
@@ -2166,7 +1177,14 @@ impl Flow {
             host.count(Fleet::CacheChecks.into(), 1);
             host.count(Fleet::CacheFalseHits.into(), 1);
             e.cache_false_hit = true;
-            host.cache_put(p.slot, &[]);
+            let fingerprint = setup.config.fingerprint;
+            store::cache_put(
+                host,
+                &mut store::Scratch::default(),
+                fingerprint,
+                p.slot,
+                &[],
+            );
             log::warn!(
                 "cache false hit: a checked entry's fresh answer outgrew the cache; dropped"
             );
@@ -2205,10 +1223,16 @@ impl Flow {
             body: &p.body,
         };
         let bytes = entry.encode();
-        if host.cache_put(p.slot, &bytes) {
+        let fingerprint = setup.config.fingerprint;
+        if store::cache_put(
+            host,
+            &mut store::Scratch::default(),
+            fingerprint,
+            p.slot,
+            &bytes,
+        ) {
             host.count(Fleet::CacheStores.into(), 1);
         }
-        let _ = setup;
     }
 
     /// The request is over (Envoy runs this before its access loggers):
@@ -2217,7 +1241,7 @@ impl Flow {
     pub fn on_complete<H: Host>(&mut self, setup: &Setup, worker: &RefCell<Worker>, host: &mut H) {
         self.settle(setup, host, None, None);
         if let Some(h) = self.budget.take() {
-            self.release(setup, host, h);
+            self.release(setup, worker, host, h);
         }
         // A check whose fresh answer never ended (the client or the
         // upstream went away) compared nothing: not counted as a check.
@@ -2257,61 +1281,8 @@ impl Flow {
     }
 }
 
-/// The response header that tells a tenant its budget is soft.
-pub const BUDGET_HEADER: &str = "x-ace-budget";
-
-/// `usd` as whole nano-USD (what a budget's cell counts); 0 when not a
-/// finite amount.
-fn nano_usd(usd: f64) -> i64 {
-    if usd.is_finite() {
-        (usd * 1e9).round() as i64
-    } else {
-        0
-    }
-}
-
-/// Clear destination `d`'s bit in `mask`.
-fn clear_bit(mask: &mut [u64], d: usize) {
-    if let Some(word) = mask.get_mut(d / 64) {
-        *word &= !(1u64 << (d % 64));
-    }
-}
-
-/// The cheapest pay-as-you-go destination in `mask` for `req`'s tokens,
-/// at its list price times `scale(d)` (the named model's factor there).
-fn counterfactual(
-    cfg: &Config,
-    mask: &[u64],
-    req: &Request,
-    scale: impl Fn(usize) -> f64,
-) -> Option<Counterfactual> {
-    let mut best: Option<Counterfactual> = None;
-    for (d, m) in cfg.models.iter().enumerate() {
-        if !m.tier.is_pay_as_you_go() || !ace_core::dispatch::bit(mask, d) {
-            continue;
-        }
-        let s = scale(d);
-        let usd = m.rest_usd(req.tokens_in, req.tokens_out) * s;
-        if best.is_none_or(|b| usd < b.usd) {
-            best = Some(Counterfactual {
-                index: d,
-                usd,
-                scale: s,
-            });
-        }
-    }
-    best
-}
-
-/// The answer to a request that arrived before any valid configuration.
-pub fn not_configured() -> Refused {
-    Refused {
-        status: 503,
-        kind: "not_configured",
-        reason: "not_configured",
-        message: "the ACE filter has no valid configuration".to_string(),
-    }
-}
+/// The content type of the flow's own answers.
+const JSON: &str = "application/json";
 
 #[cfg(test)]
 mod tests {

@@ -49,8 +49,8 @@
 //!
 //! Tenants never see each other's locality: every key is a SipHash of the
 //! tenant, the model named, the tools and the chain, under a secret key
-//! the host draws once ([`crate::flow::Host::locality_secret`]; no secret,
-//! no locality). Two tenants' prompts never share a slot's tag unless they
+//! the first worker draws once and every worker shares
+//! ([`crate::store::locality_secret`]; no secret, no locality). Two tenants' prompts never share a slot's tag unless they
 //! collide in 64 bits of a keyed hash, which a tenant cannot steer without
 //! the key; a tenant's own collisions move only its own prices. The
 //! chain's per-message hash is fast and unkeyed; the keyed step over its
@@ -597,7 +597,7 @@ impl Locality {
             // A prompt boundary holds what both sizes say (the same
             // prefix); a session's record at most the request's own prompt.
             let bytes = own_bytes.map_or(r.bytes, |b| b.min(r.bytes));
-            let tokens = crate::body::estimate_tokens(bytes as usize);
+            let tokens = crate::tokens::estimate_tokens(bytes as usize);
             for (d, at) in r.holders {
                 let d = usize::from(d);
                 let (Some(rule), Some(c)) = (self.rules.get(d), out.cached.get_mut(d)) else {
@@ -774,7 +774,7 @@ mod tests {
         let whole_first = first.boundaries().last().map(|(_, b)| b).unwrap_or(0);
         assert_eq!(
             out.cached[2],
-            crate::body::estimate_tokens(whole_first as usize)
+            crate::tokens::estimate_tokens(whole_first as usize)
         );
         assert_eq!((out.cached[0], out.cached[1]), (0, 0));
         assert_eq!(out.tokens[2], f64::from(out.cached[2]) * 0.5);

@@ -6,7 +6,7 @@
 //! ([`book_usage`]); the counters they report are [`crate::counters`].
 
 use crate::attributes::{self, AttributeError};
-use crate::body::{self, BodyError, RequestBody};
+use crate::body::{BodyError, RequestBody};
 use crate::event::{self, Event, Price, Text};
 use crate::headers::{self, Pairs};
 use crate::usage::Usage;
@@ -190,7 +190,7 @@ pub fn plan(
     // four billion books no more than a full context.
     let tokens_in = body
         .map(|b| b.tokens_in)
-        .unwrap_or_else(|| content_length.map_or(1, body::estimate_tokens))
+        .unwrap_or_else(|| content_length.map_or(1, crate::tokens::estimate_tokens))
         .min(cfg.max_context_tokens);
     let tokens_out = body
         .and_then(|b| b.max_output_tokens)

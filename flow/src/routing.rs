@@ -393,7 +393,7 @@ impl Pairs {
 }
 
 /// The pairs of one request as a host decides among them
-/// ([`crate::flow::FleetOp::ClaimRouted`]).
+/// ([`crate::fleet::FleetOp::ClaimRouted`]).
 #[derive(Debug)]
 pub struct Routed<'a> {
     pairs: &'a mut Pairs,
@@ -524,7 +524,7 @@ fn string_end(body: &[u8], start: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow::Setup;
+    use crate::setup::Setup;
     use ace_core::tables::{
         encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec,
     };

@@ -23,8 +23,8 @@
 //! reaches it.
 
 use crate::config::{Api, Config, Destination, CREDENTIAL_HEADERS, CREDENTIAL_QUERY_PARAMS};
-use crate::flow::Host;
 use crate::headers::Pairs;
+use crate::host::Host;
 
 /// Clear from `mask` the destinations this request cannot be sent to as
 /// they expect it: those not serving `api`, and, when the body cannot be

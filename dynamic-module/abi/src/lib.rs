@@ -558,6 +558,24 @@ impl Filter {
 
     /// [`Self::send_json`] with `extra` headers (at most seven).
     pub fn send_json_with(self, status: u32, body: &[u8], details: &str, extra: &[(&str, &str)]) {
+        self.send_with(status, "application/json", body, details, extra);
+    }
+
+    /// Answer the request locally with `body` of type `content_type`.
+    pub fn send(self, status: u32, content_type: &str, body: &[u8], details: &str) {
+        self.send_with(status, content_type, body, details, &[]);
+    }
+
+    /// Answer the request locally with `body` of type `content_type` and
+    /// `extra` headers (at most seven).
+    pub fn send_with(
+        self,
+        status: u32,
+        content_type: &str,
+        body: &[u8],
+        details: &str,
+        extra: &[(&str, &str)],
+    ) {
         let empty = ModuleHeader {
             key: ModuleBuffer::of(b""),
             value: ModuleBuffer::of(b""),
@@ -565,7 +583,7 @@ impl Filter {
         let mut headers = [empty; 8];
         headers[0] = ModuleHeader {
             key: ModuleBuffer::of(b"content-type"),
-            value: ModuleBuffer::of(b"application/json"),
+            value: ModuleBuffer::of(content_type.as_bytes()),
         };
         let mut n = 1;
         for (slot, (k, v)) in headers.iter_mut().skip(1).zip(extra) {
@@ -582,25 +600,6 @@ impl Filter {
                 status,
                 headers.as_ptr(),
                 n,
-                ModuleBuffer::of(body),
-                ModuleBuffer::of(details.as_bytes()),
-            )
-        }
-    }
-
-    /// Answer the request locally with `body` of type `content_type`.
-    pub fn send(self, status: u32, content_type: &str, body: &[u8], details: &str) {
-        let headers = [ModuleHeader {
-            key: ModuleBuffer::of(b"content-type"),
-            value: ModuleBuffer::of(content_type.as_bytes()),
-        }];
-        // SAFETY: `self` is live; Envoy copies headers, body and details.
-        unsafe {
-            envoy_dynamic_module_callback_http_send_response(
-                self,
-                status,
-                headers.as_ptr(),
-                headers.len(),
                 ModuleBuffer::of(body),
                 ModuleBuffer::of(details.as_bytes()),
             )

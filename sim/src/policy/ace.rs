@@ -25,8 +25,11 @@ use ace_config::{Config, Trusted};
 use ace_core::cost::Tier;
 use ace_core::fleet::FleetState;
 use ace_flow::control::{Consumer, Delivery};
-use ace_flow::flow::{FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker};
+use ace_flow::flow::{
+    Can, FleetAnswer, FleetOp, FleetUnavailable, Flow, Host, Setup, Verdict, Worker,
+};
 use ace_flow::headers::Pairs;
+use ace_flow::store;
 use ace_snapshot::{Drain, DrainReason, Load, Report, Snapshot};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -39,10 +42,6 @@ const FIRST_EVENT: &[u8] =
 #[derive(Debug)]
 struct SimHost {
     now_ms: u64,
-    /// The first half of every event id: this run's (policy and seed), so
-    /// that runs booked into one ledger never share an id.
-    id_prefix: u64,
-    ids: u64,
     fleet: FleetState,
     /// What the simulated control service said, as the filter's consumer
     /// takes it ([`ace_flow::control`] has the rules).
@@ -68,14 +67,9 @@ struct SimHost {
     /// The body the upstream receives when the flow replaced it (model
     /// routing).
     served_body: Option<Vec<u8>>,
-    /// The response cache, by slot (the dynamic module's, in memory).
-    cache: HashMap<u32, Vec<u8>>,
-    /// The last answer came from the cache.
-    cached: bool,
-    /// Prefix locality's table, by slot (the dynamic module's, in memory).
-    locality: HashMap<u32, [u8; ace_flow::prefix::RECORD_BYTES]>,
-    /// The budgets' cells, by slot.
-    budget_cells: HashMap<u32, [u8; ace_flow::budget::CELL_BYTES]>,
+    /// The store the flow keeps shared state in (the dynamic module's,
+    /// in memory).
+    store: ace_flow::store::Memory,
 }
 
 impl SimHost {
@@ -97,11 +91,6 @@ struct Envoy<'a> {
 impl Host for Envoy<'_> {
     fn now_ms(&mut self) -> u64 {
         self.h.now_ms
-    }
-
-    fn next_event_id(&mut self) -> [u8; 32] {
-        self.h.ids += 1;
-        ace_flow::request::event_id(self.h.id_prefix, self.h.ids)
     }
 
     fn request_headers(&mut self) -> Pairs {
@@ -157,9 +146,10 @@ impl Host for Envoy<'_> {
         f(&self.h.response_chunk);
     }
 
-    fn send_local_with(
+    fn send_local(
         &mut self,
         status: u32,
+        _content_type: &str,
         _body: &[u8],
         _details: &str,
         _headers: &[(&str, &str)],
@@ -201,8 +191,11 @@ impl Host for Envoy<'_> {
         ))
     }
 
-    fn can_replace_request_body(&self) -> bool {
-        true
+    fn can(&self) -> Can {
+        Can {
+            replace_request_body: true,
+            replace_response_body: false,
+        }
     }
 
     fn replace_request_body(&mut self, body: &[u8]) -> bool {
@@ -214,52 +207,12 @@ impl Host for Envoy<'_> {
         self.h.outside.budget(b)
     }
 
-    fn budget_cell(
-        &mut self,
-        slot: u32,
-        f: &mut dyn FnMut(&mut [u8; ace_flow::budget::CELL_BYTES]) -> bool,
-    ) -> bool {
-        let cells = &mut self.h.budget_cells;
-        let cell = cells
-            .entry(slot)
-            .or_insert([0; ace_flow::budget::CELL_BYTES]);
-        ace_flow::budget::update_in(cell, f);
-        true
+    fn shared_get(&mut self, key: &str, into: &mut Vec<u8>) -> Option<store::Version> {
+        self.h.store.get(key, into)
     }
 
-    fn locality_secret(&mut self) -> Option<ace_flow::prefix::Secret> {
-        // Fixed: a run is the same bytes for the same seed.
-        Some(ace_flow::prefix::Secret([0x5eed, 0xace]))
-    }
-
-    fn locality_get(&mut self, slot: u32, into: &mut [u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
-        self.h.locality.get(&slot).map(|r| *into = *r).is_some()
-    }
-
-    fn locality_put(&mut self, slot: u32, bytes: &[u8; ace_flow::prefix::RECORD_BYTES]) -> bool {
-        self.h.locality.insert(slot, *bytes);
-        true
-    }
-
-    fn cache_get(&mut self, slot: u32, into: &mut Vec<u8>) -> bool {
-        match self.h.cache.get(&slot) {
-            Some(entry) => {
-                into.extend_from_slice(entry);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn cache_put(&mut self, slot: u32, entry: &[u8]) -> bool {
-        self.h.cache.insert(slot, entry.to_vec());
-        true
-    }
-
-    fn send_cached(&mut self, status: u32, _content_type: &str, _body: &[u8]) -> bool {
-        self.h.reply = Some(status);
-        self.h.cached = true;
-        true
+    fn shared_set(&mut self, key: &str, value: &[u8], expect: store::Expect) -> store::Written {
+        self.h.store.set(key, value, expect)
     }
 
     fn parking(&self) -> Option<&ace_flow::rerun::Parking> {
@@ -357,8 +310,6 @@ impl Ace {
         fleet.reprice_all(&cfg.models, &cfg.health, EPOCH_MS);
         let host = SimHost {
             now_ms: EPOCH_MS,
-            id_prefix: run,
-            ids: 0,
             fleet,
             outside: Consumer::new(cfg, EPOCH_MS),
             headers: Vec::new(),
@@ -371,10 +322,7 @@ impl Ace {
             keep_events: events,
             pending: Vec::new(),
             served_body: None,
-            cache: HashMap::new(),
-            cached: false,
-            locality: HashMap::new(),
-            budget_cells: HashMap::new(),
+            store: store::Memory::with_locality_secret(ace_flow::prefix::Secret([0x5eed, 0xace])),
         };
         let clusters = cfg
             .destinations
@@ -383,7 +331,9 @@ impl Ace {
             .map(|(i, d)| (d.cluster.clone(), i))
             .collect();
         Ace {
-            worker: RefCell::new(Worker::default()),
+            // This run's ids (policy and seed), so that runs booked into
+            // one ledger never share an id.
+            worker: RefCell::new(Worker::with_event_ids(run)),
             host: Some(host),
             flows: HashMap::new(),
             served: HashMap::new(),

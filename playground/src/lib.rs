@@ -16,6 +16,14 @@
 //! `scripts/build-playground.sh` builds the module and assembles the static
 //! site; `ace playground` serves it.
 #![forbid(unsafe_code)]
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 pub mod session;
 pub mod wasm;

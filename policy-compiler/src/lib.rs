@@ -33,6 +33,14 @@
 //! Layout of a policy directory and where the output goes: see
 //! [`OUT_DIR`] and `policies/README.md`.
 #![forbid(unsafe_code)]
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 pub mod compile;
 pub mod custom;

@@ -32,19 +32,18 @@ pub fn check(path: &Path, text: &str) -> Result<(), Diagnostic> {
     let mut depth = 0usize;
     let mut operators = 0usize;
     let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
+    while let Some(&b) = bytes.get(i) {
         let next = bytes.get(i + 1).copied();
         match b {
             b'"' => {
                 // A string literal: skip to its closing quote.
                 i += 1;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                while let Some(&c) = bytes.get(i).filter(|c| **c != b'"') {
+                    i += if c == b'\\' { 2 } else { 1 };
                 }
             }
             b'/' if next == Some(b'/') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
+                while bytes.get(i).is_some_and(|c| *c != b'\n') {
                     i += 1;
                 }
             }

@@ -596,9 +596,9 @@ fn check_prefix_cache(m: &LoadedManifest, d: &Destination, out: &mut Vec<Diagnos
 /// no other, so a budget of another tenant would count nobody's spend.
 fn check_budgets(m: &LoadedManifest, out: &mut Vec<Diagnostic>) {
     let budgets = &m.manifest.budgets;
-    if budgets.is_empty() {
+    let Some(first) = budgets.first() else {
         return;
-    }
+    };
     let raw: Vec<ace_config::BudgetSettings> =
         budgets.iter().map(|b| b.get_ref().clone()).collect();
     if let Err(e) = ace_config::Budgets::validate(&raw) {
@@ -606,7 +606,7 @@ fn check_budgets(m: &LoadedManifest, out: &mut Vec<Diagnostic>) {
         let at = i.and_then(|i| budgets.get(i));
         let span = match at {
             Some(b) => field_span(&m.text, b.span(), &field),
-            None => budgets[0].span(),
+            None => first.span(),
         };
         let whose = match at {
             Some(b) if !b.get_ref().name.trim().is_empty() => {

@@ -90,7 +90,7 @@ fn plain() -> String {
 /// 0.01 a day, soft from half of it (then only the owned GPUs, the
 /// default); `team-b` may use 2,500 tokens a minute. Polls the control
 /// service.
-fn budgeted() -> String {
+pub fn budgeted() -> String {
     let mut config: Value = serde_json::from_str(&with_control()).unwrap();
     config["tables_base64"] = Value::String(tables(&["team-a", "team-b"]));
     config["budgets"] = serde_json::json!([
@@ -131,7 +131,7 @@ fn addressed() -> String {
 /// [`fleet`] with prefix locality on, and both destinations priced as
 /// providers with prompt caches that read at a tenth of the input price:
 /// the EU at 2.6e-6 an input token, the US at 2e-6 (cheaper at list).
-fn prefixed() -> String {
+pub fn prefixed() -> String {
     fleet(r#","locality":{}"#)
         .replacen(
             r#""usd_per_input_token":1e-8,"usd_per_output_token":1e-8,"slo_ms":1000}"#,

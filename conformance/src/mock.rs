@@ -97,7 +97,7 @@ impl Mock {
             rewrites: false,
             body: None,
             superseded: false,
-            store: store::Memory::with_locality_secret(ace_flow::prefix::Secret([3, 5])),
+            store: store::Memory::deterministic([3, 5]),
         }
     }
 

@@ -49,13 +49,13 @@ impl Memory {
         }
     }
 
-    /// A store whose prefix locality secret is `secret`, not drawn at
-    /// random: a simulation or a test that must be the same every run.
-    pub fn with_locality_secret(secret: prefix::Secret) -> Memory {
+    /// A store whose random draws (prefix locality's secret) are `seed`,
+    /// not drawn: a simulation or a test that must be the same every run.
+    pub fn deterministic(seed: [u64; 2]) -> Memory {
         let m = Memory::new();
         let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&secret.0[0].to_le_bytes());
-        bytes[8..].copy_from_slice(&secret.0[1].to_le_bytes());
+        bytes[..8].copy_from_slice(&seed[0].to_le_bytes());
+        bytes[8..].copy_from_slice(&seed[1].to_le_bytes());
         m.set(SECRET_KEY, &bytes, Expect::Any);
         m
     }

@@ -240,3 +240,101 @@ fn the_checks_name_the_offending_edge() {
         "{found:#?}"
     );
 }
+
+/// The host adapters: each maps its proxy's (or the simulator's, or the
+/// mock's) calls onto the flow, and keeps nothing of a feature's own.
+const HOST_ADAPTERS: &[&str] = &[
+    "filter/src",
+    "dynamic-module/src",
+    "sim/src/policy/ace.rs",
+    "conformance/src/mock.rs",
+];
+
+/// What the users of the shared store (the response cache, prefix
+/// locality, the budgets' counters) are made of: their entries, tables,
+/// cells, secrets and keys. Written once in `ace-flow` (`flow/src/store.rs`
+/// and the stages); a host adapter that names one holds a feature's logic.
+const STORE_USERS: &[&str] = &[
+    "cache_get",
+    "cache_put",
+    "cache::Entry",
+    "prefix::Table",
+    "prefix::Secret",
+    "RECORD_BYTES",
+    "locality_secret",
+    "locality_get",
+    "locality_put",
+    "CELL_BYTES",
+    "budget::Cells",
+    "budget_cell",
+    "update_in",
+    "\"ace.cache",
+    "\"ace.loc",
+    "\"ace.budget",
+];
+
+/// Every `.rs` file under `path` (or `path` itself).
+fn rust_files(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    if path.is_file() {
+        out.push(path.to_path_buf());
+        return;
+    }
+    let entries = std::fs::read_dir(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for entry in entries {
+        let p = entry.expect("a directory entry").path();
+        if p.is_dir() || p.extension().is_some_and(|x| x == "rs") {
+            rust_files(&p, out);
+        }
+    }
+}
+
+/// Adding a feature with state shared across workers touches no host: no
+/// host adapter names what the store's users keep (issue 53), and the
+/// `Host` trait keeps no method of theirs.
+#[test]
+fn no_host_adapter_holds_a_store_users_logic() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let mut found = Vec::new();
+    for adapter in HOST_ADAPTERS {
+        let mut files = Vec::new();
+        rust_files(&root.join(adapter), &mut files);
+        assert!(!files.is_empty(), "no host adapter source at {adapter}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("a readable source file");
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for name in STORE_USERS.iter().filter(|u| code.contains(**u)) {
+                    let rel = file.strip_prefix(root).unwrap_or(&file).display();
+                    found.push(format!("{rel}:{}: names `{name}`", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a host adapter holds logic of the shared store's users; move it into \
+         ace-flow (flow/src/store.rs or a stage) over Host::shared_get/shared_set:\n{}",
+        found.join("\n")
+    );
+    let host = std::fs::read_to_string(root.join("flow/src/host.rs")).expect("flow/src/host.rs");
+    let start = host.find("pub trait Host").expect("the Host trait");
+    let end = host[start..].find("\n}\n").map_or(host.len(), |e| start + e);
+    let methods: Vec<&str> = host[start..end]
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("fn "))
+        .map(|l| l.split(['(', '<']).next().unwrap_or(l))
+        .collect();
+    for m in &methods {
+        assert!(
+            !["cache", "locality", "budget_cell"]
+                .iter()
+                .any(|u| m.contains(u)),
+            "Host::{m} serves one feature's shared state: use the store"
+        );
+    }
+    assert!(
+        methods.len() <= 26,
+        "Host has {} methods ({methods:?}): a host capability is for what only a proxy can do",
+        methods.len()
+    );
+}

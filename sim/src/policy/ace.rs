@@ -322,7 +322,7 @@ impl Ace {
             keep_events: events,
             pending: Vec::new(),
             served_body: None,
-            store: store::Memory::with_locality_secret(ace_flow::prefix::Secret([0x5eed, 0xace])),
+            store: store::Memory::deterministic([0x5eed, 0xace]),
         };
         let clusters = cfg
             .destinations

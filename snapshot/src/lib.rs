@@ -20,21 +20,30 @@
 //! Little-endian throughout; sizes in bytes.
 //!
 //! ```text
-//! header   magic "ACSN" (4) | format u16 = 1 | flags u16 = 0
+//! header   magic "ACSN" (4) | format u16 = 1 | flags u16 (BUDGETS = 1)
 //!          version u64 | generated_ms u64 | count u32
-//! count x  name: len u16, UTF-8 | fields u8 | then, as `fields` says:
-//!          LOAD     running u32, waiting u32, kv_permille u16, stale u8
-//!          HELD     scraped_ms u64 (only with a stale LOAD)
-//!          CAPACITY slots u32
-//!          PRICE    usd_per_input_token f64, usd_per_output_token f64
-//!          HOURLY   usd_per_hour f64
-//!          DRAIN    until_ms u64, reason u8
-//!          WARM     n u16, then n names (len u16, UTF-8)
-//! budgets  (only with flag BUDGETS = 1) count u32, then count x
-//!          name: len u16, UTF-8 | state u8 | spent_usd f64
-//!          read_ms u64 | resets_ms u64
+//! count x  name | fields u8 (the bits of the sections that follow), then
+//!          each section whose bit is set, in this order:
+//!          LOAD = 1     load.running u32, load.waiting u32, load.kv_permille u16, load.stale u8
+//!          HELD = 64    load.scraped_ms u64 (only with LOAD)
+//!          CAPACITY = 2 capacity u32
+//!          PRICE = 4    price.input f64, price.output f64
+//!          HOURLY = 32  usd_per_hour f64
+//!          DRAIN = 8    drain.until_ms u64, drain.reason u8
+//!          WARM = 16    warm u16, then that many names
+//! budgets  (only with flag BUDGETS) count u32, then count x
+//!          budget.name name, budget.state u8, budget.spent_usd f64,
+//!          budget.read_ms u64, budget.resets_ms u64
 //! trailer  CRC-32 (IEEE) of every byte before it, u32
 //! ```
+//!
+//! A name is its length (u16), then that many bytes of UTF-8. A `u8`
+//! that is a flag (`load.stale`) is 0 or 1; one that is a reason or a
+//! state is its index in [`DrainReason::ALL`] or [`BudgetState::ALL`].
+//! Each field is named as errors name it. The sections, their fields and
+//! their checks are described once (`wire.rs`), and encoding, decoding,
+//! [`encoded_len`] and the checks are generated from that description; a
+//! test holds this table to it.
 //!
 //! Budgets ([`Budget`]) are per tenant budget of the plugin
 //! configuration, not per destination: what the books say a budget has

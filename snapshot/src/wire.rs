@@ -1,36 +1,132 @@
 //! The bytes of a snapshot (format version 1, described in the crate
 //! documentation): [`encode`], [`decode`] and [`etag`].
 //!
+//! A report's sections and a budget reading are described once, in the
+//! `wire!` invocation below (the macro is in [`codec`]): each section's flag bit, its fields in wire
+//! order with their types, the names errors give them, and their checks.
+//! Writing, reading, counting ([`encoded_len`]), the checks and the crate
+//! documentation's table (held to it by a test) are all generated from
+//! that one description, so none of them can leave a field out or take
+//! the fields in another order than the others do.
+//!
 //! One set of checks serves both directions: [`decode`] reads into a
 //! [`Snapshot`] and then checks it with the same function [`encode`]
 //! runs first, so what one accepts the other produces.
 
 use crate::{
     Budget, BudgetState, Drain, DrainReason, Error, Load, Price, Problem, Report, Snapshot,
-    MAX_BUDGETS, MAX_BYTES, MAX_DESTINATIONS, MAX_NAME, MAX_REQUESTS, MAX_SLOTS, MAX_SPENT_USD,
-    MAX_USD_PER_HOUR, MAX_USD_PER_TOKEN, MAX_WARM,
+    MAX_BUDGETS, MAX_BYTES, MAX_DESTINATIONS, MAX_REQUESTS, MAX_SLOTS, MAX_SPENT_USD,
+    MAX_USD_PER_HOUR, MAX_USD_PER_TOKEN,
 };
 use alloc::string::String;
 use alloc::vec::Vec;
+use codec::{check_name, field, name, section, wire, Field, Reader, Wire};
+
+mod codec;
 
 const MAGIC: &[u8; 4] = b"ACSN";
 const FORMAT: u16 = 1;
 const HEADER: usize = 4 + 2 + 2 + 8 + 8 + 4;
 const TRAILER: usize = 4;
 
-const LOAD: u8 = 1;
-const CAPACITY: u8 = 2;
-const PRICE: u8 = 4;
-const DRAIN: u8 = 8;
-const WARM: u8 = 16;
-const HOURLY: u8 = 32;
-const HELD: u8 = 64;
-const KNOWN: u8 = LOAD | HELD | CAPACITY | PRICE | HOURLY | DRAIN | WARM;
-
 /// Header flag: a budgets section follows the reports.
 const BUDGETS: u16 = 1;
+
+wire! {
+    report {
+        /// The model server's load ([`Load`]); its scrape time only when
+        /// the figures are held (stale), under a flag of its own.
+        LOAD = 1 => load(Load {
+            running: u32 = "load.running" => requests,
+            waiting: u32 = "load.waiting" => requests,
+            kv_permille: u16 = "load.kv_permille" => permille,
+            stale: bool = "load.stale",
+            scraped_ms: u64 = "load.scraped_ms" if HELD = 64 else HeldNotStale => held,
+        });
+        /// Concurrent requests it can hold now.
+        CAPACITY = 2 => capacity(u32 = "capacity" => slots);
+        /// Its per-token prices ([`Price`]).
+        PRICE = 4 => price(Price {
+            usd_per_input_token: f64 = "price.input" => token_price,
+            usd_per_output_token: f64 = "price.output" => token_price,
+        });
+        /// What its GPUs cost per hour.
+        HOURLY = 32 => usd_per_hour(f64 = "usd_per_hour" => hourly_price);
+        /// A drain ([`Drain`]).
+        DRAIN = 8 => drain(Drain {
+            until_ms: u64 = "drain.until_ms",
+            reason: DrainReason = "drain.reason",
+        });
+        /// The models resident on it.
+        WARM = 16 => warm(Vec<String> = "warm");
+    }
+    /// One budget reading ([`Budget`]), in the section the header's
+    /// `BUDGETS` flag announces.
+    budget(Budget {
+        name: String = "budget.name",
+        state: BudgetState = "budget.state",
+        spent_usd: f64 = "budget.spent_usd" => spend,
+        read_ms: u64 = "budget.read_ms",
+        resets_ms: u64 = "budget.resets_ms",
+    });
+}
+
 /// Bytes of one budget reading after its name.
-const BUDGET_BYTES: usize = 1 + 8 + 8 + 8;
+#[cfg(test)]
+const BUDGET_BYTES: usize = sections::budget::MIN - <String as Wire>::MIN;
+
+// The checks the description names: a value, the section or reading it
+// is in, and what is wrong with the value.
+
+fn at_most(v: u64, max: u64) -> Result<(), Problem> {
+    if v > max {
+        return Err(Problem::TooLarge { found: v, max });
+    }
+    Ok(())
+}
+
+fn requests<S>(v: &u32, _: &S) -> Result<(), Problem> {
+    at_most(u64::from(*v), u64::from(MAX_REQUESTS))
+}
+
+fn permille<S>(v: &u16, _: &S) -> Result<(), Problem> {
+    at_most(u64::from(*v), 1000)
+}
+
+/// A scrape time travels only with held (stale) figures.
+fn held(v: &u64, load: &Load) -> Result<(), Problem> {
+    if *v != 0 && !load.stale {
+        return Err(Problem::HeldNotStale);
+    }
+    Ok(())
+}
+
+fn slots<S>(v: &u32, _: &S) -> Result<(), Problem> {
+    at_most(u64::from(*v), u64::from(MAX_SLOTS))
+}
+
+/// USD from 0 to `max`, and a number.
+fn usd(v: f64, max: f64) -> bool {
+    v.is_finite() && (0.0..=max).contains(&v)
+}
+
+fn token_price<S>(v: &f64, _: &S) -> Result<(), Problem> {
+    usd(*v, MAX_USD_PER_TOKEN)
+        .then_some(())
+        .ok_or(Problem::NotAPrice)
+}
+
+fn hourly_price<S>(v: &f64, _: &S) -> Result<(), Problem> {
+    usd(*v, MAX_USD_PER_HOUR)
+        .then_some(())
+        .ok_or(Problem::NotAnHourlyPrice)
+}
+
+fn spend<S>(v: &f64, _: &S) -> Result<(), Problem> {
+    usd(*v, MAX_SPENT_USD)
+        .then_some(())
+        .ok_or(Problem::NotASpend)
+}
 
 /// The snapshot as bytes, after the checks [`decode`] makes.
 pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
@@ -45,52 +141,12 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
     out.extend_from_slice(&(s.reports.len() as u32).to_le_bytes());
     for r in &s.reports {
         name(&mut out, &r.name);
-        let fields = (r.load.is_some() as u8 * LOAD)
-            | (r.capacity.is_some() as u8 * CAPACITY)
-            | (r.price.is_some() as u8 * PRICE)
-            | (r.usd_per_hour.is_some() as u8 * HOURLY)
-            | (r.drain.is_some() as u8 * DRAIN)
-            | (r.warm.is_some() as u8 * WARM)
-            | (r.load.is_some_and(|l| l.scraped_ms != 0) as u8 * HELD);
-        out.push(fields);
-        if let Some(l) = r.load {
-            out.extend_from_slice(&l.running.to_le_bytes());
-            out.extend_from_slice(&l.waiting.to_le_bytes());
-            out.extend_from_slice(&l.kv_permille.to_le_bytes());
-            out.push(l.stale as u8);
-            if l.scraped_ms != 0 {
-                out.extend_from_slice(&l.scraped_ms.to_le_bytes());
-            }
-        }
-        if let Some(c) = r.capacity {
-            out.extend_from_slice(&c.to_le_bytes());
-        }
-        if let Some(p) = r.price {
-            out.extend_from_slice(&p.usd_per_input_token.to_le_bytes());
-            out.extend_from_slice(&p.usd_per_output_token.to_le_bytes());
-        }
-        if let Some(h) = r.usd_per_hour {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
-        if let Some(d) = r.drain {
-            out.extend_from_slice(&d.until_ms.to_le_bytes());
-            out.push(d.reason as u8);
-        }
-        if let Some(w) = &r.warm {
-            out.extend_from_slice(&(w.len() as u16).to_le_bytes());
-            for m in w {
-                name(&mut out, m);
-            }
-        }
+        put_sections(r, &mut out);
     }
     if !s.budgets.is_empty() {
         out.extend_from_slice(&(s.budgets.len() as u32).to_le_bytes());
         for b in &s.budgets {
-            name(&mut out, &b.name);
-            out.push(b.state as u8);
-            out.extend_from_slice(&b.spent_usd.to_le_bytes());
-            out.extend_from_slice(&b.read_ms.to_le_bytes());
-            out.extend_from_slice(&b.resets_ms.to_le_bytes());
+            sections::budget::put(b, &mut out);
         }
     }
     let crc = crc32fast::hash(&out);
@@ -115,31 +171,12 @@ pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
 pub fn encoded_len(reports: &[Report], budgets: &[Budget]) -> usize {
     let mut n = HEADER + TRAILER;
     if !budgets.is_empty() {
-        n += 4 + budgets
-            .iter()
-            .map(|b| 2 + b.name.len() + BUDGET_BYTES)
-            .sum::<usize>();
+        n += 4 + budgets.iter().map(sections::budget::bytes).sum::<usize>();
     }
     for r in reports {
-        n += 2 + r.name.len() + 1;
-        n += r
-            .load
-            .map_or(0, |l| 4 + 4 + 2 + 1 + if l.scraped_ms != 0 { 8 } else { 0 });
-        n += r.capacity.map_or(0, |_| 4);
-        n += r.price.map_or(0, |_| 16);
-        n += r.usd_per_hour.map_or(0, |_| 8);
-        n += r.drain.map_or(0, |_| 9);
-        n += r
-            .warm
-            .as_ref()
-            .map_or(0, |w| 2 + w.iter().map(|m| 2 + m.len()).sum::<usize>());
+        n += 2 + r.name.len() + section_bytes(r);
     }
     n
-}
-
-fn name(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
 }
 
 /// An HTTP entity tag for encoded snapshot bytes: the version and the
@@ -227,9 +264,9 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
     }
     let mut reports = Vec::with_capacity(count);
     for i in 0..count {
+        // Errors name the report, by its name once read.
         r.report = Some((i, None));
         let name = r.name("name")?;
-        r.report = Some((i, Some(name.clone())));
         let fields = r.u8("fields")?;
         if fields & !KNOWN != 0 {
             return Err(r.fail("fields", Problem::Reserved(u64::from(fields & !KNOWN))));
@@ -238,63 +275,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
             name,
             ..Report::default()
         };
-        if fields & LOAD != 0 {
-            report.load = Some(Load {
-                running: r.u32("load.running")?,
-                waiting: r.u32("load.waiting")?,
-                kv_permille: r.u16("load.kv_permille")?,
-                stale: match r.u8("load.stale")? {
-                    0 => false,
-                    1 => true,
-                    b => return Err(r.fail("load.stale", Problem::Reserved(u64::from(b)))),
-                },
-                scraped_ms: 0,
-            });
-        }
-        if fields & HELD != 0 {
-            let scraped_ms = r.u64("load.scraped_ms")?;
-            match &mut report.load {
-                Some(l) => l.scraped_ms = scraped_ms,
-                None => return Err(r.fail("load.scraped_ms", Problem::HeldNotStale)),
-            }
-        }
-        if fields & CAPACITY != 0 {
-            report.capacity = Some(r.u32("capacity")?);
-        }
-        if fields & PRICE != 0 {
-            report.price = Some(Price {
-                usd_per_input_token: f64::from_bits(r.u64("price.input")?),
-                usd_per_output_token: f64::from_bits(r.u64("price.output")?),
-            });
-        }
-        if fields & HOURLY != 0 {
-            report.usd_per_hour = Some(f64::from_bits(r.u64("usd_per_hour")?));
-        }
-        if fields & DRAIN != 0 {
-            let until_ms = r.u64("drain.until_ms")?;
-            let reason = r.u8("drain.reason")?;
-            let Some(&reason) = DrainReason::ALL.get(usize::from(reason)) else {
-                return Err(r.fail("drain.reason", Problem::Reserved(u64::from(reason))));
-            };
-            report.drain = Some(Drain { until_ms, reason });
-        }
-        if fields & WARM != 0 {
-            let n = usize::from(r.u16("warm")?);
-            if n > MAX_WARM {
-                return Err(r.fail(
-                    "warm",
-                    Problem::TooLarge {
-                        found: n as u64,
-                        max: MAX_WARM as u64,
-                    },
-                ));
-            }
-            let mut warm = Vec::with_capacity(n);
-            for _ in 0..n {
-                warm.push(r.name("warm[]")?);
-            }
-            report.warm = Some(warm);
-        }
+        get_sections(&mut r, fields, &mut report)?;
         reports.push(report);
     }
     r.report = None;
@@ -307,25 +288,13 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
         }
         // Each reading takes at least its fixed bytes: a count the bytes
         // cannot hold is refused before anything is reserved for it.
-        if count.saturating_mul(2 + BUDGET_BYTES) > body.len() - r.at {
+        if count.saturating_mul(sections::budget::MIN) > body.len() - r.at {
             return Err(r.fail("budgets", Problem::Truncated));
         }
         budgets.reserve(count);
         for i in 0..count {
             r.report = Some((i, None));
-            let name = r.name("budget.name")?;
-            r.report = Some((i, Some(name.clone())));
-            let state = r.u8("budget.state")?;
-            let Some(&state) = BudgetState::ALL.get(usize::from(state)) else {
-                return Err(r.fail("budget.state", Problem::Reserved(u64::from(state))));
-            };
-            budgets.push(Budget {
-                name,
-                state,
-                spent_usd: f64::from_bits(r.u64("budget.spent_usd")?),
-                read_ms: r.u64("budget.read_ms")?,
-                resets_ms: r.u64("budget.resets_ms")?,
-            });
+            budgets.push(sections::budget::get(&mut r, 0)?);
         }
         r.report = None;
     }
@@ -376,55 +345,7 @@ fn check(s: &Snapshot) -> Result<(), Error> {
     for (i, r) in s.reports.iter().enumerate() {
         let at = Some(i);
         check_name(&r.name).map_err(|p| fail(at, "name", p))?;
-        if let Some(l) = r.load {
-            for (field, v) in [("load.running", l.running), ("load.waiting", l.waiting)] {
-                if v > MAX_REQUESTS {
-                    let (found, max) = (u64::from(v), u64::from(MAX_REQUESTS));
-                    return Err(fail(at, field, Problem::TooLarge { found, max }));
-                }
-            }
-            if l.scraped_ms != 0 && !l.stale {
-                return Err(fail(at, "load.scraped_ms", Problem::HeldNotStale));
-            }
-            if l.kv_permille > 1000 {
-                let found = u64::from(l.kv_permille);
-                return Err(fail(
-                    at,
-                    "load.kv_permille",
-                    Problem::TooLarge { found, max: 1000 },
-                ));
-            }
-        }
-        if let Some(c) = r.capacity {
-            if c > MAX_SLOTS {
-                let (found, max) = (u64::from(c), u64::from(MAX_SLOTS));
-                return Err(fail(at, "capacity", Problem::TooLarge { found, max }));
-            }
-        }
-        if let Some(p) = r.price {
-            for (field, v) in [
-                ("price.input", p.usd_per_input_token),
-                ("price.output", p.usd_per_output_token),
-            ] {
-                if !(v.is_finite() && (0.0..=MAX_USD_PER_TOKEN).contains(&v)) {
-                    return Err(fail(at, field, Problem::NotAPrice));
-                }
-            }
-        }
-        if let Some(h) = r.usd_per_hour {
-            if !(h.is_finite() && (0.0..=MAX_USD_PER_HOUR).contains(&h)) {
-                return Err(fail(at, "usd_per_hour", Problem::NotAnHourlyPrice));
-            }
-        }
-        if let Some(w) = &r.warm {
-            if w.len() > MAX_WARM {
-                let (found, max) = (w.len() as u64, MAX_WARM as u64);
-                return Err(fail(at, "warm", Problem::TooLarge { found, max }));
-            }
-            for m in w {
-                check_name(m).map_err(|p| fail(at, "warm[]", p))?;
-            }
-        }
+        check_sections(r).map_err(|(field, p)| fail(at, field, p))?;
     }
     check_budgets(&s.budgets)
 }
@@ -455,86 +376,9 @@ fn check_budgets(budgets: &[Budget]) -> Result<(), Error> {
         }
     }
     for (i, b) in budgets.iter().enumerate() {
-        check_name(&b.name).map_err(|p| fail(Some(i), "budget.name", p))?;
-        if !(b.spent_usd.is_finite() && (0.0..=MAX_SPENT_USD).contains(&b.spent_usd)) {
-            return Err(fail(Some(i), "budget.spent_usd", Problem::NotASpend));
-        }
+        sections::budget::check(b).map_err(|(field, p)| fail(Some(i), field, p))?;
     }
     Ok(())
-}
-
-fn check_name(name: &str) -> Result<(), Problem> {
-    if name.is_empty() {
-        return Err(Problem::Empty);
-    }
-    if name.len() > MAX_NAME {
-        return Err(Problem::TooLarge {
-            found: name.len() as u64,
-            max: MAX_NAME as u64,
-        });
-    }
-    Ok(())
-}
-
-/// A cursor over the snapshot's body that fails, never panics, at its end.
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-    report: Option<(usize, Option<String>)>,
-}
-
-impl Reader<'_> {
-    fn fail(&self, field: &'static str, problem: Problem) -> Error {
-        Error {
-            at: self.at,
-            destination: self.report.clone(),
-            field,
-            problem,
-        }
-    }
-
-    fn take<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], Error> {
-        let bytes = self
-            .at
-            .checked_add(N)
-            .and_then(|end| self.buf.get(self.at..end))
-            .and_then(|b| <[u8; N]>::try_from(b).ok())
-            .ok_or_else(|| self.fail(field, Problem::Truncated))?;
-        self.at += N;
-        Ok(bytes)
-    }
-
-    fn u8(&mut self, field: &'static str) -> Result<u8, Error> {
-        self.take::<1>(field).map(|[b]| b)
-    }
-
-    fn u16(&mut self, field: &'static str) -> Result<u16, Error> {
-        self.take(field).map(u16::from_le_bytes)
-    }
-
-    fn u32(&mut self, field: &'static str) -> Result<u32, Error> {
-        self.take(field).map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self, field: &'static str) -> Result<u64, Error> {
-        self.take(field).map(u64::from_le_bytes)
-    }
-
-    fn name(&mut self, field: &'static str) -> Result<String, Error> {
-        let len = usize::from(self.u16(field)?);
-        if len > MAX_NAME {
-            let found = len as u64;
-            let max = MAX_NAME as u64;
-            return Err(self.fail(field, Problem::TooLarge { found, max }));
-        }
-        let bytes = self
-            .buf
-            .get(self.at..self.at + len)
-            .ok_or_else(|| self.fail(field, Problem::Truncated))?;
-        let s = core::str::from_utf8(bytes).map_err(|_| self.fail(field, Problem::NotUtf8))?;
-        self.at += len;
-        Ok(String::from(s))
-    }
 }
 
 #[cfg(test)]
@@ -789,6 +633,78 @@ mod tests {
             ("budget.state", Problem::Reserved(3))
         );
         assert!(e.to_string().contains("budget 0 `team-a`"), "{e}");
+    }
+
+    /// The crate documentation's table of the wire format says what the
+    /// description here generates, section by section and field by field.
+    #[test]
+    fn the_documented_table_is_the_description() {
+        let doc: Vec<&str> = include_str!("lib.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .skip_while(|l| l.trim() != "```text")
+            .skip(1)
+            .take_while(|l| l.trim() != "```")
+            .collect();
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let table = words(&doc.join(" "));
+        let between = |from: &str, to: &str| {
+            let start = table.find(from).map(|i| i + from.len());
+            let end = table.find(to);
+            match (start, end) {
+                (Some(s), Some(e)) if s <= e => table[s..e].trim().to_string(),
+                _ => panic!("the table has no `{from}` ... `{to}`:\n{table}"),
+            }
+        };
+        assert_eq!(
+            between("in this order:", "budgets "),
+            words(&documented().join(" ")),
+            "the report's sections"
+        );
+        assert_eq!(
+            between("then count x", "trailer "),
+            words(&documented_budget()),
+            "a budget reading"
+        );
+        assert_eq!(
+            documented()[1],
+            "HELD = 64    load.scraped_ms u64 (only with LOAD)"
+        );
+    }
+
+    /// Each bit of a report's `fields` byte is one section's or one
+    /// field's, and a field with a flag is refused without its section.
+    #[test]
+    fn each_flag_bit_is_one_sections() {
+        let bits = [
+            LOAD,
+            CAPACITY,
+            PRICE,
+            HOURLY,
+            DRAIN,
+            WARM,
+            sections::load::FLAGS,
+        ];
+        assert_eq!(bits.iter().fold(0, |a, b| a | b), KNOWN);
+        assert_eq!(
+            bits.iter().map(|b| b.count_ones()).sum::<u32>(),
+            KNOWN.count_ones()
+        );
+        let mut held = encode(&sample()).unwrap();
+        // The first report (`eu-inhouse-h100`) with HELD set instead of
+        // LOAD, its load figures taken out, the checksum redone.
+        let at = HEADER + 2 + "eu-inhouse-h100".len();
+        assert_eq!(held[at], LOAD | CAPACITY | WARM);
+        held[at] = sections::load::FLAGS | CAPACITY | WARM;
+        held.drain(at + 1..at + 1 + 11 - 8);
+        let n = held.len() - TRAILER;
+        let crc = crc32fast::hash(&held[..n]);
+        held[n..].copy_from_slice(&crc.to_le_bytes());
+        let e = decode(&held).unwrap_err();
+        assert_eq!(
+            (e.field, e.problem, e.at),
+            ("load.scraped_ms", Problem::HeldNotStale, at + 1 + 8)
+        );
     }
 
     #[test]

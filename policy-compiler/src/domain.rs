@@ -10,10 +10,25 @@
 //! header could name, and a policy that reads one is refused with the
 //! reason.
 
+use crate::entities::uid;
 use crate::error::Diagnostic;
 use crate::manifest::LoadedManifest;
-use crate::project::{uid, AttrType, AttrValue, UNKNOWN_MARKER};
+use crate::schema::AttrType;
 use cedar_policy::RestrictedExpression;
+
+/// The marker used for "a value not known at compile time" when asking
+/// Cedar about it (verify, explain): no manifest value can start with NUL.
+pub const UNKNOWN_MARKER: &str = "\u{0}unknown";
+
+/// One value in an attribute's domain.
+#[derive(Clone, Debug)]
+pub struct AttrValue {
+    /// The string the filter looks up (`value_index`): the string itself, the
+    /// decimal integer, `true`/`false`, or the entity id.
+    pub key: String,
+    /// The Cedar value.
+    pub expr: RestrictedExpression,
+}
 
 /// Why a context attribute read by a policy has no finite domain, and what
 /// to do about it.

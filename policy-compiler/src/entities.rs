@@ -10,11 +10,13 @@
 
 use crate::error::{Diagnostic, Error};
 use crate::manifest::LoadedManifest;
-use crate::project::uid;
 use crate::schema::{SchemaShape, GROUP_TYPE, POOL_TYPE};
-use cedar_policy::{Entities, Entity, EntityUid, RestrictedExpression, Schema};
+use cedar_policy::{
+    Entities, Entity, EntityId, EntityTypeName, EntityUid, RestrictedExpression, Schema,
+};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
+use std::str::FromStr;
 
 /// Attributes the manifest gives a tenant.
 pub const TENANT_ATTRS: [&str; 1] = ["home_jurisdiction"];
@@ -33,6 +35,12 @@ pub const DESTINATION_ATTRS: [&str; 10] = [
     "certifications",
     "owner_team",
 ];
+
+/// The entity `id` of type `ty` (a type name as the schema spells it).
+pub(crate) fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
+    let t = EntityTypeName::from_str(ty).map_err(|e| format!("bad entity type `{ty}`: {e}"))?;
+    Ok(EntityUid::from_type_name_and_id(t, EntityId::new(id)))
+}
 
 /// Refuses schema attributes of the tenant, model and destination types
 /// that the manifest has no field for; `schema` is the schema file and text.

@@ -5,6 +5,11 @@
 //! every problem in one pass, each in the same `file:line:column` shape that
 //! editors and terminals turn into links, whether it came from Cedar's
 //! parser, Cedar's validator, the manifest or our own factorisation.
+//!
+//! [`VerifyError`] is the other kind: why `verify` could not run at all
+//! (the oracle could not read the directory, the tables did not load). It
+//! lives here, with no other dependency, so that the oracle and `verify`
+//! both use it and neither needs the other for it.
 
 use std::fmt;
 use std::ops::Range;
@@ -151,6 +156,18 @@ pub fn from_cedar(file: &Path, text: &str, d: &dyn miette::Diagnostic, hint: &st
         help.unwrap_or_else(|| hint.to_string()),
     )
 }
+
+/// Why verification could not run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyError(pub String);
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for VerifyError {}
 
 #[cfg(test)]
 mod tests {

@@ -13,9 +13,9 @@
 //! itself. Only the policy naming (`@id`, else the file name) and the
 //! documented names (`dispatch`, `Tenant`, ...) are shared.
 
+use crate::error::VerifyError;
 use crate::project::{policy_names, Sources, TENANT};
 use crate::schema::{ACTION, DESTINATION_TYPE, GROUP_TYPE, MODEL_TYPE, POOL_TYPE, TENANT_TYPE};
-use crate::verify::VerifyError;
 use ace_core::tables::Tables;
 use cedar_policy::{
     Authorizer, Context, Decision, Entities, EntityId, EntityTypeName, EntityUid, PolicySet,

@@ -8,11 +8,12 @@
 //! same node, and a use of `context` as a whole (which could read anything)
 //! is visible and treated as reading every attribute.
 
+use crate::entities::uid;
 use crate::error::{from_cedar, Diagnostic, Error};
 use crate::manifest::{self, LoadedManifest};
 use cedar_policy::{
-    Authorizer, Context, Decision, Effect, Entities, EntityId, EntityTypeName, EntityUid, Policy,
-    PolicyId, PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
+    Authorizer, Context, Decision, Effect, Entities, EntityUid, Policy, PolicyId, PolicySet,
+    Request, RestrictedExpression, Schema, ValidationMode, Validator,
 };
 use serde_json::Value as Json;
 use std::collections::{BTreeSet, HashMap};
@@ -21,9 +22,6 @@ use std::str::FromStr;
 
 /// The name of the principal attribute in the tables.
 pub const TENANT: &str = "tenant";
-/// The marker used for "a value not known at compile time" when asking
-/// Cedar about it (verify, explain): no manifest value can start with NUL.
-pub const UNKNOWN_MARKER: &str = "\u{0}unknown";
 
 /// The text inputs of a compile: one schema, any number of policy files, one
 /// manifest. Paths are used only in error messages.
@@ -108,17 +106,8 @@ impl Sources {
     }
 }
 
+pub use crate::domain::{AttrValue, UNKNOWN_MARKER};
 pub use crate::schema::AttrType;
-
-/// One value in an attribute's domain.
-#[derive(Clone, Debug)]
-pub struct AttrValue {
-    /// The string the filter looks up (`value_index`): the string itself, the
-    /// decimal integer, `true`/`false`, or the entity id.
-    pub key: String,
-    /// The Cedar value.
-    pub expr: RestrictedExpression,
-}
 
 /// One request attribute: the principal (`tenant`) or a context attribute.
 #[derive(Clone, Debug)]
@@ -188,11 +177,6 @@ pub struct Project {
     /// Cedar validator warnings that do not stop the compile.
     pub warnings: Vec<Diagnostic>,
     principal_type: String,
-}
-
-pub(crate) fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
-    let t = EntityTypeName::from_str(ty).map_err(|e| format!("bad entity type `{ty}`: {e}"))?;
-    Ok(EntityUid::from_type_name_and_id(t, EntityId::new(id)))
 }
 
 /// The context attributes read by a policy's JSON form, or `None` when it

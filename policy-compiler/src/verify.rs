@@ -22,6 +22,7 @@
 //! bit can be hidden when another factor decides the same destination
 //! the same way for the requests drawn; [`Report::coverage`] says what ran.
 
+pub use crate::error::VerifyError;
 use crate::oracle::Oracle;
 use ace_core::tables::{Tables, UNKNOWN};
 
@@ -124,18 +125,6 @@ impl Report {
         }
     }
 }
-
-/// Why verification could not run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VerifyError(pub String);
-
-impl std::fmt::Display for VerifyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for VerifyError {}
 
 /// A small deterministic generator (splitmix64), so runs are repeatable.
 #[derive(Debug)]

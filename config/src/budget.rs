@@ -268,164 +268,202 @@ impl Budgets {
         let mut list = Vec::with_capacity(raw.len());
         let mut by_tenant: Vec<(String, Vec<u16>)> = Vec::new();
         for (i, b) in raw.iter().enumerate() {
-            let at = |f: &str| format!("budgets[{i}].{f}");
-            if b.name.trim().is_empty() || b.name.len() > 256 {
-                return Err(err(at("name"), "must be a name of 1 to 256 bytes"));
-            }
-            if b.name
-                .chars()
-                .any(|c| c.is_control() || c == '"' || c == '\\')
-            {
-                return Err(err(
-                    at("name"),
-                    "may not hold control characters, quotes or backslashes (it is written into \
-                     headers and error bodies)",
-                ));
-            }
-            if raw[..i].iter().any(|o| o.name == b.name) {
-                return Err(err(at("name"), format!("`{}` names two budgets", b.name)));
-            }
-            if b.tenants.is_empty() {
-                return Err(err(at("tenants"), "must name at least one tenant"));
-            }
-            for (j, t) in b.tenants.iter().enumerate() {
-                if t.trim().is_empty() {
-                    return Err(err(format!("budgets[{i}].tenants[{j}]"), "is empty"));
-                }
-                match by_tenant.iter_mut().find(|(n, _)| n == t) {
-                    Some((_, v)) if v.last() == Some(&(i as u16)) => {
-                        return Err(err(
-                            format!("budgets[{i}].tenants[{j}]"),
-                            format!("`{t}` is listed twice"),
-                        ))
-                    }
-                    Some((_, v)) => v.push(i as u16),
-                    None => by_tenant.push((t.clone(), vec![i as u16])),
-                }
-            }
-            if let Some(usd) = b.usd {
-                if !(usd.is_finite() && usd > 0.0 && usd <= 1e9) {
-                    return Err(err(
-                        at("usd"),
-                        "must be a positive amount of USD, at most 1e9",
-                    ));
-                }
-            }
-            if b.usd.is_none() && b.tokens_per_minute.is_none() {
-                return Err(err(
-                    at("usd"),
-                    "is missing and so is tokens_per_minute: a budget must limit spend, tokens \
-                     or both",
-                ));
-            }
-            let period =
-                match (b.period.as_deref(), b.window_s) {
-                    (None | Some("day"), None) => Period::Day,
-                    (Some("week"), None) => Period::Week,
-                    (Some("month"), None) => Period::Month,
-                    (Some("rolling"), Some(s)) if (5..=31 * 86_400).contains(&s) => {
-                        Period::Rolling { ms: s * 1000 }
-                    }
-                    (Some("rolling"), Some(_)) => {
-                        return Err(err(
-                            at("window_s"),
-                            "must be from 5 to 2678400 (31 days) seconds",
-                        ))
-                    }
-                    (Some("rolling"), None) => {
-                        return Err(err(
-                            at("window_s"),
-                            "is missing: a rolling period needs its length in seconds",
-                        ))
-                    }
-                    (Some("day" | "week" | "month") | None, Some(_)) => return Err(err(
-                        at("window_s"),
-                        "is set but the period is not `rolling`; drop it or set period to rolling",
-                    )),
-                    (Some(p), _) => {
-                        return Err(err(
-                            at("period"),
-                            format!("`{p}` is not a period: day, week, month or rolling"),
-                        ))
-                    }
-                };
-            let soft_at = b.soft_at.unwrap_or(0.8);
-            if !(soft_at.is_finite() && soft_at > 0.0 && soft_at <= 1.0) {
-                return Err(err(
-                    at("soft_at"),
-                    "must be a share of usd above 0 and at most 1 (1: no soft step)",
-                ));
-            }
-            let soft = match &b.soft {
-                None => Soft {
-                    tiers: Some(vec![Tier::InHouse, Tier::Reserved]),
-                    max_usd_per_token: f64::INFINITY,
-                    substitution_only: false,
-                },
-                Some(s) => {
-                    let tiers = match &s.tiers {
-                        None => None,
-                        Some(names) => {
-                            let mut tiers = Vec::with_capacity(names.len());
-                            for (j, n) in names.iter().enumerate() {
-                                let t = Tier::parse(n).ok_or_else(|| {
-                                    err(
-                                        format!("budgets[{i}].soft.tiers[{j}]"),
-                                        format!("`{n}` is not a tier: {}", Tier::EXPECTED),
-                                    )
-                                })?;
-                                tiers.push(t);
-                            }
-                            Some(tiers)
-                        }
-                    };
-                    let max_usd_per_token = match s.max_usd_per_mtok {
-                        None => f64::INFINITY,
-                        Some(m) if m.is_finite() && m >= 0.0 => m / 1e6,
-                        Some(_) => {
-                            return Err(err(
-                                at("soft.max_usd_per_mtok"),
-                                "must be a non-negative number of USD per million tokens",
-                            ))
-                        }
-                    };
-                    if tiers.is_none() && s.max_usd_per_mtok.is_none() && !s.substitution_only {
-                        return Err(err(
-                            at("soft"),
-                            "allows everything: give tiers, max_usd_per_mtok or \
-                             substitution_only (or set soft_at to 1 for no soft step)",
-                        ));
-                    }
-                    Soft {
-                        tiers,
-                        max_usd_per_token,
-                        substitution_only: s.substitution_only,
-                    }
-                }
-            };
-            if let Some(t) = b.tokens_per_minute {
-                if !(1..=MAX_TOKENS_PER_MINUTE).contains(&t) {
-                    return Err(err(
-                        at("tokens_per_minute"),
-                        format!("must be from 1 to {MAX_TOKENS_PER_MINUTE}"),
-                    ));
-                }
-            }
-            list.push(Budget {
-                name: b.name.clone(),
-                tenants: b.tenants.clone(),
-                usd: b.usd,
-                period,
-                soft_at,
-                soft,
-                tokens_per_minute: b.tokens_per_minute,
-            });
+            b.validate_name(i, raw)?;
+            b.add_tenants(i, &mut by_tenant)?;
+            list.push(b.validate(i)?);
         }
         by_tenant.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Budgets {
             list,
             by_tenant,
             lag_ms: DEFAULT_LAG_MS,
+        })
+    }
+}
+
+impl BudgetSettings {
+    /// Check budget `i`'s name: printable, and not another one's of `all`.
+    fn validate_name(&self, i: usize, all: &[BudgetSettings]) -> Result<(), ConfigError> {
+        let at = |f: &str| format!("budgets[{i}].{f}");
+        if self.name.trim().is_empty() || self.name.len() > 256 {
+            return Err(err(at("name"), "must be a name of 1 to 256 bytes"));
+        }
+        if self
+            .name
+            .chars()
+            .any(|c| c.is_control() || c == '"' || c == '\\')
+        {
+            return Err(err(
+                at("name"),
+                "may not hold control characters, quotes or backslashes (it is written into \
+                 headers and error bodies)",
+            ));
+        }
+        if all.iter().take(i).any(|o| o.name == self.name) {
+            return Err(err(
+                at("name"),
+                format!("`{}` names two budgets", self.name),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check budget `i`'s tenants (some, none empty, none twice) and add
+    /// `i` to each one's budgets in `by_tenant`.
+    fn add_tenants(
+        &self,
+        i: usize,
+        by_tenant: &mut Vec<(String, Vec<u16>)>,
+    ) -> Result<(), ConfigError> {
+        if self.tenants.is_empty() {
+            return Err(err(
+                format!("budgets[{i}].tenants"),
+                "must name at least one tenant",
+            ));
+        }
+        for (j, t) in self.tenants.iter().enumerate() {
+            if t.trim().is_empty() {
+                return Err(err(format!("budgets[{i}].tenants[{j}]"), "is empty"));
+            }
+            match by_tenant.iter_mut().find(|(n, _)| n == t) {
+                Some((_, v)) if v.last() == Some(&(i as u16)) => {
+                    return Err(err(
+                        format!("budgets[{i}].tenants[{j}]"),
+                        format!("`{t}` is listed twice"),
+                    ))
+                }
+                Some((_, v)) => v.push(i as u16),
+                None => by_tenant.push((t.clone(), vec![i as u16])),
+            }
+        }
+        Ok(())
+    }
+
+    /// Check budget `i`'s limits, period and soft step (its name and
+    /// tenants are checked apart).
+    fn validate(&self, i: usize) -> Result<Budget, ConfigError> {
+        let at = |f: &str| format!("budgets[{i}].{f}");
+        if let Some(usd) = self.usd {
+            if !(usd.is_finite() && usd > 0.0 && usd <= 1e9) {
+                return Err(err(
+                    at("usd"),
+                    "must be a positive amount of USD, at most 1e9",
+                ));
+            }
+        }
+        if self.usd.is_none() && self.tokens_per_minute.is_none() {
+            return Err(err(
+                at("usd"),
+                "is missing and so is tokens_per_minute: a budget must limit spend, tokens or \
+                 both",
+            ));
+        }
+        let period = self.period(i)?;
+        let soft_at = self.soft_at.unwrap_or(0.8);
+        if !(soft_at.is_finite() && soft_at > 0.0 && soft_at <= 1.0) {
+            return Err(err(
+                at("soft_at"),
+                "must be a share of usd above 0 and at most 1 (1: no soft step)",
+            ));
+        }
+        let soft = match &self.soft {
+            None => Soft {
+                tiers: Some(vec![Tier::InHouse, Tier::Reserved]),
+                max_usd_per_token: f64::INFINITY,
+                substitution_only: false,
+            },
+            Some(s) => s.validate(i)?,
+        };
+        if let Some(t) = self.tokens_per_minute {
+            if !(1..=MAX_TOKENS_PER_MINUTE).contains(&t) {
+                return Err(err(
+                    at("tokens_per_minute"),
+                    format!("must be from 1 to {MAX_TOKENS_PER_MINUTE}"),
+                ));
+            }
+        }
+        Ok(Budget {
+            name: self.name.clone(),
+            tenants: self.tenants.clone(),
+            usd: self.usd,
+            period,
+            soft_at,
+            soft,
+            tokens_per_minute: self.tokens_per_minute,
+        })
+    }
+
+    /// Budget `i`'s period (`window_s` only with `rolling`, and needed
+    /// there).
+    fn period(&self, i: usize) -> Result<Period, ConfigError> {
+        let at = |f: &str| format!("budgets[{i}].{f}");
+        match (self.period.as_deref(), self.window_s) {
+            (None | Some("day"), None) => Ok(Period::Day),
+            (Some("week"), None) => Ok(Period::Week),
+            (Some("month"), None) => Ok(Period::Month),
+            (Some("rolling"), Some(s)) if (5..=31 * 86_400).contains(&s) => {
+                Ok(Period::Rolling { ms: s * 1000 })
+            }
+            (Some("rolling"), Some(_)) => Err(err(
+                at("window_s"),
+                "must be from 5 to 2678400 (31 days) seconds",
+            )),
+            (Some("rolling"), None) => Err(err(
+                at("window_s"),
+                "is missing: a rolling period needs its length in seconds",
+            )),
+            (Some("day" | "week" | "month") | None, Some(_)) => Err(err(
+                at("window_s"),
+                "is set but the period is not `rolling`; drop it or set period to rolling",
+            )),
+            (Some(p), _) => Err(err(
+                at("period"),
+                format!("`{p}` is not a period: day, week, month or rolling"),
+            )),
+        }
+    }
+}
+
+impl SoftSettings {
+    /// Check budget `i`'s soft step: at least one rule, each valid.
+    fn validate(&self, i: usize) -> Result<Soft, ConfigError> {
+        let tiers = match &self.tiers {
+            None => None,
+            Some(names) => {
+                let mut tiers = Vec::with_capacity(names.len());
+                for (j, n) in names.iter().enumerate() {
+                    let t = Tier::parse(n).ok_or_else(|| {
+                        err(
+                            format!("budgets[{i}].soft.tiers[{j}]"),
+                            format!("`{n}` is not a tier: {}", Tier::EXPECTED),
+                        )
+                    })?;
+                    tiers.push(t);
+                }
+                Some(tiers)
+            }
+        };
+        let max_usd_per_token = match self.max_usd_per_mtok {
+            None => f64::INFINITY,
+            Some(m) if m.is_finite() && m >= 0.0 => m / 1e6,
+            Some(_) => {
+                return Err(err(
+                    format!("budgets[{i}].soft.max_usd_per_mtok"),
+                    "must be a non-negative number of USD per million tokens",
+                ))
+            }
+        };
+        if tiers.is_none() && self.max_usd_per_mtok.is_none() && !self.substitution_only {
+            return Err(err(
+                format!("budgets[{i}].soft"),
+                "allows everything: give tiers, max_usd_per_mtok or substitution_only (or set \
+                 soft_at to 1 for no soft step)",
+            ));
+        }
+        Ok(Soft {
+            tiers,
+            max_usd_per_token,
+            substitution_only: self.substitution_only,
         })
     }
 }

@@ -1024,172 +1024,29 @@ impl Config {
         Self::validate(raw, config_id(bytes).into(), true)
     }
 
+    /// Validate `raw` section by section, each naming its own errors, in
+    /// the order a reader meets them: the destinations, locality, the
+    /// destination header, latency, the policy tables and what reads the
+    /// body, health, limits, control, the cache, upstream models, budgets.
     fn validate(
         raw: PluginConfig,
         id: std::sync::Arc<str>,
         pricing: bool,
     ) -> Result<Config, ConfigError> {
-        if raw.destinations.is_empty() {
-            return Err(err("destinations", "at least one destination is required"));
-        }
-        let mut names = HashSet::new();
-        let mut models = Vec::with_capacity(raw.destinations.len());
-        for (i, d) in raw.destinations.iter().enumerate() {
-            if d.name.trim().is_empty() {
-                return Err(err(format!("destinations[{i}].name"), "must not be empty"));
-            }
-            if !names.insert(d.name.as_str()) {
-                return Err(err(
-                    format!("destinations[{i}].name"),
-                    format!(
-                        "duplicate destination name {:?}; names must be unique",
-                        d.name
-                    ),
-                ));
-            }
-            if !is_visible_ascii(&d.cluster) {
-                return Err(err(
-                    format!("destinations[{i}].cluster"),
-                    "must be a non-empty Envoy cluster name of visible ASCII characters",
-                ));
-            }
-            let tier = d.tier;
-            if let Some(0) = d.slo_ms {
-                return Err(err(
-                    format!("destinations[{i}].slo_ms"),
-                    "must be > 0 when set",
-                ));
-            }
-            let model = CostModel {
-                tier,
-                usd_per_input_token: d.usd_per_input_token,
-                usd_per_output_token: d.usd_per_output_token,
-                usd_per_gpu_hour: d.usd_per_gpu_hour,
-                tokens_per_second: d.tokens_per_second,
-                eviction_premium: d.eviction_premium,
-                overage_usd_per_token: d.overage_usd_per_token,
-                capacity: d.capacity,
-                knee: d.knee,
-                service_ms: d.service_ms,
-                ttft_ms: d.ttft_ms,
-                cold_load_usd: d.cold_load_usd,
-                bias: d.bias,
-            };
-            model.validate().map_err(|e| {
-                err(
-                    format!("destinations[{i}].{}", e.field),
-                    format!("must be {}", e.expected),
-                )
-            })?;
-            d.upstream.validate(i)?;
-            for (name, f) in [
-                ("cached_input_factor", d.cached_input_factor),
-                ("cache_write_factor", d.cache_write_factor),
-            ] {
-                if f.is_some_and(|f| !(f.is_finite() && (0.0..=10.0).contains(&f))) {
-                    return Err(err(
-                        format!("destinations[{i}].{name}"),
-                        "must be a number from 0 to 10: the prompt cache's price over the input \
-                         price (0.1 is a tenth of it)",
-                    ));
-                }
-            }
-            if let Some(p) = &d.prefix_cache {
-                p.validate(i)?;
-            }
-            models.push(model);
-        }
+        let models = validate_destinations(&raw.destinations)?;
         if let Some(l) = &raw.locality {
-            if l.slots_per_destination
-                .is_some_and(|n| !(1..=1 << 20).contains(&n))
-            {
-                return Err(err(
-                    "locality.slots_per_destination",
-                    "must be from 1 to 1048576",
-                ));
-            }
-            if let Some(h) = &l.session_header {
-                let valid = !h.is_empty()
-                    && h.bytes().all(|b| {
-                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
-                    });
-                if !valid {
-                    return Err(err(
-                        "locality.session_header",
-                        format!("{h:?} is not a lowercase header name (letters, digits, '-', '_')"),
-                    ));
-                }
-            }
+            l.validate()?;
         }
-        let destination_header = match raw.destination_header {
-            None => DEFAULT_DESTINATION_HEADER.to_string(),
-            Some(h) => {
-                let lower = h.to_ascii_lowercase();
-                let valid = !lower.is_empty()
-                    && lower
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-                if !valid {
-                    return Err(err(
-                        "destination_header",
-                        format!("{h:?} is not a valid header name (letters, digits, '-', '_')"),
-                    ));
-                }
-                lower
-            }
-        };
+        let destination_header = validate_destination_header(raw.destination_header.as_deref())?;
         let latency_usd_per_s = raw.latency_usd_per_s.unwrap_or(0.001);
         if !(latency_usd_per_s.is_finite() && latency_usd_per_s >= 0.0) {
             return Err(err("latency_usd_per_s", "must be a finite number >= 0"));
         }
-        let mut latency_classes = Vec::with_capacity(raw.latency_classes.len());
-        for (class, v) in &raw.latency_classes {
-            let usd = |field: &str, v: f64, what: &str| {
-                if v.is_finite() && v >= 0.0 {
-                    Ok(v)
-                } else {
-                    Err(err(
-                        format!("latency_classes.{class}{field}"),
-                        format!("must be a finite number >= 0 ({what})"),
-                    ))
-                }
-            };
-            let c = match v {
-                LatencyClassSettings::Value(v) => LatencyClass::untimed(usd(
-                    "",
-                    *v,
-                    "USD per second of queueing delay, or the class as an object",
-                )?),
-                LatencyClassSettings::Class {
-                    usd_per_s,
-                    ttft_ms,
-                    late_usd,
-                    when_late,
-                } => {
-                    if *ttft_ms == Some(0) {
-                        return Err(err(
-                            format!("latency_classes.{class}.ttft_ms"),
-                            "must be > 0 when set (the class's time-to-first-token target, ms)",
-                        ));
-                    }
-                    LatencyClass {
-                        usd_per_s: usd(
-                            ".usd_per_s",
-                            usd_per_s.unwrap_or(latency_usd_per_s),
-                            "USD per second of queueing delay",
-                        )?,
-                        ttft_ms: *ttft_ms,
-                        late_usd: usd(
-                            ".late_usd",
-                            late_usd.unwrap_or(LatencyClass::DEFAULT_LATE_USD),
-                            "USD that missing the class's target costs",
-                        )?,
-                        when_late: when_late.unwrap_or_default(),
-                    }
-                }
-            };
-            latency_classes.push((class.clone(), c));
-        }
+        let latency_classes = raw
+            .latency_classes
+            .iter()
+            .map(|(class, v)| Ok((class.clone(), v.validate(class, latency_usd_per_s)?)))
+            .collect::<Result<Vec<_>, ConfigError>>()?;
         let congestion_usd_per_s = match raw.congestion_usd_per_s {
             Some(v) if v.is_finite() && v >= 0.0 => v,
             Some(_) => {
@@ -1200,67 +1057,19 @@ impl Config {
             }
             None => congestion_floor(&latency_classes),
         };
-        for (i, d) in raw.destinations.iter().enumerate() {
-            if let Some(m) = d
-                .warm_models
-                .iter()
-                .flatten()
-                .position(|m| m.trim().is_empty())
-            {
-                return Err(err(
-                    format!("destinations[{i}].warm_models[{m}]"),
-                    "must be a model name, not empty",
-                ));
-            }
-        }
+        validate_warm_models(&raw.destinations)?;
         let warmth = Warmth::build(&raw.destinations);
         let fingerprint = fingerprint(&raw.destinations);
-        let policy = match &raw.tables_base64 {
-            None => {
-                if !raw.attribute_defaults.is_empty() {
-                    return Err(err(
-                        "attribute_defaults",
-                        "set without tables_base64; defaults need compiled policy tables",
-                    ));
-                }
-                if !raw.attribute_sources.is_empty() {
-                    return Err(err(
-                        "attribute_sources",
-                        "set without tables_base64; sources need compiled policy tables",
-                    ));
-                }
-                if !raw.allow_no_policy {
-                    return Err(err(
-                        "tables_base64",
-                        "is missing: without compiled policy tables every destination would be \
-                         feasible for every request; paste the output of `ace plugin-config`, or \
-                         set \"allow_no_policy\": true to route without any policy on purpose",
-                    ));
-                }
-                None
-            }
-            Some(_) if raw.allow_no_policy => {
-                return Err(err(
-                    "allow_no_policy",
-                    "is true but tables_base64 is set; drop one of them",
-                ))
-            }
-            Some(b64) => Some(load_policy(
-                b64,
-                &raw.destinations,
-                raw.on_missing_attribute.unwrap_or(OnMissing::Reject),
-                &raw.attribute_defaults,
-                &raw.attribute_sources,
-            )?),
-        };
-        if let Some(p) = &policy {
-            if p.model.is_some() && !raw.body.read && !pricing {
-                return Err(err(
-                    "body.read",
-                    "is false but the policy tables decide on `model`: the upstream serves the \
-                     model its body names, so ACE must read it; set body.read to true",
-                ));
-            }
+        let policy = validate_policy(&raw)?;
+        // A configuration a filter ran with still prices its events
+        // whatever the body rules say (`parse_for_pricing`).
+        let reads_body = raw.body.read || pricing;
+        if policy.as_ref().is_some_and(|p| p.model.is_some()) && !reads_body {
+            return Err(err(
+                "body.read",
+                "is false but the policy tables decide on `model`: the upstream serves the \
+                 model its body names, so ACE must read it; set body.read to true",
+            ));
         }
         // A trip needs two tenants by default when the tables know tenants.
         let tenants = policy.as_ref().is_some_and(|p| p.tenant.is_some());
@@ -1269,27 +1078,18 @@ impl Config {
         if max_context_tokens == 0 {
             return Err(err("max_context_tokens", "must be at least 1"));
         }
-        let max_body_bytes = raw.body.max_bytes.unwrap_or(256 * 1024);
-        if !(64..=16 * 1024 * 1024).contains(&max_body_bytes) {
-            return Err(err(
-                "body.max_bytes",
-                "must be between 64 and 16777216 (Envoy buffers at most its per-connection limit anyway)",
-            ));
-        }
+        let max_body_bytes = raw.body.validate()?;
         let control = raw.control.map(Control::validate).transpose()?;
-        if raw.cache.is_some() && !raw.body.read && !pricing {
+        if raw.cache.is_some() && !reads_body {
             return Err(err(
                 "body.read",
                 "is false but `cache` is set: the cache key is the request body; set body.read",
             ));
         }
         let serving = Serving::new(raw.destinations.iter().map(|d| &d.upstream));
-        if let Some(i) = raw
-            .destinations
-            .iter()
-            .position(|d| d.upstream.models.iter().any(|(m, n)| m != n))
-        {
-            if !raw.body.read && !pricing {
+        let renames = |d: &Destination| d.upstream.models.iter().any(|(m, n)| m != n);
+        if let Some(i) = raw.destinations.iter().position(renames) {
+            if !reads_body {
                 return Err(err(
                     format!("destinations[{i}].upstream.models"),
                     "renames a model but body.read is false: the upstream reads the model its \
@@ -1297,19 +1097,8 @@ impl Config {
                 ));
             }
         }
-        let mut budgets = Budgets::validate(&raw.budgets)?;
-        if let Some(lag) = raw.budget_books_lag_ms {
-            if lag > 3_600_000 {
-                return Err(err(
-                    "budget_books_lag_ms",
-                    "must be at most 3600000 (an hour): ingest the access log more often",
-                ));
-            }
-            budgets.lag_ms = lag;
-        }
-        if !budgets.list.is_empty() && !pricing {
-            check_budget_tenants(&budgets, policy.as_ref())?;
-        }
+        let lag = raw.budget_books_lag_ms;
+        let budgets = validate_budgets(&raw.budgets, lag, policy.as_ref(), pricing)?;
         Ok(Config {
             budgets,
             serving,
@@ -1340,6 +1129,287 @@ impl Config {
             no_policy: raw.allow_no_policy,
         })
     }
+}
+
+/// The destinations: at least one, each valid, their names unique; each
+/// one's cost model, in order.
+fn validate_destinations(ds: &[Destination]) -> Result<Vec<CostModel>, ConfigError> {
+    if ds.is_empty() {
+        return Err(err("destinations", "at least one destination is required"));
+    }
+    let mut names = HashSet::new();
+    let mut models = Vec::with_capacity(ds.len());
+    for (i, d) in ds.iter().enumerate() {
+        if d.name.trim().is_empty() {
+            return Err(err(format!("destinations[{i}].name"), "must not be empty"));
+        }
+        if !names.insert(d.name.as_str()) {
+            return Err(err(
+                format!("destinations[{i}].name"),
+                format!(
+                    "duplicate destination name {:?}; names must be unique",
+                    d.name
+                ),
+            ));
+        }
+        models.push(d.validate(i)?);
+    }
+    Ok(models)
+}
+
+impl Destination {
+    /// Check destination `i` (its name aside), naming the bad field; its
+    /// cost model.
+    fn validate(&self, i: usize) -> Result<CostModel, ConfigError> {
+        let d = self;
+        if !is_visible_ascii(&d.cluster) {
+            return Err(err(
+                format!("destinations[{i}].cluster"),
+                "must be a non-empty Envoy cluster name of visible ASCII characters",
+            ));
+        }
+        if let Some(0) = d.slo_ms {
+            return Err(err(
+                format!("destinations[{i}].slo_ms"),
+                "must be > 0 when set",
+            ));
+        }
+        let model = CostModel {
+            tier: d.tier,
+            usd_per_input_token: d.usd_per_input_token,
+            usd_per_output_token: d.usd_per_output_token,
+            usd_per_gpu_hour: d.usd_per_gpu_hour,
+            tokens_per_second: d.tokens_per_second,
+            eviction_premium: d.eviction_premium,
+            overage_usd_per_token: d.overage_usd_per_token,
+            capacity: d.capacity,
+            knee: d.knee,
+            service_ms: d.service_ms,
+            ttft_ms: d.ttft_ms,
+            cold_load_usd: d.cold_load_usd,
+            bias: d.bias,
+        };
+        model.validate().map_err(|e| {
+            err(
+                format!("destinations[{i}].{}", e.field),
+                format!("must be {}", e.expected),
+            )
+        })?;
+        d.upstream.validate(i)?;
+        for (name, f) in [
+            ("cached_input_factor", d.cached_input_factor),
+            ("cache_write_factor", d.cache_write_factor),
+        ] {
+            if f.is_some_and(|f| !(f.is_finite() && (0.0..=10.0).contains(&f))) {
+                return Err(err(
+                    format!("destinations[{i}].{name}"),
+                    "must be a number from 0 to 10: the prompt cache's price over the input \
+                     price (0.1 is a tenth of it)",
+                ));
+            }
+        }
+        if let Some(p) = &d.prefix_cache {
+            p.validate(i)?;
+        }
+        Ok(model)
+    }
+}
+
+/// No destination lists an empty warm model.
+fn validate_warm_models(ds: &[Destination]) -> Result<(), ConfigError> {
+    for (i, d) in ds.iter().enumerate() {
+        if let Some(m) = d
+            .warm_models
+            .iter()
+            .flatten()
+            .position(|m| m.trim().is_empty())
+        {
+            return Err(err(
+                format!("destinations[{i}].warm_models[{m}]"),
+                "must be a model name, not empty",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl LocalitySettings {
+    /// Check prefix locality's table size and session header.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self
+            .slots_per_destination
+            .is_some_and(|n| !(1..=1 << 20).contains(&n))
+        {
+            return Err(err(
+                "locality.slots_per_destination",
+                "must be from 1 to 1048576",
+            ));
+        }
+        if let Some(h) = &self.session_header {
+            let valid = !h.is_empty()
+                && h.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
+                });
+            if !valid {
+                return Err(err(
+                    "locality.session_header",
+                    format!("{h:?} is not a lowercase header name (letters, digits, '-', '_')"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The destination header, lowercase (default
+/// [`DEFAULT_DESTINATION_HEADER`]).
+fn validate_destination_header(h: Option<&str>) -> Result<String, ConfigError> {
+    let Some(h) = h else {
+        return Ok(DEFAULT_DESTINATION_HEADER.to_string());
+    };
+    let lower = h.to_ascii_lowercase();
+    let valid = !lower.is_empty()
+        && lower
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !valid {
+        return Err(err(
+            "destination_header",
+            format!("{h:?} is not a valid header name (letters, digits, '-', '_')"),
+        ));
+    }
+    Ok(lower)
+}
+
+impl LatencyClassSettings {
+    /// Check latency class `class`; `usd_per_s` is what a second is worth
+    /// when the class does not say.
+    fn validate(&self, class: &str, usd_per_s: f64) -> Result<LatencyClass, ConfigError> {
+        let usd = |field: &str, v: f64, what: &str| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(v)
+            } else {
+                Err(err(
+                    format!("latency_classes.{class}{field}"),
+                    format!("must be a finite number >= 0 ({what})"),
+                ))
+            }
+        };
+        match self {
+            LatencyClassSettings::Value(v) => Ok(LatencyClass::untimed(usd(
+                "",
+                *v,
+                "USD per second of queueing delay, or the class as an object",
+            )?)),
+            LatencyClassSettings::Class {
+                usd_per_s: own,
+                ttft_ms,
+                late_usd,
+                when_late,
+            } => {
+                if *ttft_ms == Some(0) {
+                    return Err(err(
+                        format!("latency_classes.{class}.ttft_ms"),
+                        "must be > 0 when set (the class's time-to-first-token target, ms)",
+                    ));
+                }
+                Ok(LatencyClass {
+                    usd_per_s: usd(
+                        ".usd_per_s",
+                        own.unwrap_or(usd_per_s),
+                        "USD per second of queueing delay",
+                    )?,
+                    ttft_ms: *ttft_ms,
+                    late_usd: usd(
+                        ".late_usd",
+                        late_usd.unwrap_or(LatencyClass::DEFAULT_LATE_USD),
+                        "USD that missing the class's target costs",
+                    )?,
+                    when_late: when_late.unwrap_or_default(),
+                })
+            }
+        }
+    }
+}
+
+/// The policy tables, or none on purpose (`allow_no_policy`): attribute
+/// defaults and sources need the tables, and tables and
+/// `allow_no_policy` exclude each other.
+fn validate_policy(raw: &PluginConfig) -> Result<Option<Policy>, ConfigError> {
+    match &raw.tables_base64 {
+        None => {
+            if !raw.attribute_defaults.is_empty() {
+                return Err(err(
+                    "attribute_defaults",
+                    "set without tables_base64; defaults need compiled policy tables",
+                ));
+            }
+            if !raw.attribute_sources.is_empty() {
+                return Err(err(
+                    "attribute_sources",
+                    "set without tables_base64; sources need compiled policy tables",
+                ));
+            }
+            if !raw.allow_no_policy {
+                return Err(err(
+                    "tables_base64",
+                    "is missing: without compiled policy tables every destination would be \
+                     feasible for every request; paste the output of `ace plugin-config`, or \
+                     set \"allow_no_policy\": true to route without any policy on purpose",
+                ));
+            }
+            Ok(None)
+        }
+        Some(_) if raw.allow_no_policy => Err(err(
+            "allow_no_policy",
+            "is true but tables_base64 is set; drop one of them",
+        )),
+        Some(b64) => Ok(Some(load_policy(
+            b64,
+            &raw.destinations,
+            raw.on_missing_attribute.unwrap_or(OnMissing::Reject),
+            &raw.attribute_defaults,
+            &raw.attribute_sources,
+        )?)),
+    }
+}
+
+impl BodySettings {
+    /// The most bytes of a body read.
+    fn validate(&self) -> Result<usize, ConfigError> {
+        let max_body_bytes = self.max_bytes.unwrap_or(256 * 1024);
+        if !(64..=16 * 1024 * 1024).contains(&max_body_bytes) {
+            return Err(err(
+                "body.max_bytes",
+                "must be between 64 and 16777216 (Envoy buffers at most its per-connection limit anyway)",
+            ));
+        }
+        Ok(max_body_bytes)
+    }
+}
+
+/// The budgets, the books' lag (`budget_books_lag_ms`), and (unless
+/// `pricing`) their tenants against the policy tables'.
+fn validate_budgets(
+    raw: &[BudgetSettings],
+    books_lag_ms: Option<u64>,
+    policy: Option<&Policy>,
+    pricing: bool,
+) -> Result<Budgets, ConfigError> {
+    let mut budgets = Budgets::validate(raw)?;
+    if let Some(lag) = books_lag_ms {
+        if lag > 3_600_000 {
+            return Err(err(
+                "budget_books_lag_ms",
+                "must be at most 3600000 (an hour): ingest the access log more often",
+            ));
+        }
+        budgets.lag_ms = lag;
+    }
+    if !budgets.list.is_empty() && !pricing {
+        check_budget_tenants(&budgets, policy)?;
+    }
+    Ok(budgets)
 }
 
 /// Budgets count a tenant by the policy tables' `tenant` attribute (the

@@ -194,6 +194,15 @@ pub struct Report {
     pub budgets: Vec<BudgetLine>,
 }
 
+/// Which windows [`Report::table_listing`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Windows {
+    /// Those that forfeited savings, with the reason (`ace ledger report`).
+    Forfeited,
+    /// Every one, with why it kept or forfeited its savings.
+    Every,
+}
+
 #[derive(Default)]
 struct PoolAcc {
     knee: f64,
@@ -580,8 +589,15 @@ impl Report {
             .collect()
     }
 
-    /// The terminal table.
+    /// The terminal table, naming the forfeited windows.
     pub fn table(&self) -> String {
+        self.table_listing(Windows::Forfeited)
+    }
+
+    /// The terminal table, naming the `windows` chosen: each forfeited
+    /// one with its reason, or every one with why it kept or forfeited
+    /// its savings ([`Window::explain`]).
+    pub fn table_listing(&self, windows: Windows) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -733,16 +749,38 @@ impl Report {
             self.windows.len(),
             forfeited.len()
         );
-        for w in forfeited {
-            let _ = writeln!(
-                s,
-                "  forfeited {} @ {} ({} ms): ${}: {}",
-                terminal(&w.tenant),
-                crate::focus::rfc3339(w.start_ms),
-                w.start_ms,
-                usd(w.savings.total()),
-                terminal(w.forfeited.as_deref().unwrap_or(""))
-            );
+        match windows {
+            Windows::Forfeited => {
+                for w in forfeited {
+                    let _ = writeln!(
+                        s,
+                        "  forfeited {} @ {} ({} ms): ${}: {}",
+                        terminal(&w.tenant),
+                        crate::focus::rfc3339(w.start_ms),
+                        w.start_ms,
+                        usd(w.savings.total()),
+                        terminal(w.forfeited.as_deref().unwrap_or(""))
+                    );
+                }
+            }
+            Windows::Every => {
+                for w in &self.windows {
+                    let _ =
+                        writeln!(
+                        s,
+                        "  {} {} @ {}: {} event{}, savings ${}, kept ${}, forfeited ${}\n      {}",
+                        if w.forfeited.is_some() { "forfeited" } else { "earned" },
+                        terminal(&w.tenant),
+                        crate::focus::rfc3339(w.start_ms),
+                        w.events,
+                        if w.events == 1 { "" } else { "s" },
+                        usd(w.savings.total()),
+                        usd(w.kept().total()),
+                        usd(w.lost.total()),
+                        terminal(&w.explain(&self.rules))
+                    );
+                }
+            }
         }
         if !self.conflicts.is_empty() {
             let _ = writeln!(

@@ -73,6 +73,84 @@ pub struct Window {
     pub lost: Split,
 }
 
+/// A bound of [`Rules`] a window is held to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum Bound {
+    /// Served fraction, at least [`Rules::min_served`]: failing it
+    /// forfeits all the window's savings.
+    Served,
+    /// SLO attainment of this latency class, at least its bound: failing
+    /// it forfeits all the window's savings.
+    Slo(String),
+    /// Cache false-hit rate over the checked hits, at most
+    /// [`Rules::max_false_hit`]: failing it forfeits the caching savings.
+    FalseHit,
+}
+
+/// One bound as a window's figures met it: `part` of `whole` against
+/// `limit`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Check {
+    pub bound: Bound,
+    /// Served requests, requests that met their SLO, or false hits.
+    pub part: u64,
+    /// Events, requests with an SLO, or checked hits.
+    pub whole: u64,
+    pub limit: f64,
+}
+
+impl Check {
+    /// `part / whole` (0 when `whole` is).
+    pub fn figure(&self) -> f64 {
+        self.part as f64 / self.whole.max(1) as f64
+    }
+
+    /// Whether the window met this bound (one that is not a number holds:
+    /// no figure fails a comparison with it).
+    pub fn held(&self) -> bool {
+        let within = match self.bound {
+            Bound::FalseHit => self.figure() <= self.limit,
+            Bound::Served | Bound::Slo(_) => self.figure() >= self.limit,
+        };
+        within || self.limit.is_nan()
+    }
+}
+
+/// As the forfeit reason names a failed bound (`served fraction 0.5000
+/// (1 of 2) < 0.99`), and a held one with the comparison that held.
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (held, figure, part, whole, limit) = (
+            self.held(),
+            self.figure(),
+            self.part,
+            self.whole,
+            self.limit,
+        );
+        match &self.bound {
+            Bound::Served => {
+                let op = if held { ">=" } else { "<" };
+                write!(f, "served fraction {figure:.4} ({part} of {whole}) {op} {limit}")
+            }
+            Bound::Slo(class) => {
+                let op = if held { ">=" } else { "<" };
+                write!(
+                    f,
+                    "SLO attainment for latency class {class} {figure:.4} ({part} of {whole}) {op} {limit}"
+                )
+            }
+            Bound::FalseHit if held => write!(
+                f,
+                "cache false-hit rate {figure:.4} ({part} of {whole} checked) <= {limit}"
+            ),
+            Bound::FalseHit => write!(
+                f,
+                "cache false-hit rate {figure:.4} ({part} of {whole} checked) > {limit}: caching savings"
+            ),
+        }
+    }
+}
+
 /// The event reason of a cache hit the filter checked against the
 /// upstream (`ace_flow::cache::CHECK_REASON`).
 pub const CHECK_REASON: &str = "cache_check";
@@ -108,45 +186,86 @@ impl Window {
         self.savings.add(split);
     }
 
-    /// Decide whether the window keeps its savings.
-    pub fn judge(&mut self, rules: &Rules) {
-        let mut why = Vec::new();
-        let served = self.served as f64 / self.events.max(1) as f64;
-        if served < rules.min_served {
-            why.push(format!(
-                "served fraction {:.4} ({} of {}) < {}",
-                served, self.served, self.events, rules.min_served
-            ));
-        }
+    /// Every bound of `rules` that applies to this window, with its
+    /// figures, in the order the forfeit reason names them: the served
+    /// fraction, each latency class with an SLO, then the cache false-hit
+    /// rate (only when a hit was checked).
+    pub fn checks(&self, rules: &Rules) -> Vec<Check> {
+        let mut checks = vec![Check {
+            bound: Bound::Served,
+            part: self.served,
+            whole: self.events,
+            limit: rules.min_served,
+        }];
         for (class, (met, n)) in &self.slo {
-            let bound = rules
+            let limit = rules
                 .min_slo_by_class
                 .get(class)
                 .copied()
                 .unwrap_or(rules.min_slo);
-            let got = *met as f64 / (*n).max(1) as f64;
-            if got < bound {
-                why.push(format!(
-                    "SLO attainment for latency class {class} {got:.4} ({met} of {n}) < {bound}"
-                ));
-            }
+            checks.push(Check {
+                bound: Bound::Slo(class.clone()),
+                part: *met,
+                whole: *n,
+                limit,
+            });
         }
-        self.lost = if why.is_empty() {
-            Split::default()
-        } else {
-            self.savings
-        };
         if self.checked > 0 {
-            let rate = self.false_hits as f64 / self.checked as f64;
-            if rate > rules.max_false_hit {
-                why.push(format!(
-                    "cache false-hit rate {rate:.4} ({} of {} checked) > {}: caching savings",
-                    self.false_hits, self.checked, rules.max_false_hit
-                ));
-                self.lost.caching = self.savings.caching;
+            checks.push(Check {
+                bound: Bound::FalseHit,
+                part: self.false_hits,
+                whole: self.checked,
+                limit: rules.max_false_hit,
+            });
+        }
+        checks
+    }
+
+    /// Decide whether the window keeps its savings.
+    pub fn judge(&mut self, rules: &Rules) {
+        let failed: Vec<Check> = self
+            .checks(rules)
+            .into_iter()
+            .filter(|c| !c.held())
+            .collect();
+        self.lost = Split::default();
+        for c in &failed {
+            match c.bound {
+                Bound::FalseHit => self.lost.caching = self.savings.caching,
+                Bound::Served | Bound::Slo(_) => {
+                    self.lost = self.savings;
+                    break;
+                }
             }
         }
+        let why: Vec<String> = failed.iter().map(Check::to_string).collect();
         self.forfeited = (!why.is_empty()).then(|| why.join("; "));
+    }
+
+    /// Why the window kept or forfeited its savings under `rules`: each
+    /// bound it failed (its forfeit reason), then each it held, with the
+    /// figures, and the bounds that did not apply (no request with an
+    /// SLO, no cache hit checked).
+    pub fn explain(&self, rules: &Rules) -> String {
+        let (held, failed): (Vec<Check>, Vec<Check>) =
+            self.checks(rules).into_iter().partition(Check::held);
+        let mut parts: Vec<String> = failed.iter().map(Check::to_string).collect();
+        let held: Vec<String> = held.iter().map(Check::to_string).collect();
+        if !held.is_empty() {
+            let held = held.join("; ");
+            parts.push(if failed.is_empty() {
+                held
+            } else {
+                format!("held: {held}")
+            });
+        }
+        if self.slo.is_empty() {
+            parts.push("no request with an SLO".into());
+        }
+        if self.checked == 0 {
+            parts.push("no cache hit checked".into());
+        }
+        parts.join("; ")
     }
 
     /// What the window keeps.
@@ -196,5 +315,45 @@ mod tests {
         w.served = 50;
         w.judge(&Rules::default());
         assert_eq!(w.lost, savings);
+    }
+
+    #[test]
+    fn the_explanation_names_each_bound_held_or_failed_with_its_figures() {
+        let rules = Rules::default();
+        let mut w = Window {
+            events: 10,
+            served: 10,
+            slo: BTreeMap::from([("interactive".to_string(), (7, 7))]),
+            ..Window::default()
+        };
+        w.judge(&rules);
+        assert_eq!(w.forfeited, None);
+        assert_eq!(
+            w.explain(&rules),
+            "served fraction 1.0000 (10 of 10) >= 0.99; \
+             SLO attainment for latency class interactive 1.0000 (7 of 7) >= 0.95; \
+             no cache hit checked"
+        );
+        w.served = 7;
+        w.checked = 2;
+        w.judge(&rules);
+        let reason = "served fraction 0.7000 (7 of 10) < 0.99";
+        assert_eq!(w.forfeited.as_deref(), Some(reason));
+        assert_eq!(
+            w.explain(&rules),
+            format!(
+                "{reason}; held: SLO attainment for latency class interactive 1.0000 (7 of 7) \
+                 >= 0.95; cache false-hit rate 0.0000 (0 of 2 checked) <= 0.01"
+            )
+        );
+        // No SLO: said, not left out.
+        w.slo.clear();
+        assert_eq!(
+            w.explain(&rules),
+            format!(
+                "{reason}; held: cache false-hit rate 0.0000 (0 of 2 checked) <= 0.01; \
+                 no request with an SLO"
+            )
+        );
     }
 }

@@ -403,3 +403,31 @@ fn the_report_shows_each_budgets_use_and_what_it_did() {
         "names are escaped in the page"
     );
 }
+
+#[test]
+fn every_window_says_why_it_kept_or_forfeited_its_savings() {
+    let (_dir, url) = common::sqlite_url();
+    let (mut ledger, _) = common::golden_ledger(&url);
+    let r = ledger.report(&Rules::default()).expect("report");
+    let every = r.table_listing(ace_ledger::report::Windows::Every);
+    // acme's first window keeps its 15_783_000 (above): every bound held.
+    let earned = "  earned acme @ 2026-12-04T00:00:00.000Z: 6 events, savings $0.015783000, \
+                  kept $0.015783000, forfeited $0.000000000\n      served fraction 1.0000 (6 of 6) \
+                  >= 0.99; SLO attainment for latency class interactive 1.0000 (4 of 4) >= 0.95; \
+                  no cache hit checked\n";
+    assert!(every.contains(earned), "{every}");
+    // acme's second forfeits for its served fraction; its SLO held.
+    let forfeited = "  forfeited acme @ 2026-12-04T00:05:00.000Z: 2 events, savings $0.007985000, \
+                     kept $0.000000000, forfeited $0.007985000\n      served fraction 0.5000 \
+                     (1 of 2) < 0.99; held: SLO attainment for latency class interactive 1.0000 \
+                     (1 of 1) >= 0.95; no cache hit checked\n";
+    assert!(every.contains(forfeited), "{every}");
+    assert!(every.contains("  forfeited globex @ "), "{every}");
+    // `ace ledger report`'s table names the forfeited windows only.
+    let table = r.table();
+    assert!(!table.contains("earned acme"), "{table}");
+    assert!(
+        table.contains("  forfeited acme @ 2026-12-04T00:05:00.000Z (1796342700000 ms): $0.007985000: served fraction 0.5000 (1 of 2) < 0.99\n"),
+        "{table}"
+    );
+}

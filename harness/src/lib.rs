@@ -9,7 +9,8 @@
 //! (`tests/tests/crate_graph.rs` checks).
 //!
 //! - [`wasm::build`] builds a workspace cdylib for `wasm32-wasip1` (once per
-//!   process) with `scripts/build-wasm.sh`.
+//!   process) with `scripts/build-wasm.sh`; [`dylib::build`] builds one as
+//!   a native shared library (an Envoy dynamic module), once per process.
 //! - [`upstream::Upstream`] is an in-process HTTP/1.1 server on a free
 //!   loopback port that records every request and can be told to misbehave
 //!   (5xx, 429 with `retry-after`, slow, close the connection).
@@ -25,6 +26,9 @@
 //!   knowledge, real gRPC framing) whose scripted [`grpc::GrpcBehavior`]
 //!   can also be driven without a socket.
 //! - [`client`] is a small blocking HTTP/1.1 client for talking to Envoy.
+//! - [`provider`] fakes LLM providers that hold a request to what the real
+//!   ones check: their paths, model names and credential header, TLS for
+//!   their own name, their rate-limit figures and 429s.
 //! - [`control::FakeControl`] serves control snapshots as `ace control
 //!   serve` does (ETags, 304s), and can be stopped and started again.
 //! - [`chromium::Page`] drives a headless Chromium over the DevTools

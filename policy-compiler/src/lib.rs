@@ -11,7 +11,9 @@
 //! Pipeline, one module each:
 //! - [`project`]: read a policy directory (schema, `*.cedar`, `fleet.toml`),
 //!   parse and validate with Cedar's own validator, and find which request
-//!   attributes each policy reads; [`schema`] finds the documented types
+//!   attributes each policy reads; [`manifest`] reads and checks
+//!   `fleet.toml`, [`limits`] refuses Cedar text nested or chained deeper
+//!   than Cedar's parser can take, [`schema`] finds the documented types
 //!   by name, [`entities`] builds the manifest's Cedar entities (with
 //!   [`custom`] destination attributes), [`domain`]
 //!   the request attributes' finite domains, [`warnings`] decides which
@@ -26,9 +28,8 @@
 //!   `ace policy compile` prints and the playground shows.
 //! - [`plugin`]: the filter's configuration for the compiled tables and the
 //!   manifest (`ace plugin-config`, the playground's download).
-//!
-//! Every error names its file, line and column and says what to change
-//! ([`error`]).
+//! - [`error`]: every error names its file, line and column and says what
+//!   to change.
 //!
 //! Layout of a policy directory and where the output goes: see
 //! [`OUT_DIR`] and `policies/README.md`.

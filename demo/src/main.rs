@@ -9,8 +9,10 @@
 //! block (429 + retry-after), and recovery after the cool-down; then the
 //! example policies (scene 5), the control service moving traffic with a
 //! price change and an eviction notice (scene 6), and model routing and
-//! the response cache under the example policies (scene 7). It grows with
-//! the product: what it shows is what ACE does today.
+//! the response cache under the example policies (scene 7); last, the
+//! ledger books Envoy's access log and says of each tenant window why it
+//! earned or forfeited its savings (`ledger`). It grows with the product:
+//! what it shows is what ACE does today.
 //!
 //! A binary of its own, not a subcommand of `ace`: it plays against the
 //! test harness's scripted upstreams (`ace-harness`), which the product
@@ -203,6 +205,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         "  #   request                       served by        tier      reason           booked        status"
     );
 
+    ledger::window_for(
+        "the burst falls in one window",
+        Duration::from_millis(60 * args.burst as u64 + 1000),
+        None,
+    );
     outln!(
         "scene 1: a burst of {} concurrent slow requests fills each tier to its knee",
         args.burst
@@ -233,8 +240,14 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     for u in [&payg, &ondemand, &reserved, &owned] {
         u.set_behavior(Behavior::Ok);
     }
+    let burst_done = ledger::Mark::now();
 
     let mut n = args.burst;
+    ledger::window_for(
+        "scenes 2-4 (tenant-less, as the burst) are judged apart from the burst",
+        Duration::from_secs(6),
+        Some(burst_done),
+    );
     outln!("\nscene 2: the reserved block (sunk cost, so first in merit order) starts answering 503;\n         after 3 failures it trips and traffic spills to the next-cheapest");
     reserved.set_behavior(Behavior::Status(503));
     for _ in 0..5 {
@@ -267,8 +280,9 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let served = envoy.wait_access_log(n, Duration::from_secs(10));
     drop(envoy);
     let (policy_config, policy_served) = policy_scene(&module)?;
+    let policy_done = ledger::Mark::now();
     control::scene(&module)?;
-    let (routing_config, routing_served) = routing::scene(&module)?;
+    let (routing_config, routing_served) = routing::scene(&module, policy_done)?;
     outln!(
         "\nwhy: feasibility first (compiled Cedar policies, failing closed), then among the\n\
          feasible and healthy destinations the lowest effective cost wins: the tier's cost at\n\
@@ -325,6 +339,7 @@ fn policy_scene(module: &Module) -> anyhow::Result<(Value, Vec<String>)> {
             .map_or("?".to_string(), |d| d.jurisdiction.clone())
     };
     let (envoy, ups) = fleet_envoy(module, &config)?;
+    ledger::window_for("scene 5 falls in one window", Duration::from_secs(4), None);
     let ask = |tenant: &str, class: &str, model: &str| -> anyhow::Result<Response> {
         Request::post_json("/v1/chat/completions", &json!({"model": model}))
             .header("x-ace-tenant", tenant)

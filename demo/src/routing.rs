@@ -5,6 +5,7 @@
 //! a repeated deterministic request is answered from the cache for a
 //! tenant that opted in, never for one that did not.
 
+use super::ledger::{self, Mark};
 use super::Module;
 use ace_cli::outln;
 use ace_harness::client::{Request, Response};
@@ -25,13 +26,19 @@ pub fn config(dir: &std::path::Path) -> anyhow::Result<Value> {
     Ok(config)
 }
 
-/// Play the scene; returns its configuration and Envoy's access log of
-/// ACE events.
-pub fn scene(module: &Module) -> anyhow::Result<(Value, Vec<String>)> {
+/// Play the scene, in a ledger window after `after`'s (scene 5's, whose
+/// tenants it shares); returns its configuration and Envoy's access log
+/// of ACE events.
+pub fn scene(module: &Module, after: Mark) -> anyhow::Result<(Value, Vec<String>)> {
     outln!("\nscene 7: model routing and the response cache, rungs of the same merit order, gated by\n         the Cedar policies (substitution_*.cedar, cache_*.cedar)");
     let dir = ace_harness::workspace_root().join("policies");
     let config = config(&dir)?;
     let (envoy, ups) = super::fleet_envoy(module, &config)?;
+    ledger::window_for(
+        "scene 7's tenants (those of scene 5) are judged apart from scene 5",
+        Duration::from_secs(3),
+        Some(after),
+    );
     let ask = |tenant: &str, class: &str, body: &Value| -> anyhow::Result<Response> {
         Request::post_json("/v1/chat/completions", body)
             .header("x-ace-tenant", tenant)

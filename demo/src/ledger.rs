@@ -74,7 +74,7 @@ pub fn window_for(what: &str, takes: Duration, after: Option<Mark>) {
         return;
     }
     outln!(
-        "\n(the ledger counts savings per tenant per {} s window: waiting {:.1} s so that {what})",
+        "  (the ledger counts savings per tenant per {} s window: waiting {:.1} s so that {what})",
         WINDOW_MS / 1000,
         ms as f64 / 1000.0
     );

@@ -40,7 +40,6 @@ use crate::cache::{self, Entry, Pending};
 use crate::counters::{Counter, Fleet};
 use crate::event::{self, Event, Text};
 use crate::headers;
-use crate::headroom;
 use crate::request::{self, Refused};
 use crate::rerun::{self, Carry};
 use crate::routing;
@@ -48,7 +47,6 @@ use crate::setup::with_worker;
 use crate::stage::budget::{self as budget_stage, Hold};
 use crate::stage::rungs::{counterfactual, Claimed, Climbed};
 use crate::stage::{self, Shape, Stop};
-use crate::store;
 use crate::upstream;
 use crate::usage::UsageScanner;
 use ace_config::{Api, Config};
@@ -885,44 +883,13 @@ impl Flow {
             return Verdict::Continue;
         };
         let cfg = &setup.config;
-        let status = host.response_header(":status", |v| headers::number::<u32>(v).unwrap_or(0));
-        let slo_ms = cfg.destinations.get(decision.index).and_then(|d| d.slo_ms);
         let now = host.now_ms();
         let (latency_ms, tenant) = self.since_sent(now, started);
-        // Present only on an upstream's answer; its value is the
-        // upstream's own time.
-        let service_time = host.response_header(request::UPSTREAM_TIME_HEADER, |v| {
-            v.map(|v| headers::number::<u64>(Some(v)))
-        });
+        let answer = stage::outcome::read(cfg, host, &decision, tenant, latency_ms, now);
         if let Some(e) = self.event.as_mut() {
-            e.upstream_ms = service_time.flatten();
+            e.upstream_ms = answer.upstream_ms;
         }
-        let upstream = matches!(status, 0 | 500..=599) && service_time.is_some();
-        // What the provider says of its own limit: `retry-after-ms` or
-        // `retry-after` on a 429, its rate-limit figures on an answer.
-        let retry_after = (status == 429).then(|| {
-            let ms = host.response_header("retry-after-ms", |v| headroom::retry_after_ms(v, None));
-            ms.or_else(|| {
-                host.response_header("retry-after", |v| headroom::retry_after_ms(None, v))
-            })
-        });
-        let mut reading = headroom::Reading::default();
-        if (200..300).contains(&status) {
-            host.each_response_header(|k, v| {
-                if headroom::may_be(k) {
-                    reading.feed(k, v, now);
-                }
-            });
-        }
-        let outcome = request::outcome(
-            status,
-            retry_after.flatten(),
-            upstream,
-            tenant,
-            latency_ms,
-            slo_ms,
-            reading.headroom(),
-        );
+        let (status, outcome) = (answer.status, answer.outcome);
         // Only when the decision had a runner-up: with none, a re-run could
         // only refuse.
         let rerun = matches!(outcome, Outcome::Failure { .. })
@@ -1167,71 +1134,8 @@ impl Flow {
     /// the hit it checks, if it checks one, and store it.
     fn store_answer<H: Host>(&mut self, setup: &Setup, host: &mut H) {
         let taken = self.extra.as_deref_mut().and_then(|x| x.cache.take());
-        let (Some(p), Some((decision, _)), Some(e)) = (taken, self.chosen, self.event.as_mut())
-        else {
-            return;
-        };
-        if p.oversize && p.check.is_some() {
-            // The fresh answer outgrew the bound the entry fits in: they
-            // differ. Counted, and the entry dropped (nothing replaces it).
-            host.count(Fleet::CacheChecks.into(), 1);
-            host.count(Fleet::CacheFalseHits.into(), 1);
-            e.cache_false_hit = true;
-            let fingerprint = setup.config.fingerprint;
-            store::cache_put(
-                host,
-                &mut store::Scratch::default(),
-                fingerprint,
-                p.slot,
-                &[],
-            );
-            log::warn!(
-                "cache false hit: a checked entry's fresh answer outgrew the cache; dropped"
-            );
-            return;
-        }
-        if !p.storable {
-            return;
-        }
-        let digest = cache::content_digest(&p.body, p.sse);
-        if let Some(check) = p.check {
-            host.count(Fleet::CacheChecks.into(), 1);
-            if check != digest {
-                host.count(Fleet::CacheFalseHits.into(), 1);
-                e.cache_false_hit = true;
-                log::warn!(
-                    "cache false hit: a checked entry differs from the upstream's answer; replaced"
-                );
-            }
-        }
-        let model = e
-            .text(&e.model_served)
-            .or(e.text(&e.model_requested))
-            .unwrap_or("");
-        let status = u16::try_from(e.status).unwrap_or(200);
-        let entry = Entry {
-            key: p.key,
-            created_ms: host.now_ms(),
-            producer: decision.index,
-            model,
-            status,
-            content_type: &p.content_type,
-            tokens_in: e.tokens_in,
-            tokens_out: e.tokens_out,
-            estimated: e.tokens_estimated,
-            digest,
-            body: &p.body,
-        };
-        let bytes = entry.encode();
-        let fingerprint = setup.config.fingerprint;
-        if store::cache_put(
-            host,
-            &mut store::Scratch::default(),
-            fingerprint,
-            p.slot,
-            &bytes,
-        ) {
-            host.count(Fleet::CacheStores.into(), 1);
+        if let (Some(p), Some((decision, _)), Some(e)) = (taken, self.chosen, self.event.as_mut()) {
+            stage::answer::store(setup, host, p, &decision, e);
         }
     }
 

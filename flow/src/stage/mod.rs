@@ -18,12 +18,16 @@
 //!    ([`locality::record`]), the request's reservation
 //!    ([`budget::reserve`]).
 //!
-//! The response's stages (health and headroom, learned latency, usage,
-//! the cache's store, the event) run from the flow's response callbacks.
+//! The response's stages run from the flow's response callbacks: the
+//! answer's outcome for health and headroom ([`outcome::read`]), then
+//! learned latency, usage, the cache's store ([`answer::store`]) and
+//! the event.
 
+pub mod answer;
 pub mod budget;
 pub mod identity;
 pub mod locality;
+pub mod outcome;
 pub mod rungs;
 
 use crate::budget::Refusal as BudgetRefusal;

@@ -277,7 +277,7 @@ fn budget_table(r: &Report) -> String {
          <th>amount</th><th>spent</th><th>used</th><th>state</th><th>refused: exhausted</th>\
          <th>refused: tokens per minute</th><th>served soft</th><th>refused soft</th>\
          <th>other</th></tr></thead><tbody>\n",
-        crate::focus::rfc3339(r.last_ms)
+        crate::time::rfc3339(r.last_ms)
     );
     for b in &r.budgets {
         let tenants = if b.configured {

@@ -39,5 +39,6 @@ pub mod report;
 pub mod row;
 pub mod split;
 pub mod store;
+pub mod time;
 pub mod trace;
 pub mod window;

@@ -533,7 +533,7 @@ impl Report {
         let _ = writeln!(
             s,
             "\nbudgets, spend in the period holding the last event ({}):",
-            crate::focus::rfc3339(self.last_ms)
+            crate::time::rfc3339(self.last_ms)
         );
         let _ = writeln!(
             s,
@@ -756,7 +756,7 @@ impl Report {
                         s,
                         "  forfeited {} @ {} ({} ms): ${}: {}",
                         terminal(&w.tenant),
-                        crate::focus::rfc3339(w.start_ms),
+                        crate::time::rfc3339(w.start_ms),
                         w.start_ms,
                         usd(w.savings.total()),
                         terminal(w.forfeited.as_deref().unwrap_or(""))
@@ -771,7 +771,7 @@ impl Report {
                         "  {} {} @ {}: {} event{}, savings ${}, kept ${}, forfeited ${}\n      {}",
                         if w.forfeited.is_some() { "forfeited" } else { "earned" },
                         terminal(&w.tenant),
-                        crate::focus::rfc3339(w.start_ms),
+                        crate::time::rfc3339(w.start_ms),
                         w.events,
                         if w.events == 1 { "" } else { "s" },
                         usd(w.savings.total()),

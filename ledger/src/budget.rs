@@ -25,7 +25,7 @@
 //! negative cost counts as nothing ([`Store::spend`]): no row lowers what
 //! the others add up to.
 
-use crate::event::{MAX_TIME_MS, MIN_TIME_MS};
+use crate::kind::{MAX_TIME_MS, MIN_TIME_MS};
 use crate::money::{usd_f64, Nano};
 use crate::store::Store;
 use ace_config::budget::Budget;
@@ -138,7 +138,7 @@ pub fn spends(
                 .iter()
                 .map(|t| {
                     let mut held = t.clone();
-                    crate::event::storable(&mut held);
+                    crate::kind::storable(&mut held);
                     spent_by.and_then(|m| m.get(&held)).copied().unwrap_or(0)
                 })
                 .fold(0, Nano::saturating_add);

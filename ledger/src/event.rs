@@ -19,18 +19,6 @@
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// The earliest `time_ms` booked: 2000-01-01T00:00:00Z. ACE did not
-/// exist before; a smaller time (0, a clock never set) would stretch a
-/// report's period, and with it every owned pool's charge, over decades.
-pub const MIN_TIME_MS: u64 = 946_684_800_000;
-/// The latest `time_ms` booked, exclusive: 2100-01-01T00:00:00Z. A fixed
-/// bound (not "now"), so the same line is booked or refused the same way
-/// on every ingest.
-pub const MAX_TIME_MS: u64 = 4_102_444_800_000;
-/// The longest `latency_ms` (and `slo_ms`) booked: one day. Latencies are
-/// summed per pool, so an absurd one would claim a pool busy for ages.
-pub const MAX_LATENCY_MS: u64 = 86_400_000;
-
 /// The schema this ledger reads in full: the one the filter of this
 /// release writes.
 pub const SCHEMA_V2: &str = ace_flow::event::SCHEMA;
@@ -67,7 +55,7 @@ macro_rules! reader_checks {
             /// Refuse a field outside what the ledger books (a time or
             /// latency out of range), naming it.
             fn check_fields(&self) -> Result<(), LineError> {
-                $( <$crate::kind::$kind as $crate::kind::Kind>::check(stringify!($name), &self.$name)?; )*
+                $( <$crate::kind::$kind as $crate::kind::Kind>::check(stringify!($name), &self.$name).map_err(LineError::Invalid)?; )*
                 Ok(())
             }
 
@@ -113,14 +101,6 @@ fn is_hex(s: &str, len: usize) -> bool {
 pub fn line_key(line: &[u8]) -> String {
     let digest = Sha256::digest(line);
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
-}
-
-/// `s` as text both stores hold: each NUL becomes `\u0000` (as the JSON
-/// line spelled it).
-pub fn storable(s: &mut String) {
-    if s.contains('\0') {
-        *s = s.replace('\0', "\\u0000");
-    }
 }
 
 /// `line` with every byte that is not part of valid UTF-8 spelled `\\xNN`

@@ -27,6 +27,7 @@
 
 use crate::configs::Registry;
 use crate::event;
+use crate::kind;
 use crate::price;
 use crate::row::{Row, CONFLICT_FLAG};
 use crate::store::{Reject, Store};
@@ -265,8 +266,8 @@ impl Batch<'_> {
 fn reject(key: String, source: &str, line: i64, error: String, event_id: Option<String>) -> Reject {
     let mut source = source.to_string();
     let mut error = error;
-    event::storable(&mut source);
-    event::storable(&mut error);
+    kind::storable(&mut source);
+    kind::storable(&mut error);
     Reject {
         key,
         source,

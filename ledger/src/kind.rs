@@ -7,10 +7,56 @@
 //! store's columns are derived from that list and these kinds, so a new
 //! field needs nothing in this crate.
 
-use crate::event::{LineError, MAX_LATENCY_MS, MAX_TIME_MS, MIN_TIME_MS};
-use crate::money::Nano;
-use crate::row::{need, Cols, Val};
+use crate::money::{self, Nano};
 use std::fmt::Debug;
+
+/// The earliest `time_ms` booked: 2000-01-01T00:00:00Z. ACE did not
+/// exist before; a smaller time (0, a clock never set) would stretch a
+/// report's period, and with it every owned pool's charge, over decades.
+pub const MIN_TIME_MS: u64 = 946_684_800_000;
+/// The latest `time_ms` booked, exclusive: 2100-01-01T00:00:00Z. A fixed
+/// bound (not "now"), so the same line is booked or refused the same way
+/// on every ingest.
+pub const MAX_TIME_MS: u64 = 4_102_444_800_000;
+/// The longest `latency_ms` (and `slo_ms`) booked: one day. Latencies are
+/// summed per pool, so an absurd one would claim a pool busy for ages.
+pub const MAX_LATENCY_MS: u64 = 86_400_000;
+
+/// An untyped column value, as both stores bind it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Val {
+    Text(Option<String>),
+    Int(Option<i64>),
+    Bool(Option<bool>),
+}
+
+/// Reads a stored row's columns by index.
+pub trait Cols {
+    fn text(&self, i: usize) -> anyhow::Result<Option<String>>;
+    fn int(&self, i: usize) -> anyhow::Result<Option<i64>>;
+    fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>>;
+}
+
+/// `v`, which column `column` holds NOT NULL.
+pub(crate) fn need<T>(v: Option<T>, column: &str) -> anyhow::Result<T> {
+    v.ok_or_else(|| {
+        anyhow::anyhow!("column `{column}` is NULL in the store; it is NOT NULL in the schema")
+    })
+}
+
+/// `s` as text both stores hold: each NUL becomes `\u0000` (as the JSON
+/// line spelled it).
+pub fn storable(s: &mut String) {
+    if s.contains('\0') {
+        *s = s.replace('\0', "\\u0000");
+    }
+}
+
+/// The filter's figure in nano-dollars, to store and to compare with the
+/// ledger's.
+pub fn filter_nano(usd: Option<f64>) -> Option<Nano> {
+    usd.and_then(money::from_usd)
+}
 
 /// One kind of field (`ace_flow::schema::Kind`).
 pub trait Kind {
@@ -23,18 +69,19 @@ pub trait Kind {
     /// The value an added `NOT NULL` column takes in rows stored before
     /// it existed (SQL).
     const EMPTY: &'static str = "NULL";
-    /// Refuse a value outside what the ledger books, naming the field.
-    fn check(_name: &str, _v: &Self::Read) -> Result<(), LineError> {
+    /// Refuse a value outside what the ledger books, naming the field (the
+    /// line is then [`crate::event::LineError::Invalid`]).
+    fn check(_name: &str, _v: &Self::Read) -> Result<(), String> {
         Ok(())
     }
-    /// Make text storable in both stores (see [`crate::event::storable`]).
+    /// Make text storable in both stores (see [`storable`]).
     fn storable(_v: &mut Self::Read) {}
     /// The stored value.
     fn stored(v: Self::Read) -> Self::Stored;
     /// As a column value.
     fn val(v: &Self::Stored) -> Val;
-    /// Read column `i` back.
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Self::Stored>;
+    /// Read column `i`, named `column`, back.
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<Self::Stored>;
 }
 
 /// A string, never null.
@@ -86,16 +133,16 @@ fn int_val(v: &i64) -> Val {
     Val::Int(Some(*v))
 }
 
-fn int_get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-    need(c.int(i)?, i)
+fn int_get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
+    need(c.int(i)?, column)
 }
 
-fn within_a_day(name: &str, v: u64) -> Result<(), LineError> {
+fn within_a_day(name: &str, v: u64) -> Result<(), String> {
     if v > MAX_LATENCY_MS {
-        return Err(LineError::Invalid(format!(
+        return Err(format!(
             "field `{name}` is {v}, more than the ledger books ({MAX_LATENCY_MS} ms, \
              one day); the line is wrong"
-        )));
+        ));
     }
     Ok(())
 }
@@ -106,7 +153,7 @@ impl Kind for Str {
     const SQL: &'static str = "TEXT NOT NULL";
     const EMPTY: &'static str = "''";
     fn storable(v: &mut String) {
-        crate::event::storable(v);
+        storable(v);
     }
     fn stored(v: String) -> String {
         v
@@ -114,8 +161,8 @@ impl Kind for Str {
     fn val(v: &String) -> Val {
         Val::Text(Some(v.clone()))
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<String> {
-        need(c.text(i)?, i)
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<String> {
+        need(c.text(i)?, column)
     }
 }
 
@@ -125,7 +172,7 @@ impl Kind for Id {
     const SQL: &'static str = "TEXT NOT NULL";
     const EMPTY: &'static str = "''";
     fn storable(v: &mut Option<String>) {
-        v.iter_mut().for_each(crate::event::storable);
+        v.iter_mut().for_each(storable);
     }
     fn stored(v: Option<String>) -> String {
         v.unwrap_or_default()
@@ -133,8 +180,8 @@ impl Kind for Id {
     fn val(v: &String) -> Val {
         Val::Text(Some(v.clone()))
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<String> {
-        need(c.text(i)?, i)
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<String> {
+        need(c.text(i)?, column)
     }
 }
 
@@ -143,7 +190,7 @@ impl Kind for StrOrNull {
     type Stored = Option<String>;
     const SQL: &'static str = "TEXT";
     fn storable(v: &mut Option<String>) {
-        v.iter_mut().for_each(crate::event::storable);
+        v.iter_mut().for_each(storable);
     }
     fn stored(v: Option<String>) -> Option<String> {
         v
@@ -151,7 +198,7 @@ impl Kind for StrOrNull {
     fn val(v: &Option<String>) -> Val {
         Val::Text(v.clone())
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<String>> {
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<String>> {
         c.text(i)
     }
 }
@@ -167,8 +214,8 @@ impl Kind for U32 {
     fn val(v: &i64) -> Val {
         int_val(v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-        int_get(c, i)
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
+        int_get(c, i, column)
     }
 }
 
@@ -177,13 +224,13 @@ impl Kind for EpochMs {
     type Stored = i64;
     const SQL: &'static str = "BIGINT NOT NULL";
     const EMPTY: &'static str = "0";
-    fn check(name: &str, v: &u64) -> Result<(), LineError> {
+    fn check(name: &str, v: &u64) -> Result<(), String> {
         if !(MIN_TIME_MS..MAX_TIME_MS).contains(v) {
-            return Err(LineError::Invalid(format!(
+            return Err(format!(
                 "field `{name}` is {v}, outside the times the ledger books \
                  ({MIN_TIME_MS}..{MAX_TIME_MS}: 2000-01-01 to 2100-01-01 UTC, in ms since the \
                  epoch); the writer's clock or the line is wrong"
-            )));
+            ));
         }
         Ok(())
     }
@@ -193,8 +240,8 @@ impl Kind for EpochMs {
     fn val(v: &i64) -> Val {
         int_val(v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-        int_get(c, i)
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
+        int_get(c, i, column)
     }
 }
 
@@ -203,7 +250,7 @@ impl Kind for Ms {
     type Stored = i64;
     const SQL: &'static str = "BIGINT NOT NULL";
     const EMPTY: &'static str = "0";
-    fn check(name: &str, v: &u64) -> Result<(), LineError> {
+    fn check(name: &str, v: &u64) -> Result<(), String> {
         within_a_day(name, *v)
     }
     fn stored(v: u64) -> i64 {
@@ -212,8 +259,8 @@ impl Kind for Ms {
     fn val(v: &i64) -> Val {
         int_val(v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<i64> {
-        int_get(c, i)
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
+        int_get(c, i, column)
     }
 }
 
@@ -221,7 +268,7 @@ impl Kind for MsOrNull {
     type Read = Option<u64>;
     type Stored = Option<i64>;
     const SQL: &'static str = "BIGINT";
-    fn check(name: &str, v: &Option<u64>) -> Result<(), LineError> {
+    fn check(name: &str, v: &Option<u64>) -> Result<(), String> {
         v.map_or(Ok(()), |v| within_a_day(name, v))
     }
     fn stored(v: Option<u64>) -> Option<i64> {
@@ -230,7 +277,7 @@ impl Kind for MsOrNull {
     fn val(v: &Option<i64>) -> Val {
         Val::Int(*v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<i64>> {
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<i64>> {
         c.int(i)
     }
 }
@@ -246,8 +293,8 @@ impl Kind for Bool {
     fn val(v: &bool) -> Val {
         Val::Bool(Some(*v))
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<bool> {
-        need(c.boolean(i)?, i)
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<bool> {
+        need(c.boolean(i)?, column)
     }
 }
 
@@ -261,7 +308,7 @@ impl Kind for BoolOrNull {
     fn val(v: &Option<bool>) -> Val {
         Val::Bool(*v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<bool>> {
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<bool>> {
         c.boolean(i)
     }
 }
@@ -278,7 +325,7 @@ impl Kind for Rate {
     fn val(v: &Option<i64>) -> Val {
         Val::Int(*v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<i64>> {
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<i64>> {
         c.int(i)
     }
 }
@@ -288,12 +335,12 @@ impl Kind for Usd {
     type Stored = Option<Nano>;
     const SQL: &'static str = "BIGINT";
     fn stored(v: Option<f64>) -> Option<Nano> {
-        crate::price::filter_nano(v)
+        filter_nano(v)
     }
     fn val(v: &Option<Nano>) -> Val {
         Val::Int(*v)
     }
-    fn get(c: &dyn Cols, i: usize) -> anyhow::Result<Option<Nano>> {
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<Nano>> {
         c.int(i)
     }
 }

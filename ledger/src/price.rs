@@ -6,7 +6,8 @@
 //! more than a nano-dollar is flagged on the row.
 
 use crate::event::Event;
-use crate::money::{self, Nano};
+use crate::kind::filter_nano;
+use crate::money::Nano;
 use ace_config::Config;
 use ace_flow::Setup;
 pub use ace_pricing::{model_of, Facts, PriceError, Priced};
@@ -60,11 +61,6 @@ pub fn facts(e: &Event) -> Facts<'_> {
 /// Price `e` under `setup` (the configuration with id `cfg_id`).
 pub fn price(e: &Event, setup: &Setup, cfg_id: &str) -> Result<Priced, PriceError> {
     ace_pricing::price(&facts(e), setup, cfg_id)
-}
-
-/// The filter's figure, to compare with the ledger's.
-pub fn filter_nano(usd: Option<f64>) -> Option<Nano> {
-    usd.and_then(money::from_usd)
 }
 
 /// Which of the filter's figures disagree with the ledger's by more than

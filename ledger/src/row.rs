@@ -8,6 +8,7 @@
 //! a new column with no change here.
 
 use crate::event::Event;
+use crate::kind::{need, Cols, Val};
 use crate::money::Nano;
 use crate::price::{self, Priced};
 
@@ -81,15 +82,15 @@ macro_rules! row {
             pub fn read(c: &dyn Cols) -> anyhow::Result<Row> {
                 let mut i = 0;
                 $(
-                    let $name = <$crate::kind::$kind as $crate::kind::Kind>::get(c, i)?;
+                    let $name = <$crate::kind::$kind as $crate::kind::Kind>::get(c, i, column_name(i))?;
                     i += 1;
                 )*
                 Ok(Row {
                     $( $name, )*
-                    booked: need(c.int(i)?, i)?,
+                    booked: need(c.int(i)?, column_name(i))?,
                     counterfactual: c.int(i + 1)?,
                     served_counterfactual: c.int(i + 2)?,
-                    flags: need(c.text(i + 3)?, i + 3)?,
+                    flags: need(c.text(i + 3)?, column_name(i + 3))?,
                 })
             }
         }
@@ -116,27 +117,9 @@ ace_flow::event_fields!(row);
 /// was stored under its `event_id` first (see `ingest`).
 pub const CONFLICT_FLAG: &str = "event_id_conflict";
 
-/// An untyped column value, as both stores bind it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Val {
-    Text(Option<String>),
-    Int(Option<i64>),
-    Bool(Option<bool>),
-}
-
-/// Reads a stored row's columns by index.
-pub trait Cols {
-    fn text(&self, i: usize) -> anyhow::Result<Option<String>>;
-    fn int(&self, i: usize) -> anyhow::Result<Option<i64>>;
-    fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>>;
-}
-
-/// `v`, which column `i` holds NOT NULL.
-pub(crate) fn need<T>(v: Option<T>, i: usize) -> anyhow::Result<T> {
-    v.ok_or_else(|| {
-        let name = COLUMNS.get(i).map_or("?", |c| c.0);
-        anyhow::anyhow!("column `{name}` is NULL in the store; it is NOT NULL in the schema")
-    })
+/// Column `i`'s name, for an error.
+fn column_name(i: usize) -> &'static str {
+    COLUMNS.get(i).map_or("?", |c| c.0)
 }
 
 impl Row {

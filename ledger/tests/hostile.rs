@@ -254,11 +254,7 @@ fn a_stray_time_cannot_stretch_the_chargeback_period() {
     let id = ace_ledger::configs::config_id(&common::golden_config());
     let bytes = lines(&[
         event(&id, 0x51, json!({"time_ms": 0})),
-        event(
-            &id,
-            0x52,
-            json!({"time_ms": ace_ledger::event::MIN_TIME_MS}),
-        ),
+        event(&id, 0x52, json!({"time_ms": ace_ledger::kind::MIN_TIME_MS})),
     ]);
     let s = ingest(&mut ledger, "stray.log", &bytes);
     assert_eq!((s.new, rejected_lines(&s)), (1, vec![1]));

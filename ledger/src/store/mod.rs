@@ -105,7 +105,7 @@ pub trait Store: Send {
     /// report counts it in its tenant's booked cost as a booking of its
     /// own, and a budget must see the same spend the report shows.
     /// Tenants are matched as the store holds them
-    /// ([`crate::event::storable`]) and bound as parameters.
+    /// ([`crate::kind::storable`]) and bound as parameters.
     fn spend(
         &mut self,
         since_ms: u64,
@@ -309,14 +309,14 @@ pub fn spend_time(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
-/// `tenants` as the stores hold them ([`crate::event::storable`]), each
+/// `tenants` as the stores hold them ([`crate::kind::storable`]), each
 /// once, in parts of at most [`SPEND_TENANTS_PER_QUERY`].
 pub fn spend_parts(tenants: &[&str]) -> Vec<Vec<String>> {
     let mut held: Vec<String> = tenants
         .iter()
         .map(|t| {
             let mut t = (*t).to_string();
-            crate::event::storable(&mut t);
+            crate::kind::storable(&mut t);
             t
         })
         .collect();

@@ -4,8 +4,9 @@
 //! held in memory.
 
 use super::{at, Reject, Store};
+use crate::kind::{Cols, Val};
 use crate::money::Nano;
-use crate::row::{Cols, Row, Val};
+use crate::row::Row;
 use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use postgres::{Client, NoTls};
 

@@ -3,8 +3,9 @@
 //! transaction per batch, make ingest fast.
 
 use super::{at, Reject, Store};
+use crate::kind::{Cols, Val};
 use crate::money::Nano;
-use crate::row::{Cols, Row, Val};
+use crate::row::Row;
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{Connection, OptionalExtension, ToSql};
 

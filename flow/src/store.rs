@@ -38,8 +38,11 @@ pub const SECRET_KEY: &str = "ace.locality.secret";
 /// mock). Versions count every write of a key from 1.
 #[derive(Debug, Default)]
 pub struct Memory {
-    map: Mutex<BTreeMap<Box<str>, (Version, Vec<u8>)>>,
+    map: Mutex<BTreeMap<Box<str>, Stored>>,
 }
+
+/// A value in [`Memory`], with its version.
+type Stored = (Version, Vec<u8>);
 
 impl Memory {
     /// An empty store.

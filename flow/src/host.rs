@@ -40,7 +40,7 @@ pub trait Host {
     fn set_request_header(&mut self, name: &str, value: &str) -> bool;
 
     /// Add `value` to request header `name`, keeping its earlier values
-    /// (a re-run puts a repeated header back, [`rerun::restore`]); false
+    /// (a re-run puts a repeated header back, [`crate::rerun::restore`]); false
     /// if the host could not (the default).
     fn add_request_header(&mut self, name: &str, value: &str) -> bool {
         let _ = (name, value);
@@ -107,7 +107,7 @@ pub trait Host {
     fn fleet(&mut self, now_ms: u64, op: FleetOp<'_, '_>) -> Result<FleetAnswer, FleetUnavailable>;
 
     /// Where this host keeps what a re-run takes over from the run it
-    /// replaces ([`rerun`]), shared by every worker; `None` (the default):
+    /// replaces ([`crate::rerun`]), shared by every worker; `None` (the default):
     /// this host cannot run a request again within the same request, and
     /// `retry_next` is ignored.
     fn parking(&self) -> Option<&Parking> {

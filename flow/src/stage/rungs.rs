@@ -135,7 +135,7 @@ impl Ask<'_> {
     /// the configured classes even where this request cannot be routed
     /// (trailers, a body that cannot be replaced): an entry a substitute
     /// produced is then still `substituted` to the model named.
-    fn cache_rung<H: Host>(&self, c: &cache::Cache, w: &mut Worker, host: &mut H) -> CacheRung {
+    pub fn cache_rung<H: Host>(&self, c: &cache::Cache, w: &mut Worker, host: &mut H) -> CacheRung {
         let (cfg, event, now) = (&self.setup.config, self.event, self.now);
         let (Some(raw), Some(tables)) = (self.raw, self.setup.tables.as_ref()) else {
             return CacheRung::Skip;
@@ -197,7 +197,7 @@ impl Ask<'_> {
     /// for the models that may stand in for the one named, in one merit
     /// order, each at its model's price there; `None` when this request is
     /// not routed.
-    fn routed_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Option<Result<Claimed, Stop>> {
+    pub fn routed_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Option<Result<Claimed, Stop>> {
         let r = self.routing?;
         let asked = r.asked(self.model()?)?;
         let tables = self.setup.tables.as_ref()?;
@@ -267,7 +267,7 @@ impl Ask<'_> {
     }
 
     /// The merit order over the feasible destinations.
-    fn merit_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Result<Claimed, Stop> {
+    pub fn merit_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Result<Claimed, Stop> {
         if let Some(d) = self.excluded {
             // The destination that just failed this request.
             clear_bit(&mut w.lookup.mask, d);

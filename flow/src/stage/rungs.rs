@@ -88,7 +88,8 @@ pub struct Ask<'a> {
 }
 
 /// What the cache rung came to.
-enum CacheRung {
+#[derive(Debug)]
+pub enum CacheRung {
     /// Nothing to look up (no body or tables to key on).
     Skip,
     /// Answer from the entry in the worker's buffer.

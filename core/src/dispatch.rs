@@ -52,9 +52,9 @@
 //! health state can make one win: compliance fails closed by construction.
 
 use crate::cost::CostModel;
-use crate::fleet::Live;
 use crate::health::{Breaker, Health, HealthPolicy};
 use crate::latency::{self, Learned};
+use crate::signal::Live;
 use alloc::vec;
 use alloc::vec::Vec;
 

@@ -15,6 +15,8 @@
 //! - [`latency`]: each destination's time to first token, learned by load
 //!   from its answers, with the manifest's figures as the prior;
 //! - [`tables`]: the compiled Cedar policy as bitmask tables (feasibility);
+//! - [`signal`]: what the control service says of each destination (a
+//!   drain, its load, a capacity or price change), folded into its price;
 //! - [`dispatch`]: the decision itself: price the fleet when it changes,
 //!   then per request take the cheapest feasible, open destination;
 //! - [`fleet`]: the live state a host keeps (health, load, the priced
@@ -39,4 +41,5 @@ pub mod dispatch;
 pub mod fleet;
 pub mod health;
 pub mod latency;
+pub mod signal;
 pub mod tables;

@@ -233,9 +233,10 @@ fn ingest(a: IngestArgs) -> anyhow::Result<ExitCode> {
         outln!("configuration {id} registered from {}", c.display());
         ids.push(id);
     }
-    let v1_config = a
-        .v1_config
-        .or_else(|| (ids.len() == 1).then(|| ids[0].clone()));
+    let v1_config = a.v1_config.or_else(|| match ids.as_slice() {
+        [only] => Some(only.clone()),
+        _ => None,
+    });
     let opts = Options {
         v1_config,
         follow: a.follow,

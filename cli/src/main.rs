@@ -5,6 +5,14 @@
 //! a subcommand that finds a problem in its input (a mismatch, an invalid
 //! plan) returns its own non-zero exit code.
 #![forbid(unsafe_code)]
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -65,12 +65,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ),
             None => None,
         };
-        config["control"] = serde_json::to_value(ControlSettings {
+        let control = serde_json::to_value(ControlSettings {
             cluster,
             token,
             interval_ms: args.control_interval_ms,
             ..ControlSettings::default()
         })?;
+        let Some(fields) = config.as_object_mut() else {
+            return Err(anyhow!(
+                "the plugin configuration is not a JSON object, so `control` cannot be added to it"
+            ));
+        };
+        fields.insert("control".to_string(), control);
         // The filter checks it as it will when Envoy loads it.
         ace_config::Config::parse(config.to_string().as_bytes()).map_err(|e| anyhow!("{e}"))?;
     }

@@ -15,6 +15,7 @@ use crate::metrics::{Booking, Metrics, RequestOutcome};
 use crate::mix::Profile;
 use crate::rng::Rng;
 use crate::slo::Targets;
+use crate::trace::Req;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -24,22 +25,6 @@ pub const EPOCH_MS: u64 = 1_700_092_800_000;
 
 /// How often the control service publishes a snapshot, ms.
 pub const CONTROL_INTERVAL_MS: u64 = 1_000;
-
-/// One request of the run.
-#[derive(Clone, Copy, Debug)]
-pub struct Req {
-    /// Arrival, ms into the run.
-    pub at_ms: u64,
-    /// Prompt tokens.
-    pub prompt: u32,
-    /// Output tokens.
-    pub output: u32,
-    /// Its [`Profile`].
-    pub profile: u32,
-    /// Its prompt's blocks (a trace with prefix structure), into
-    /// [`World::block_ids`].
-    pub blocks: crate::trace::Blocks,
-}
 
 /// Where a policy sends an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -34,14 +34,14 @@ pub mod trace;
 
 use ace_config::Config;
 use ace_core::cost::Tier;
-use engine::{Policy, Req, Run};
+use engine::{Policy, Run};
 use fleet::{Fault, FaultKind, FleetModel, Params, SpotProcess, Upstream};
 use metrics::Metrics;
 use mix::{Mix, Profile};
 use policy::litellm::{Strategy, Variant};
 use rng::Rng;
 use slo::Targets;
-use trace::{Row, DAY_MS};
+use trace::{Req, Row, DAY_MS};
 
 /// The policies `ace sim` compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

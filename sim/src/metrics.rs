@@ -265,7 +265,7 @@ impl Metrics {
 
     /// Request `r`'s time to first byte, ms after its arrival, if one
     /// arrived.
-    pub fn ttft(&self, r: u32, req: &crate::engine::Req) -> Option<u64> {
+    pub fn ttft(&self, r: u32, req: &crate::trace::Req) -> Option<u64> {
         self.ttft
             .get(r as usize)
             .filter(|t| **t != u32::MAX)
@@ -288,7 +288,7 @@ impl Metrics {
     pub fn record(
         &mut self,
         r: u32,
-        req: &crate::engine::Req,
+        req: &crate::trace::Req,
         profile: Option<&Profile>,
         o: RequestOutcome,
         b: Booking,

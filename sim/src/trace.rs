@@ -45,6 +45,22 @@ pub struct Row {
 /// Tokens in one prompt block of the Mooncake trace.
 pub const BLOCK_TOKENS: u32 = 512;
 
+/// One request of the run, as the engine and the metrics read it.
+#[derive(Clone, Copy, Debug)]
+pub struct Req {
+    /// Arrival, ms into the run.
+    pub at_ms: u64,
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// Output tokens.
+    pub output: u32,
+    /// Its [`Profile`](crate::mix::Profile).
+    pub profile: u32,
+    /// Its prompt's blocks (a trace with prefix structure), into
+    /// [`World::block_ids`](crate::engine::World::block_ids).
+    pub blocks: Blocks,
+}
+
 /// A request's prompt blocks: `len` ids from `start` of its trace's
 /// [`Trace::block_ids`], in copy `copy` of the trace ([`Shape::Day`] lays
 /// copies end to end; each copy's blocks are distinct from another's, a

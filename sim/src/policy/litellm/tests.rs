@@ -4,7 +4,7 @@
 //! draws at random, the test counts over many seeds or draws.
 
 use super::*;
-use crate::engine::Req;
+use crate::trace::Req;
 use crate::fleet::Params;
 
 /// A GPU server `name` of `slots` serving `models`, priced `price` per

@@ -4,9 +4,9 @@
 //! counts over many draws.
 
 use super::*;
-use crate::engine::Req;
 use crate::fleet::{Params, Upstream};
 use crate::mix::Profile;
+use crate::trace::Req;
 
 fn gpu(name: &str) -> Params {
     let mut p = crate::fleet::test_gpu(4);

@@ -188,22 +188,27 @@ impl PriorityGateway {
         let (mut total, mut healthy) = ([0u32; LEVELS], [0u32; LEVELS]);
         for &d in hosts {
             let Some(l) = level(w, d) else { continue };
-            total[l] += 1;
+            if let Some(t) = total.get_mut(l) {
+                *t += 1;
+            }
             if !self.outliers.get(d).is_some_and(|o| o.ejected(w.now)) {
-                healthy[l] += 1;
+                if let Some(h) = healthy.get_mut(l) {
+                    *h += 1;
+                }
             }
         }
-        let panic: [bool; LEVELS] = std::array::from_fn(|l| {
-            total[l] > 0 && f64::from(healthy[l]) < PANIC_THRESHOLD * f64::from(total[l])
-        });
+        let mut panic = [false; LEVELS];
+        for ((p, t), h) in panic.iter_mut().zip(total).zip(healthy) {
+            *p = t > 0 && f64::from(h) < PANIC_THRESHOLD * f64::from(t);
+        }
         let health = |excluded: &[bool; LEVELS]| -> [u32; LEVELS] {
-            std::array::from_fn(|l| {
-                if total[l] == 0 || excluded[l] {
-                    0
-                } else {
-                    (OVERPROVISIONING_PERCENT * healthy[l] / total[l]).min(100)
+            let mut out = [0u32; LEVELS];
+            for (((o, t), h), e) in out.iter_mut().zip(total).zip(healthy).zip(excluded) {
+                if t > 0 && !e {
+                    *o = (OVERPROVISIONING_PERCENT * h / t).min(100);
                 }
-            })
+            }
+            out
         };
         let mut h = health(&excluded);
         if h.iter().sum::<u32>() == 0 && excluded.iter().any(|e| *e) {
@@ -214,19 +219,23 @@ impl PriorityGateway {
         let mut load = [0u32; LEVELS];
         if sum == 0 {
             // Nothing healthy: the first level, in panic, takes it all.
-            if let Some(first) = (0..LEVELS).find(|l| total[*l] > 0) {
-                load[first] = 100;
+            if let Some(first) = total
+                .iter()
+                .position(|t| *t > 0)
+                .and_then(|f| load.get_mut(f))
+            {
+                *first = 100;
             }
             return (load, panic);
         }
         let mut left = 100u32;
-        for l in 0..LEVELS {
-            load[l] = left.min(h[l] * 100 / sum);
-            left -= load[l];
+        for (share, health) in load.iter_mut().zip(h) {
+            *share = left.min(health * 100 / sum);
+            left -= *share;
         }
         // Rounding's remainder to the first level with health.
-        if let Some(first) = (0..LEVELS).find(|l| h[*l] > 0) {
-            load[first] += left;
+        if let Some(first) = h.iter().position(|h| *h > 0).and_then(|f| load.get_mut(f)) {
+            *first += left;
         }
         (load, panic)
     }
@@ -240,36 +249,43 @@ impl PriorityGateway {
         }
         let mut excluded = [false; LEVELS];
         for &d in tried {
-            if let Some(l) = level(w, d) {
-                excluded[l] = true;
+            if let Some(e) = level(w, d).and_then(|l| excluded.get_mut(l)) {
+                *e = true;
             }
         }
         let (load, panic) = self.priority_load(w, &hosts, excluded);
         let mut x = self.rng.below(100) as u32;
-        let chosen = (0..LEVELS)
-            .find(|l| {
-                if x < load[*l] {
+        let chosen = load
+            .iter()
+            .position(|share| {
+                if x < *share {
                     true
                 } else {
-                    x -= load[*l];
+                    x -= share;
                     false
                 }
             })
-            .or_else(|| (0..LEVELS).find(|l| load[*l] > 0))?;
+            .or_else(|| load.iter().position(|share| *share > 0))?;
+        let in_panic = panic.get(chosen).copied().unwrap_or(false);
         let now = w.now;
         let at_level: Vec<usize> = hosts
             .iter()
             .copied()
             .filter(|d| level(w, *d) == Some(chosen))
-            .filter(|d| panic[chosen] || !self.outliers.get(*d).is_some_and(|o| o.ejected(now)))
+            .filter(|d| in_panic || !self.outliers.get(*d).is_some_and(|o| o.ejected(now)))
             .collect();
         if at_level.is_empty() {
             return None;
         }
         let mut pick = 0;
         for _ in 0..HOST_SELECTION_ATTEMPTS {
-            let a = at_level[self.rng.below(at_level.len())];
-            let b = at_level[self.rng.below(at_level.len())];
+            let (i, j) = (
+                self.rng.below(at_level.len()),
+                self.rng.below(at_level.len()),
+            );
+            let (Some(&a), Some(&b)) = (at_level.get(i), at_level.get(j)) else {
+                return None;
+            };
             let busy = |d: usize| self.in_flight.get(d).copied().unwrap_or(0);
             pick = if busy(b) < busy(a) { b } else { a };
             if !tried.contains(&pick) {

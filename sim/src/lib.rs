@@ -15,11 +15,21 @@
 //! - [`engine`]: the event loop, the same for every policy;
 //! - [`policy`]: ACE (the filter's own request flow) and the strategies
 //!   it is compared with;
-//! - [`metrics`], [`slo`], [`report`]: the figures, per run and over seeds.
+//! - [`metrics`], [`slo`], [`report`]: the figures, per run and over seeds;
+//!   [`chart`]: the same as SVG charts;
+//! - [`rng`]: the seeded random streams every draw comes from.
 //!
 //! Same inputs and seed, same bytes out: every random draw comes from a
-//! seeded stream of its own ([`rng`]), nothing reads the clock, and runs in
+//! seeded stream of its own, nothing reads the clock, and runs in
 //! parallel threads are gathered in a fixed order.
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 pub mod chart;
 pub mod engine;

@@ -169,6 +169,12 @@ impl Trace {
                 )
             })?;
         }
+        // Each column as (its position in a row, its name).
+        let [timestamp, input, output] = {
+            let [t, i, o] = at;
+            let [tn, i_n, on] = COLUMNS;
+            [(t, tn), (i, i_n), (o, on)]
+        };
         let mut raw: Vec<(u64, u32, u32)> = Vec::new();
         for (i, line) in lines {
             let n = i + 1;
@@ -177,35 +183,34 @@ impl Trace {
                 continue;
             }
             let fields: Vec<&str> = line.split(',').collect();
-            let field = |k: usize| {
-                fields.get(at[k]).map(|s| s.trim()).ok_or_else(|| {
+            let field = |(at, name): (usize, &str)| {
+                fields.get(at).map(|s| s.trim()).ok_or_else(|| {
                     err(
                         n,
-                        Some(at[k] + 1),
+                        Some(at + 1),
                         format!(
-                            "missing field `{}` (the row has {} fields)",
-                            COLUMNS[k],
+                            "missing field `{name}` (the row has {} fields)",
                             fields.len()
                         ),
                     )
                 })
             };
-            let ts = parse_timestamp(field(0)?).map_err(|m| err(n, Some(at[0] + 1), m))?;
-            let tokens = |k: usize| -> Result<u32, TraceError> {
-                let s = field(k)?;
+            let ts =
+                parse_timestamp(field(timestamp)?).map_err(|m| err(n, Some(timestamp.0 + 1), m))?;
+            let tokens = |(at, name): (usize, &str)| -> Result<u32, TraceError> {
+                let s = field((at, name))?;
                 match s.parse::<u32>() {
                     Ok(v) if v <= MAX_TOKENS => Ok(v),
                     _ => Err(err(
                         n,
-                        Some(at[k] + 1),
+                        Some(at + 1),
                         format!(
-                            "`{s}` is not a token count for `{}` (a whole number 0..={MAX_TOKENS})",
-                            COLUMNS[k]
+                            "`{s}` is not a token count for `{name}` (a whole number 0..={MAX_TOKENS})"
                         ),
                     )),
                 }
             };
-            raw.push((ts, tokens(1)?, tokens(2)?));
+            raw.push((ts, tokens(input)?, tokens(output)?));
         }
         if raw.is_empty() {
             return Err(err(0, None, "no rows after the header".into()));

@@ -49,11 +49,9 @@ use sha2::{Digest, Sha256};
 
 pub use ace_config::CACHED;
 
-/// The event's reason for an answer from the cache.
-pub const HIT_REASON: &str = "cache_hit";
-
-/// The event's reason for a hit sent upstream to be checked.
-pub const CHECK_REASON: &str = "cache_check";
+/// The event's reasons for an answer from the cache and for a hit sent
+/// upstream to be checked (part of the line's contract, `ace-event`).
+pub use ace_event::reason::{CACHE_CHECK as CHECK_REASON, CACHE_HIT as HIT_REASON};
 
 pub use ace_config::CacheSettings;
 

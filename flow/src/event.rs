@@ -17,8 +17,8 @@
 //! integers parse back exactly; dollar amounts are fixed-point to the
 //! picodollar (1e-12 USD).
 
-/// Version of the event's fields; bump on any incompatible change.
-pub const SCHEMA: &str = "ace.event/2";
+/// Version of the event's fields (defined with them, in `ace-event`).
+pub use ace_event::SCHEMA;
 
 /// Filter-state key (Envoy prefixes it with `wasm.` for a Wasm filter).
 pub const PROPERTY: &str = "ace_event";

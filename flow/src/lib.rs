@@ -44,13 +44,16 @@ pub mod routing;
 pub mod setup;
 pub mod stage;
 pub mod store;
-pub mod schema;
 pub mod stream_usage;
 pub mod tokens;
 pub mod upstream;
 pub mod usage;
 
 pub use ace_config as config;
+/// The event line's fields and version, defined in `ace-event` (the
+/// contract the ledger and pricing read too); here so that the flow's
+/// writer and its users name them as before.
+pub use ace_event::{event_fields, schema};
 pub use flow::Setup;
 pub use request::{
     RESPONSE_COST_HEADER, RESPONSE_DESTINATION_HEADER, RESPONSE_REASON_HEADER, RESPONSE_TIER_HEADER,

@@ -12,6 +12,9 @@
 //!   ledger, simulator and CLI read `ace-config` and `ace-flow`; only the
 //!   tools (`tests/`, `benches/`, `wasm-host/`) may load the Wasm filter.
 //! - The workspace's crates form no cycle, dev-dependencies included.
+//! - A contract crate ([`LEAVES`]: the event line's definition) depends
+//!   on no workspace crate in any way, so a reader of the contract never
+//!   takes its writer with it.
 //! - Every workspace crate is classified: a new crate is named in
 //!   [`PRODUCT`] or [`TOOLS`] before this passes.
 
@@ -23,6 +26,7 @@ use std::process::Command;
 /// browser playground are built from.
 const PRODUCT: &[&str] = &[
     "ace-core",
+    "ace-event",
     "ace-snapshot",
     "ace-config",
     "ace-flow",
@@ -38,6 +42,12 @@ const PRODUCT: &[&str] = &[
     "ace-sim",
     "ace-cli",
 ];
+
+/// Contracts that a writer and its readers share, and so depend on no
+/// workspace crate at all (not even for their tests): `ace-event`, the
+/// event line's fields, which the flow writes and the ledger, pricing and
+/// the simulator read.
+const LEAVES: &[&str] = &["ace-event"];
 
 /// What builds, tests, shows or measures the product, and ships nothing.
 const TOOLS: &[&str] = &[
@@ -181,6 +191,13 @@ fn problems(edges: &Edges) -> Vec<String> {
             ));
         }
     }
+    for leaf in LEAVES {
+        for (to, kind) in edges.get(*leaf).into_iter().flatten() {
+            out.push(format!(
+                "contract crate depends on a workspace crate: {leaf} -> {to} ({kind})"
+            ));
+        }
+    }
     for name in edges.keys() {
         if let Some(p) = path(edges, name, name, &["normal", "build", "dev"]) {
             out.push(format!("cycle: {}", p.join(" -> ")));
@@ -228,10 +245,12 @@ fn the_checks_name_the_offending_edge() {
     add(&mut edges, "ace-sim", "ace-filter", "dev");
     add(&mut edges, "ace-tests", "ace-ledger", "dev");
     add(&mut edges, "ace-ledger", "ace-tests", "dev");
+    add(&mut edges, "ace-event", "ace-core", "dev");
     let found = problems(&edges);
     assert_eq!(
         found,
         [
+            "contract crate depends on a workspace crate: ace-event -> ace-core (dev)",
             "cycle: ace-ledger -> ace-tests (dev) -> ace-ledger (dev)",
             "cycle: ace-tests -> ace-ledger (dev) -> ace-tests (dev)",
             "product crate depends on the Wasm adapter: ace-sim -> ace-filter (dev)",

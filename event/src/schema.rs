@@ -5,9 +5,9 @@
 //! flow fills in, its JSON kind, whether every line carries it, and its
 //! documentation. Everything else is derived from it:
 //!
-//! - the flow's [`Event`](crate::event::Event) struct and its writer
-//!   (field names and order, the writer stays hand-rolled and
-//!   allocation-free: one constant key per field, written with the value);
+//! - the flow's `Event` struct and its writer (`ace_flow::event`: field
+//!   names and order; the writer stays hand-rolled and allocation-free:
+//!   one constant key per field, written with the value);
 //! - the ledger's reader (`ace_ledger::event::Event`), its stored row, the
 //!   store's columns and the migration that adds a new column;
 //! - [`FIELDS`], the table the documentation points to.
@@ -18,22 +18,28 @@
 //! needs no new event schema version.
 //!
 //! The list is a callback macro: `event_fields!(m)` expands to `m! { ...
-//! entries ... }`, and each user (the flow here, the ledger) writes its
-//! own `m`. An entry is
+//! entries ... }`, and each user (the flow, the ledger) writes its own
+//! `m`. An entry is
 //!
 //! ```text
 //! /// doc
 //! name: FlowType [, via getter] => Kind, Presence;
 //! ```
 //!
-//! where `Kind` is one of the [`Kind`] variants (the JSON type and what
-//! the ledger checks), `Presence` is `Always` (every line of every schema
-//! the ledger reads has it) or `Added` (older lines may lack it), and
-//! `via getter` names an `Event` method the writer takes the value from
+//! where `FlowType` is the type of the flow's `Event` field (a path the
+//! user's `m` resolves, or ignores: `Text` and `Price` are the flow's),
+//! `Kind` is one of the [`Kind`] variants (the JSON type and what the
+//! ledger checks), `Presence` is `Always` (every line of every schema the
+//! ledger reads has it) or `Added` (older lines may lack it), and `via
+//! getter` names an `Event` method the flow's writer takes the value from
 //! instead of the field.
 
+/// Version of the event's fields, the value of every line's `schema`;
+/// bump on any incompatible change (a field removed, renamed or retyped).
+pub const SCHEMA: &str = "ace.event/2";
+
 /// The event's fields: `event_fields!(m)` expands to `m! { entries }`
-/// (see [`crate::schema`]). The order is the line's order.
+/// (see [`schema`](crate::schema)). The order is the line's order.
 #[macro_export]
 macro_rules! event_fields {
     ($then:ident) => {

@@ -21,18 +21,18 @@ use sha2::{Digest, Sha256};
 
 /// The schema this ledger reads in full: the one the filter of this
 /// release writes.
-pub const SCHEMA_V2: &str = ace_flow::event::SCHEMA;
+pub const SCHEMA_V2: &str = ace_event::SCHEMA;
 /// The older schema: no `event_id`, `config`, `warm`, `overage`,
 /// `usage_capped` or `cached`.
 pub const SCHEMA_V1: &str = "ace.event/1";
 
-/// The reader's struct: one field per entry of `ace_flow::event_fields!`,
+/// The reader's struct: one field per entry of `ace_event::event_fields!`,
 /// typed by its kind ([`crate::kind`]); a field `Added` after
 /// `ace.event/1` defaults (null, `false`) when a line lacks it.
 macro_rules! reader_struct {
     (@acc [$($out:tt)*]) => {
         /// One request's event, as logged (its fields are
-        /// `ace_flow::event_fields!`).
+        /// `ace_event::event_fields!`).
         #[derive(Debug, Clone, PartialEq, Deserialize)]
         pub struct Event { $($out)* }
     };
@@ -46,7 +46,7 @@ macro_rules! reader_struct {
         reader_struct! { @acc [] $($entries)* }
     };
 }
-ace_flow::event_fields!(reader_struct);
+ace_event::event_fields!(reader_struct);
 
 /// Each field's check and storable text, by its kind.
 macro_rules! reader_checks {
@@ -66,7 +66,7 @@ macro_rules! reader_checks {
         }
     };
 }
-ace_flow::event_fields!(reader_checks);
+ace_event::event_fields!(reader_checks);
 
 /// Why a line is not an event.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! What the ledger does with each kind of event field: the type it reads
 //! from the line, the check it makes, the type and SQL column it stores.
 //!
-//! The fields themselves are `ace_flow::event_fields!` (see
-//! `ace_flow::schema`), each naming one of the kinds here: the reader
+//! The fields themselves are `ace_event::event_fields!` (see
+//! `ace_event::schema`), each naming one of the kinds here: the reader
 //! ([`crate::event::Event`]), the row ([`crate::row::Row`]) and the
 //! store's columns are derived from that list and these kinds, so a new
 //! field needs nothing in this crate.
@@ -58,7 +58,7 @@ pub fn filter_nano(usd: Option<f64>) -> Option<Nano> {
     usd.and_then(money::from_usd)
 }
 
-/// One kind of field (`ace_flow::schema::Kind`).
+/// One kind of field (`ace_event::schema::Kind`).
 pub trait Kind {
     /// As read from the line.
     type Read: serde::de::DeserializeOwned + Debug + Clone + PartialEq;

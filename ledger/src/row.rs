@@ -3,7 +3,7 @@
 //!
 //! The row, its column list and the conversions to and from untyped
 //! column values are derived here from the event's one definition
-//! (`ace_flow::event_fields!`, each field typed by its [`crate::kind`]),
+//! (`ace_event::event_fields!`, each field typed by its [`crate::kind`]),
 //! so SQLite and PostgreSQL cannot drift apart, and a new event field is
 //! a new column with no change here.
 
@@ -13,12 +13,12 @@ use crate::money::Nano;
 use crate::price::{self, Priced};
 
 /// The row's struct, columns and conversions: one per entry of
-/// `ace_flow::event_fields!`, typed by its kind ([`crate::kind`]), then
+/// `ace_event::event_fields!`, typed by its kind ([`crate::kind`]), then
 /// the ledger's own figures.
 macro_rules! row {
     ($( $(#[doc = $doc:literal])* $name:ident : $fty:ty $(, via $via:ident)? => $kind:ident, $presence:ident; )*) => {
         /// One booked event: what was logged (the fields of
-        /// `ace_flow::event_fields!`), then the ledger's own figures.
+        /// `ace_event::event_fields!`), then the ledger's own figures.
         #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
         pub struct Row {
             $( $(#[doc = $doc])* pub $name: <$crate::kind::$kind as $crate::kind::Kind>::Stored, )*
@@ -111,7 +111,7 @@ macro_rules! column {
     };
 }
 
-ace_flow::event_fields!(row);
+ace_event::event_fields!(row);
 
 /// The flag of a row booked under a derived id because a different event
 /// was stored under its `event_id` first (see `ingest`).

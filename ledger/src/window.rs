@@ -152,8 +152,8 @@ impl std::fmt::Display for Check {
 }
 
 /// The event reason of a cache hit the filter checked against the
-/// upstream (`ace_flow::cache::CHECK_REASON`).
-pub const CHECK_REASON: &str = "cache_check";
+/// upstream ([`ace_event::reason::CACHE_CHECK`], which the flow writes).
+pub const CHECK_REASON: &str = ace_event::reason::CACHE_CHECK;
 
 /// The start of the window of length `window_ms` that holds `time_ms`
 /// (saturating at `i64::MIN`, so any stored time has one).

@@ -44,8 +44,9 @@ use serde::Deserialize;
 use std::borrow::Cow;
 
 /// What pricing reads of one request: the fields of its event line
-/// (`ace_flow::event_fields!`) of the same names. It reads straight off a
-/// line (`serde_json::from_slice::<Facts>`); other fields are ignored.
+/// ([`ace_event::event_fields!`]) of the same names (a test holds each
+/// name to the list). It reads straight off a line
+/// (`serde_json::from_slice::<Facts>`); other fields are ignored.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct Facts<'a> {
@@ -103,41 +104,7 @@ pub struct Facts<'a> {
     pub live_usd_per_hour: Option<f64>,
 }
 
-impl<'a> Facts<'a> {
-    /// The facts of the flow's event `e` exactly as a reader of its line
-    /// gets them back, without writing the line: its text and counts as
-    /// they are, its prices as written (to the picodollar) and read again
-    /// by the same JSON parser as the ledger's.
-    pub fn of(e: &'a ace_flow::event::Event) -> Facts<'a> {
-        let text = |t| e.text(t).map(Cow::Borrowed);
-        let written = |p: ace_flow::event::Price| {
-            let usd = p.get()?;
-            let mut buf = ace_flow::event::UsdBuffer::default();
-            serde_json::from_str(buf.format(usd)).ok()
-        };
-        Facts {
-            destination: e.destination.as_deref().map(Cow::Borrowed),
-            tier: e.tier.map(Cow::Borrowed),
-            tokens_in: e.tokens_in,
-            tokens_out: e.tokens_out,
-            tokens_cache_read: e.tokens_cache_read,
-            tokens_cache_write: e.tokens_cache_write,
-            status: e.status,
-            warm: e.warm,
-            overage: e.overage,
-            cached: e.cached,
-            model_requested: text(&e.model_requested),
-            model_served: text(e.served()),
-            tenant: text(&e.tenant),
-            data_class: text(&e.data_class),
-            latency_class: text(&e.latency_class),
-            api: e.api.map(Cow::Borrowed),
-            live_usd_per_input_token: written(e.live_usd_per_input_token),
-            live_usd_per_output_token: written(e.live_usd_per_output_token),
-            live_usd_per_hour: written(e.live_usd_per_hour),
-        }
-    }
-
+impl Facts<'_> {
     /// Whether the request counts as served ([`served`]).
     pub fn served(&self) -> bool {
         served(self.destination.is_some(), self.cached, self.status)
@@ -662,6 +629,53 @@ mod tests {
             // providers, and the same cache is assumed for both.
             assert!(p.counterfactual.is_some_and(|c| c <= want), "{dest}");
         }
+    }
+
+    /// Every field pricing reads is a field of the event line: a name
+    /// the line does not have would read as its default (`serde(default)`)
+    /// on every line, and price every request wrong without an error.
+    #[test]
+    fn every_fact_is_a_field_of_the_event() {
+        let read = fact_names();
+        assert!(read.contains(&"tokens_in"), "{read:?}");
+        for name in read {
+            assert!(
+                ace_event::schema::FIELDS.iter().any(|f| f.name == *name),
+                "Facts reads `{name}`, which ace_event::event_fields! does not define"
+            );
+        }
+    }
+
+    /// The field names `Facts` deserialises, as serde's derive hands
+    /// them to a deserializer.
+    fn fact_names() -> &'static [&'static str] {
+        use serde::de::{Error, Visitor};
+        use serde::forward_to_deserialize_any;
+        type E = serde::de::value::Error;
+        struct Names(&'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for &mut Names {
+            type Error = E;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, E> {
+                Err(E::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, E> {
+                self.0 = fields;
+                Err(E::custom("names taken"))
+            }
+            forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+                bytes byte_buf option unit unit_struct newtype_struct seq tuple
+                tuple_struct map enum identifier ignored_any
+            }
+        }
+        let mut names = Names(&[]);
+        let _ = Facts::deserialize(&mut names);
+        names.0
     }
 
     #[test]

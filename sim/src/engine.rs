@@ -347,7 +347,7 @@ impl Books<'_> {
         ttft_ms: Option<u64>,
         served_model: Option<&str>,
     ) -> Booking {
-        use ace_flow::event::{Event, Text, SCHEMA};
+        use ace_flow::event::{Event, Text};
         let text = |s: Option<&str>| s.map(Text::from);
         let d = o.dest;
         let id = ace_flow::request::event_id(self.id_prefix, u64::from(r));
@@ -355,7 +355,7 @@ impl Books<'_> {
         let slo_ms = d.and_then(|d| self.slo_ms.get(d).copied().flatten());
         let ok = (200..300).contains(&o.status) && o.served;
         let mut e = Event {
-            schema: SCHEMA,
+            schema: ace_event::SCHEMA,
             event_id: id,
             config: self.config.clone(),
             time_ms: EPOCH_MS + req.at_ms,
@@ -382,7 +382,7 @@ impl Books<'_> {
         };
         // Priced as the ledger reads the line back (its prices to the
         // picodollar, as written), so the two agree exactly.
-        let facts = ace_pricing::Facts::of(&e);
+        let facts = facts(&e);
         let priced = self.memo.price(&facts, self.pricing, &self.config);
         let mut booking = Booking::default();
         booking.add(facts.served(), priced.clone());
@@ -397,6 +397,41 @@ impl Books<'_> {
             self.buf.push(b'\n');
         }
         booking
+    }
+}
+
+/// The facts pricing reads of the flow's event `e` exactly as a reader of
+/// its line gets them back, without writing the line: its text and counts
+/// as they are, its prices as written (to the picodollar, the flow's
+/// `UsdBuffer`) and read again by the same JSON parser as the ledger's.
+fn facts(e: &ace_flow::event::Event) -> ace_pricing::Facts<'_> {
+    use std::borrow::Cow;
+    let text = |t| e.text(t).map(Cow::Borrowed);
+    let written = |p: ace_flow::event::Price| {
+        let usd = p.get()?;
+        let mut buf = ace_flow::event::UsdBuffer::default();
+        serde_json::from_str(buf.format(usd)).ok()
+    };
+    ace_pricing::Facts {
+        destination: e.destination.as_deref().map(Cow::Borrowed),
+        tier: e.tier.map(Cow::Borrowed),
+        tokens_in: e.tokens_in,
+        tokens_out: e.tokens_out,
+        tokens_cache_read: e.tokens_cache_read,
+        tokens_cache_write: e.tokens_cache_write,
+        status: e.status,
+        warm: e.warm,
+        overage: e.overage,
+        cached: e.cached,
+        model_requested: text(&e.model_requested),
+        model_served: text(e.served()),
+        tenant: text(&e.tenant),
+        data_class: text(&e.data_class),
+        latency_class: text(&e.latency_class),
+        api: e.api.map(Cow::Borrowed),
+        live_usd_per_input_token: written(e.live_usd_per_input_token),
+        live_usd_per_output_token: written(e.live_usd_per_output_token),
+        live_usd_per_hour: written(e.live_usd_per_hour),
     }
 }
 

@@ -16,7 +16,7 @@
 //! does it alone and says what it did); one written by a later version
 //! (an unknown version, or a column this release does not know) is
 //! refused. The event columns come from the event's one definition
-//! (`ace_flow::event_fields!`, see [`crate::row`]): a column the store
+//! (`ace_event::event_fields!`, see [`crate::row`]): a column the store
 //! lacks is added to it, so a new event field needs no migration code.
 
 mod postgres;

@@ -132,7 +132,8 @@ impl Identity {
         h.update(self.first.unwrap_or_default());
         h.update(line);
         h.update(n.to_le_bytes());
-        hex(&h.finalize()[..16])
+        let key: [u8; 32] = h.finalize().into();
+        hex(&key[..16])
     }
 
     /// The key of the `ace.event/1` line `text` whose line key is `key`:
@@ -238,7 +239,7 @@ impl Batch<'_> {
             s.already += 1;
             return Ok(());
         }
-        let digest = Sha256::digest(serde_json::to_vec(&said)?);
+        let digest: [u8; 32] = Sha256::digest(serde_json::to_vec(&said)?).into();
         let logged = row.event_id.clone();
         let mut apart = row;
         apart.event_id = format!("{logged}~{}", hex(&digest[..8]));

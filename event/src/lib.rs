@@ -16,6 +16,14 @@
 //! taking the request flow that writes it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 pub mod schema;
 

@@ -31,6 +31,14 @@
 //! computed once in `f64`, as the core prices them, rounded to the
 //! nano-dollar, and only integers are summed after that.
 #![forbid(unsafe_code)]
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 pub mod money;
 

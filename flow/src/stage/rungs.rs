@@ -198,7 +198,11 @@ impl Ask<'_> {
     /// for the models that may stand in for the one named, in one merit
     /// order, each at its model's price there; `None` when this request is
     /// not routed.
-    pub fn routed_rung<H: Host>(&self, w: &mut Worker, host: &mut H) -> Option<Result<Claimed, Stop>> {
+    pub fn routed_rung<H: Host>(
+        &self,
+        w: &mut Worker,
+        host: &mut H,
+    ) -> Option<Result<Claimed, Stop>> {
         let r = self.routing?;
         let asked = r.asked(self.model()?)?;
         let tables = self.setup.tables.as_ref()?;

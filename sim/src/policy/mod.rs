@@ -17,6 +17,8 @@
 //! gateway at all, as an operator would leave it out.
 
 pub mod ace;
+#[cfg(test)]
+mod bench;
 pub mod litellm;
 pub mod packer;
 pub mod payg;

@@ -4,8 +4,8 @@
 //! draws at random, the test counts over many seeds or draws.
 
 use super::*;
-use crate::trace::Req;
 use crate::fleet::Params;
+use crate::policy::bench::{profile, Bench};
 
 /// A GPU server `name` of `slots` serving `models`, priced `price` per
 /// token each way.
@@ -30,56 +30,13 @@ fn api(name: &str, rpm: u32, models: &[&str], price: f64) -> Params {
     p
 }
 
-fn profile(model: &str, data_class: &str, latency_class: &str) -> Profile {
-    Profile {
-        tenant: "t".into(),
-        data_class: data_class.into(),
-        latency_class: latency_class.into(),
-        model: model.into(),
-        tp_degree: 1,
-        headers: Vec::new(),
-        feasible: vec![u64::MAX],
-        substitutes: Vec::new(),
-    }
-}
-
-/// A fleet, requests (one per profile, 100 prompt and 50 output tokens)
-/// and the router over them.
-struct Bench {
-    up: Vec<Upstream>,
-    reqs: Vec<Req>,
-    profiles: Vec<Profile>,
+/// A bench with a request of each profile.
+fn bench(params: Vec<Params>, profiles: Vec<Profile>) -> Bench {
+    let n = profiles.len() as u32;
+    Bench::new(params, profiles, 0..n)
 }
 
 impl Bench {
-    fn new(params: Vec<Params>, profiles: Vec<Profile>) -> Bench {
-        let mut rng = Rng::new(1);
-        let up = params
-            .into_iter()
-            .map(|p| Upstream::new(p, &mut rng, 1))
-            .collect();
-        let reqs = (0..profiles.len())
-            .map(|i| Req {
-                at_ms: 0,
-                prompt: 100,
-                output: 50,
-                profile: i as u32,
-                blocks: Default::default(),
-            })
-            .collect();
-        Bench { up, reqs, profiles }
-    }
-
-    fn world(&self, now: u64) -> World<'_> {
-        World {
-            now,
-            up: &self.up,
-            reqs: &self.reqs,
-            profiles: &self.profiles,
-            block_ids: &[],
-        }
-    }
-
     fn router(&self, s: Strategy, classes: &[&[&str]], seed: u64) -> LiteLlm {
         self.router_as(s, Variant::Default, classes, seed)
     }
@@ -199,7 +156,7 @@ fn hold(b: &Bench, l: &mut LiteLlm, r: u32, now: u64) -> Route {
 }
 
 fn two(strategy: Strategy, rpm: (u32, u32)) -> (Bench, LiteLlm) {
-    let b = Bench::new(
+    let b = bench(
         vec![api("a", rpm.0, &["m"], 1e-6), api("b", rpm.1, &["m"], 1e-6)],
         vec![profile("m", "public", "interactive"); 8],
     );
@@ -213,7 +170,7 @@ fn two(strategy: Strategy, rpm: (u32, u32)) -> (Bench, LiteLlm) {
 fn d1_deployments_are_per_model_group_and_destination() {
     // One server serving m1 and m2, and a second server, so each group has
     // two deployments: a 429 cools m1's deployment on `s`, not m2's.
-    let b = Bench::new(
+    let b = bench(
         vec![
             gpu("s", 8, &["m1", "m2"], 1e-7),
             gpu("u", 8, &["m1", "m2"], 2e-7),
@@ -249,7 +206,7 @@ fn d2_t1_1_a_full_slot_is_the_routers_own_429_then_an_instant_re_pick() {
     // call gets the router's 429 at once: no cool-down, no failure count,
     // three calls at t+0, then the error (no fallbacks). B is never tried:
     // the slot is not a filter.
-    let b = Bench::new(
+    let b = bench(
         vec![gpu("a", 1, &["m"], 1e-7), gpu("b", 1, &["m"], 2e-7)],
         vec![profile("m", "public", "interactive"); 2],
     );
@@ -270,7 +227,7 @@ fn d2_t1_1_simple_shuffle_re_picks_after_a_full_slot_across_seeds() {
     let mut refused = 0;
     let n = 2000;
     for seed in 0..n {
-        let b = Bench::new(
+        let b = bench(
             vec![gpu("a", 1, &["m"], 0.0), gpu("b", 1, &["m"], 0.0)],
             vec![profile("m", "public", "interactive"); 2],
         );
@@ -302,7 +259,7 @@ fn d2_t1_2_rpm_alone_is_a_concurrency_cap() {
     // `calculate_max_parallel_requests`: an API with only rpm=2 admits two
     // calls in flight; the third is the router's 429, the provider never
     // called, and a single-deployment group backs off 0.5 s + U(0, 0.75).
-    let b = Bench::new(
+    let b = bench(
         vec![api("a", 2, &["m"], 1e-6)],
         vec![profile("m", "public", "interactive"); 3],
     );
@@ -336,7 +293,7 @@ fn d2_t1_2_rpm_alone_is_a_concurrency_cap() {
 fn d12_t1_3_t5_1a_simple_shuffle_weighs_by_rpm_and_never_filters_on_usage() {
     // A rpm 100 (already 100 successes this minute, booked everywhere),
     // B rpm 300, C a GPU with no rpm: C weighs 0, A keeps a quarter.
-    let b = Bench::new(
+    let b = bench(
         vec![
             api("a", 100, &["m"], 1e-6),
             api("b", 300, &["m"], 1e-6),
@@ -376,7 +333,7 @@ fn d12_t5_1b_weight_beats_rpm_and_t5_1c_uniform_without_either() {
         l.finished_without_service(&b.world(0), 0);
     }
     assert!((2850..3150).contains(&to_b), "{to_b}");
-    let b = Bench::new(
+    let b = bench(
         vec![gpu("a", 4, &["m"], 0.0), gpu("b", 4, &["m"], 0.0)],
         vec![profile("m", "public", "interactive")],
     );
@@ -479,7 +436,7 @@ fn d4_t4_5_the_counters_window_starts_at_its_first_event() {
 /// `status`) at t = 1 s each.
 fn after(seq: &str, status: u16, group: &[&str]) -> (LiteLlm, Vec<bool>) {
     let params = group.iter().map(|n| gpu(n, 8, &["m"], 1e-7)).collect();
-    let b = Bench::new(params, vec![profile("m", "public", "interactive")]);
+    let b = bench(params, vec![profile("m", "public", "interactive")]);
     let mut l = b.router(Strategy::CostBased, &[], 1);
     let mut cooled = Vec::new();
     for (i, c) in seq.chars().enumerate() {
@@ -581,7 +538,7 @@ fn d7_t2_1_a_retry_re_picks_and_may_hit_the_same_deployment() {
     let mut same = 0;
     let n = 2000;
     for seed in 0..n {
-        let b = Bench::new(
+        let b = bench(
             vec![api("a", 100, &["m"], 1e-6), api("b", 100, &["m"], 1e-6)],
             vec![profile("m", "public", "interactive")],
         );
@@ -607,7 +564,7 @@ fn d7_t2_1_a_retry_re_picks_and_may_hit_the_same_deployment() {
 #[test]
 fn d7_t2_2_a_cooled_deployment_is_not_re_picked() {
     for seed in 0..50 {
-        let b = Bench::new(
+        let b = bench(
             vec![api("a", 100, &["m"], 1e-6), api("b", 100, &["m"], 1e-6)],
             vec![profile("m", "public", "interactive")],
         );
@@ -620,7 +577,7 @@ fn d7_t2_2_a_cooled_deployment_is_not_re_picked() {
 
 #[test]
 fn d8_t2_3_t4_3_a_single_deployment_backs_off_by_retry_after_and_sleeps_after_the_last() {
-    let b = Bench::new(
+    let b = bench(
         vec![api("a", 100, &["m"], 1e-6)],
         vec![profile("m", "public", "interactive")],
     );
@@ -638,7 +595,7 @@ fn d8_t2_4_without_a_header_the_back_off_doubles_with_jitter() {
     let mut sums = [0u64; 3];
     let n = 400;
     for seed in 0..n {
-        let b = Bench::new(
+        let b = bench(
             vec![gpu("a", 8, &["m"], 1e-7)],
             vec![profile("m", "public", "interactive")],
         );
@@ -661,7 +618,7 @@ fn d8_t2_4_without_a_header_the_back_off_doubles_with_jitter() {
 
 #[test]
 fn d8_d10_t2_6_with_no_healthy_deployment_the_request_falls_back_at_once() {
-    let b = Bench::new(
+    let b = bench(
         vec![
             api("a", 100, &["m"], 1e-6),
             api("b", 100, &["m"], 1e-6),
@@ -690,7 +647,7 @@ fn d8_d10_t2_6_with_no_healthy_deployment_the_request_falls_back_at_once() {
 
 #[test]
 fn d9_t2_5_t3_2_a_non_retryable_status_skips_retries_but_falls_back() {
-    let b = Bench::new(
+    let b = bench(
         vec![api("a", 100, &["big"], 1e-6), api("b", 100, &["mid"], 1e-6)],
         vec![profile("big", "public", "interactive")],
     );
@@ -722,7 +679,7 @@ fn d9_408_409_and_401_on_a_larger_group_are_retried() {
 
 #[test]
 fn d11_t3_1_fallbacks_in_order_each_with_full_retries() {
-    let b = Bench::new(
+    let b = bench(
         vec![
             api("b1", 100, &["big"], 1e-6),
             api("b2", 100, &["big"], 1e-6),
@@ -750,7 +707,7 @@ fn d11_nested_fallbacks_skip_attempted_groups_and_stop_at_max_depth() {
         .iter()
         .map(|m| api(m, 100, &[m], 1e-6))
         .collect::<Vec<_>>();
-    let b = Bench::new(params, vec![profile("a", "public", "interactive")]);
+    let b = bench(params, vec![profile("a", "public", "interactive")]);
     let chain: Vec<[&str; 2]> = models.windows(2).map(|w| [w[0], w[1]]).collect();
     let classes: Vec<&[&str]> = chain.iter().map(|c| c.as_slice()).collect();
     let mut l = b.router(Strategy::SimpleShuffle, &classes, 1);
@@ -765,7 +722,7 @@ fn d11_nested_fallbacks_skip_attempted_groups_and_stop_at_max_depth() {
 
 #[test]
 fn d13_t5_2_least_busy_counts_per_group_ties_to_the_first() {
-    let b = Bench::new(
+    let b = bench(
         vec![
             gpu("a", 8, &["m1", "m2"], 0.0),
             gpu("b", 8, &["m1", "m2"], 0.0),
@@ -790,7 +747,7 @@ fn d13_t5_2_least_busy_counts_per_group_ties_to_the_first() {
 // ---------------------------------------------------------------- D15
 
 fn latency_bench() -> (Bench, LiteLlm) {
-    let b = Bench::new(
+    let b = bench(
         vec![api("a", 100, &["m"], 1e-6), api("b", 100, &["m"], 1e-6)],
         vec![
             profile("m", "public", "interactive"),
@@ -903,7 +860,7 @@ fn d15_the_latency_map_expires_an_hour_after_it_was_created() {
 #[test]
 fn d16_t5_5_cost_based_reads_a_zero_price_as_unset() {
     // T5.5a.
-    let b = Bench::new(
+    let b = bench(
         vec![
             api("a", 100, &["m"], 1.5e-6),
             api("b", 100, &["m"], 0.75e-6),
@@ -914,7 +871,7 @@ fn d16_t5_5_cost_based_reads_a_zero_price_as_unset() {
     assert_eq!(l.route(&b.world(0), 0), Route::To(1));
     l.finished_without_service(&b.world(0), 0);
     // T5.5b: A priced 0 costs 5.0 + 5.0.
-    let b = Bench::new(
+    let b = bench(
         vec![gpu("a", 8, &["m"], 0.0), api("b", 100, &["m"], 1e-6)],
         vec![profile("m", "public", "interactive")],
     );
@@ -940,7 +897,7 @@ fn d16_t5_5_cost_based_reads_a_zero_price_as_unset() {
 fn d17_t7_2_residency_keeps_eu_personal_data_on_eu_deployments() {
     let mut eu = api("eu", 100, &["m"], 2e-6);
     eu.eu = true;
-    let b = Bench::new(
+    let b = bench(
         vec![api("us", 100, &["m"], 1e-6), eu],
         vec![
             profile("m", "personal_eu", "interactive"),
@@ -1001,7 +958,7 @@ fn the_same_seed_makes_the_same_choices() {
 
 #[test]
 fn the_knee_variant_caps_gpu_deployments_at_their_knee() {
-    let b = Bench::new(
+    let b = bench(
         vec![gpu("a", 10, &["m"], 1e-7), api("b", 100, &["m"], 1e-6)],
         vec![profile("m", "public", "interactive")],
     );
@@ -1014,7 +971,7 @@ fn the_knee_variant_caps_gpu_deployments_at_their_knee() {
 
 #[test]
 fn the_split_variants_share_a_servers_knee_among_its_deployments() {
-    let b = Bench::new(
+    let b = bench(
         vec![
             gpu("a", 10, &["m", "n"], 1e-7),
             gpu("c", 10, &["m"], 1e-7),
@@ -1043,7 +1000,7 @@ fn the_compliant_variant_routes_only_where_the_tables_allow() {
     // no substitute at all.
     let mut p = profile("m", "public", "interactive");
     p.feasible = vec![0b10];
-    let b = Bench::new(
+    let b = bench(
         vec![
             api("a", 100, &["m", "n"], 1e-7),
             api("b", 100, &["m"], 1e-6),
@@ -1073,7 +1030,7 @@ fn the_team_alias_variant_substitutes_only_for_teams_that_may() {
     may.substitutes = vec![("y".into(), vec![0b1])];
     let mut may_not = profile("x", "public", "interactive");
     may_not.tenant = "u".into();
-    let b = Bench::new(
+    let b = bench(
         vec![gpu("owned", 8, &["y"], 1e-7), api("api", 100, &["x"], 1e-6)],
         vec![may, may_not],
     );
@@ -1088,7 +1045,7 @@ fn the_team_alias_variant_substitutes_only_for_teams_that_may() {
 fn d18_t7_1_order_keeps_the_lowest_tier_left_after_cooldowns() {
     let mut reserved = gpu("b", 8, &["m"], 1e-6);
     reserved.tier = Tier::Reserved;
-    let b = Bench::new(
+    let b = bench(
         vec![
             gpu("a", 8, &["m"], 1e-5),
             reserved,
@@ -1117,7 +1074,7 @@ fn d18_t7_1_order_keeps_the_lowest_tier_left_after_cooldowns() {
 fn d18_t3_4_a_failed_tier_falls_back_to_the_next_order_of_its_group() {
     let mut reserved = gpu("b", 8, &["m"], 1e-6);
     reserved.tier = Tier::Reserved;
-    let b = Bench::new(
+    let b = bench(
         vec![gpu("a", 8, &["m"], 1e-6), reserved],
         vec![profile("m", "public", "interactive")],
     );

@@ -4,9 +4,8 @@
 //! counts over many draws.
 
 use super::*;
-use crate::fleet::{Params, Upstream};
-use crate::mix::Profile;
-use crate::trace::Req;
+use crate::fleet::Params;
+use crate::policy::bench::{profile, Bench};
 
 fn gpu(name: &str) -> Params {
     let mut p = crate::fleet::test_gpu(4);
@@ -23,52 +22,13 @@ fn api(name: &str) -> Params {
     p
 }
 
-struct Bench {
-    up: Vec<Upstream>,
-    reqs: Vec<Req>,
-    profiles: Vec<Profile>,
+/// A bench with 4,000 requests of one profile.
+fn bench(params: Vec<Params>) -> Bench {
+    let profiles = vec![profile("m", "public", "interactive")];
+    Bench::new(params, profiles, std::iter::repeat_n(0, 4000))
 }
 
 impl Bench {
-    fn new(params: Vec<Params>) -> Bench {
-        let mut rng = Rng::new(1);
-        Bench {
-            up: params
-                .into_iter()
-                .map(|p| Upstream::new(p, &mut rng, 1))
-                .collect(),
-            reqs: (0..4000)
-                .map(|_| Req {
-                    at_ms: 0,
-                    prompt: 100,
-                    output: 50,
-                    profile: 0,
-                    blocks: Default::default(),
-                })
-                .collect(),
-            profiles: vec![Profile {
-                tenant: "t".into(),
-                data_class: "public".into(),
-                latency_class: "interactive".into(),
-                model: "m".into(),
-                tp_degree: 1,
-                headers: Vec::new(),
-                feasible: vec![u64::MAX],
-                substitutes: Vec::new(),
-            }],
-        }
-    }
-
-    fn world(&self, now: u64) -> World<'_> {
-        World {
-            now,
-            up: &self.up,
-            reqs: &self.reqs,
-            profiles: &self.profiles,
-            block_ids: &[],
-        }
-    }
-
     fn gateway(&self, seed: u64) -> PriorityGateway {
         PriorityGateway::new(vec![true; self.up.len()], seed)
     }
@@ -86,7 +46,7 @@ fn eject(g: &mut PriorityGateway, d: usize, now: u64) {
 
 #[test]
 fn p1_t8_1_a_busy_gpu_keeps_its_load() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let mut g = b.gateway(1);
     // Far past the server's 4 slots: every request still goes to it.
     for r in 0..40 {
@@ -97,7 +57,7 @@ fn p1_t8_1_a_busy_gpu_keeps_its_load() {
 
 #[test]
 fn p1_the_clusters_circuit_breaker_overflows_locally_not_to_the_next_priority() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let mut g = b.gateway(1);
     for r in 0..MAX_REQUESTS {
         assert_eq!(g.route(&b.world(0), r), Route::To(0));
@@ -111,7 +71,7 @@ fn p1_the_clusters_circuit_breaker_overflows_locally_not_to_the_next_priority() 
 
 #[test]
 fn p2_t8_5_load_spills_by_health_with_the_overprovisioning_factor() {
-    let b = Bench::new(vec![gpu("g1"), gpu("g2"), gpu("g3"), gpu("g4"), api("a")]);
+    let b = bench(vec![gpu("g1"), gpu("g2"), gpu("g3"), gpu("g4"), api("a")]);
     let hosts: Vec<usize> = (0..5).collect();
     let mut g = b.gateway(1);
     let w = b.world(0);
@@ -135,7 +95,7 @@ fn p2_t8_5_load_spills_by_health_with_the_overprovisioning_factor() {
 
 #[test]
 fn p6_t8_4_an_ejected_gpu_sends_everything_to_the_next_priority_then_returns() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let mut g = b.gateway(1);
     let r = g.route(&b.world(0), 0);
     assert_eq!(r, Route::To(0));
@@ -184,7 +144,7 @@ fn p6_any_other_answer_resets_the_5xx_count_and_the_multiplier_decays() {
 
 #[test]
 fn p7_with_every_host_ejected_the_first_priority_takes_the_load_in_panic() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let mut g = b.gateway(1);
     eject(&mut g, 0, 0);
     eject(&mut g, 1, 0);
@@ -196,7 +156,7 @@ fn p7_with_every_host_ejected_the_first_priority_takes_the_load_in_panic() {
 
 #[test]
 fn p3_t8_3_a_429_is_not_retried_under_eaigs_example_policy() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let mut g = b.gateway(1);
     g.route(&b.world(0), 0);
     assert_eq!(
@@ -217,7 +177,7 @@ fn p3_t8_3_a_429_is_not_retried_under_eaigs_example_policy() {
 
 #[test]
 fn p3_up_to_five_retries() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let mut g = b.gateway(1);
     g.route(&b.world(0), 0);
     let tried = [0, 1];
@@ -239,7 +199,7 @@ fn p3_up_to_five_retries() {
 #[test]
 fn p4_t8_2_a_retry_moves_to_the_next_priority_even_with_healthy_hosts_left() {
     // Two GPU servers at P0: after one attempt there, P0 is excluded.
-    let b = Bench::new(vec![gpu("g1"), gpu("g2"), api("a")]);
+    let b = bench(vec![gpu("g1"), gpu("g2"), api("a")]);
     let mut moved = 0;
     for seed in 0..200 {
         let mut g = b.gateway(seed);
@@ -262,7 +222,7 @@ fn p4_t8_2_a_retry_moves_to_the_next_priority_even_with_healthy_hosts_left() {
 
 #[test]
 fn p4_exclusions_reset_when_no_healthy_priority_is_left() {
-    let b = Bench::new(vec![gpu("g"), api("a")]);
+    let b = bench(vec![gpu("g"), api("a")]);
     let g = b.gateway(1);
     let mut excluded = [false; LEVELS];
     excluded[0] = true;
@@ -289,7 +249,7 @@ fn p5_the_back_off_is_fully_jittered_and_grows() {
 
 #[test]
 fn the_same_seed_makes_the_same_choices() {
-    let b = Bench::new(vec![gpu("g1"), gpu("g2"), api("a")]);
+    let b = bench(vec![gpu("g1"), gpu("g2"), api("a")]);
     let run = |seed| {
         let mut g = b.gateway(seed);
         (0..200)

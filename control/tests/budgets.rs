@@ -10,7 +10,7 @@ use ace_snapshot::{Budget, BudgetState, Snapshot};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{now_ms, snapshot_and_etag, wait_for, TOKEN};
+use crate::common::{metrics, now_ms, snapshot_and_etag, wait_for, TOKEN};
 
 const SCHEMA: &str = "namespace Ace {\n  entity Tenant;\n  entity Destination;\n  \
                       action dispatch appliesTo { principal: [Tenant], resource: [Destination], \
@@ -96,15 +96,6 @@ fn event(n: u32, config: &str, tenant: &str, time_ms: u64, usd: f64) -> String {
     })
     .to_string()
         + "\n"
-}
-
-async fn metrics(r: &Running) -> String {
-    reqwest::get(format!("http://{}/metrics", r.addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 fn budget<'a>(s: &'a Snapshot, name: &str) -> Option<&'a Budget> {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::{now_ms, rfc3339, serve, snapshot_and_etag, wait_for, TOKEN};
+use crate::common::{metrics, now_ms, rfc3339, serve, snapshot_and_etag, wait_for, TOKEN};
 
 const HOLD_MS: u64 = 3_600_000;
 
@@ -109,15 +109,6 @@ async fn snapshot(r: &Running) -> (Snapshot, String) {
 
 fn report<'a>(s: &'a Snapshot, name: &str) -> Option<&'a Report> {
     s.reports.iter().find(|r| r.name == name)
-}
-
-async fn metrics(r: &Running) -> String {
-    reqwest::get(format!("http://{}/metrics", r.addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]

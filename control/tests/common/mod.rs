@@ -26,6 +26,16 @@ pub async fn serve(app: Router) -> String {
     serve_on("127.0.0.1", app).await
 }
 
+/// The service's `/metrics` page.
+pub async fn metrics(r: &Running) -> String {
+    reqwest::get(format!("http://{}/metrics", r.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// The service's snapshot now, and its ETag.
 pub async fn snapshot_and_etag(r: &Running) -> (Snapshot, String) {
     let client = ace_control::http_client(Duration::from_secs(2)).unwrap();

@@ -19,7 +19,8 @@
 //! Envoys), and every figure traces back to its request ids ([`trace`]).
 //!
 //! Tenant budgets are read from the same books ([`budget::readings`], what
-//! the control service publishes) and their use is reported.
+//! the control service publishes, read again and again by a
+//! [`spend::Reader`]) and their use is reported.
 //!
 //! [`book::Ledger`] ties a store and its configurations together.
 #![forbid(unsafe_code)]
@@ -37,6 +38,7 @@ pub use ace_pricing::money;
 pub mod price;
 pub mod report;
 pub mod row;
+pub mod spend;
 pub mod split;
 pub mod store;
 pub mod time;

@@ -2,7 +2,9 @@
 //! one snapshot from it and print it (`snapshot`).
 //!
 //! All logic lives in `ace-control`; this module parses flags, reads the
-//! token and prints. `control/README.md` is the operator's guide.
+//! token, hands the service the ledger's store (`ace_cli::spend`) and
+//! prints. `control/README.md` is the operator's guide.
+use ace_cli::spend::LedgerSpend;
 use ace_control::{Config, FeedSource, Fetched, PlanSource};
 use ace_snapshot::Snapshot;
 use anyhow::{bail, Context as _};
@@ -182,8 +184,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             idle_timeout: a.idle_timeout,
             ..Default::default()
         },
-        ledger_store: a.ledger_store,
-        ledger_interval: a.ledger_interval,
+        spend: match a.ledger_store.as_deref() {
+            Some(url) => Some(Box::new(LedgerSpend::new(url)?)),
+            None => None,
+        },
+        spend_interval: a.ledger_interval,
         ..Config::new(a.manifest)
     };
     ace_control::run(config, shutdown()).await?;

@@ -5,3 +5,4 @@ pub mod ingest_summary;
 pub mod output;
 pub mod plugin;
 pub mod shadow;
+pub mod spend;

@@ -1,5 +1,6 @@
 //! Tenant budgets: each budget's spend in its current period, read from
-//! the ledger's store (`--ledger-store`), published in the snapshot.
+//! a [`Spend`] (the ledger's store, `--ledger-store`), published in the
+//! snapshot.
 //!
 //! Why the service reads the books rather than each filter: a filter sees
 //! only its own proxy's traffic, and the books see every proxy's (through
@@ -19,259 +20,210 @@
 //! read no reading is published at all: a filter then counts only its own
 //! spend.
 //!
-//! The store is blocking I/O (SQLite, or PostgreSQL's synchronous client),
-//! so each read runs on tokio's blocking pool and never holds up the
+//! Why a trait: the service knows what a reading is and when to take one,
+//! not how the books are kept; the `ace` command hands it the ledger's
+//! reader (`ace_ledger::spend::Reader`), so the service does not link the
+//! ledger. A read is blocking I/O (SQLite, or PostgreSQL's synchronous
+//! client), so each runs on tokio's blocking pool and never holds up the
 //! publisher or the server.
 
-use crate::Error;
+use crate::state::{self, Service};
+use crate::{log, Error};
 use ace_config::Budgets;
-use ace_ledger::store::Store;
 use ace_snapshot::Budget;
-use std::path::PathBuf;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
 
-/// Whether `url` names a PostgreSQL store.
-fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
+/// Where each tenant budget's spend is read from: the books.
+pub trait Spend: Send + 'static {
+    /// The store as logs and `/metrics` show it (never a password).
+    fn shown(&self) -> &str;
+    /// Every budget of `budgets` with an amount (`usd`), its spend in its
+    /// current period as of `now_ms` (Unix ms); the service sets each
+    /// reading's `read_ms`. Blocking: the service runs it on tokio's
+    /// blocking pool. A failure is one line naming what went wrong; the
+    /// next call tries again from the start (opening the store again).
+    fn readings(&mut self, budgets: &Budgets, now_ms: u64) -> Result<Vec<Budget>, String>;
+    /// The same source with nothing open: what the service reads with
+    /// next after a read that panicked and took this one with it.
+    fn fresh(&self) -> Box<dyn Spend>;
 }
 
-/// `url` with any password replaced by `***` (`postgres://u:***@host/db`,
-/// `?password=***`), for logs and errors. A file path is shown as given.
-pub(crate) fn shown(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(auth_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => authority.to_string(),
-        },
-        None => authority.to_string(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let q: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => kv.to_string(),
-                })
-                .collect();
-            format!("{path}?{}", q.join("&"))
+impl fmt::Debug for dyn Spend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Spend").field(&self.shown()).finish()
+    }
+}
+
+/// A copy of a configuration reads the same store, opened anew.
+impl Clone for Box<dyn Spend> {
+    fn clone(&self) -> Self {
+        self.fresh()
+    }
+}
+
+/// The budgets source: reads every budget's spend every interval and
+/// hands it to the service.
+#[derive(Debug)]
+pub(crate) struct Source {
+    spend: Box<dyn Spend>,
+    budgets: Arc<Budgets>,
+    interval: Duration,
+}
+
+impl Source {
+    /// The source for `budgets` read from `spend`, when there is spend to
+    /// read: none, with a line in the log, when the store is given but no
+    /// budget has an amount, or budgets have one but no store is given.
+    pub fn new(
+        spend: Option<Box<dyn Spend>>,
+        budgets: Budgets,
+        interval: Duration,
+    ) -> Result<Option<Source>, Error> {
+        if interval.is_zero() {
+            return Err(Error::new("--ledger-interval must be above 0"));
         }
-        None => tail.to_string(),
-    };
-    format!("{scheme}://{authority}{tail}")
-}
-
-/// Reads every budget's spend from one store, reconnecting after a failure.
-pub(crate) struct Reader {
-    url: String,
-    /// `url` as logs show it.
-    pub shown: String,
-    store: Option<Box<dyn Store>>,
-    /// A SQLite store's file and its identity when opened: a file deleted
-    /// or replaced under an open connection is noticed, not read as it was.
-    file: Option<(PathBuf, Option<(u64, u64)>)>,
-}
-
-impl std::fmt::Debug for Reader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reader")
-            .field("store", &self.shown)
-            .field("open", &self.store.is_some())
-            .finish()
-    }
-}
-
-/// PostgreSQL's synchronous client runs a runtime of its own to close
-/// its connection, which panics on a thread that drives tokio's tasks
-/// (the service's, when it stops and drops the reader): the store is
-/// closed on a thread of its own.
-impl Drop for Reader {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
-
-impl Reader {
-    /// Close the store, if open, on a thread of its own (see `Drop`).
-    fn close(&mut self) {
-        if let Some(store) = self.store.take() {
-            let _ = std::thread::Builder::new()
-                .name("ace-ledger-close".into())
-                .spawn(move || drop(store));
-        }
-    }
-}
-
-/// A file's device and inode (Unix), to tell a replaced file from the one
-/// opened.
-fn identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt as _;
-        Some((meta.dev(), meta.ino()))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = meta;
-        None
-    }
-}
-
-impl Reader {
-    /// A reader of the store at `url` (a SQLite file path or a
-    /// `postgres://` URL); nothing is opened yet. A URL of another scheme
-    /// is refused.
-    pub fn new(url: &str) -> Result<Reader, Error> {
-        let url = url.trim();
-        if url.is_empty() {
-            return Err(Error::new(
-                "--ledger-store is empty: give the ledger's SQLite file or its postgres:// URL",
-            ));
-        }
-        if url.contains("://") && !is_postgres(url) {
-            return Err(Error::new(format!(
-                "--ledger-store `{}` is neither a postgres:// URL nor a file path: give the \
-                 store `ace ledger ingest --store` writes",
-                crate::logged(&shown(url))
-            )));
-        }
-        Ok(Reader {
-            url: url.to_string(),
-            shown: shown(url),
-            store: None,
-            file: None,
+        // Budgets with an amount have a spend to read; a token limit alone
+        // is the filters' own.
+        let with_amount = budgets.list.iter().filter(|b| b.usd.is_some()).count();
+        Ok(match (spend, with_amount) {
+            (Some(spend), 0) => {
+                log(&format!(
+                    "--ledger-store {}: the manifest has no budget with `usd`, so the store is \
+                     not read",
+                    spend.shown()
+                ));
+                None
+            }
+            (Some(spend), _) => Some(Source {
+                spend,
+                budgets: Arc::new(budgets),
+                interval,
+            }),
+            (None, 0) => None,
+            (None, n) => {
+                log(&format!(
+                    "the manifest has {n} budgets with `usd` but no --ledger-store is given: no \
+                     budget readings are published, so each filter counts only its own spend"
+                ));
+                None
+            }
         })
     }
 
-    /// A reader of the same store with nothing open (after a read that
-    /// did not come back).
-    pub fn fresh(&self) -> Reader {
-        Reader {
-            url: self.url.clone(),
-            shown: self.shown.clone(),
-            store: None,
-            file: None,
-        }
+    /// The store as logs show it.
+    pub fn shown(&self) -> String {
+        self.spend.shown().to_string()
     }
 
-    /// The store, opened if it is not: a SQLite file must exist (the
-    /// opener would create an empty ledger, which reads every budget as
-    /// unspent) and still be the file opened.
-    fn store(&mut self) -> Result<&mut Box<dyn Store>, String> {
-        if !is_postgres(&self.url) {
-            let path = PathBuf::from(&self.url);
-            let meta = std::fs::metadata(&path).map_err(|e| {
-                format!(
-                    "cannot read the ledger file ({e}); a missing file is not created, since an \
-                     empty ledger would read every budget as unspent: give the file `ace ledger \
-                     ingest --store` writes"
-                )
-            })?;
-            if !meta.is_file() {
-                return Err("is not a file: give the ledger's SQLite file".into());
+    /// Reads every interval, each read on the blocking pool.
+    pub fn spawn(self, tasks: &mut JoinSet<()>, svc: Arc<Service>) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let Source { spend, budgets, .. } = self;
+        tasks.spawn(async move {
+            let (shown, base) = (spend.shown().to_string(), spend.fresh());
+            let mut spend = Some(spend);
+            loop {
+                tick.tick().await;
+                let mut s = spend.take().unwrap_or_else(|| base.fresh());
+                let (b, after) = (budgets.clone(), svc.budgets_read_ms());
+                let now = state::now_ms();
+                let done = tokio::task::spawn_blocking(move || {
+                    let got = read(s.as_mut(), &b, now, after);
+                    (s, got)
+                })
+                .await;
+                let got = match done {
+                    Ok((s, got)) => {
+                        spend = Some(s);
+                        got
+                    }
+                    // The read panicked: its connection is gone with it,
+                    // and the next tick opens a new one.
+                    Err(e) => Err(format!("the read failed: {e}")),
+                };
+                svc.set_budgets(got, &shown);
             }
-            let id = identity(&meta);
-            if self.store.is_some() && self.file.as_ref().is_some_and(|(_, was)| *was != id) {
-                // Replaced since it was opened: open the new one.
-                self.close();
-            }
-            self.file = Some((path, id));
-        }
-        if self.store.is_none() {
-            let s = ace_ledger::store::open(&self.url).map_err(|e| self.message(&e))?;
-            self.store = Some(s);
-        }
-        self.store
-            .as_mut()
-            .ok_or_else(|| "the store did not open".to_string())
+        });
     }
+}
 
-    /// An error of the ledger's as one line, the password left out.
-    fn message(&self, e: &anyhow::Error) -> String {
-        let text = format!("{e:#}");
-        if self.url == self.shown {
-            text
-        } else {
-            text.replace(&self.url, &self.shown)
-        }
+/// Every budget's reading as of `now_ms`, each `read_ms` after `after_ms`
+/// (the last good read's: a reading is replaced only with a later one, so
+/// a clock that steps back must not freeze the readings).
+fn read(
+    spend: &mut dyn Spend,
+    budgets: &Budgets,
+    now_ms: u64,
+    after_ms: u64,
+) -> Result<Vec<Budget>, String> {
+    let mut v = spend.readings(budgets, now_ms)?;
+    let read_ms = now_ms.max(after_ms.saturating_add(1));
+    for b in &mut v {
+        b.read_ms = read_ms;
     }
-
-    /// Every budget's reading as of `now_ms`, each `read_ms` after
-    /// `after_ms` (the last good read's: a reader replaces a reading only
-    /// with a later one, so a clock that steps back must not freeze the
-    /// readings). Blocking: run it on the blocking pool. A failure closes
-    /// the store, so the next read opens it again.
-    pub fn read(
-        &mut self,
-        budgets: &Budgets,
-        now_ms: u64,
-        after_ms: u64,
-    ) -> Result<Vec<Budget>, String> {
-        let got = match self.store() {
-            Ok(s) => ace_ledger::budget::readings(s.as_mut(), budgets, now_ms),
-            Err(e) => {
-                self.close();
-                return Err(e);
-            }
-        };
-        match got {
-            Ok(mut v) => {
-                let read_ms = now_ms.max(after_ms.saturating_add(1));
-                for b in &mut v {
-                    b.read_ms = read_ms;
-                }
-                Ok(v)
-            }
-            Err(e) => {
-                let msg = self.message(&e);
-                self.close();
-                Err(msg)
-            }
-        }
-    }
+    Ok(v)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn passwords_never_show() {
-        assert_eq!(
-            shown("postgres://ace:s3cret@db.internal:5432/ledger?sslmode=require&password=x"),
-            "postgres://ace:***@db.internal:5432/ledger?sslmode=require&password=***"
-        );
-        assert_eq!(
-            shown("postgresql://ace@db/ledger"),
-            "postgresql://ace@db/ledger"
-        );
-        assert_eq!(
-            shown("/var/lib/ace/ledger.sqlite"),
-            "/var/lib/ace/ledger.sqlite"
-        );
-        let e = Reader::new("mysql://root:pw@db/x").unwrap_err().0;
-        assert!(e.contains("neither a postgres:// URL"), "{e}");
-        assert!(Reader::new("  ").is_err());
+    /// A store that reads `spent` for every budget with an amount.
+    struct Fixed(f64);
+
+    impl Spend for Fixed {
+        fn shown(&self) -> &str {
+            "fixed"
+        }
+        fn readings(&mut self, budgets: &Budgets, now_ms: u64) -> Result<Vec<Budget>, String> {
+            Ok(budgets
+                .list
+                .iter()
+                .filter(|b| b.usd.is_some())
+                .map(|b| Budget {
+                    name: b.name.clone(),
+                    state: b.state(self.0),
+                    spent_usd: self.0,
+                    read_ms: now_ms,
+                    resets_ms: 0,
+                })
+                .collect())
+        }
+        fn fresh(&self) -> Box<dyn Spend> {
+            Box::new(Fixed(self.0))
+        }
     }
 
-    #[test]
-    fn a_missing_file_is_an_error_not_an_empty_ledger() {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("nope.sqlite");
-        let mut r = Reader::new(&path.display().to_string()).expect("reader");
-        let b = Budgets::validate(&[ace_config::BudgetSettings {
+    fn budgets() -> Budgets {
+        Budgets::validate(&[ace_config::BudgetSettings {
             name: "a".into(),
             tenants: vec!["t".into()],
             usd: Some(1.0),
             ..Default::default()
         }])
-        .expect("budgets");
-        let e = r.read(&b, 1_796_607_000_000, 0).unwrap_err();
-        assert!(e.contains("a missing file is not created"), "{e}");
-        assert!(!path.exists());
+        .expect("budgets")
+    }
+
+    #[test]
+    fn a_reading_is_always_later_than_the_last() {
+        let b = budgets();
+        let v = read(&mut Fixed(0.5), &b, 1_000, 0).expect("read");
+        assert_eq!((v.len(), v[0].read_ms), (1, 1_000));
+        // The clock stepped back: still after the last good read.
+        let v = read(&mut Fixed(0.5), &b, 900, 1_000).expect("read");
+        assert_eq!(v[0].read_ms, 1_001);
+    }
+
+    #[test]
+    fn a_store_without_budgets_to_read_is_not_read() {
+        let none = Budgets::validate(&[]).expect("budgets");
+        let s = Source::new(Some(Box::new(Fixed(0.0))), none, Duration::from_secs(1));
+        assert!(s.expect("no error").is_none());
+        let s = Source::new(None, budgets(), Duration::ZERO);
+        assert!(s.unwrap_err().0.contains("--ledger-interval"));
     }
 }

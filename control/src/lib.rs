@@ -6,9 +6,9 @@
 //! ([`load`]), resident models and adapters ([`models`]), per-token and
 //! GPU-hour prices ([`prices`]), spot eviction notices ([`eviction`], and
 //! pushed ones on `POST /v1/notice`) and owned capacity from the
-//! planner's rolling horizon ([`plan`]); with `--ledger-store`, it also
-//! reads each tenant budget's spend from the ledger (`budgets`). It
-//! serves what it knows as an
+//! planner's rolling horizon ([`plan`]); given a [`Spend`] (the `ace`
+//! command's `--ledger-store`), it also reads each tenant budget's spend
+//! from the books. It serves what it knows as an
 //! [`ace_snapshot`] on `GET /v1/snapshot`, with an ETag so that an
 //! unchanged snapshot costs a 304; `control/README.md` is the operator's
 //! guide.
@@ -41,10 +41,13 @@ pub mod plan;
 pub mod prices;
 pub mod prom;
 mod server;
+mod sources;
 mod state;
 
+pub use budgets::Spend;
+
 use ace_snapshot::Snapshot;
-use state::{Dest, Inputs, Service, Settings, Watched};
+use state::{Dest, Inputs, Service, Settings};
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -185,11 +188,11 @@ pub struct Config {
     pub plan: Option<PlanSource>,
     /// The bounds of the server's connections.
     pub limits: listen::Limits,
-    /// The ledger's store (a SQLite file or a `postgres://` URL) that
-    /// tenant budgets' spend is read from; none: no budget readings.
-    pub ledger_store: Option<String>,
-    /// How often the store is read (default: the interval).
-    pub ledger_interval: Option<Duration>,
+    /// Where tenant budgets' spend is read from (`--ledger-store`: the
+    /// `ace` command gives the ledger's store); none: no budget readings.
+    pub spend: Option<Box<dyn Spend>>,
+    /// How often it is read (`--ledger-interval`; default: the interval).
+    pub spend_interval: Option<Duration>,
 }
 
 impl Config {
@@ -208,8 +211,8 @@ impl Config {
             gpu_prices: None,
             plan: None,
             limits: listen::Limits::default(),
-            ledger_store: None,
-            ledger_interval: None,
+            spend: None,
+            spend_interval: None,
         }
     }
 }
@@ -447,60 +450,75 @@ fn destinations(path: &std::path::Path) -> Result<(Vec<Dest>, ace_config::Budget
 /// Loads the manifest and inputs, binds, spawns the pollers and the
 /// server, and returns. Bad inputs at start are errors (the service
 /// refuses to start); inputs that go bad later are logged and the last
-/// good ones kept.
-pub async fn start(config: Config) -> Result<Running, Error> {
-    let (dests, budgets) = destinations(&config.manifest)?;
+/// good ones kept. It reads as the list of the service's inputs, each a
+/// source read at start and then kept up to date on a task of its own.
+pub async fn start(mut config: Config) -> Result<Running, Error> {
+    let (dests, tenant_budgets) = destinations(&config.manifest)?;
     let interval = config.interval;
     if interval.is_zero() {
         return Err(Error::new("--interval must be above 0"));
     }
-    let ledger_interval = config.ledger_interval.unwrap_or(interval);
-    if ledger_interval.is_zero() {
-        return Err(Error::new("--ledger-interval must be above 0"));
-    }
-    // Budgets with an amount have a spend to read; a token limit alone is
-    // the filters' own.
-    let spend_budgets = budgets.list.iter().filter(|b| b.usd.is_some()).count();
-    let reader = match (&config.ledger_store, spend_budgets) {
-        (Some(url), 0) => {
-            let r = budgets::Reader::new(url)?;
-            log(&format!(
-                "--ledger-store {}: the manifest has no budget with `usd`, so the store is not \
-                 read",
-                r.shown
-            ));
-            None
-        }
-        (Some(url), _) => Some(budgets::Reader::new(url)?),
-        (None, 0) => None,
-        (None, n) => {
-            log(&format!(
-                "the manifest has {n} budgets with `usd` but no --ledger-store is given: no \
-                 budget readings are published, so each filter counts only its own spend"
-            ));
-            None
-        }
+    let spend_interval = config.spend_interval.unwrap_or(interval);
+    let spend = budgets::Source::new(config.spend.take(), tenant_budgets, spend_interval)?;
+    let limits = connection_limits(&config.limits, dests.len())?;
+    let ledger = spend.as_ref().map(budgets::Source::shown);
+    let settings = settings(&config, ledger)?;
+    let client = http_client(config.timeout.unwrap_or(interval))?;
+    let (engines, keys) = sources::Engines::load(&dests)?;
+    let inputs = Inputs {
+        live: vec![Default::default(); dests.len()],
+        keys,
+        ..Inputs::default()
     };
-    // Connections get what the file descriptor limit leaves once the
-    // service's own are kept aside: its polls (three per destination at
-    // most: metrics, models, eviction notices) and the rest.
-    let reserved = listen::RESERVED_FDS + 3 * dests.len();
-    let cap = listen::connection_cap(&config.limits, listen::fd_soft_limit(), reserved)
-        .map_err(Error::new)?;
-    let limits = listen::Limits {
+    let svc = Arc::new(Service::new(dests, settings, inputs));
+    let gpu = config.gpu_prices.as_ref();
+    let prices = sources::Prices::load(config.prices.as_deref(), gpu, &svc, &client).await?;
+    let plan = sources::Plan::load(config.plan.as_ref().map(|p| p.path.as_path()), &svc)?;
+    let (listener, addr) = bind(config.listen).await?;
+
+    let mut tasks = JoinSet::new();
+    engines.spawn(&mut tasks, &svc, &client, interval);
+    sources::Notices::spawn(&mut tasks, &svc, &client, interval);
+    prices.spawn(&mut tasks, &svc, &client, interval);
+    if let Some(plan) = plan {
+        plan.spawn(&mut tasks, &svc, interval);
+    }
+    if let Some(spend) = spend {
+        spend.spawn(&mut tasks, svc.clone());
+    }
+    publisher(&mut tasks, &svc, interval);
+    let stop = server(&mut tasks, &svc, listener, limits);
+    Ok(Running {
+        addr,
+        tasks,
+        stop: Some(stop),
+    })
+}
+
+/// The bounds of the server's connections: what the file descriptor
+/// limit leaves once the service's own are kept aside, its polls (three
+/// per destination at most: metrics, models, eviction notices) and the
+/// rest.
+fn connection_limits(limits: &listen::Limits, dests: usize) -> Result<listen::Limits, Error> {
+    let reserved = listen::RESERVED_FDS + 3 * dests;
+    let cap =
+        listen::connection_cap(limits, listen::fd_soft_limit(), reserved).map_err(Error::new)?;
+    Ok(listen::Limits {
         max_connections: Some(cap),
-        ..config.limits.clone()
-    };
-    let timeout = config.timeout.unwrap_or(interval);
-    let stale_after = config.stale_after.unwrap_or(interval * 3);
-    if let Some(t) = &config.token {
-        if t.is_empty() {
-            return Err(Error::new(
-                "the token is empty: put a secret in the token file or ACE_CONTROL_TOKEN",
-            ));
-        }
+        ..limits.clone()
+    })
+}
+
+/// The service-wide settings of `config`; `ledger` is the budgets'
+/// store as logs show it, when they are read.
+fn settings(config: &Config, ledger: Option<String>) -> Result<Settings, Error> {
+    if config.token.as_ref().is_some_and(String::is_empty) {
+        return Err(Error::new(
+            "the token is empty: put a secret in the token file or ACE_CONTROL_TOKEN",
+        ));
     }
-    let settings = Settings {
+    let stale_after = config.stale_after.unwrap_or(config.interval * 3);
+    Ok(Settings {
         stale_after_ms: stale_after.as_millis() as u64,
         eviction_hold_ms: config.eviction_hold.as_millis() as u64,
         token: config.token.clone(),
@@ -508,226 +526,47 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .plan
             .as_ref()
             .map(|p| (p.start_ms, (p.step.as_millis() as u64).max(1))),
-        ledger: reader.as_ref().map(|r| r.shown.clone()),
-    };
-    let client = http_client(timeout)?;
-    // Model-server API keys: read now (an unreadable or empty file refuses
-    // to start), then re-read when the file changes (a rotated key).
-    let mut key_files: Vec<(usize, Watched)> = Vec::new();
-    let mut keys = vec![None; dests.len()];
-    for (d, dest) in dests.iter().enumerate() {
-        if let Some(path) = &dest.api_key_file {
-            let mut w = Watched::new(path.clone());
-            let bytes = w.changed()?.unwrap_or_default();
-            keys[d] = Some(api_key(&bytes).map_err(|e| {
-                Error::new(format!(
-                    "destination `{}`, control field `api_key_file` ({}): {e}",
-                    dest.name,
-                    path.display()
-                ))
-            })?);
-            key_files.push((d, w));
-        }
-    }
-    let inputs = Inputs {
-        live: vec![Default::default(); dests.len()],
-        keys,
-        ..Inputs::default()
-    };
-    let svc = Arc::new(Service::new(dests, settings, inputs));
+        ledger,
+    })
+}
 
-    // Files: read once now (a bad file refuses to start), then watched.
-    let mut prices = config.prices.clone().map(Watched::new);
-    if let Some(w) = &mut prices {
-        let bytes = w.changed()?.unwrap_or_default();
-        let t = prices::TokenPrices::parse(&bytes)
-            .map_err(|e| Error::new(format!("--prices {}: {e}", w.path.display())))?;
-        svc.set_token_prices(t, &w.path.display().to_string());
-    }
-    let mut gpu_file = None;
-    let mut gpu_url = None;
-    match config.gpu_prices.clone() {
-        Some(FeedSource::File(p)) => {
-            let mut w = Watched::new(p);
-            let bytes = w.changed()?.unwrap_or_default();
-            let f = prices::GpuPrices::parse(&bytes)
-                .map_err(|e| Error::new(format!("--gpu-prices {}: {e}", w.path.display())))?;
-            svc.set_gpu_prices(f, &w.path.display().to_string());
-            gpu_file = Some(w);
-        }
-        Some(FeedSource::Url(u)) => {
-            // A feed that is down at start is retried every interval (the
-            // service is worth running without GPU prices); one that
-            // answers with something else is a configuration error.
-            match get_bytes(&client, &u, MAX_FEED_BYTES, None).await {
-                Ok(bytes) => {
-                    let f = prices::GpuPrices::parse(&bytes)
-                        .map_err(|e| Error::new(format!("--gpu-prices {u}: {e}")))?;
-                    svc.set_gpu_prices(f, &u);
-                }
-                Err(e) => svc.note(
-                    "gpu_prices",
-                    &u,
-                    Err(&format!("{e}; retried every interval")),
-                ),
-            }
-            gpu_url = Some(u);
-        }
-        None => {}
-    }
-    let mut plan_file = config.plan.as_ref().map(|p| Watched::new(p.path.clone()));
-    if let Some(w) = &mut plan_file {
-        let bytes = w.changed()?.unwrap_or_default();
-        let text = String::from_utf8_lossy(&bytes);
-        let p = plan::Plan::parse(&text)
-            .map_err(|e| Error::new(format!("--plan {}: {e}", w.path.display())))?;
-        svc.inputs().plan = Some(p);
-    }
-
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| {
-            Error::new(format!(
-                "cannot listen on {}: {e} (pick another --listen)",
-                config.listen
-            ))
-        })?;
+/// Binds `at`: the listener and the address it got.
+async fn bind(at: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), Error> {
+    let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+        Error::new(format!(
+            "cannot listen on {at}: {e} (pick another --listen)"
+        ))
+    })?;
     let addr = listener
         .local_addr()
-        .map_err(|e| Error::new(format!("cannot listen on {}: {e}", config.listen)))?;
+        .map_err(|e| Error::new(format!("cannot listen on {at}: {e}")))?;
+    Ok((listener, addr))
+}
 
-    let mut tasks = JoinSet::new();
-    let every = move || {
-        let mut t = tokio::time::interval(interval);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    };
-    for d in 0..svc.dests.len() {
-        let dest = &svc.dests[d];
-        if dest.metrics.is_some() {
-            let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
-            tasks.spawn(async move {
-                loop {
-                    tick.tick().await;
-                    svc.poll_metrics(d, &client).await;
-                }
-            });
-        }
-        if dest.models.is_some() {
-            let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
-            tasks.spawn(async move {
-                loop {
-                    tick.tick().await;
-                    svc.poll_models(d, &client).await;
-                }
-            });
-        }
-        if let Some((cloud, base, vm_name)) = dest.eviction.clone() {
-            let (svc, client, mut tick) = (svc.clone(), client.clone(), every());
-            let mut poller = eviction::Poller::new(cloud, base, vm_name);
-            tasks.spawn(async move {
-                loop {
-                    tick.tick().await;
-                    svc.poll_eviction(d, &mut poller, &client).await;
-                }
-            });
-        }
-    }
-    {
-        let (svc, client) = (svc.clone(), client.clone());
-        let mut tick = every();
-        tasks.spawn(async move {
-            loop {
-                tick.tick().await;
-                if let Some(w) = &mut prices {
-                    reread(&svc, "prices", w, |b, name| {
-                        prices::TokenPrices::parse(b).map(|t| svc.set_token_prices(t, name))
-                    });
-                }
-                if let Some(w) = &mut gpu_file {
-                    reread(&svc, "gpu_prices", w, |b, name| {
-                        prices::GpuPrices::parse(b).map(|f| svc.set_gpu_prices(f, name))
-                    });
-                }
-                if let Some(u) = &gpu_url {
-                    let r = match get_bytes(&client, u, MAX_FEED_BYTES, None).await {
-                        Ok(b) => prices::GpuPrices::parse(&b)
-                            .map_err(|e| format!("{u}: {e}"))
-                            .map(|f| {
-                                let same = svc.inputs().gpu_prices.as_ref() == Some(&f);
-                                if !same {
-                                    svc.set_gpu_prices(f, u);
-                                }
-                            }),
-                        Err(e) => Err(e.0),
-                    };
-                    svc.note(
-                        "gpu_prices",
-                        u,
-                        r.as_ref().map(|_| ()).map_err(String::as_str),
-                    );
-                }
-                for (d, w) in &mut key_files {
-                    let d = *d;
-                    reread(&svc, "api_key_file", w, |b, _| {
-                        api_key(b).map(|k| svc.inputs().keys[d] = Some(k))
-                    });
-                }
-                if let Some(w) = &mut plan_file {
-                    reread(&svc, "plan", w, |b, _| {
-                        plan::Plan::parse(&String::from_utf8_lossy(b)).map(|p| {
-                            svc.inputs().plan = Some(p);
-                        })
-                    });
-                }
+/// Rebuilds the snapshot every interval, and at once when woken (a
+/// pushed notice).
+fn publisher(tasks: &mut JoinSet<()>, svc: &Arc<Service>, interval: Duration) {
+    let (svc, mut tick) = (svc.clone(), sources::every(interval));
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = svc.wake.notified() => {}
             }
-        });
-    }
-    if let Some(reader) = reader {
-        let svc = svc.clone();
-        let budgets = Arc::new(budgets);
-        let mut tick = tokio::time::interval(ledger_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tasks.spawn(async move {
-            let (shown, base) = (reader.shown.clone(), reader.fresh());
-            let mut reader = Some(reader);
-            loop {
-                tick.tick().await;
-                let mut r = reader.take().unwrap_or_else(|| base.fresh());
-                let (b, after) = (budgets.clone(), svc.budgets_read_ms());
-                let now = state::now_ms();
-                let done = tokio::task::spawn_blocking(move || {
-                    let got = r.read(&b, now, after);
-                    (r, got)
-                })
-                .await;
-                let got = match done {
-                    Ok((r, got)) => {
-                        reader = Some(r);
-                        got
-                    }
-                    // The read panicked: its connection is gone with it,
-                    // and the next tick opens a new one.
-                    Err(e) => Err(format!("the read failed: {e}")),
-                };
-                svc.set_budgets(got, &shown);
-            }
-        });
-    }
-    {
-        let svc = svc.clone();
-        let mut tick = every();
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = svc.wake.notified() => {}
-                }
-                // A failure is counted and logged by publish itself.
-                let _ = svc.publish(state::now_ms());
-            }
-        });
-    }
+            // A failure is counted and logged by publish itself.
+            let _ = svc.publish(state::now_ms());
+        }
+    });
+}
+
+/// Serves the snapshot, notices and metrics on `listener` until the
+/// sender returned is used (or dropped).
+fn server(
+    tasks: &mut JoinSet<()>,
+    svc: &Arc<Service>,
+    listener: tokio::net::TcpListener,
+    limits: listen::Limits,
+) -> tokio::sync::oneshot::Sender<()> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let app = server::router(svc.clone());
     let stats = svc.conns.clone();
@@ -737,47 +576,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         };
         listen::serve(listener, app, limits, stats, stopped, log).await;
     });
-    Ok(Running {
-        addr,
-        tasks,
-        stop: Some(stop),
-    })
-}
-
-/// The API key in a key file's bytes: one line of visible ASCII (a
-/// trailing newline allowed). Its text never appears in an error.
-fn api_key(bytes: &[u8]) -> Result<String, String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "the key file is not text".to_string())?;
-    let key = text.trim_end_matches(['\r', '\n']);
-    if key.is_empty() {
-        return Err("the key file is empty: put the model server's API key in it".into());
-    }
-    if !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(
-            "the key file must hold one line of visible ASCII characters (the key alone)".into(),
-        );
-    }
-    Ok(key.to_string())
-}
-
-fn w_name(p: &std::path::Path) -> String {
-    p.display().to_string()
-}
-
-/// Re-reads a watched file if it changed, and notes the outcome.
-fn reread(
-    svc: &Service,
-    source: &'static str,
-    w: &mut Watched,
-    take: impl FnOnce(&[u8], &str) -> Result<(), String>,
-) {
-    let key = w_name(&w.path);
-    let r = match w.changed() {
-        Ok(Some(bytes)) => take(&bytes, &key).map_err(|e| format!("{e}; the last good one stays")),
-        Ok(None) => return,
-        Err(e) => Err(format!("{e}; the last good one stays")),
-    };
-    svc.note(source, &key, r.as_ref().map(|_| ()).map_err(String::as_str));
+    stop
 }
 
 /// What a snapshot request got.

@@ -202,7 +202,8 @@ impl World {
         config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         config.interval = INTERVAL;
         config.token = Some(TOKEN.to_string());
-        config.ledger_store = Some(store.clone());
+        let spend = ace_cli::spend::LedgerSpend::new(&store).unwrap_or_else(|e| panic!("{e}"));
+        config.spend = Some(Box::new(spend));
         let service = runtime
             .block_on(ace_control::start(config))
             .unwrap_or_else(|e| panic!("ace control serve: {e}"));

@@ -170,6 +170,33 @@ fn write_atomically(path: &Path, text: &str) {
 async fn service(args: Args) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let n = args.destinations;
+    let (c, prices) = fleet(dir.path(), n);
+    let running = ace_control::start(c).await.expect("the service starts");
+    let url = format!("http://{}/v1/snapshot", running.addr);
+    let snapshot_bytes = first_snapshot(&url, n).await;
+
+    // The idle service: its rebuild and file checks, once a second.
+    let (idle_cpu0, idle_t0) = (cpu_time(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = (cpu_time() - idle_cpu0, idle_t0.elapsed());
+
+    let counters0 = counters(running.addr).await;
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let out = run_pollers(&args, &url, &prices).await;
+    let cpu = cpu_time() - cpu0;
+    let wall = t0.elapsed();
+    let counters1 = counters(running.addr).await;
+    running.stop().await;
+    assert!(out.status.success(), "the pollers failed: {}", out.status);
+    let r: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the pollers' report (JSON)");
+    let own = (counters1.0 - counters0.0, counters1.1 - counters0.1);
+    print_figures(&args, &r, snapshot_bytes, (cpu, wall), idle, own);
+}
+
+/// The generated fleet of `n` destinations in `dir`, its price file and
+/// a one-step plan: the service's configuration, and the price file.
+fn fleet(dir: &Path, n: usize) -> (ace_control::Config, PathBuf) {
     let mut fleet = String::from("version = 1\n[[models]]\nid = \"llama\"\nvram_gb = 16\n");
     for i in 0..n {
         fleet.push_str(&format!(
@@ -181,11 +208,11 @@ async fn service(args: Args) {
             a = i % 8,
         ));
     }
-    let manifest = dir.path().join("fleet.toml");
+    let manifest = dir.join("fleet.toml");
     std::fs::write(&manifest, fleet).expect("write the manifest");
-    let prices = dir.path().join("model_prices_and_context_window.json");
+    let prices = dir.join("model_prices_and_context_window.json");
     write_atomically(&prices, &price_file(n, 0));
-    let plan = dir.path().join("plan.jsonl");
+    let plan = dir.join("plan.jsonl");
     let owned: Vec<String> = (0..8)
         .map(|a| format!("{{\"app\":{a},\"gpus\":{}}}", 4 + a))
         .collect();
@@ -208,15 +235,17 @@ async fn service(args: Args) {
         start_ms: now_ms - 60_000,
         step: Duration::from_secs(24 * 3600),
     });
-    let running = ace_control::start(c).await.expect("the service starts");
-    let url = format!("http://{}/v1/snapshot", running.addr);
+    (c, prices)
+}
 
-    // Wait for the first full snapshot.
+/// Waits for the first full snapshot at `url` (every one of the `n`
+/// destinations priced); its size in bytes.
+async fn first_snapshot(url: &str, n: usize) -> usize {
     let client = ace_control::http_client(Duration::from_secs(5)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let snapshot_bytes = loop {
+    loop {
         let r = client
-            .get(&url)
+            .get(url)
             .bearer_auth(TOKEN)
             .send()
             .await
@@ -224,21 +253,16 @@ async fn service(args: Args) {
         let body = r.bytes().await.unwrap();
         let s = ace_snapshot::decode(&body).expect("a valid snapshot");
         if s.reports.len() == n && s.reports.iter().all(|r| r.price.is_some()) {
-            break body.len();
+            return body.len();
         }
         assert!(Instant::now() < deadline, "no full snapshot within 30 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    drop(client);
+    }
+}
 
-    // The idle service: its rebuild and file checks, once a second.
-    let (idle_cpu0, idle_t0) = (cpu_time(), Instant::now());
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle_cpu = cpu_time() - idle_cpu0;
-    let idle_wall = idle_t0.elapsed();
-
-    let counters0 = counters(running.addr).await;
-    let (cpu0, t0) = (cpu_time(), Instant::now());
+/// Runs the pollers in a child process (this binary, `--url`) to its
+/// exit.
+async fn run_pollers(args: &Args, url: &str, prices: &Path) -> std::process::Output {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--pollers",
@@ -246,9 +270,9 @@ async fn service(args: Args) {
         "--seconds",
         &args.seconds.to_string(),
         "--destinations",
-        &n.to_string(),
+        &args.destinations.to_string(),
         "--url",
-        &url,
+        url,
         "--prices",
         &prices.display().to_string(),
         "--idle",
@@ -258,26 +282,30 @@ async fn service(args: Args) {
         cmd.args(["--change-every", &s.to_string()]);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let out = tokio::task::spawn_blocking(move || cmd.output())
+    tokio::task::spawn_blocking(move || cmd.output())
         .await
         .unwrap()
-        .expect("run the pollers");
-    let cpu = cpu_time() - cpu0;
-    let wall = t0.elapsed();
-    let counters1 = counters(running.addr).await;
-    running.stop().await;
-    assert!(out.status.success(), "the pollers failed: {}", out.status);
-    let r: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("the pollers' report (JSON)");
+        .expect("run the pollers")
+}
 
+/// Prints the figures of the pollers' report `r`: the service's CPU and
+/// wall time over the run (`run`) and idle (`idle`), and its own count of
+/// 200s and 304s (`own`).
+fn print_figures(
+    args: &Args,
+    r: &serde_json::Value,
+    snapshot_bytes: usize,
+    (cpu, wall): (Duration, Duration),
+    (idle_cpu, idle_wall): (Duration, Duration),
+    (svc_200, svc_304): (u64, u64),
+) {
+    let n = args.destinations;
     let polls = r["polls"].as_u64().unwrap_or(0);
     let target = (args.pollers as u64) * args.seconds;
     let ok = r["ok"]["n"].as_u64().unwrap_or(0);
     let nm = r["not_modified"]["n"].as_u64().unwrap_or(0);
     let errors = r["errors"].as_u64().unwrap_or(0);
     let window = r["window_s"].as_f64().unwrap_or(1.0);
-    let svc_200 = counters1.0 - counters0.0;
-    let svc_304 = counters1.1 - counters0.1;
     let per_poll_us = cpu.as_secs_f64() * 1e6 / polls.max(1) as f64;
     // The service is all but idle outside the poll window (the idle
     // figure below), so its CPU is spread over the window's seconds.
@@ -385,61 +413,18 @@ async fn pollers(args: Args) {
     let cpu0 = cpu_time();
     let period = Duration::from_secs(1);
     let p = args.pollers;
-    // One client per poller, built before the clock starts: its own
-    // keep-alive connection.
     let target: std::net::SocketAddr = url
         .trim_start_matches("http://")
         .split('/')
         .next()
         .and_then(|a| a.parse().ok())
         .expect("the snapshot URL's address");
-    let mut idle = Vec::with_capacity(args.idle);
-    for i in 0..args.idle {
-        let s = tokio::net::TcpSocket::new_v4().expect("a socket");
-        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i / 200) as u8);
-        s.bind((from, 0).into()).expect("bind a loopback address");
-        match s.connect(target).await {
-            Ok(c) => idle.push(c),
-            Err(e) => panic!("idle connection {i}: {e} (raise `ulimit -n`)"),
-        }
-    }
-    // Each poller from its own address, as each Envoy has its own
-    // (http_client first: it installs the TLS crypto provider).
-    let _ = ace_control::http_client(Duration::from_secs(10));
-    let clients: Vec<reqwest::Client> = (0..p)
-        .map(|i| {
-            let from = std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250) as u8 + 1);
-            reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .local_address(std::net::IpAddr::V4(from))
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let idle = idle_connections(target, args.idle).await;
+    let clients = clients(p);
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let end = start + Duration::from_secs(args.seconds);
-
     if let (Some(every), Some(path)) = (args.change_every, args.prices.clone()) {
-        let n = args.destinations;
-        tokio::spawn(async move {
-            let mut generation = 0;
-            let mut tick = tokio::time::interval_at(
-                start + Duration::from_secs(every),
-                Duration::from_secs(every),
-            );
-            loop {
-                tick.tick().await;
-                if tokio::time::Instant::now() >= end {
-                    break;
-                }
-                generation += 1;
-                let text = price_file(n, generation);
-                let path = path.clone();
-                tokio::task::spawn_blocking(move || write_atomically(&path, &text))
-                    .await
-                    .unwrap();
-            }
-        });
+        tokio::spawn(change_prices(args.destinations, path, every, start, end));
     }
 
     // When the last answer came, µs after `start`.
@@ -448,56 +433,13 @@ async fn pollers(args: Args) {
     for (i, client) in clients.into_iter().enumerate() {
         let (url, last) = (url.clone(), last.clone());
         let first = start + period.mul_f64(i as f64 / p as f64);
-        tasks.spawn(async move {
-            let mut seen = Seen::default();
-            let mut etag: Option<String> = None;
-            let mut tick = tokio::time::interval_at(first, period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                let at = tick.tick().await;
-                if at >= end {
-                    break;
-                }
-                let t = Instant::now();
-                let mut req = client.get(&*url).bearer_auth(TOKEN);
-                if let Some(e) = &etag {
-                    req = req.header(reqwest::header::IF_NONE_MATCH, e.as_str());
-                }
-                let r = async {
-                    let r = req.send().await.map_err(|e| e.to_string())?;
-                    let status = r.status().as_u16();
-                    let tag = r
-                        .headers()
-                        .get(reqwest::header::ETAG)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
-                    let body = r.bytes().await.map_err(|e| e.to_string())?;
-                    Ok::<_, String>((status, tag, body))
-                }
-                .await;
-                let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
-                let done = (tokio::time::Instant::now() - start).as_micros() as u64;
-                last.fetch_max(done, std::sync::atomic::Ordering::Relaxed);
-                let mut fail = |e: String| {
-                    seen.errors += 1;
-                    seen.first_error.get_or_insert(e);
-                };
-                match r {
-                    Ok((304, _, _)) => seen.not_modified.push(us),
-                    Ok((200, tag, body)) => match ace_snapshot::decode(&body) {
-                        Ok(_) => {
-                            seen.ok.push(us);
-                            seen.bytes += body.len() as u64;
-                            etag = tag;
-                        }
-                        Err(e) => fail(format!("a bad snapshot: {e}")),
-                    },
-                    Ok((s, _, _)) => fail(format!("HTTP {s}")),
-                    Err(e) => fail(e),
-                }
-            }
-            seen
-        });
+        let clock = Clock {
+            start,
+            first,
+            period,
+            end,
+        };
+        tasks.spawn(poller(client, url, clock, last));
     }
     let mut all = Seen::default();
     let mut first_errors = BTreeMap::new();
@@ -546,4 +488,133 @@ async fn pollers(args: Args) {
         "cpu_s": (cpu_time() - cpu0).as_secs_f64(),
     });
     println!("{report}");
+}
+
+/// `n` connections to `target` that never send a byte, from `127.0.0.2`
+/// on, 200 per address (under the service's per-address cap).
+async fn idle_connections(target: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut idle = Vec::with_capacity(n);
+    for i in 0..n {
+        let s = tokio::net::TcpSocket::new_v4().expect("a socket");
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i / 200) as u8);
+        s.bind((from, 0).into()).expect("bind a loopback address");
+        match s.connect(target).await {
+            Ok(c) => idle.push(c),
+            Err(e) => panic!("idle connection {i}: {e} (raise `ulimit -n`)"),
+        }
+    }
+    idle
+}
+
+/// One client per poller, built before the clock starts: its own
+/// keep-alive connection, from its own address (`127.1.x.y`), as each
+/// Envoy has its own.
+fn clients(p: usize) -> Vec<reqwest::Client> {
+    // http_client first: it installs the TLS crypto provider.
+    let _ = ace_control::http_client(Duration::from_secs(10));
+    (0..p)
+        .map(|i| {
+            let from = std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250) as u8 + 1);
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .local_address(std::net::IpAddr::V4(from))
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Rewrites the price file at `path` (`n` destinations) every `every`
+/// seconds from `start` until `end`, one destination's price moved.
+async fn change_prices(
+    n: usize,
+    path: PathBuf,
+    every: u64,
+    start: tokio::time::Instant,
+    end: tokio::time::Instant,
+) {
+    let mut generation = 0;
+    let mut tick = tokio::time::interval_at(
+        start + Duration::from_secs(every),
+        Duration::from_secs(every),
+    );
+    loop {
+        tick.tick().await;
+        if tokio::time::Instant::now() >= end {
+            break;
+        }
+        generation += 1;
+        let text = price_file(n, generation);
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || write_atomically(&path, &text))
+            .await
+            .unwrap();
+    }
+}
+
+/// One poller's times: the run's start, its own first poll, the period
+/// and the run's end.
+struct Clock {
+    start: tokio::time::Instant,
+    first: tokio::time::Instant,
+    period: Duration,
+    end: tokio::time::Instant,
+}
+
+/// One poller: `GET url` every period until the end, with the last ETag
+/// it got; `last` keeps when the latest answer came (µs after the start).
+async fn poller(
+    client: reqwest::Client,
+    url: Arc<str>,
+    clock: Clock,
+    last: Arc<std::sync::atomic::AtomicU64>,
+) -> Seen {
+    let mut seen = Seen::default();
+    let mut etag: Option<String> = None;
+    let mut tick = tokio::time::interval_at(clock.first, clock.period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let at = tick.tick().await;
+        if at >= clock.end {
+            break;
+        }
+        let t = Instant::now();
+        let mut req = client.get(&*url).bearer_auth(TOKEN);
+        if let Some(e) = &etag {
+            req = req.header(reqwest::header::IF_NONE_MATCH, e.as_str());
+        }
+        let r = async {
+            let r = req.send().await.map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            let tag = r
+                .headers()
+                .get(reqwest::header::ETAG)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body = r.bytes().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((status, tag, body))
+        }
+        .await;
+        let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        let done = (tokio::time::Instant::now() - clock.start).as_micros() as u64;
+        last.fetch_max(done, std::sync::atomic::Ordering::Relaxed);
+        let mut fail = |e: String| {
+            seen.errors += 1;
+            seen.first_error.get_or_insert(e);
+        };
+        match r {
+            Ok((304, _, _)) => seen.not_modified.push(us),
+            Ok((200, tag, body)) => match ace_snapshot::decode(&body) {
+                Ok(_) => {
+                    seen.ok.push(us);
+                    seen.bytes += body.len() as u64;
+                    etag = tag;
+                }
+                Err(e) => fail(format!("a bad snapshot: {e}")),
+            },
+            Ok((s, _, _)) => fail(format!("HTTP {s}")),
+            Err(e) => fail(e),
+        }
+    }
+    seen
 }

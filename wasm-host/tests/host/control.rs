@@ -102,16 +102,21 @@ fn report(name: &str) -> Report {
     }
 }
 
+/// Snapshot `version` with `reports`, as the service serves it.
+fn snapshot(version: u64, reports: Vec<Report>) -> Snapshot {
+    Snapshot {
+        version,
+        generated_ms: 0,
+        reports,
+        budgets: Vec::new(),
+    }
+}
+
 #[test]
 fn one_poll_per_interval_however_many_workers() -> Result<(), Error> {
     let clock = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let service: Shared = Arc::default();
-    service.lock().unwrap().snapshot = Some(Snapshot {
-        version: 1,
-        generated_ms: 0,
-        reports: vec![report("owned")],
-        budgets: Vec::new(),
-    });
+    service.lock().unwrap().snapshot = Some(snapshot(1, vec![report("owned")]));
     let process = Process::new();
     let mut workers = [
         start(&process, &service, clock)?,
@@ -141,12 +146,7 @@ fn one_poll_per_interval_however_many_workers() -> Result<(), Error> {
 fn not_modified_for_the_snapshot_in_force_keeps_every_worker_fresh() -> Result<(), Error> {
     let clock = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let service: Shared = Arc::default();
-    service.lock().unwrap().snapshot = Some(Snapshot {
-        version: 1,
-        generated_ms: 0,
-        reports: vec![report("owned")],
-        budgets: Vec::new(),
-    });
+    service.lock().unwrap().snapshot = Some(snapshot(1, vec![report("owned")]));
     let process = Process::new();
     let mut workers = [
         start(&process, &service, clock)?,
@@ -218,12 +218,7 @@ fn a_drain_and_a_price_move_traffic_and_nothing_else_can() -> Result<(), Error> 
     let mut b = start(&process, &service, clock)?;
     assert_eq!(route(&mut a)?, "c_owned");
     let set = |reports: Vec<Report>, version: u64| {
-        service.lock().unwrap().snapshot = Some(Snapshot {
-            version,
-            generated_ms: 0,
-            reports,
-            budgets: Vec::new(),
-        })
+        service.lock().unwrap().snapshot = Some(snapshot(version, reports))
     };
     let step = |a: &mut Vm, b: &mut Vm| -> Result<(), Error> {
         for _ in 0..2 {
@@ -281,12 +276,7 @@ fn losing_the_service_keeps_traffic_flowing_and_marks_the_snapshot_stale() -> Re
         until_ms: ms(clock) + 3_600_000,
         reason: DrainReason::Operator,
     });
-    service.lock().unwrap().snapshot = Some(Snapshot {
-        version: 1,
-        generated_ms: 0,
-        reports: vec![owned],
-        budgets: Vec::new(),
-    });
+    service.lock().unwrap().snapshot = Some(snapshot(1, vec![owned]));
     let process = Process::new();
     let mut vm = start(&process, &service, clock)?;
     vm.advance(Duration::from_secs(2))?;

@@ -24,7 +24,7 @@ use std::process::Command;
 
 /// What ships: the crates a user's Envoy, the `ace` command or the
 /// browser playground are built from.
-const PRODUCT: &[&str] = &[
+pub(crate) const PRODUCT: &[&str] = &[
     "ace-core",
     "ace-event",
     "ace-snapshot",

@@ -12,6 +12,7 @@ mod configs;
 mod control_dynamic;
 mod control_service;
 mod crate_graph;
+mod docs;
 mod dynamic_module;
 mod events;
 mod example_fleet;

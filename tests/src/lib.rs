@@ -146,6 +146,117 @@ pub fn upstream(name: &str) -> Upstream {
     }
 }
 
+/// Fake providers (`ace_harness::provider`) behind one Envoy, each
+/// reached by its own cluster: TLS to its name, its own key injected.
+#[derive(Debug)]
+pub struct ProviderFleet {
+    pub envoy: Envoy,
+    /// In the order of the specs they were started from.
+    pub providers: Vec<ace_harness::provider::Provider>,
+    names: Vec<String>,
+    _ca: ace_harness::provider::Ca,
+    _secrets: tempfile::TempDir,
+}
+
+impl ProviderFleet {
+    /// Starts a provider per spec, a cluster per provider (named as its
+    /// spec) and per `plain` upstream (cluster name, port), and Envoy with
+    /// `filter` under plugin configuration `config`, logging its events.
+    pub fn start(
+        filter: Filter,
+        config: &serde_json::Value,
+        specs: Vec<ace_harness::provider::Spec>,
+        plain: &[(&str, u16)],
+    ) -> ProviderFleet {
+        use ace_harness::provider::{Ca, Provider};
+        require_envoy();
+        let ca = Ca::new();
+        let secrets = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+        let providers: Vec<Provider> = specs.into_iter().map(|s| Provider::start(s, &ca)).collect();
+        let mut b = filter
+            .add_reading_body(EnvoyBuilder::new(), &config.to_string())
+            .node("ace-test", "ace-test")
+            .access_log_line(filter.event_log_line());
+        for (name, p) in names.iter().zip(&providers) {
+            b = b.cluster_json(p.cluster(name, &ca, secrets.path()));
+        }
+        for (name, port) in plain {
+            b = b.cluster(name, *port);
+        }
+        ProviderFleet {
+            envoy: start(&b),
+            providers,
+            names,
+            _ca: ca,
+            _secrets: secrets,
+        }
+    }
+
+    /// The provider started from the spec named `name`.
+    pub fn provider(&self, name: &str) -> &ace_harness::provider::Provider {
+        let i = self.names.iter().position(|n| n == name);
+        match i.and_then(|i| self.providers.get(i)) {
+            Some(p) => p,
+            None => panic!("no provider {name} in this fleet"),
+        }
+    }
+
+    /// `POST path` for `model` with a client's own (forged) credentials of
+    /// every kind, and the `anthropic-version` an Anthropic client sends.
+    pub fn send(&self, path: &str, model: &str) -> ace_harness::client::Response {
+        ace_harness::client::Request::post_json(
+            path,
+            &serde_json::json!({"model": model, "max_tokens": 16,
+                                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .header("authorization", "Bearer client-forged")
+        .header("api-key", "client-forged")
+        .header("x-api-key", "client-forged")
+        .header("anthropic-version", "2023-06-01")
+        .send(self.envoy.port())
+        .unwrap_or_else(|e| panic!("request failed: {e}"))
+    }
+}
+
+/// Now, in ms since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Snapshot `version`, made now, with these reports and no budgets,
+/// encoded as the control service serves it.
+pub fn snapshot(version: u64, reports: Vec<ace_snapshot::Report>) -> Vec<u8> {
+    let s = ace_snapshot::Snapshot {
+        version,
+        generated_ms: now_ms(),
+        reports,
+        budgets: Vec::new(),
+    };
+    ace_snapshot::encode(&s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// An upstream per destination of plugin configuration `config`, named as
+/// the destination, each on the destination's cluster added to `builder`.
+pub fn destination_upstreams(
+    config: &serde_json::Value,
+    mut builder: EnvoyBuilder,
+) -> (EnvoyBuilder, Vec<Upstream>) {
+    let mut ups = Vec::new();
+    for d in config["destinations"].as_array().into_iter().flatten() {
+        let (name, cluster) = (
+            d["name"].as_str().unwrap_or(""),
+            d["cluster"].as_str().unwrap_or(""),
+        );
+        let u = upstream(name);
+        builder = builder.cluster(cluster, u.port());
+        ups.push(u);
+    }
+    (builder, ups)
+}
+
 /// Fail the test early, with the setup hint, when Envoy is missing. Call it
 /// before anything slow so the message comes first.
 pub fn require_envoy() {
@@ -184,16 +295,10 @@ pub fn envoy_validate(path: &std::path::Path) -> String {
 /// forbidden everywhere. Each destination's cluster is its name with `-`
 /// as `_`.
 pub fn residency_spec(names: &[&str], outside_eu: u64) -> ace_core::tables::TableSpec {
-    use ace_core::tables::{AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
+    use ace_core::tables::{AttributeSpec, FactorKind, FactorSpec, TableSpec};
     let all = (1u64 << names.len()) - 1;
     TableSpec {
-        destinations: names
-            .iter()
-            .map(|n| DestinationSpec {
-                name: n.to_string(),
-                cluster: n.replace('-', "_"),
-            })
-            .collect(),
+        destinations: destinations(names),
         attributes: vec![AttributeSpec {
             name: "data_class".into(),
             values: vec!["personal_eu".into(), "public".into()],
@@ -211,6 +316,39 @@ pub fn residency_spec(names: &[&str], outside_eu: u64) -> ace_core::tables::Tabl
             },
         ],
     }
+}
+
+/// Destinations named `names`, each one's cluster its name with `-` as
+/// `_`, for a table spec.
+pub fn destinations(names: &[&str]) -> Vec<ace_core::tables::DestinationSpec> {
+    names
+        .iter()
+        .map(|n| ace_core::tables::DestinationSpec {
+            name: n.to_string(),
+            cluster: n.replace('-', "_"),
+        })
+        .collect()
+}
+
+/// Tables over one attribute, encoded and in base64: destinations `names`
+/// ([`destinations`]), the attribute `attribute` with `values` (value
+/// index 0 is unknown, then `values` in order), and one permit factor over
+/// it whose row for value index `i` is `rows[i]` (bit `d` permits
+/// `names[d]`).
+pub fn permit_tables(names: &[&str], attribute: &str, values: &[&str], rows: &[u64]) -> String {
+    use ace_core::tables::{AttributeSpec, FactorKind, FactorSpec, TableSpec};
+    tables_base64(&TableSpec {
+        destinations: destinations(names),
+        attributes: vec![AttributeSpec {
+            name: attribute.into(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+        }],
+        factors: vec![FactorSpec {
+            kind: FactorKind::Permit,
+            attributes: vec![0],
+            rows: rows.to_vec(),
+        }],
+    })
 }
 
 /// `spec` encoded and in base64, as `tables_base64` takes it.

@@ -5,41 +5,22 @@
 //! Envoy re-selects the route after the body callback). Token usage in the
 //! response, JSON or server-sent events, replaces the estimates in the event.
 
-use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
 use ace_harness::client::Request;
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{require_envoy, start, upstream, Filter};
-use base64::Engine;
+use ace_tests::{permit_tables, require_envoy, start, upstream, Filter};
 use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Two destinations; `big-gpu` serves models `large` and `small`,
 /// `small-gpu` only `small`. Value indices: 0 unknown, 1 large, 2 small.
 fn model_tables() -> String {
-    let spec = TableSpec {
-        destinations: vec![
-            DestinationSpec {
-                name: "small-gpu".into(),
-                cluster: "small_gpu".into(),
-            },
-            DestinationSpec {
-                name: "big-gpu".into(),
-                cluster: "big_gpu".into(),
-            },
-        ],
-        attributes: vec![AttributeSpec {
-            name: "model".into(),
-            values: vec!["large".into(), "small".into()],
-        }],
-        factors: vec![FactorSpec {
-            kind: FactorKind::Permit,
-            attributes: vec![0],
-            rows: vec![0, 0b10, 0b11],
-        }],
-    };
-    base64::engine::general_purpose::STANDARD
-        .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")))
+    permit_tables(
+        &["small-gpu", "big-gpu"],
+        "model",
+        &["large", "small"],
+        &[0, 0b10, 0b11],
+    )
 }
 
 fn fleet(filter: Filter) -> (Envoy, Upstream, Upstream) {

@@ -8,18 +8,12 @@
 use crate::budgets::{answering, ask, error, fleet_toml, policy_dir, until, World, INTERVAL};
 use ace_harness::envoy::EnvoyBuilder;
 use ace_ledger::row::Row;
-use ace_tests::{require_envoy, start, upstream, Filter};
+use ace_tests::{now_ms, require_envoy, start, upstream, Filter};
 use serde_json::json;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(15);
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// `fleet_toml()`'s fleet with `budgets` instead of its own.
 fn with_budgets(budgets: &str) -> String {

@@ -13,12 +13,12 @@ use ace_harness::client::Request;
 use ace_harness::control::{FakeControl, Served};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::Upstream;
-use ace_snapshot::{Drain, DrainReason, Report, Snapshot};
-use ace_tests::{ace_dynamic_lib, require_envoy, start, upstream};
+use ace_snapshot::{Drain, DrainReason, Report};
+use ace_tests::{ace_dynamic_lib, now_ms, require_envoy, snapshot, start, upstream};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const INTERVAL_MS: u64 = 500;
 const STALE_AFTER_MS: u64 = 1500;
@@ -45,23 +45,6 @@ fn filter_config() -> String {
 /// The poller's metric `name` as Envoy's `/stats` lists it.
 fn stat(name: &str) -> String {
     format!("dynamicmodulescustom.{name}")
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Snapshot `version` with these reports, encoded.
-fn snapshot(version: u64, reports: Vec<Report>) -> Vec<u8> {
-    let s = Snapshot {
-        version,
-        generated_ms: now_ms(),
-        reports,
-        budgets: Vec::new(),
-    };
-    ace_snapshot::encode(&s).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A report draining `name` for a minute.

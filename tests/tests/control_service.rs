@@ -11,10 +11,10 @@ use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::model_server::ModelServer;
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{require_envoy, start, upstream, Filter};
+use ace_tests::{now_ms, require_envoy, start, upstream, Filter};
 use serde_json::json;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const TOKEN: &str = "e2e-token";
 const INTERVAL: Duration = Duration::from_millis(500);
@@ -25,12 +25,6 @@ use ace_demo::control_fleet::{gpu_feed, plan_line};
 
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 struct World {

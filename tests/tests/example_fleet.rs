@@ -9,7 +9,7 @@
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{require_envoy, start, upstream, Filter};
+use ace_tests::{destination_upstreams, require_envoy, start, Filter};
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -34,17 +34,8 @@ fn fleet(filter: Filter) -> Fleet {
             (d.jurisdiction.clone(), d.certifications.clone()),
         );
     }
-    let mut b = filter.add_reading_body(EnvoyBuilder::new(), &config.to_string());
-    let mut ups = Vec::new();
-    for d in config["destinations"].as_array().into_iter().flatten() {
-        let (name, cluster) = (
-            d["name"].as_str().unwrap_or(""),
-            d["cluster"].as_str().unwrap_or(""),
-        );
-        let u = upstream(name);
-        b = b.cluster(cluster, u.port());
-        ups.push(u);
-    }
+    let builder = filter.add_reading_body(EnvoyBuilder::new(), &config.to_string());
+    let (b, ups) = destination_upstreams(&config, builder);
     Fleet {
         envoy: start(&b),
         ups,

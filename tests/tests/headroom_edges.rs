@@ -6,69 +6,12 @@
 //! cool-down; and a client's credential in the query string reaches no
 //! provider that does not pass credentials.
 
-use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
-use ace_harness::client::{Request, Response};
-use ace_harness::envoy::{Envoy, EnvoyBuilder};
-use ace_harness::provider::{Ca, Errors, Limits, Provider, Spec};
-use ace_tests::{require_envoy, start, upstream, Filter};
-use base64::Engine;
-use serde_json::{json, Value};
+use ace_harness::provider::{Errors, Limits, Spec};
+use ace_tests::{permit_tables, upstream, Filter, ProviderFleet};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
-/// Providers behind one Envoy under plugin configuration `config`, each
-/// reached by its own cluster (TLS to its name, its key injected).
-struct Fleet {
-    envoy: Envoy,
-    providers: Vec<Provider>,
-    _ca: Ca,
-    _secrets: tempfile::TempDir,
-}
-
-impl Fleet {
-    fn start(filter: Filter, config: &Value, specs: Vec<Spec>, plain: &[(&str, u16)]) -> Fleet {
-        require_envoy();
-        let ca = Ca::new();
-        let secrets = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-        let providers: Vec<Provider> = specs.into_iter().map(|s| Provider::start(s, &ca)).collect();
-        let mut b = filter
-            .add_reading_body(EnvoyBuilder::new(), &config.to_string())
-            .node("ace-test", "ace-test")
-            .access_log_line(filter.event_log_line());
-        for (name, p) in names.iter().zip(&providers) {
-            b = b.cluster_json(p.cluster(name, &ca, secrets.path()));
-        }
-        for (name, port) in plain {
-            b = b.cluster(name, *port);
-        }
-        Fleet {
-            envoy: start(&b),
-            providers,
-            _ca: ca,
-            _secrets: secrets,
-        }
-    }
-
-    fn provider(&self, i: usize) -> &Provider {
-        &self.providers[i]
-    }
-
-    /// `POST path` for `model`, with a client's own (forged) credentials
-    /// of every kind.
-    fn send(&self, path: &str, model: &str) -> Response {
-        Request::post_json(
-            path,
-            &json!({"model": model, "max_tokens": 16,
-                    "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .header("authorization", "Bearer client-forged")
-        .header("api-key", "client-forged")
-        .header("x-api-key", "client-forged")
-        .header("anthropic-version", "2023-06-01")
-        .send(self.envoy.port())
-        .unwrap_or_else(|e| panic!("request failed: {e}"))
-    }
-}
+type Fleet = ProviderFleet;
 
 fn spec(name: &str, host: &str, credential: (&str, &str), paths: &[&str], models: &[&str]) -> Spec {
     Spec {
@@ -148,16 +91,16 @@ fn spills_on_its_first_exhausted_answer(f: &Fleet) {
         (200, "openai".into(), Some("spill")),
         "the provider said nothing is left: the next request spills before its 429 \
          (the block's 429s: {:?})",
-        f.provider(0)
+        f.providers[0]
             .rejected()
             .iter()
             .map(|(s, _)| *s)
             .collect::<Vec<_>>()
     );
     assert!(
-        f.provider(0).rejected().is_empty(),
+        f.providers[0].rejected().is_empty(),
         "the spill came before any 429: {:?}",
-        f.provider(0).rejected()
+        f.providers[0].rejected()
     );
 }
 
@@ -250,7 +193,7 @@ fn a_reset_at_the_end_of_time_keeps_a_destination_out_no_longer_than_the_longest
     let first = f.send("/v1/messages", "claude-sonnet-4-5");
     assert_eq!((first.status, first.served()), (200, "anthropic".into()));
     // Its window turns, whatever the header said.
-    f.provider(0).replenish();
+    f.providers[0].replenish();
     let next = f.send("/v1/messages", "claude-sonnet-4-5");
     assert_eq!(
         (next.status, next.served()),
@@ -279,9 +222,9 @@ fn a_reset_at_the_end_of_time_keeps_a_destination_out_no_longer_than_the_longest
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(
-        f.provider(0).rejected().is_empty(),
+        f.providers[0].rejected().is_empty(),
         "{:?}",
-        f.provider(0).rejected()
+        f.providers[0].rejected()
     );
 }
 
@@ -289,26 +232,12 @@ fn a_reset_at_the_end_of_time_keeps_a_destination_out_no_longer_than_the_longest
 /// `gateway-model` on a gateway that passes the client's credentials.
 /// Value indices (sorted): 0 unknown, 1 claude, 2 gateway-model.
 fn query_tables() -> String {
-    let spec = TableSpec {
-        destinations: ["anthropic", "gateway"]
-            .iter()
-            .map(|n| DestinationSpec {
-                name: n.to_string(),
-                cluster: n.to_string(),
-            })
-            .collect(),
-        attributes: vec![AttributeSpec {
-            name: "model".into(),
-            values: vec!["claude-sonnet-4-5".into(), "gateway-model".into()],
-        }],
-        factors: vec![FactorSpec {
-            kind: FactorKind::Permit,
-            attributes: vec![0],
-            rows: vec![0, 0b01, 0b10],
-        }],
-    };
-    base64::engine::general_purpose::STANDARD
-        .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")))
+    permit_tables(
+        &["anthropic", "gateway"],
+        "model",
+        &["claude-sonnet-4-5", "gateway-model"],
+        &[0, 0b01, 0b10],
+    )
 }
 
 /// Row: A client credential in the query string (`?key=`, `?api-key=`)
@@ -388,18 +317,18 @@ fn a_credential_in_the_query_string_reaches_no_provider_that_does_not_pass_crede
             "/v1/messages?beta=true",
         ),
     ] {
-        let before = f.provider(0).accepted().len();
+        let before = f.providers[0].accepted().len();
         let r = f.send(sent, "claude-sonnet-4-5");
         assert_eq!(
             (r.status, r.served()),
             (200, "anthropic".into()),
             "{sent}: Anthropic refused {:?}",
-            f.provider(0)
+            f.providers[0]
                 .rejected()
                 .last()
                 .map(|(s, req)| (*s, req.path.clone()))
         );
-        let got = f.provider(0).accepted();
+        let got = f.providers[0].accepted();
         let got = got.get(before).map(|r| r.path.as_str());
         assert_eq!(got, Some(arrives), "{sent}");
     }

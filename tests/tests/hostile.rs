@@ -10,7 +10,9 @@ use ace_core::tables::{AttributeSpec, FactorKind, FactorSpec};
 use ace_harness::client::Request;
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_tests::{require_envoy, residency_spec, start, tables_base64, upstream, Filter};
+use ace_tests::{
+    destination_upstreams, require_envoy, residency_spec, start, tables_base64, upstream, Filter,
+};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -87,16 +89,11 @@ impl Fleet {
         more: impl FnOnce(EnvoyBuilder) -> EnvoyBuilder,
     ) -> Fleet {
         require_envoy();
-        let (sg, eu, payg) = (
-            upstream("sg-cheap"),
-            upstream("eu-owned"),
-            upstream("eu-payg"),
-        );
-        let builder = filter
-            .add_reading_body(EnvoyBuilder::new(), &config.to_string())
-            .cluster("sg_cheap", sg.port())
-            .cluster("eu_owned", eu.port())
-            .cluster("eu_payg", payg.port());
+        let builder = filter.add_reading_body(EnvoyBuilder::new(), &config.to_string());
+        let (builder, ups) = destination_upstreams(config, builder);
+        let [sg, eu, payg]: [Upstream; 3] = ups
+            .try_into()
+            .unwrap_or_else(|_| panic!("the fleet has three destinations"));
         let envoy = start(&more(filter.event_log(builder)));
         Fleet {
             envoy,

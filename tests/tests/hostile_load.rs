@@ -8,8 +8,10 @@
 
 use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
-use ace_harness::upstream::Behavior;
-use ace_tests::{require_envoy, residency_spec, start, tables_base64, upstream, Filter};
+use ace_harness::upstream::{Behavior, Upstream};
+use ace_tests::{
+    destination_upstreams, require_envoy, residency_spec, start, tables_base64, Filter,
+};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -38,17 +40,13 @@ fn config() -> Value {
 
 fn thousands_of_hostile_connections_with_flipping_health(filter: Filter) {
     require_envoy();
-    let (sg, eu, payg) = (
-        upstream("sg-cheap"),
-        upstream("eu-owned"),
-        upstream("eu-payg"),
-    );
-    let builder = filter
-        .add_reading_body(EnvoyBuilder::new(), &config().to_string())
-        .cluster("sg_cheap", sg.port())
-        .cluster("eu_owned", eu.port())
-        .cluster("eu_payg", payg.port())
-        .concurrency(2);
+    let config = config();
+    let builder = filter.add_reading_body(EnvoyBuilder::new(), &config.to_string());
+    let (builder, ups) = destination_upstreams(&config, builder);
+    let [sg, eu, payg]: [Upstream; 3] = ups
+        .try_into()
+        .unwrap_or_else(|_| panic!("the fleet has three destinations"));
+    let builder = builder.concurrency(2);
     let envoy = start(&filter.event_log(builder));
     let port = envoy.port();
 

@@ -11,7 +11,7 @@
 use ace_harness::client::{Request, Response};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream, DELAY_HEADER};
-use ace_tests::{require_envoy, start, tables_base64, upstream, Filter};
+use ace_tests::{destinations, require_envoy, start, tables_base64, upstream, Filter};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -20,15 +20,9 @@ const TARGET_MS: u64 = 400;
 /// Tables over a `tenant` attribute that permit everything: the tenant is
 /// what the learning's two-tenant rule counts.
 fn tenant_tables() -> String {
-    use ace_core::tables::{AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
+    use ace_core::tables::{AttributeSpec, FactorKind, FactorSpec, TableSpec};
     tables_base64(&TableSpec {
-        destinations: ["payg", "owned"]
-            .iter()
-            .map(|n| DestinationSpec {
-                name: n.to_string(),
-                cluster: n.to_string(),
-            })
-            .collect(),
+        destinations: destinations(&["payg", "owned"]),
         attributes: vec![AttributeSpec {
             name: "tenant".into(),
             values: vec!["a".into(), "b".into(), "hostile".into()],

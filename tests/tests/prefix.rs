@@ -15,13 +15,13 @@ use ace_harness::client::Request;
 use ace_harness::control::{FakeControl, Served};
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::{Behavior, Upstream};
-use ace_snapshot::{Drain, DrainReason, Report, Snapshot};
+use ace_snapshot::{Drain, DrainReason, Report};
 use ace_tests::{
-    for_each_filter, require_envoy, residency_spec, start, tables_base64, upstream, Filter,
+    for_each_filter, now_ms, require_envoy, residency_spec, start, tables_base64, upstream, Filter,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const INTERVAL_MS: u64 = 200;
 
@@ -49,12 +49,6 @@ fn config() -> String {
     .to_string()
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn snapshot(version: u64, drained: Option<&str>) -> Vec<u8> {
     let reports = drained
         .map(|name| Report {
@@ -67,13 +61,7 @@ fn snapshot(version: u64, drained: Option<&str>) -> Vec<u8> {
         })
         .into_iter()
         .collect();
-    let s = Snapshot {
-        version,
-        generated_ms: now_ms(),
-        reports,
-        budgets: Vec::new(),
-    };
-    ace_snapshot::encode(&s).unwrap_or_else(|e| panic!("{e}"))
+    ace_tests::snapshot(version, reports)
 }
 
 /// Turn `n` of a chat about `topic`: a system prompt of about 7,400

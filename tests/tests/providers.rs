@@ -13,12 +13,9 @@
 //! own utilisation figures move traffic to the next rung before its
 //! first 429.
 
-use ace_core::tables::{encode, AttributeSpec, DestinationSpec, FactorKind, FactorSpec, TableSpec};
-use ace_harness::client::{Request, Response};
-use ace_harness::envoy::{Envoy, EnvoyBuilder};
-use ace_harness::provider::{stream_events, Ca, Errors, Limits, Provider, Spec};
-use ace_tests::{require_envoy, start, Filter};
-use base64::Engine;
+use ace_harness::client::Request;
+use ace_harness::provider::{stream_events, Errors, Limits, Spec};
+use ace_tests::{permit_tables, Filter, ProviderFleet};
 use serde_json::{json, Value};
 
 /// Destinations in table order, and their clusters.
@@ -27,26 +24,12 @@ const DESTINATIONS: [&str; 4] = ["vllm", "azure_ptu", "openai", "groq"];
 /// `llama` may go to the vLLM pool or Groq, `gpt-4o` to the PTU or
 /// OpenAI. Value indices (sorted): 0 unknown, 1 gpt-4o, 2 llama.
 fn tables() -> String {
-    let spec = TableSpec {
-        destinations: DESTINATIONS
-            .iter()
-            .map(|n| DestinationSpec {
-                name: n.to_string(),
-                cluster: n.to_string(),
-            })
-            .collect(),
-        attributes: vec![AttributeSpec {
-            name: "model".into(),
-            values: vec!["gpt-4o".into(), "llama".into()],
-        }],
-        factors: vec![FactorSpec {
-            kind: FactorKind::Permit,
-            attributes: vec![0],
-            rows: vec![0, 0b0110, 0b1001],
-        }],
-    };
-    base64::engine::general_purpose::STANDARD
-        .encode(encode(&spec).unwrap_or_else(|e| panic!("{e}")))
+    permit_tables(
+        &DESTINATIONS,
+        "model",
+        &["gpt-4o", "llama"],
+        &[0, 0b0110, 0b1001],
+    )
 }
 
 const PTU_PATH: &str = "/openai/deployments/gpt4o-ptu/chat/completions?api-version=2024-10-21";
@@ -80,32 +63,7 @@ fn config() -> Value {
     })
 }
 
-struct Fleet {
-    envoy: Envoy,
-    providers: Vec<Provider>,
-    _ca: Ca,
-    _secrets: tempfile::TempDir,
-}
-
-impl Fleet {
-    fn provider(&self, name: &str) -> &Provider {
-        let i = DESTINATIONS.iter().position(|d| *d == name).unwrap_or(0);
-        &self.providers[i]
-    }
-
-    fn send(&self, path: &str, model: &str) -> Response {
-        Request::post_json(
-            path,
-            &json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        // A client's own credentials, of every kind, forged.
-        .header("authorization", "Bearer client-forged")
-        .header("api-key", "client-forged")
-        .header("x-api-key", "client-forged")
-        .send(self.envoy.port())
-        .unwrap_or_else(|e| panic!("request failed: {e}"))
-    }
-}
+type Fleet = ProviderFleet;
 
 fn fleet(filter: Filter) -> Fleet {
     fleet_with(filter, Limits::Provisioned { step: 25.0 })
@@ -113,9 +71,6 @@ fn fleet(filter: Filter) -> Fleet {
 
 /// [`fleet`] with the PTU reporting its headroom as `ptu`.
 fn fleet_with(filter: Filter, ptu: Limits) -> Fleet {
-    require_envoy();
-    let ca = Ca::new();
-    let secrets = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let spec = |name: &str, host: Option<&str>, credential: (&str, &str), paths: &[&str]| Spec {
         name: name.into(),
         host: host.map(str::to_string),
@@ -165,20 +120,7 @@ fn fleet_with(filter: Filter, ptu: Limits) -> Fleet {
             )
         },
     ];
-    let providers: Vec<Provider> = specs.into_iter().map(|s| Provider::start(s, &ca)).collect();
-    let mut b = filter
-        .add_reading_body(EnvoyBuilder::new(), &config().to_string())
-        .node("ace-test", "ace-test")
-        .access_log_line(filter.event_log_line());
-    for (name, p) in DESTINATIONS.iter().zip(&providers) {
-        b = b.cluster_json(p.cluster(name, &ca, secrets.path()));
-    }
-    Fleet {
-        envoy: start(&b),
-        providers,
-        _ca: ca,
-        _secrets: secrets,
-    }
+    ProviderFleet::start(filter, &config(), specs.into(), &[])
 }
 
 /// Every request a provider served carries its own credential and no

@@ -10,7 +10,7 @@ use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Behavior;
 use ace_sim::policy::ace::{replay, Recorded, Replayed};
-use ace_tests::{require_envoy, start, upstream, Filter};
+use ace_tests::{destination_upstreams, require_envoy, start, upstream, Filter};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -42,17 +42,8 @@ fn decisions_replay_identically(filter: Filter) {
     let dir = ace_harness::workspace_root().join("policies");
     let config = ace_cli::plugin::build(&dir, false, true).unwrap_or_else(|e| panic!("{e:#}"));
     let text = config.to_string();
-    let mut b = filter.event_log(filter.add_reading_body(EnvoyBuilder::new(), &text));
-    let mut ups = Vec::new();
-    for d in config["destinations"].as_array().into_iter().flatten() {
-        let (name, cluster) = (
-            d["name"].as_str().unwrap_or(""),
-            d["cluster"].as_str().unwrap_or(""),
-        );
-        let u = upstream(name);
-        b = b.cluster(cluster, u.port());
-        ups.push((name.to_string(), u));
-    }
+    let builder = filter.event_log(filter.add_reading_body(EnvoyBuilder::new(), &text));
+    let (b, ups) = destination_upstreams(&config, builder);
     // One worker: the simulator is one host with one view of the fleet. With
     // two, a Wasm worker owes the shared fleet state the slots its quiet
     // answers released until its next write, so a request on the other
@@ -60,8 +51,8 @@ fn decisions_replay_identically(filter: Filter) {
     // different choice in about one run in six).
     let envoy = start(&b.concurrency(1));
     let set = |name: &str, behavior: Behavior| {
-        for (n, u) in &ups {
-            if n == name {
+        for u in &ups {
+            if u.name() == name {
                 u.set_behavior(behavior.clone());
             }
         }

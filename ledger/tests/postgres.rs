@@ -31,8 +31,8 @@ fn sqlite_and_postgres_give_the_same_report() {
     assert_eq!(ra.events, 10);
     assert_eq!(a.store.rejects().expect("r"), b.store.rejects().expect("r"));
     assert_eq!(
-        all_rows(&mut a),
-        all_rows(&mut b),
+        common::all_rows(&mut a),
+        common::all_rows(&mut b),
         "row for row, column for column"
     );
 
@@ -56,18 +56,6 @@ fn again(ledger: &mut Ledger, source: &str, events: fn(&str) -> Vec<u8>) -> (u64
     (s.new, s.already)
 }
 
-fn all_rows(ledger: &mut Ledger) -> Vec<ace_ledger::row::Row> {
-    let mut rows = Vec::new();
-    ledger
-        .store
-        .scan(&mut |r| {
-            rows.push(r);
-            Ok(())
-        })
-        .expect("scan");
-    rows
-}
-
 /// The hostile file (`tests/golden/hostile.ndjson`: a NUL, a byte that is
 /// not UTF-8, huge numbers, zero and maximal times, a forged duplicate id,
 /// formulas, terminal escapes, an unknown schema and configuration) gives
@@ -89,7 +77,11 @@ fn the_hostile_file_gives_the_same_report_in_sqlite_and_postgres() {
     let rb = b.report(&rules).expect("postgres report");
     assert_eq!(ra, rb);
     assert_eq!(rb.events, 8);
-    assert_eq!(all_rows(&mut a), all_rows(&mut b), "row for row");
+    assert_eq!(
+        common::all_rows(&mut a),
+        common::all_rows(&mut b),
+        "row for row"
+    );
     assert_eq!(a.store.rejects().expect("r"), b.store.rejects().expect("r"));
     let tenants: Vec<String> = rb.by_tenant.keys().cloned().collect();
     assert!(

@@ -212,6 +212,17 @@ pub fn check_the_v2_store_migrates(url: &str) {
     drop(store);
     let (mut ledger, s) = golden_ledger(url);
     assert_eq!(s.new, 10, "the golden events book beside the old row");
+    let rows = all_rows(&mut ledger);
+    assert_eq!(rows.len(), 11);
+    assert!(rows.contains(&old));
+    assert!(
+        ledger.store.migrated().is_empty(),
+        "migrated once, current since"
+    );
+}
+
+/// Every row `ledger`'s store holds, in its order.
+pub fn all_rows(ledger: &mut Ledger) -> Vec<ace_ledger::row::Row> {
     let mut rows = Vec::new();
     ledger
         .store
@@ -220,12 +231,7 @@ pub fn check_the_v2_store_migrates(url: &str) {
             Ok(())
         })
         .expect("scan");
-    assert_eq!(rows.len(), 11);
-    assert!(rows.contains(&old));
-    assert!(
-        ledger.store.migrated().is_empty(),
-        "migrated once, current since"
-    );
+    rows
 }
 
 /// The first millisecond of 2026-12-04 (UTC), the budget fixture's day.

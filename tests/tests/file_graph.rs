@@ -23,10 +23,14 @@
 //! pass; each circle the test names is one the code has.
 //! Run it alone with `cargo test -p ace-tests --test file_graph`.
 
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+// The workspace as `cargo metadata` gives it, shared with the real-Envoy
+// binary's docs and lints checks; this binary reads only its crates' roots.
+#[path = "workspace.rs"]
+#[allow(dead_code)]
+mod workspace;
 
 /// What a path takes when it names a module as a whole (`use crate::kind;`).
 const MODULE: &str = "(the module)";
@@ -703,77 +707,35 @@ fn problems(krate: &str, tree: &Tree) -> Vec<String> {
 }
 
 /// Each workspace crate's library and binary roots under its `src/`, named
-/// as the failure shows them (`ace-ledger`, `ace-cli (bin ace)`), and the
-/// workspace root.
-fn crate_roots() -> (Vec<(String, PathBuf)>, PathBuf) {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let workspace = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .canonicalize()
-        .expect("the workspace root");
-    let out = Command::new(&cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .arg("--manifest-path")
-        .arg(workspace.join("Cargo.toml"))
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cargo} metadata: {e}"));
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata printed JSON");
-    let members: BTreeSet<&str> = meta["workspace_members"]
-        .as_array()
-        .expect("workspace_members")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+/// as the failure shows them (`ace-ledger`, `ace-cli (src/main.rs)`).
+fn crate_roots() -> Vec<(String, PathBuf)> {
+    let root = workspace::root();
     let mut roots = Vec::new();
-    for p in meta["packages"].as_array().expect("packages") {
-        if !p["id"].as_str().is_some_and(|id| members.contains(id)) {
-            continue;
-        }
-        let package = p["name"].as_str().expect("a package name");
-        let manifest = PathBuf::from(p["manifest_path"].as_str().expect("manifest_path"));
-        let src = manifest.parent().expect("a manifest's folder").join("src");
-        for t in p["targets"].as_array().into_iter().flatten() {
-            let kinds: Vec<&str> = t["kind"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
-            let root = PathBuf::from(t["src_path"].as_str().expect("src_path"));
-            let product = kinds.iter().any(|k| {
-                matches!(
-                    *k,
-                    "lib" | "rlib" | "dylib" | "cdylib" | "staticlib" | "proc-macro" | "bin"
-                )
-            });
-            if !product || !root.starts_with(&src) {
+    for p in workspace::packages().values() {
+        let folder = root.join(&p.folder);
+        for file in p.shipped_roots() {
+            let Ok(inside) = file.strip_prefix(&folder) else {
+                continue;
+            };
+            if !inside.starts_with("src") {
                 continue;
             }
-            let label = if kinds.contains(&"bin") {
-                format!("{package} (bin {})", t["name"].as_str().unwrap_or("?"))
+            let label = if p.lib_root() == Some(file) {
+                p.name.clone()
             } else {
-                package.to_string()
+                format!("{} ({})", p.name, inside.display())
             };
-            roots.push((label, root));
+            roots.push((label, file.to_path_buf()));
         }
     }
     roots.sort();
-    (roots, workspace)
+    roots
 }
 
 #[test]
 fn no_circle_of_module_files_inside_a_crate() {
-    let (roots, workspace) = crate_roots();
+    let roots = crate_roots();
+    let workspace = workspace::root();
     let read = |p: &Path| std::fs::read_to_string(p).ok();
     let (mut files, mut edges, mut found) = (0, 0, Vec::new());
     for (krate, root) in &roots {

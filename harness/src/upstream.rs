@@ -80,6 +80,18 @@ pub enum Behavior {
     },
 }
 
+impl Behavior {
+    /// 200 with `events` as a model server's server-sent events
+    /// (`text/event-stream`), the body in one piece.
+    pub fn sse(events: &str) -> Behavior {
+        Behavior::Respond {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            body: events.as_bytes().to_vec(),
+        }
+    }
+}
+
 /// One request as the upstream received it.
 #[derive(Clone, Debug)]
 pub struct Recorded {

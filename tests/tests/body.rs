@@ -134,11 +134,7 @@ fn usage_in_json_and_sse_responses_replaces_the_estimates(filter: Filter) {
     let sse = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
                data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":13}}\n\n\
                data: [DONE]\n\n";
-    small.set_behavior(Behavior::Respond {
-        status: 200,
-        headers: vec![("content-type".into(), "text/event-stream".into())],
-        body: sse.as_bytes().to_vec(),
-    });
+    small.set_behavior(Behavior::sse(sse));
     let r = chat(&envoy, json!({"model": "small", "stream": true}));
     assert_eq!(r.text(), sse, "the stream passes through untouched");
     let lines = envoy.wait_access_log(2, Duration::from_secs(10));

@@ -35,11 +35,7 @@ fn a_streamed_response_is_booked_with_the_usage_it_reported(filter: Filter) {
     let sse = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
                data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1200,\"completion_tokens\":345}}\n\n\
                data: [DONE]\n\n";
-    owned.set_behavior(Behavior::Respond {
-        status: 200,
-        headers: vec![("content-type".into(), "text/event-stream".into())],
-        body: sse.as_bytes().to_vec(),
-    });
+    owned.set_behavior(Behavior::sse(sse));
     let r = Request::post_json(
         "/v1/chat/completions",
         &json!({"model": "m", "stream": true}),

@@ -357,14 +357,9 @@ fn streams_are_cached_whole_or_not_at_all(filter: Filter) {
     let mut cfg = config(0.0);
     cfg["cache"]["max_entry_bytes"] = json!(1024);
     let fleet = Fleet::start(filter, &cfg);
-    let sse = |body: &str| Behavior::Respond {
-        status: 200,
-        headers: vec![("content-type".into(), "text/event-stream".into())],
-        body: body.as_bytes().to_vec(),
-    };
     let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"Par\"}}]}\n\n\
                   data: {\"choices\":[{\"delta\":{\"content\":\"is\"}}]}\n\ndata: [DONE]\n\n";
-    fleet.small.set_behavior(sse(stream));
+    fleet.small.set_behavior(Behavior::sse(stream));
     let ask = |content: &str| {
         let mut body = deterministic(content);
         body["stream"] = json!(true);
@@ -386,7 +381,7 @@ fn streams_are_cached_whole_or_not_at_all(filter: Filter) {
         "{}data: [DONE]\n\n",
         "data: {\"choices\":[{\"delta\":{\"content\":\"xxxxxxxxxxxxxxxx\"}}]}\n\n".repeat(40)
     );
-    fleet.small.set_behavior(sse(&long));
+    fleet.small.set_behavior(Behavior::sse(&long));
     assert_eq!(ask("a long one").status, 200);
     assert_eq!(ask("a long one").status, 200);
     assert_eq!(

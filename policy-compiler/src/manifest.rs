@@ -1254,6 +1254,16 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
     out
 }
 
+/// What `text` as a `fleet.toml` is refused for, each diagnostic as it
+/// prints; none when it is accepted.
+#[cfg(test)]
+fn refusals(text: String) -> Vec<String> {
+    match parse(Path::new("fleet.toml"), text) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
+    }
+}
+
 #[cfg(test)]
 mod control_tests {
     use super::*;
@@ -1278,10 +1288,7 @@ models = ["m"]
 
     fn errors(control: &str) -> Vec<String> {
         let text = format!("{BASE}[destinations.control]\n{control}\n");
-        match parse(Path::new("fleet.toml"), text) {
-            Ok(_) => Vec::new(),
-            Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
-        }
+        refusals(text)
     }
 
     #[test]
@@ -1324,14 +1331,8 @@ models = ["m"]
             ("size = 3", "unknown field `size`"),
         ] {
             let text = format!("{BASE}[destinations.prefix_cache]\n{table}\n");
-            let e = match parse(Path::new("fleet.toml"), text) {
-                Ok(_) => panic!("{table} accepted"),
-                Err(e) => e
-                    .diagnostics
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<String>(),
-            };
+            let e = refusals(text).concat();
+            assert!(!e.is_empty(), "{table} accepted");
             assert!(e.contains(expect), "{table}: {e}");
         }
     }
@@ -1358,14 +1359,8 @@ models = ["m"]
             ("api_key = \"sk-\"", "unknown field `api_key`"),
         ] {
             let text = format!("{BASE}[destinations.upstream]\n{upstream}\n");
-            let e = match parse(Path::new("fleet.toml"), text) {
-                Ok(_) => panic!("{upstream} accepted"),
-                Err(e) => e
-                    .diagnostics
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<String>(),
-            };
+            let e = refusals(text).concat();
+            assert!(!e.is_empty(), "{upstream} accepted");
             assert!(e.contains(expect), "{upstream}: {e}");
         }
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/fleet.schema.json");
@@ -1481,10 +1476,7 @@ models = ["a", "b"]
 {cost}
 "#
         );
-        match parse(Path::new("fleet.toml"), text) {
-            Ok(_) => Vec::new(),
-            Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
-        }
+        refusals(text)
     }
 
     const AB: &str = "[[model_classes]]\nname = \"ab\"\nmodels = [\"a\", \"b\"]";
@@ -1565,10 +1557,7 @@ mod slo_tests {
              region = \"us-east-1\"\naccelerator = \"none\"\nvram_gb = 0\n\
              interconnect = \"none\"\nmodels = [\"m\"]\n{slo}\n"
         );
-        match parse(Path::new("fleet.toml"), text) {
-            Ok(_) => Vec::new(),
-            Err(e) => e.diagnostics.iter().map(|d| d.to_string()).collect(),
-        }
+        refusals(text)
     }
 
     #[test]

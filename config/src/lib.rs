@@ -25,6 +25,14 @@
 //!   "health": {"trip_after": 3, "base_cooldown_ms": 5000}
 //! }
 //! ```
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use ace_core::cost::{CostModel, Tier};
 use ace_core::health::HealthPolicy;

@@ -17,6 +17,14 @@
 //! returns the bound address), [`run`] (the same until a shutdown future
 //! completes) and [`fetch`] (a client for one snapshot).
 #![forbid(unsafe_code)]
+// The no-panic lints of product code (tests/tests/lints.rs checks them;
+// tests may still unwrap and index: clippy.toml).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 /// A file from `tests/fixtures/`, for the unit tests (each fixture cites
 /// the engine, cloud or provider and version it follows:

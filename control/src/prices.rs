@@ -209,7 +209,9 @@ impl GpuPrices {
     pub fn at(&self, key: &str, now_ms: u64) -> Option<f64> {
         let v = self.0.get(key)?;
         let n = v.partition_point(|&(t, _)| t <= now_ms);
-        n.checked_sub(1).map(|i| v[i].1)
+        n.checked_sub(1)
+            .and_then(|i| v.get(i))
+            .map(|(_, price)| *price)
     }
 }
 

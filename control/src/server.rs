@@ -232,13 +232,13 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
         );
     }
     let _ = writeln!(o, "# HELP ace_control_scrape_failures_total Failed metrics scrapes per destination.\n# TYPE ace_control_scrape_failures_total counter");
-    for (d, dest) in svc.dests.iter().enumerate() {
+    for (dest, failures) in svc.dests.iter().zip(&c.scrape_failures) {
         if dest.metrics.is_some() {
             let _ = writeln!(
                 o,
                 "ace_control_scrape_failures_total{{destination=\"{}\"}} {}",
                 label(&dest.name),
-                c.scrape_failures[d].load(Ordering::Relaxed)
+                failures.load(Ordering::Relaxed)
             );
         }
     }

@@ -31,11 +31,11 @@ impl Engines {
     pub fn load(dests: &[Dest]) -> Result<(Engines, Vec<Option<String>>), Error> {
         let mut key_files = Vec::new();
         let mut keys = vec![None; dests.len()];
-        for (d, dest) in dests.iter().enumerate() {
+        for (d, (dest, key)) in dests.iter().zip(keys.iter_mut()).enumerate() {
             if let Some(path) = &dest.api_key_file {
                 let mut w = Watched::new(path.clone());
                 let bytes = w.changed()?.unwrap_or_default();
-                keys[d] = Some(api_key(&bytes).map_err(|e| {
+                *key = Some(api_key(&bytes).map_err(|e| {
                     Error::new(format!(
                         "destination `{}`, control field `api_key_file` ({}): {e}",
                         dest.name,
@@ -57,8 +57,7 @@ impl Engines {
         client: &reqwest::Client,
         interval: Duration,
     ) {
-        for d in 0..svc.dests.len() {
-            let dest = &svc.dests[d];
+        for (d, dest) in svc.dests.iter().enumerate() {
             if dest.metrics.is_some() {
                 let (svc, client, mut tick) = (svc.clone(), client.clone(), every(interval));
                 tasks.spawn(async move {
@@ -89,7 +88,11 @@ impl Engines {
                 for (d, w) in &mut key_files {
                     let d = *d;
                     reread(&svc, "api_key_file", w, |b, _| {
-                        api_key(b).map(|k| svc.inputs().keys[d] = Some(k))
+                        api_key(b).map(|k| {
+                            if let Some(key) = svc.inputs().keys.get_mut(d) {
+                                *key = Some(k);
+                            }
+                        })
                     });
                 }
             }
@@ -110,8 +113,8 @@ impl Notices {
         client: &reqwest::Client,
         interval: Duration,
     ) {
-        for d in 0..svc.dests.len() {
-            let Some((cloud, base, vm_name)) = svc.dests[d].eviction.clone() else {
+        for (d, dest) in svc.dests.iter().enumerate() {
+            let Some((cloud, base, vm_name)) = dest.eviction.clone() else {
                 continue;
             };
             let (svc, client, mut tick) = (svc.clone(), client.clone(), every(interval));

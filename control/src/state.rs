@@ -227,22 +227,26 @@ impl Service {
 
     /// Scrapes destination `d`'s metrics once.
     pub async fn poll_metrics(&self, d: usize, client: &reqwest::Client) {
-        let Some(url) = &self.dests[d].metrics else {
+        let Some(dest) = self.dests.get(d) else {
             return;
         };
-        let key = format!("destination `{}`", self.dests[d].name);
+        let Some(url) = &dest.metrics else {
+            return;
+        };
+        let key = format!("destination `{}`", dest.name);
         let api_key = self.api_key(d);
         let got = async {
             let body =
                 crate::get_text(client, url, crate::MAX_METRICS_BYTES, api_key.as_deref()).await?;
-            let dest = &self.dests[d];
             load::read(dest.engine, &body, dest.kv_token_budget)
                 .map_err(|e| Error::new(format!("{url}: {e}")))
         }
         .await;
         let now = now_ms();
         let mut inputs = self.inputs();
-        let live = &mut inputs.live[d];
+        let Some(live) = inputs.live.get_mut(d) else {
+            return;
+        };
         match got {
             Ok(f) => {
                 // A new process: what the old one had loaded is gone
@@ -260,7 +264,7 @@ impl Service {
                 if restarted {
                     crate::log(&format!(
                         "metrics: destination `{}`: the model server restarted; its held figures and loaded models are dropped",
-                        self.dests[d].name
+                        dest.name
                     ));
                 }
                 self.note("metrics", &key, Ok(()));
@@ -268,7 +272,9 @@ impl Service {
             Err(e) => {
                 live.load_failed = true;
                 drop(inputs);
-                self.counters.scrape_failures[d].fetch_add(1, Ordering::Relaxed);
+                if let Some(failures) = self.counters.scrape_failures.get(d) {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
                 self.note("metrics", &key, Err(&e.0));
             }
         }
@@ -281,10 +287,13 @@ impl Service {
 
     /// Reads destination `d`'s model list once.
     pub async fn poll_models(&self, d: usize, client: &reqwest::Client) {
-        let Some(url) = &self.dests[d].models else {
+        let Some(dest) = self.dests.get(d) else {
             return;
         };
-        let key = format!("destination `{}`", self.dests[d].name);
+        let Some(url) = &dest.models else {
+            return;
+        };
+        let key = format!("destination `{}`", dest.name);
         let api_key = self.api_key(d);
         let got = async {
             let body =
@@ -294,7 +303,9 @@ impl Service {
         .await;
         match got {
             Ok(ids) => {
-                self.inputs().live[d].models = Some(ids);
+                if let Some(live) = self.inputs().live.get_mut(d) {
+                    live.models = Some(ids);
+                }
                 self.note("models", &key, Ok(()));
             }
             Err(e) => self.note("models", &key, Err(&e.0)),
@@ -308,28 +319,31 @@ impl Service {
         poller: &mut eviction::Poller,
         client: &reqwest::Client,
     ) {
-        let key = format!("destination `{}`", self.dests[d].name);
+        let Some(dest) = self.dests.get(d) else {
+            return;
+        };
+        let key = format!("destination `{}`", dest.name);
         match poller.poll(client, now_ms()).await {
             Ok(answer) => {
                 let at = match answer {
                     Answer::Clear => None,
                     Answer::Notice { at_ms, what } => Some((at_ms, what)),
                 };
-                let before = std::mem::replace(
-                    &mut self.inputs().live[d].notice,
-                    at.as_ref().map(|(t, _)| *t),
-                );
+                let before = match self.inputs().live.get_mut(d) {
+                    Some(live) => std::mem::replace(&mut live.notice, at.as_ref().map(|(t, _)| *t)),
+                    None => return,
+                };
                 match (&before, &at) {
                     (None, Some((_, what))) => {
                         self.counters.notices.fetch_add(1, Ordering::Relaxed);
                         crate::log(&format!(
                             "eviction: destination `{}`: {what}: drained",
-                            self.dests[d].name
+                            dest.name
                         ));
                     }
                     (Some(_), None) => crate::log(&format!(
                         "eviction: destination `{}`: the notice is gone: drain lifted",
-                        self.dests[d].name
+                        dest.name
                     )),
                     _ => {}
                 }
@@ -346,12 +360,12 @@ impl Service {
         let mut results = Vec::new();
         {
             let mut inputs = self.inputs();
-            for (d, dest) in self.dests.iter().enumerate() {
+            for (dest, live) in self.dests.iter().zip(inputs.live.iter_mut()) {
                 if let Some(k) = &dest.price_key {
                     let key = format!("destination `{}` price_key in {source}", dest.name);
                     match t.price(k) {
                         Ok(p) => {
-                            inputs.live[d].price = Some(p);
+                            live.price = Some(p);
                             results.push((key, Ok(())));
                         }
                         Err(e) => results.push((key, Err(e))),
@@ -392,14 +406,19 @@ impl Service {
     /// Takes a `POST /v1/notice`: destination `d` drained as given (a time
     /// in the past lifts it).
     pub fn push_notice(&self, d: usize, drain: Drain) {
+        let Some(dest) = self.dests.get(d) else {
+            return;
+        };
         let lifted = drain.until_ms <= now_ms();
-        self.inputs().live[d].pushed = (!lifted).then_some(drain);
+        if let Some(live) = self.inputs().live.get_mut(d) {
+            live.pushed = (!lifted).then_some(drain);
+        }
         if !lifted && drain.reason == DrainReason::Eviction {
             self.counters.notices.fetch_add(1, Ordering::Relaxed);
         }
         crate::log(&format!(
             "notice: destination `{}`: {} until {} ({})",
-            self.dests[d].name,
+            dest.name,
             if lifted { "lifted" } else { "drained" },
             drain.until_ms,
             drain.reason.as_str()
@@ -452,8 +471,7 @@ impl Service {
         let mut problems: Vec<(&'static str, String, Result<(), String>)> = Vec::new();
         let mut plan_gap: Option<String> = None;
         let mut out = Vec::new();
-        for (d, dest) in self.dests.iter().enumerate() {
-            let live = &inputs.live[d];
+        for (dest, live) in self.dests.iter().zip(&inputs.live) {
             let load = live.load.map(|(l, at)| {
                 let stale = live.load_failed || now.saturating_sub(at) > s.stale_after_ms;
                 // Held figures carry their scrape time, for the filter's
@@ -700,7 +718,9 @@ pub(crate) fn fit(reports: &mut [Report], budgets: &[Budget]) -> Fitted {
             if size <= ace_snapshot::MAX_BYTES {
                 break;
             }
-            reports[i].warm = None;
+            if let Some(r) = reports.get_mut(i) {
+                r.warm = None;
+            }
             size -= bytes;
             fitted.dropped += 1;
         }

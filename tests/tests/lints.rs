@@ -52,19 +52,9 @@ const PANICS_PENDING: &[(&str, &str)] = &[
          arrays (rt.rs 67, full.rs 31, fast.rs 15, scenario.rs 10, 57 more in 12 files)",
     ),
     (
-        "ace-control",
-        "26 indexing sites, a destination's index into the service's per-destination \
-         arrays (state.rs 20, sources.rs 4, prices.rs 1, server.rs 1); its root is \
-         being rewritten (issue 53, item 4)",
-    ),
-    (
         "ace-snapshot",
         "5 sites in wire.rs: the magic's slice and the trailer's four bytes, read \
          after a length check (`bytes.get(..4)`, `first_chunk` would do)",
-    ),
-    (
-        "ace-config",
-        "no site left; its root is being rewritten (issue 53, item 4)",
     ),
 ];
 

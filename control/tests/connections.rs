@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::TOKEN;
+use crate::common::{idle_from, TOKEN};
 
 const CHILD: &str = "ACE_CONNECTIONS_CHILD";
 
@@ -105,18 +105,6 @@ fn spawn(case: &str) -> (Child, String, Vec<String>) {
     }
 }
 
-/// Opens `n` connections to `addr` from `127.0.0.{last}` that send nothing.
-async fn idle_from(addr: &str, last: u8, n: usize) -> Vec<tokio::net::TcpStream> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let s = tokio::net::TcpSocket::new_v4().unwrap();
-        s.bind(std::net::SocketAddr::from(([127, 0, 0, last], 0)))
-            .unwrap();
-        out.push(s.connect(addr.parse().unwrap()).await.unwrap());
-    }
-    out
-}
-
 /// A poller at `127.0.0.{last}`: the snapshot's status, or why there is
 /// none.
 async fn poll_from(addr: &str, last: u8) -> Result<u16, String> {
@@ -154,7 +142,7 @@ async fn five_flood_and_a_sixth_polls(case: &str) -> (Vec<String>, String) {
     let (mut child, addr, before) = spawn(case);
     let mut idle = Vec::new();
     for last in 2..=6 {
-        idle.extend(idle_from(&addr, last, PER_IP).await);
+        idle.extend(idle_from(addr.parse().unwrap(), last, PER_IP).await);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     for n in 0..3 {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::common::{now_ms, rfc3339, serve_on, TOKEN};
+use crate::common::{idle_from, now_ms, rfc3339, serve_on, TOKEN};
 
 const CHILD: &str = "ACE_HOSTILE_CHILD";
 
@@ -538,18 +538,6 @@ async fn metrics_from(r: &Running, last: u8) -> String {
         .unwrap()
 }
 
-/// Opens `n` connections to `r` from `127.0.0.{last}` that send nothing.
-async fn idle_from(r: &Running, last: u8, n: usize) -> Vec<tokio::net::TcpStream> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let s = tokio::net::TcpSocket::new_v4().unwrap();
-        s.bind(std::net::SocketAddr::from(([127, 0, 0, last], 0)))
-            .unwrap();
-        out.push(s.connect(r.addr).await.unwrap());
-    }
-    out
-}
-
 /// 200 idle connections from one address used to be held for ever, and
 /// past the file descriptor limit starved every poller. Now one address
 /// gets 16, the service 48, a new connection to a full service closes an
@@ -568,7 +556,7 @@ async fn idle_connections_are_capped_and_closed() {
     };
     let r = ace_control::start(c).await.unwrap();
     let url = format!("http://{}/v1/snapshot", r.addr);
-    let mut idle = idle_from(&r, 1, 200).await;
+    let mut idle = idle_from(r.addr, 1, 200).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let resp = client_from(2).get(&url).bearer_auth(TOKEN).send().await;
     assert_eq!(resp.unwrap().status(), 200, "the poller is starved");
@@ -580,7 +568,7 @@ async fn idle_connections_are_capped_and_closed() {
 
     // Four more addresses, 16 each: past the service-wide 48.
     for last in 3..7 {
-        idle.extend(idle_from(&r, last, 16).await);
+        idle.extend(idle_from(r.addr, last, 16).await);
     }
     // The newest (which no new connection displaced) are closed by the
     // idle timeout.

@@ -26,6 +26,22 @@ pub async fn serve(app: Router) -> String {
     serve_on("127.0.0.1", app).await
 }
 
+/// Opens `n` connections to `addr` from `127.0.0.{last}` that send nothing.
+pub async fn idle_from(
+    addr: std::net::SocketAddr,
+    last: u8,
+    n: usize,
+) -> Vec<tokio::net::TcpStream> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(std::net::SocketAddr::from(([127, 0, 0, last], 0)))
+            .unwrap();
+        out.push(s.connect(addr).await.unwrap());
+    }
+    out
+}
+
 /// The service's `/metrics` page.
 pub async fn metrics(r: &Running) -> String {
     reqwest::get(format!("http://{}/metrics", r.addr))

@@ -358,6 +358,30 @@ pub fn tables_base64(spec: &ace_core::tables::TableSpec) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// `models` priced at `now_ms` from their health and loads alone (nothing
+/// signalled or learned, the default health policy): the slate a decision
+/// reads.
+pub fn priced(
+    models: &[ace_core::cost::CostModel],
+    health: &[ace_core::health::Health],
+    in_flight: &[u32],
+    now_ms: u64,
+) -> ace_core::dispatch::Slate {
+    use ace_core::dispatch::{Fleet, Slate};
+    let policy = ace_core::health::HealthPolicy::default();
+    let fleet = Fleet {
+        models,
+        health,
+        in_flight,
+        live: &[],
+        learned: &[],
+        policy: &policy,
+    };
+    let mut slate = Slate::new(models.len());
+    slate.refresh(&fleet, now_ms);
+    slate
+}
+
 /// The health of a destination after `events`, for property tests: 0 is a
 /// failure, 1 a 429 with a retry-after, anything else an answer slower than
 /// its SLO. Any sequence gives a state the filter can reach.

@@ -10,9 +10,10 @@
 //! matters, checked against Cedar directly.
 
 use ace_core::cost::{CostModel, Tier};
-use ace_core::dispatch::{decide, Fleet, Request, Slate};
-use ace_core::health::{Health, HealthPolicy};
+use ace_core::dispatch::{decide, Request};
+use ace_core::health::Health;
 use ace_core::tables::Tables;
+use ace_tests::priced;
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
@@ -90,18 +91,8 @@ proptest! {
             .collect();
         let mut mask = vec![0u64; tables.words()];
         tables.feasible(&idx, &mut mask).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let policy = HealthPolicy::default();
-        let fleet = Fleet {
-            models: &models[..n],
-            health: &healths[..n],
-            in_flight: &loads[..n],
-            live: &[],
-            learned: &[],
-            policy: &policy,
-        };
         let req = Request::untimed(tokens_in, tokens_out, 0.002);
-        let mut slate = Slate::new(n);
-        slate.refresh(&fleet, now_ms);
+        let slate = priced(&models[..n], &healths[..n], &loads[..n], now_ms);
         if let Ok(decision) = decide(&slate, &mask, &[warm_bits], &req) {
             let context = c.project.context(&idx).map_err(TestCaseError::fail)?;
             let request = c
@@ -136,18 +127,8 @@ fn a_healthy_fleet_serves_most_requests_and_only_where_cedar_allows() {
         .collect();
     let healths = vec![Health::default(); n];
     let loads = vec![0u32; n];
-    let policy = HealthPolicy::default();
-    let fleet = Fleet {
-        models: &models,
-        health: &healths,
-        in_flight: &loads,
-        live: &[],
-        learned: &[],
-        policy: &policy,
-    };
     let req = Request::untimed(100, 10, 0.0);
-    let mut slate = Slate::new(n);
-    slate.refresh(&fleet, 0);
+    let slate = priced(&models, &healths, &loads, 0);
     let mut rng = ace_policy::verify::Rng(7);
     let (mut served, mut refused) = (0, 0);
     let mut mask = vec![0u64; tables.words()];
@@ -395,7 +376,7 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         let decided = lookup.values.get(m).copied().unwrap_or(u32::MAX);
         prop_assert_eq!(decided, tables.value_index(m as u32, name));
     }
-    let slate = priced(&cfg.models[..n], &healths[..n], &loads[..n]);
+    let slate = priced(&cfg.models[..n], &healths[..n], &loads[..n], 0);
     let req = Request::untimed(10, 10, 0.0);
     if let Ok(decision) = decide(&slate, &lookup.mask, &[u64::MAX], &req) {
         SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -413,22 +394,6 @@ fn hostile_case(h: &Hostile, healths: &[Health], loads: &[u32]) -> Result<(), Te
         );
     }
     Ok(())
-}
-
-/// `models` priced at the given health and loads.
-fn priced(models: &[CostModel], healths: &[Health], loads: &[u32]) -> Slate {
-    let policy = HealthPolicy::default();
-    let fleet = Fleet {
-        models,
-        health: healths,
-        in_flight: loads,
-        live: &[],
-        learned: &[],
-        policy: &policy,
-    };
-    let mut slate = Slate::new(models.len());
-    slate.refresh(&fleet, 0);
-    slate
 }
 
 /// The example configuration with model routing (the manifest's classes
@@ -564,7 +529,7 @@ fn routed_pairs_and_cache_hits_stay_where_cedar_allows() {
             // The pairs, and the merit order over them at the models' prices.
             let mut pairs = routing::Pairs::default();
             routing.expand(&tables, &mut lookup.values, asked, &mut pairs);
-            let slate = priced(&models, &healths, &loads);
+            let slate = priced(&models, &healths, &loads, 0);
             let req = Request::untimed(100, 100, 0.0);
             let decided = ace_core::dispatch::decide_scaled(
                 &slate,

@@ -30,11 +30,12 @@
 //! number of fleets (default 150).
 
 use ace_core::cost::{CostModel, Tier};
-use ace_core::dispatch::{decide, decide_scaled, Fleet, Request, Slate};
-use ace_core::health::{Health, HealthPolicy};
+use ace_core::dispatch::{decide, decide_scaled, Request};
+use ace_core::health::Health;
 use ace_flow::{request, routing};
 use ace_policy::verify::Rng;
 use ace_policy::{compile, Project, Sources};
+use ace_tests::priced;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -324,17 +325,7 @@ fn one_fleet(seed: u64, seen: &mut Seen) -> Result<(), String> {
         let models_priced: Vec<CostModel> = (0..n).map(|_| cost_model(&mut r)).collect();
         let healths: Vec<Health> = (0..n).map(|_| health(&mut r)).collect();
         let loads: Vec<u32> = (0..n).map(|_| r.below(20) as u32).collect();
-        let hp = HealthPolicy::default();
-        let fleet = Fleet {
-            models: &models_priced,
-            health: &healths,
-            in_flight: &loads,
-            live: &[],
-            learned: &[],
-            policy: &hp,
-        };
-        let mut slate = Slate::new(n);
-        slate.refresh(&fleet, 1_000);
+        let slate = priced(&models_priced, &healths, &loads, 1_000);
         let req = Request::untimed(1 + r.below(4000) as u32, 1 + r.below(1000) as u32, 0.0);
         // Cedar's own answer for this request served by `model` on `d`.
         let allowed = |d: usize, model: &str, substituted: bool, cached: bool| {

@@ -15,6 +15,8 @@
 //! - Every path `ARCHITECTURE.md` names in backticks exists.
 //! - Every link to a heading of `BENCHMARKS.md` or `benchmarks/` (the
 //!   goals table's) finds it.
+//! - The README's measured figures (`32 %`, `1.2 s`, `834 tests`) are
+//!   BENCHMARKS.md's: each one is written there too.
 
 use crate::workspace::{self, anchors, code_spans, modules, table_rows, Package};
 use std::collections::{BTreeMap, BTreeSet};
@@ -367,6 +369,30 @@ fn broken_anchors(markdown: &str, at: &Path, root: &Path) -> Vec<String> {
     out
 }
 
+/// The measured figures in `text`: a number followed by ` %`, ` s`,
+/// ` ms`, ` µs`, ` ns` or ` tests`, as written (`2,144 s`).
+fn figures(text: &str) -> Vec<String> {
+    const UNITS: &[&str] = &["%", "s", "ms", "µs", "ns", "tests"];
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut out = Vec::new();
+    for pair in words.windows(2) {
+        let [number, unit] = pair else {
+            continue;
+        };
+        let unit = unit.trim_end_matches(|c: char| ",.;:)".contains(c));
+        let number = number.trim_start_matches('(');
+        if UNITS.contains(&unit)
+            && number.starts_with(|c: char| c.is_ascii_digit())
+            && number
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == ',' || c == '.')
+        {
+            out.push(format!("{number} {unit}"));
+        }
+    }
+    out
+}
+
 fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
@@ -424,6 +450,25 @@ fn benchmarks_links_find_their_headings() {
         found.extend(broken_anchors(&text, Path::new(at), &root));
     }
     assert!(found.is_empty(), "{}", found.join("\n  "));
+}
+
+#[test]
+fn the_readme_quotes_figures_from_benchmarks() {
+    let root = workspace::root();
+    let readme = read(&root.join("README.md")).expect("README.md");
+    let benchmarks = read(&root.join("BENCHMARKS.md")).expect("BENCHMARKS.md");
+    let stale: Vec<String> = figures(&readme)
+        .into_iter()
+        .filter(|f| !benchmarks.contains(f.as_str()))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "README.md quotes figures BENCHMARKS.md does not have (take them from its goals table, or drop them): {stale:?}"
+    );
+    assert_eq!(
+        figures("took 2,144 s (35:44), 834 tests; 32 % and 51 % cheaper, 3 hosts"),
+        ["2,144 s", "834 tests", "32 %", "51 %"]
+    );
 }
 
 /// The checks fail when a crate or a dependency is added without its

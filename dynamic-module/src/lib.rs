@@ -81,8 +81,6 @@ pub use ace_flow::flow::RETRY_HEADER;
 /// `metadata_filter` on it drops the line (`envoy/envoy-dynamic.yaml`).
 pub const SUPERSEDED: (&str, &str) = ("ace", "superseded");
 
-/// This process's next event id (see [`request::EventIds`]): a random
-/// prefix drawn once, one counter shared by every worker.
 /// What this build cannot read of `cfg`'s verified attribute sources: the
 /// dynamic-module ABI reads a metadata namespace's top-level string keys
 /// and not (yet, here) the peer certificate.

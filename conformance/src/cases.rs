@@ -25,10 +25,7 @@ pub fn fleet(extra: &str) -> String {
 /// only in the EU, an unknown class nowhere); with `tenants`, the tables
 /// also read a `tenant` attribute of those values, which no rule uses.
 fn tables(tenants: &[&str]) -> String {
-    let mut attributes = vec![AttributeSpec {
-        name: "data_class".into(),
-        values: vec!["personal_eu".into(), "public".into()],
-    }];
+    let mut attributes = vec![AttributeSpec::new("data_class", &["personal_eu", "public"])];
     if !tenants.is_empty() {
         attributes.push(AttributeSpec {
             name: "tenant".into(),
@@ -37,14 +34,8 @@ fn tables(tenants: &[&str]) -> String {
     }
     let spec = TableSpec {
         destinations: vec![
-            DestinationSpec {
-                name: "eu-owned".into(),
-                cluster: "eu_owned".into(),
-            },
-            DestinationSpec {
-                name: "us-api".into(),
-                cluster: "us_api".into(),
-            },
+            DestinationSpec::new("eu-owned", "eu_owned"),
+            DestinationSpec::new("us-api", "us_api"),
         ],
         attributes,
         factors: vec![

@@ -98,18 +98,12 @@ fn world(n: usize) -> World {
             })
             .collect(),
         attributes: vec![
-            AttributeSpec {
-                name: "data_class".into(),
-                values: vec!["internal".into(), "personal_eu".into(), "public".into()],
-            },
+            AttributeSpec::new("data_class", &["internal", "personal_eu", "public"]),
             AttributeSpec {
                 name: "model".into(),
                 values: (0..8).map(|m| format!("m{m}")).collect(),
             },
-            AttributeSpec {
-                name: "tenant".into(),
-                values: vec!["t".into()],
-            },
+            AttributeSpec::new("tenant", &["t"]),
         ],
         factors: vec![
             FactorSpec {

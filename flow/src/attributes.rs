@@ -148,19 +148,10 @@ mod tests {
         sources: &str,
     ) -> Result<Config, ace_config::ConfigError> {
         let spec = TableSpec {
-            destinations: vec![DestinationSpec {
-                name: "a".into(),
-                cluster: "a".into(),
-            }],
+            destinations: vec![DestinationSpec::new("a", "a")],
             attributes: vec![
-                AttributeSpec {
-                    name: "data_class".into(),
-                    values: vec!["personal_eu".into(), "public".into()],
-                },
-                AttributeSpec {
-                    name: "model".into(),
-                    values: vec!["m1".into()],
-                },
+                AttributeSpec::new("data_class", &["personal_eu", "public"]),
+                AttributeSpec::new("model", &["m1"]),
             ],
             factors: vec![FactorSpec {
                 kind: FactorKind::Permit,

@@ -545,10 +545,7 @@ mod tests {
         computed: &[(&str, &[&str])],
         extra: &str,
     ) -> Result<Setup, ace_config::ConfigError> {
-        let mut attributes = vec![AttributeSpec {
-            name: "model".into(),
-            values: vec!["a".into(), "b".into()],
-        }];
+        let mut attributes = vec![AttributeSpec::new("model", &["a", "b"])];
         for (c, values) in computed {
             attributes.push(AttributeSpec {
                 name: c.to_string(),
@@ -557,14 +554,8 @@ mod tests {
         }
         let spec = TableSpec {
             destinations: vec![
-                DestinationSpec {
-                    name: "d0".into(),
-                    cluster: "c0".into(),
-                },
-                DestinationSpec {
-                    name: "d1".into(),
-                    cluster: "c1".into(),
-                },
+                DestinationSpec::new("d0", "c0"),
+                DestinationSpec::new("d1", "c1"),
             ],
             attributes,
             factors: vec![FactorSpec {
@@ -727,14 +718,8 @@ mod tests {
                 })
                 .to_vec(),
             attributes: vec![
-                AttributeSpec {
-                    name: "model".into(),
-                    values: vec!["a".into(), "b".into()],
-                },
-                AttributeSpec {
-                    name: "substituted".into(),
-                    values: vec!["false".into(), "true".into()],
-                },
+                AttributeSpec::new("model", &["a", "b"]),
+                AttributeSpec::new("substituted", &["false", "true"]),
             ],
             factors: vec![FactorSpec {
                 kind: FactorKind::Permit,

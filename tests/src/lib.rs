@@ -299,10 +299,7 @@ pub fn residency_spec(names: &[&str], outside_eu: u64) -> ace_core::tables::Tabl
     let all = (1u64 << names.len()) - 1;
     TableSpec {
         destinations: destinations(names),
-        attributes: vec![AttributeSpec {
-            name: "data_class".into(),
-            values: vec!["personal_eu".into(), "public".into()],
-        }],
+        attributes: vec![AttributeSpec::new("data_class", &["personal_eu", "public"])],
         factors: vec![
             FactorSpec {
                 kind: FactorKind::Permit,

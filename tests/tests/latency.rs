@@ -23,10 +23,7 @@ fn tenant_tables() -> String {
     use ace_core::tables::{AttributeSpec, FactorKind, FactorSpec, TableSpec};
     tables_base64(&TableSpec {
         destinations: destinations(&["payg", "owned"]),
-        attributes: vec![AttributeSpec {
-            name: "tenant".into(),
-            values: vec!["a".into(), "b".into(), "hostile".into()],
-        }],
+        attributes: vec![AttributeSpec::new("tenant", &["a", "b", "hostile"])],
         factors: vec![FactorSpec {
             kind: FactorKind::Permit,
             attributes: vec![],

@@ -49,14 +49,8 @@ fn spec() -> TableSpec {
     };
     TableSpec {
         destinations: vec![
-            DestinationSpec {
-                name: "big-api".into(),
-                cluster: "big_api".into(),
-            },
-            DestinationSpec {
-                name: "small-owned".into(),
-                cluster: "small_owned".into(),
-            },
+            DestinationSpec::new("big-api", "big_api"),
+            DestinationSpec::new("small-owned", "small_owned"),
         ],
         attributes: vec![
             attr("tenant", &["acme", "other", "strict"]),

@@ -32,6 +32,26 @@ pub struct AttributeSpec {
     pub values: Vec<String>,
 }
 
+impl DestinationSpec {
+    /// The destination `name` behind Envoy cluster `cluster`.
+    pub fn new(name: &str, cluster: &str) -> Self {
+        Self {
+            name: name.into(),
+            cluster: cluster.into(),
+        }
+    }
+}
+
+impl AttributeSpec {
+    /// The attribute `name` with its known `values` (strictly increasing).
+    pub fn new(name: &str, values: &[&str]) -> Self {
+        Self {
+            name: name.into(),
+            values: values.iter().map(|v| String::from(*v)).collect(),
+        }
+    }
+}
+
 /// One factor to be written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FactorSpec {

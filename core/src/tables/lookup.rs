@@ -450,10 +450,7 @@ mod tests {
     #[test]
     fn no_attributes_no_factors() {
         let s = TableSpec {
-            destinations: vec![DestinationSpec {
-                name: "a".into(),
-                cluster: "b".into(),
-            }],
+            destinations: vec![DestinationSpec::new("a", "b")],
             attributes: vec![],
             factors: vec![],
         };

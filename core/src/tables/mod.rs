@@ -34,8 +34,8 @@
 //! ```
 //! # use ace_core::tables::{encode, TableSpec, AttributeSpec, DestinationSpec, FactorSpec, FactorKind};
 //! # let spec = TableSpec {
-//! #     destinations: vec![DestinationSpec { name: "eu".into(), cluster: "eu_c".into() }],
-//! #     attributes: vec![AttributeSpec { name: "data_class".into(), values: vec!["public".into()] }],
+//! #     destinations: vec![DestinationSpec::new("eu", "eu_c")],
+//! #     attributes: vec![AttributeSpec::new("data_class", &["public"])],
 //! #     factors: vec![FactorSpec { kind: FactorKind::Permit, attributes: vec![0], rows: vec![0, 1] }],
 //! # };
 //! # let bytes = encode(&spec).unwrap();
@@ -108,14 +108,8 @@ fn spec() -> TableSpec {
             })
             .collect(),
         attributes: vec![
-            AttributeSpec {
-                name: "data_class".into(),
-                values: vec!["personal".into(), "public".into()],
-            },
-            AttributeSpec {
-                name: "tenant".into(),
-                values: vec!["acme".into()],
-            },
+            AttributeSpec::new("data_class", &["personal", "public"]),
+            AttributeSpec::new("tenant", &["acme"]),
         ],
         factors: vec![
             // rows: unknown, personal, public

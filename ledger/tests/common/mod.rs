@@ -29,10 +29,7 @@ fn config_with(tenants: &[&str]) -> Vec<u8> {
                 cluster: n.replace('-', "_"),
             })
             .collect(),
-        attributes: vec![AttributeSpec {
-            name: "model".into(),
-            values: vec!["big".into(), "small".into()],
-        }],
+        attributes: vec![AttributeSpec::new("model", &["big", "small"])],
         factors: vec![FactorSpec {
             kind: FactorKind::Permit,
             attributes: vec![0],

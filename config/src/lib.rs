@@ -27,12 +27,8 @@
 //! ```
 // The no-panic lints of product code (tests/tests/lints.rs checks them;
 // tests may still unwrap and index: clippy.toml).
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::panic, clippy::indexing_slicing)]
 
 use ace_core::cost::{CostModel, Tier};
 use ace_core::health::HealthPolicy;
@@ -1956,14 +1952,8 @@ mod tests {
         use base64::Engine;
         let spec = TableSpec {
             destinations: vec![
-                DestinationSpec {
-                    name: "eu".into(),
-                    cluster: "eu_c".into(),
-                },
-                DestinationSpec {
-                    name: "sg".into(),
-                    cluster: "sg_c".into(),
-                },
+                DestinationSpec::new("eu", "eu_c"),
+                DestinationSpec::new("sg", "sg_c"),
             ],
             attributes: vec![],
             factors: vec![FactorSpec {

@@ -19,12 +19,8 @@
 #![forbid(unsafe_code)]
 // The no-panic lints of product code (tests/tests/lints.rs checks them;
 // tests may still unwrap and index: clippy.toml).
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::panic, clippy::indexing_slicing)]
 
 /// A file from `tests/fixtures/`, for the unit tests (each fixture cites
 /// the engine, cloud or provider and version it follows:
@@ -32,11 +28,7 @@
 #[cfg(test)]
 macro_rules! fixture {
     ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/",
-            $name
-        ))
+        include_str!(concat!("../tests/fixtures/", $name))
     };
 }
 

@@ -667,11 +667,7 @@ async fn a_gpu_price_feed_over_http_is_fetched_every_interval() {
 /// or provider and version it follows: `tests/fixtures/README.md`).
 macro_rules! fixture {
     ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/",
-            $name
-        ))
+        include_str!(concat!("fixtures/", $name))
     };
 }
 

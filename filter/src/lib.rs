@@ -8,12 +8,8 @@
 //! shares state between Envoy's worker VMs ([`host`], and [`state`], the
 //! shared-data protocol, kept host-free so that it is tested natively),
 //! and allocates a request's blocks from free lists ([`alloc`]).
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::panic, clippy::indexing_slicing)]
 
 pub mod alloc;
 pub mod host;

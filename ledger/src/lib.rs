@@ -26,12 +26,8 @@
 #![forbid(unsafe_code)]
 // The no-panic lints of product code (tests/tests/lints.rs checks them;
 // tests may still unwrap and index: clippy.toml).
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::panic, clippy::indexing_slicing)]
 
 pub mod book;
 pub mod budget;

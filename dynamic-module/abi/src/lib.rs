@@ -21,12 +21,8 @@
 //! [`bootstrap`] is the bootstrap-extension side (`envoy.bootstrap.dynamic_modules`):
 //! main-thread timers, HTTP callouts and metrics, for ACE's control poller;
 //! [`unused_bootstrap_hooks!`] defines the bootstrap hooks it does not use.
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::panic, clippy::indexing_slicing)]
 
 pub mod bootstrap;
 

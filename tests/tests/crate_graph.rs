@@ -18,9 +18,7 @@
 //! - Every workspace crate is classified: a new crate is named in
 //!   [`PRODUCT`] or [`TOOLS`] before this passes.
 
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 
 /// What ships: the crates a user's Envoy, the `ace` command or the
 /// browser playground are built from.
@@ -73,59 +71,13 @@ const TOOLS: &[&str] = &[
 /// or `dev`.
 type Edges = BTreeMap<String, Vec<(String, String)>>;
 
-/// The workspace members and their dependencies on each other.
+/// The workspace members and their dependencies on each other, from
+/// the one reader of `cargo metadata` (`workspace.rs`).
 fn workspace_edges() -> Edges {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
-    let out = Command::new(&cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .args(["--manifest-path", manifest])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cargo} metadata: {e}"));
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata printed JSON");
-    let members: BTreeSet<&str> = meta["workspace_members"]
-        .as_array()
-        .expect("workspace_members")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let packages = meta["packages"].as_array().expect("packages");
-    let names: BTreeSet<String> = packages
-        .iter()
-        .filter(|p| p["id"].as_str().is_some_and(|id| members.contains(id)))
-        .filter_map(|p| p["name"].as_str().map(str::to_string))
-        .collect();
-    let mut edges = Edges::new();
-    for p in packages {
-        let Some(name) = p["name"].as_str().filter(|n| names.contains(*n)) else {
-            continue;
-        };
-        let out = edges.entry(name.to_string()).or_default();
-        for d in p["dependencies"].as_array().into_iter().flatten() {
-            let Some(to) = d["name"].as_str().filter(|n| names.contains(*n)) else {
-                continue;
-            };
-            // A dependency with a path inside the workspace; a registry
-            // crate of the same name would have no `path`.
-            if d["path"].is_null() {
-                continue;
-            }
-            let kind = d["kind"].as_str().unwrap_or("normal").to_string();
-            out.push((to.to_string(), kind));
-        }
-    }
-    edges
+    crate::workspace::packages()
+        .into_iter()
+        .map(|(name, package)| (name, package.deps))
+        .collect()
 }
 
 /// A path from `from` to `to` along edges of `kinds`, if there is one,

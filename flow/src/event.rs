@@ -172,35 +172,17 @@ impl Put for Option<Text> {
     }
 }
 
-impl Put for Option<Arc<str>> {
+/// An optional field: its value, or `null`.
+impl<T: Put> Put for Option<T> {
     #[inline(always)]
-    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
-        opt_str(self.as_deref(), k, out);
-    }
-    fn blank(_: &Arc<str>) -> Self {
-        None
-    }
-}
-
-impl Put for Option<&'static str> {
-    #[inline(always)]
-    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
-        opt_str(self.as_deref(), k, out);
-    }
-    fn blank(_: &Arc<str>) -> Self {
-        None
-    }
-}
-
-/// An optional string field.
-#[inline(always)]
-fn opt_str(s: Option<&str>, k: &Keys, out: &mut Vec<u8>) {
-    match s {
-        Some(s) => {
-            out.extend_from_slice(k.key);
-            string(out, s.as_bytes());
+    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
+        match self {
+            Some(v) => v.put(e, k, out),
+            None => out.extend_from_slice(k.null),
         }
-        None => out.extend_from_slice(k.null),
+    }
+    fn blank(_: &Arc<str>) -> Self {
+        None
     }
 }
 
@@ -226,19 +208,6 @@ impl Put for u64 {
     }
 }
 
-impl Put for Option<u64> {
-    #[inline(always)]
-    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
-        match self {
-            Some(v) => v.put(e, k, out),
-            None => out.extend_from_slice(k.null),
-        }
-    }
-    fn blank(_: &Arc<str>) -> Self {
-        None
-    }
-}
-
 impl Put for bool {
     #[inline(always)]
     fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
@@ -246,20 +215,6 @@ impl Put for bool {
     }
     fn blank(_: &Arc<str>) -> Self {
         false
-    }
-}
-
-impl Put for Option<bool> {
-    #[inline(always)]
-    fn put(&self, _: &Event, k: &Keys, out: &mut Vec<u8>) {
-        out.extend_from_slice(match self {
-            Some(true) => k.t,
-            Some(false) => k.f,
-            None => k.null,
-        });
-    }
-    fn blank(_: &Arc<str>) -> Self {
-        None
     }
 }
 
@@ -279,19 +234,6 @@ impl Put for f64 {
     }
     fn blank(_: &Arc<str>) -> Self {
         0.0
-    }
-}
-
-impl Put for Option<f64> {
-    #[inline(always)]
-    fn put(&self, e: &Event, k: &Keys, out: &mut Vec<u8>) {
-        match self {
-            Some(v) => v.put(e, k, out),
-            None => out.extend_from_slice(k.null),
-        }
-    }
-    fn blank(_: &Arc<str>) -> Self {
-        None
     }
 }
 

@@ -175,7 +175,7 @@ impl Trace {
             let [tn, i_n, on] = COLUMNS;
             [(t, tn), (i, i_n), (o, on)]
         };
-        let mut raw: Vec<(u64, u32, u32)> = Vec::new();
+        let mut raw: Vec<(u64, Row)> = Vec::new();
         for (i, line) in lines {
             let n = i + 1;
             let line = line.trim_end_matches('\r');
@@ -210,27 +210,18 @@ impl Trace {
                     )),
                 }
             };
-            raw.push((ts, tokens(input)?, tokens(output)?));
+            let row = Row {
+                at_ms: 0,
+                prompt: tokens(input)?,
+                output: tokens(output)?,
+                blocks: Blocks::default(),
+            };
+            raw.push((ts, row));
         }
         if raw.is_empty() {
             return Err(err(0, None, "no rows after the header".into()));
         }
-        // Traces are mostly sorted; a stable sort keeps ties in file order.
-        raw.sort_by_key(|r| r.0);
-        let first = raw.first().map_or(0, |r| r.0);
-        Ok(Trace {
-            source: source.to_string(),
-            rows: raw
-                .into_iter()
-                .map(|(t, p, o)| Row {
-                    at_ms: t - first,
-                    prompt: p,
-                    output: o,
-                    blocks: Blocks::default(),
-                })
-                .collect(),
-            block_ids: Vec::new(),
-        })
+        Ok(Trace::by_arrival(source, raw, Vec::new()))
     }
 
     /// Parse Mooncake JSON lines `text` (named `source` in errors): one
@@ -342,9 +333,16 @@ impl Trace {
         if raw.is_empty() {
             return Err(err(0, "no request lines".into()));
         }
+        Ok(Trace::by_arrival(source, raw, block_ids))
+    }
+
+    /// The trace of `raw` rows (arrival in ms, the row), sorted by arrival
+    /// and counted from the first. Traces are mostly sorted; a stable sort
+    /// keeps ties in file order.
+    fn by_arrival(source: &str, mut raw: Vec<(u64, Row)>, block_ids: Vec<u32>) -> Trace {
         raw.sort_by_key(|r| r.0);
         let first = raw.first().map_or(0, |r| r.0);
-        Ok(Trace {
+        Trace {
             source: source.to_string(),
             rows: raw
                 .into_iter()
@@ -354,7 +352,7 @@ impl Trace {
                 })
                 .collect(),
             block_ids,
-        })
+        }
     }
 
     /// Whether `path` and its `text` are JSON lines (the Mooncake format):

@@ -136,24 +136,38 @@ pub fn forbidden_headers<'c>(
 }
 
 /// Unique event ids for one VM or process: a random 64-bit prefix drawn
-/// once, then a counter, as 32 lowercase hex digits.
+/// once, then a counter, as 32 lowercase hex digits. The last id is kept
+/// written out, and the next one is that id plus one in its last 16
+/// digits (a digit or two rewritten, not 32 formatted).
 #[derive(Debug, Clone)]
 pub struct EventIds {
-    prefix: u64,
-    next: u64,
+    last: [u8; 32],
 }
 
 impl EventIds {
     /// Ids under `prefix` (draw it from the system's randomness).
     pub fn new(prefix: u64) -> EventIds {
-        EventIds { prefix, next: 0 }
+        EventIds {
+            last: event_id(prefix, 0),
+        }
     }
 
-    /// The next id.
+    /// The next id: [`event_id`] of the prefix and a count from 1 (after
+    /// 2^64 - 1 ids, 0 again).
     #[inline]
     pub fn next_id(&mut self) -> [u8; 32] {
-        self.next = self.next.wrapping_add(1);
-        event_id(self.prefix, self.next)
+        for digit in self.last.iter_mut().skip(16).rev() {
+            let (next, carry) = match *digit {
+                b'9' => (b'a', false),
+                b'f' => (b'0', true),
+                d => (d.wrapping_add(1), false),
+            };
+            *digit = next;
+            if !carry {
+                break;
+            }
+        }
+        self.last
     }
 }
 
@@ -601,6 +615,23 @@ pub fn response_headers<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The counter written in place gives what formatting each id would,
+    /// across every carry (…9 to …a, …f to …10, all f to all 0).
+    #[test]
+    fn event_ids_count_in_hex_as_event_id_writes_them() {
+        let prefix = 0x0123_4567_89ab_cdef;
+        let mut ids = EventIds::new(prefix);
+        for n in 1..=5_000u64 {
+            assert_eq!(ids.next_id(), event_id(prefix, n), "id {n}");
+        }
+        let mut ids = EventIds {
+            last: event_id(prefix, u64::MAX - 1),
+        };
+        assert_eq!(ids.next_id(), event_id(prefix, u64::MAX));
+        assert_eq!(ids.next_id(), event_id(prefix, 0));
+        assert_eq!(ids.next_id(), event_id(prefix, 1));
+    }
 
     #[test]
     fn error_bodies_are_json_naming_the_problem() {

@@ -619,6 +619,16 @@ pub struct Destination {
     /// Its prompt cache, for prefix locality ([`PrefixCache`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<PrefixCache>,
+    /// The most input tokens its model takes in one request (its context
+    /// window, as LiteLLM's price file gives it for the model:
+    /// `max_input_tokens`, 128000 for gpt-4o). A usage an upstream claims
+    /// past it is booked at it, as a provider's bill never charges more.
+    /// Absent: `max_context_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u32>,
+    /// The same for output (`max_output_tokens`, 16384 for gpt-4o).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
 }
 
 fn default_tier() -> Tier {
@@ -643,6 +653,16 @@ impl Destination {
             self.cached_input_factor.unwrap_or(1.0),
             self.cache_write_factor.unwrap_or(1.0),
         )
+    }
+
+    /// The most input and output tokens one request here can take: its
+    /// model's own bounds (`max_input_tokens`, `max_output_tokens`), within
+    /// the configuration's `max_context_tokens`.
+    #[inline]
+    pub fn token_bounds(&self, max_context_tokens: u32) -> (u32, u32) {
+        let bound =
+            |own: Option<u32>| own.map_or(max_context_tokens, |b| b.min(max_context_tokens));
+        (bound(self.max_input_tokens), bound(self.max_output_tokens))
     }
 }
 fn default_bias() -> f64 {
@@ -1215,6 +1235,22 @@ impl Destination {
         if let Some(p) = &d.prefix_cache {
             p.validate(i)?;
         }
+        for (name, bound) in [
+            ("max_input_tokens", d.max_input_tokens),
+            ("max_output_tokens", d.max_output_tokens),
+        ] {
+            if bound == Some(0) {
+                return Err(err(
+                    format!("destinations[{i}].{name}"),
+                    format!(
+                        "must be at least 1 when set: the most tokens its model takes in one \
+                         request, as LiteLLM's price file gives it for the model (`{name}`, \
+                         e.g. 128000 input and 16384 output for gpt-4o); leave it out to bound \
+                         by `max_context_tokens`"
+                    ),
+                ));
+            }
+        }
         Ok(model)
     }
 }
@@ -1709,6 +1745,36 @@ mod tests {
         assert_eq!(c.models[1].tier, Tier::Payg);
         assert_eq!(c.models[1].knee, 0.8);
         assert_eq!(c.health, HealthPolicy::default());
+    }
+
+    /// A destination's model bounds what one request there can book,
+    /// within the configuration's own bound; absent, the configuration's
+    /// bound alone; 0 is refused, naming the field.
+    #[test]
+    fn a_models_own_token_bounds_hold_within_the_context_window() {
+        let parse = |extra: &str| {
+            Config::parse(
+                format!(
+                    r#"{{"allow_no_policy":true,"max_context_tokens":100000,
+                        "destinations":[{{"name":"a","cluster":"ca"{extra}}}]}}"#
+                )
+                .as_bytes(),
+            )
+        };
+        let bounds = |extra: &str| {
+            let c = parse(extra).unwrap_or_else(|e| panic!("{e}"));
+            c.destinations[0].token_bounds(c.max_context_tokens)
+        };
+        assert_eq!(bounds(""), (100000, 100000));
+        assert_eq!(
+            bounds(r#","max_input_tokens":128000,"max_output_tokens":16384"#),
+            (100000, 16384)
+        );
+        for field in ["max_input_tokens", "max_output_tokens"] {
+            let e = parse(&format!(r#","{field}":0"#)).expect_err(field);
+            assert_eq!(e.field, format!("destinations[0].{field}"));
+            assert!(e.message.contains("price file"), "{e}");
+        }
     }
 
     #[test]

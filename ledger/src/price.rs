@@ -13,18 +13,20 @@ use ace_flow::Setup;
 pub use ace_pricing::{model_of, Facts, PriceError, Priced};
 use std::borrow::Cow;
 
-/// Bound `e`'s token counts by `cfg`'s `max_context_tokens`, as the filter
-/// bounds an upstream's usage claim (`ace_flow::request::book_usage`):
-/// the excess is not booked, and `usage_capped` says so. The filter also
-/// bounds output by the request's own `max_tokens`, which the line does not
-/// carry, so the context window is the ledger's bound for both. Returns
-/// whether a count was cut.
+/// Bound `e`'s token counts as a bill would ([`ace_pricing::token_bounds`]):
+/// by its destination's model's own context window (`max_input_tokens`,
+/// `max_output_tokens`), within the configuration's `max_context_tokens`,
+/// which the filter bounds an upstream's usage claim by
+/// (`ace_flow::request::book_usage`). The excess is not booked, and
+/// `usage_capped` says so. The filter also bounds output by the request's
+/// own `max_tokens`, which the line does not carry. Returns whether a
+/// count was cut.
 pub fn bound_tokens(e: &mut Event, cfg: &Config) -> bool {
-    let bound = cfg.max_context_tokens;
-    let capped = e.tokens_in > bound || e.tokens_out > bound;
+    let (bound_in, bound_out) = ace_pricing::token_bounds(cfg, e.destination.as_deref());
+    let capped = e.tokens_in > bound_in || e.tokens_out > bound_out;
     if capped {
-        e.tokens_in = e.tokens_in.min(bound);
-        e.tokens_out = e.tokens_out.min(bound);
+        e.tokens_in = e.tokens_in.min(bound_in);
+        e.tokens_out = e.tokens_out.min(bound_out);
         e.usage_capped = true;
     }
     capped

@@ -321,6 +321,37 @@ fn token_counts_are_bounded_by_the_configurations_context_window() {
     assert_eq!(r.booked, 10_000_000);
 }
 
+/// Finding 4 again, as a bill sees it: gpt-4o takes 128,000 tokens in and
+/// gives 16,384 out (LiteLLM's price file, `gpt-4o`: `max_input_tokens`
+/// 128000, `max_output_tokens` 16384, `input_cost_per_token` 2.5e-06,
+/// `output_cost_per_token` 1e-05; `litellm/model_prices_and_context_window_backup.json`
+/// in litellm 1.110.2), so an answer claiming 1,048,576 of each (the
+/// configuration's default bound) books the model's real maximum, USD
+/// 0.48384, not the USD 13.11 the global bound allowed.
+#[test]
+fn a_usage_claim_past_the_models_own_window_books_that_window() {
+    let config = br#"{"allow_no_policy": true, "destinations": [
+        {"name": "openai-gpt-4o", "cluster": "openai", "tier": "payg",
+         "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5,
+         "max_input_tokens": 128000, "max_output_tokens": 16384}]}"#;
+    let (_dir, mut ledger, id) = ledger_with(config);
+    let bytes = lines(&[event(
+        &id,
+        1,
+        json!({"destination": "openai-gpt-4o", "tier": "payg", "model_requested": "gpt-4o",
+               "model_served": "gpt-4o", "tokens_in": 1_048_576, "tokens_out": 1_048_576}),
+    )]);
+    let s = ingest(&mut ledger, "gpt-4o.log", &bytes);
+    assert_eq!(s.new, 1, "{:?}", s.rejected);
+    let r = &rows(ledger.store.as_mut())[0];
+    assert_eq!(
+        (r.tokens_in, r.tokens_out, r.usage_capped),
+        (128_000, 16_384, true)
+    );
+    // 128,000 × 2.5e-6 + 16,384 × 1e-5 = 0.32 + 0.16384.
+    assert_eq!(r.booked, 483_840_000);
+}
+
 /// Finding 5: a forged line that takes a real event's id first cannot hide
 /// it: the real one is booked apart, flagged and reported; ingesting both
 /// again books nothing twice.

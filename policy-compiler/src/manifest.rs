@@ -348,6 +348,13 @@ pub struct Cost {
     pub cached_input_factor: Option<f64>,
     /// An input token written to the prompt cache, likewise. Default 1.
     pub cache_write_factor: Option<f64>,
+    /// The most input tokens its model takes in one request: LiteLLM's
+    /// price file's `max_input_tokens` for the model (128000 for gpt-4o).
+    /// A usage claim past it is booked at it. Default: the configuration's
+    /// `max_context_tokens`.
+    pub max_input_tokens: Option<u32>,
+    /// The same for output (`max_output_tokens`, 16384 for gpt-4o).
+    pub max_output_tokens: Option<u32>,
 }
 
 /// A destination's cost parameters with every default resolved, as written
@@ -411,6 +418,12 @@ pub struct ResolvedDestination {
     /// Its prompt cache as ACE models it, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<ace_config::PrefixCache>,
+    /// Its model's most input tokens per request, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u32>,
+    /// Its model's most output tokens per request, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
 }
 
 /// A manifest read from disk, with its text kept for error positions.
@@ -524,6 +537,8 @@ impl LoadedManifest {
                     overage_usd_per_mtok: c.overage_usd_per_mtok,
                     cached_input_factor: c.cached_input_factor,
                     cache_write_factor: c.cache_write_factor,
+                    max_input_tokens: c.max_input_tokens,
+                    max_output_tokens: c.max_output_tokens,
                     upstream: d
                         .upstream
                         .as_ref()
@@ -1136,6 +1151,19 @@ fn validate(m: &LoadedManifest) -> Vec<Diagnostic> {
                 "omit it or give at least 1",
             ));
         }
+        for (name, bound) in [
+            ("max_input_tokens", c.max_input_tokens),
+            ("max_output_tokens", c.max_output_tokens),
+        ] {
+            if bound == Some(0) {
+                out.push(m.diag(
+                    span.clone(),
+                    format!("cost field `{name}` is 0"),
+                    "give the model's own bound from LiteLLM's price file (gpt-4o: 128000 input, \
+                     16384 output), or omit it to bound by `max_context_tokens`",
+                ));
+            }
+        }
         for (name, f) in [
             ("cached_input_factor", c.cached_input_factor),
             ("cache_write_factor", c.cache_write_factor),
@@ -1334,6 +1362,23 @@ models = ["m"]
             let e = refusals(text).concat();
             assert!(!e.is_empty(), "{table} accepted");
             assert!(e.contains(expect), "{table}: {e}");
+        }
+    }
+
+    /// A model's own token bounds reach the resolved destination; 0 is
+    /// refused, naming the field.
+    #[test]
+    fn a_models_token_bounds_resolve_and_zero_is_refused() {
+        let cost = "[destinations.cost]\nmax_input_tokens = 128000\nmax_output_tokens = 16384\n";
+        let m = parse(Path::new("fleet.toml"), format!("{BASE}{cost}")).unwrap();
+        let d = &m.resolved()[0];
+        assert_eq!(
+            (d.max_input_tokens, d.max_output_tokens),
+            (Some(128000), Some(16384))
+        );
+        for field in ["max_input_tokens", "max_output_tokens"] {
+            let e = refusals(format!("{BASE}[destinations.cost]\n{field} = 0\n")).concat();
+            assert!(e.contains(&format!("`{field}` is 0")), "{field}: {e}");
         }
     }
 

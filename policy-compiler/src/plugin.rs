@@ -76,6 +76,8 @@ pub fn plugin_config(
             cache_write_factor: d.cache_write_factor,
             upstream: d.upstream,
             prefix_cache: d.prefix_cache,
+            max_input_tokens: d.max_input_tokens,
+            max_output_tokens: d.max_output_tokens,
         });
     }
     let mut config = PluginConfig {

@@ -485,6 +485,22 @@ impl Priced {
     }
 }
 
+/// The most input and output tokens one request served by destination
+/// `name` is booked for: its model's own bounds (`max_input_tokens`,
+/// `max_output_tokens`: the context window LiteLLM's price file gives the
+/// model), within the configuration's `max_context_tokens`, which alone
+/// bounds a request no destination served (or one `cfg` does not define).
+/// A provider's bill never charges past its model's window, so a usage
+/// claim past it is not booked either: a hostile answer claiming a million
+/// tokens of gpt-4o books 128,000 in and 16,384 out (USD 0.48), not the
+/// USD 13.11 of the configuration's bound.
+pub fn token_bounds(cfg: &Config, name: Option<&str>) -> (u32, u32) {
+    name.and_then(|n| cfg.destinations.iter().find(|d| d.name == n))
+        .map_or((cfg.max_context_tokens, cfg.max_context_tokens), |d| {
+            d.token_bounds(cfg.max_context_tokens)
+        })
+}
+
 /// The core's cost model of destination `name` in `cfg`.
 pub fn model_of<'a>(cfg: &'a Config, name: &str) -> Option<&'a CostModel> {
     let i = cfg.destinations.iter().position(|d| d.name == name)?;

@@ -94,6 +94,30 @@ impl World<'_> {
     }
 }
 
+/// Attempt `n` (0-based) of request `r` on `dest`, answered `answer`;
+/// `tried` lists the destinations tried so far, this one last.
+#[derive(Clone, Copy, Debug)]
+pub struct Answered<'a> {
+    pub r: u32,
+    pub dest: usize,
+    pub answer: &'a Answer,
+    pub n: u32,
+    pub tried: &'a [usize],
+}
+
+impl<'a> Answered<'a> {
+    /// Attempt `n` of request `r` on `dest`, answered `answer`, after `tried`.
+    pub fn new(r: u32, dest: usize, answer: &'a Answer, n: u32, tried: &'a [usize]) -> Self {
+        Answered {
+            r,
+            dest,
+            answer,
+            n,
+            tried,
+        }
+    }
+}
+
 /// A routing strategy under test. Each lives in its own module under
 /// `policy/`, documented against its source.
 pub trait Policy {
@@ -103,18 +127,9 @@ pub trait Policy {
     /// Where request `r`'s first attempt goes.
     fn route(&mut self, w: &World<'_>, r: u32) -> Route;
 
-    /// Attempt `n` (0-based) of request `r` on `dest` answered `a`;
-    /// `tried` lists the destinations tried so far, this one last.
-    fn answered(
-        &mut self,
-        w: &World<'_>,
-        r: u32,
-        dest: usize,
-        a: &Answer,
-        n: u32,
-        tried: &[usize],
-    ) -> Next {
-        let _ = (w, r, dest, a, n, tried);
+    /// An attempt was answered ([`Attempt`]): what now.
+    fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
+        let _ = (w, at);
         Next::Deliver
     }
 
@@ -787,7 +802,7 @@ impl Loop<'_> {
             }
             return Ok(());
         }
-        let next = policy.answered(&self.world(now), r, d, &answer, n, &tried);
+        let next = policy.answered(&self.world(now), &Answered::new(r, d, &answer, n, &tried));
         self.drain(policy, events)?;
         if ok {
             self.metrics.first_byte(r, now);

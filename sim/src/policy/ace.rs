@@ -18,8 +18,7 @@
 //! server's (status, `text/event-stream`, the first token's event with the
 //! headers, a final usage chunk at the end of the stream).
 
-use crate::engine::{Next, Policy, Route, World, EPOCH_MS};
-use crate::fleet::Answer;
+use crate::engine::{Answered, Next, Policy, Route, World, EPOCH_MS};
 use crate::metrics::Booking;
 use ace_config::{Config, Trusted};
 use ace_core::cost::Tier;
@@ -551,15 +550,13 @@ impl Policy for Ace {
         route
     }
 
-    fn answered(
-        &mut self,
-        w: &World<'_>,
-        r: u32,
-        d: usize,
-        a: &Answer,
-        _n: u32,
-        _tried: &[usize],
-    ) -> Next {
+    fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
+        let Answered {
+            r,
+            dest: d,
+            answer: a,
+            ..
+        } = *at;
         let Some(mut f) = self.flows.remove(&r) else {
             return Next::Deliver;
         };

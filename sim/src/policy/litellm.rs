@@ -138,8 +138,8 @@
 //! force is not extended (the in-memory TTL is kept).
 
 use super::list_price;
-use crate::engine::{Next, Policy, Route, World};
-use crate::fleet::{Answer, Upstream};
+use crate::engine::{Answered, Next, Policy, Route, World};
+use crate::fleet::Upstream;
 use crate::mix::Profile;
 use crate::rng::Rng;
 use ace_core::cost::Tier;
@@ -1475,15 +1475,8 @@ impl Policy for LiteLlm {
         self.route_of(act)
     }
 
-    fn answered(
-        &mut self,
-        w: &World<'_>,
-        r: u32,
-        _dest: usize,
-        a: &Answer,
-        _n: u32,
-        _tried: &[usize],
-    ) -> Next {
+    fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
+        let Answered { r, answer: a, .. } = *at;
         let now = w.now;
         let Some(fl) = self.flights.get_mut(&r) else {
             return Next::Deliver;

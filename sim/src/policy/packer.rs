@@ -17,7 +17,7 @@
 //! `is_region_allowed`; `sim/peers-source.md` §7).
 
 use super::{cheapest_payg, Candidates, Rules};
-use crate::engine::{Policy, Route, World};
+use crate::engine::{Answered, Policy, Route, World};
 use ace_core::cost::Tier;
 
 /// The owned-first packer.
@@ -76,15 +76,10 @@ impl Policy for OwnedFirst {
         route
     }
 
-    fn answered(
-        &mut self,
-        _w: &World<'_>,
-        _r: u32,
-        d: usize,
-        a: &crate::fleet::Answer,
-        _n: u32,
-        _tried: &[usize],
-    ) -> crate::engine::Next {
+    fn answered(&mut self, _w: &World<'_>, at: &Answered<'_>) -> crate::engine::Next {
+        let Answered {
+            dest: d, answer: a, ..
+        } = *at;
         if !(200..300).contains(&a.status) {
             if let Some(n) = self.in_flight.get_mut(d) {
                 *n = n.saturating_sub(1);

@@ -12,8 +12,7 @@
 //! which is all a gateway in front of APIs alone needs.
 
 use super::{cheapest_payg, retryable, Candidates, Rules};
-use crate::engine::{Next, Policy, Route, World};
-use crate::fleet::Answer;
+use crate::engine::{Answered, Next, Policy, Route, World};
 
 /// The all-pay-as-you-go strategy.
 #[derive(Debug)]
@@ -46,15 +45,14 @@ impl Policy for AllPayg {
         cheapest_payg(w, r, c, &[]).map_or(Route::Refuse(503), Route::To)
     }
 
-    fn answered(
-        &mut self,
-        w: &World<'_>,
-        r: u32,
-        _d: usize,
-        a: &Answer,
-        n: u32,
-        tried: &[usize],
-    ) -> Next {
+    fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
+        let Answered {
+            r,
+            answer: a,
+            n,
+            tried,
+            ..
+        } = *at;
         if n >= 1 || !retryable(a.status) {
             return Next::Deliver;
         }

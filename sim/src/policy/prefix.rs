@@ -46,8 +46,8 @@
 //! residency, as Envoy routes or LiteLLM tags would split them).
 
 use super::{cheapest_payg, retryable, Candidates, Rules};
-use crate::engine::{Next, Policy, Route, World};
-use crate::fleet::{Answer, PromptCache};
+use crate::engine::{Answered, Next, Policy, Route, World};
+use crate::fleet::PromptCache;
 use ace_core::cost::Tier;
 
 /// Match ratio above which the longest match wins.
@@ -179,15 +179,14 @@ impl Policy for CacheAware {
         }
     }
 
-    fn answered(
-        &mut self,
-        w: &World<'_>,
-        r: u32,
-        d: usize,
-        a: &Answer,
-        n: u32,
-        tried: &[usize],
-    ) -> Next {
+    fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
+        let Answered {
+            r,
+            dest: d,
+            answer: a,
+            n,
+            tried,
+        } = *at;
         if (200..300).contains(&a.status) {
             return Next::Deliver;
         }

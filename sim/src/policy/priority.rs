@@ -46,8 +46,7 @@
 //!   detection).
 
 use super::{Candidates, Rules};
-use crate::engine::{Next, Policy, Route, World};
-use crate::fleet::Answer;
+use crate::engine::{Answered, Next, Policy, Route, World};
 use crate::rng::Rng;
 use ace_core::cost::Tier;
 use std::collections::HashMap;
@@ -361,15 +360,14 @@ impl Policy for PriorityGateway {
         self.send(r, c, d)
     }
 
-    fn answered(
-        &mut self,
-        w: &World<'_>,
-        r: u32,
-        d: usize,
-        a: &Answer,
-        n: u32,
-        tried: &[usize],
-    ) -> Next {
+    fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
+        let Answered {
+            r,
+            dest: d,
+            answer: a,
+            n,
+            tried,
+        } = *at;
         let ok = (200..300).contains(&a.status);
         if let Some(o) = self.outliers.get_mut(d) {
             o.record(w.now, a.status >= 500);

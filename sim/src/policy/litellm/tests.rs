@@ -4,7 +4,7 @@
 //! draws at random, the test counts over many seeds or draws.
 
 use super::*;
-use crate::fleet::Params;
+use crate::fleet::{Answer, Params};
 use crate::policy::bench::{profile, Bench};
 
 /// A GPU server `name` of `slots` serving `models`, priced `price` per
@@ -110,7 +110,7 @@ fn drive(
                 t.attempts.push((now, d));
                 let a = answer(d);
                 now += a.first_ms;
-                let next = l.answered(&b.world(now), r, d, &a, 0, &[]);
+                let next = l.answered(&b.world(now), &Answered::new(r, d, &a, 0, &[]));
                 if (200..300).contains(&a.status) {
                     now += a.done_ms - a.first_ms;
                     l.done(&b.world(now), r, d, true);
@@ -787,7 +787,10 @@ fn d15_samples_are_written_at_success_ttft_for_streams_per_token_otherwise() {
         Route::To(d) => d as u32,
         r => panic!("{r:?}"),
     };
-    l.answered(&b.world(200), 0, d as usize, &ok(200), 0, &[]);
+    l.answered(
+        &b.world(200),
+        &Answered::new(0, d as usize, &ok(200), 0, &[]),
+    );
     assert!(l.deps[d as usize].ttft.is_empty(), "nothing at first byte");
     l.done(&b.world(1200), 0, d as usize, true);
     assert_eq!(l.deps[d as usize].ttft, [0.2]);
@@ -797,7 +800,7 @@ fn d15_samples_are_written_at_success_ttft_for_streams_per_token_otherwise() {
         Route::To(d) => d,
         r => panic!("{r:?}"),
     };
-    l.answered(&b.world(2100), 1, d, &ok(100), 0, &[]);
+    l.answered(&b.world(2100), &Answered::new(1, d, &ok(100), 0, &[]));
     l.done(&b.world(3000), 1, d, true);
     assert!(l.deps[d].ttft.len() <= 1);
 }

@@ -4,7 +4,7 @@
 //! counts over many draws.
 
 use super::*;
-use crate::fleet::Params;
+use crate::fleet::{Answer, Params};
 use crate::policy::bench::{profile, Bench};
 
 fn gpu(name: &str) -> Params {
@@ -99,7 +99,7 @@ fn p6_t8_4_an_ejected_gpu_sends_everything_to_the_next_priority_then_returns() {
     let mut g = b.gateway(1);
     let r = g.route(&b.world(0), 0);
     assert_eq!(r, Route::To(0));
-    let next = g.answered(&b.world(10), 0, 0, &answer(500), 0, &[0]);
+    let next = g.answered(&b.world(10), &Answered::new(0, 0, &answer(500), 0, &[0]));
     // Ejected after one 5xx for 5 s (to the next 2 s tick).
     assert_eq!(g.outliers[0].ejected_until, 6_000);
     match next {
@@ -111,7 +111,10 @@ fn p6_t8_4_an_ejected_gpu_sends_everything_to_the_next_priority_then_returns() {
     }
     assert_eq!(g.route(&b.world(6_000), 50), Route::To(0), "back after 5 s");
     // A second ejection soon after lasts twice as long.
-    g.answered(&b.world(6_100), 50, 0, &answer(500), 0, &[0]);
+    g.answered(
+        &b.world(6_100),
+        &Answered::new(50, 0, &answer(500), 0, &[0]),
+    );
     assert_eq!(
         g.outliers[0].ejected_until,
         16_100_u64.div_ceil(2_000) * 2_000
@@ -160,7 +163,7 @@ fn p3_t8_3_a_429_is_not_retried_under_eaigs_example_policy() {
     let mut g = b.gateway(1);
     g.route(&b.world(0), 0);
     assert_eq!(
-        g.answered(&b.world(5), 0, 0, &answer(429), 0, &[0]),
+        g.answered(&b.world(5), &Answered::new(0, 0, &answer(429), 0, &[0])),
         Next::Deliver
     );
     assert!(!g.outliers[0].ejected(5), "a 429 is not a 5xx");
@@ -169,7 +172,7 @@ fn p3_t8_3_a_429_is_not_retried_under_eaigs_example_policy() {
         let mut g = b.gateway(1);
         g.route(&b.world(0), 0);
         assert!(matches!(
-            g.answered(&b.world(5), 0, 0, &answer(status), 0, &[0]),
+            g.answered(&b.world(5), &Answered::new(0, 0, &answer(status), 0, &[0])),
             Next::Retry { .. }
         ));
     }
@@ -184,14 +187,17 @@ fn p3_up_to_five_retries() {
     for n in 0..NUM_RETRIES {
         assert!(
             matches!(
-                g.answered(&b.world(10), 0, 1, &answer(500), n, &tried),
+                g.answered(&b.world(10), &Answered::new(0, 1, &answer(500), n, &tried)),
                 Next::Retry { .. }
             ),
             "retry {n}"
         );
     }
     assert_eq!(
-        g.answered(&b.world(10), 0, 1, &answer(500), NUM_RETRIES, &tried),
+        g.answered(
+            &b.world(10),
+            &Answered::new(0, 1, &answer(500), NUM_RETRIES, &tried)
+        ),
         Next::Deliver
     );
 }
@@ -210,8 +216,10 @@ fn p4_t8_2_a_retry_moves_to_the_next_priority_even_with_healthy_hosts_left() {
         if let Next::Retry {
             route: Route::To(d),
             ..
-        } = g.answered(&b.world(5), 0, first, &answer(503), 0, &[first])
-        {
+        } = g.answered(
+            &b.world(5),
+            &Answered::new(0, first, &answer(503), 0, &[first]),
+        ) {
             if d == 2 {
                 moved += 1;
             }

@@ -21,10 +21,18 @@
 //! its direct (booked) cost plus its shares of used and idle capacity.
 //! Sums saturate at the ends of `i64` rather than panic on absurd stored
 //! values.
+//!
+//! The pools are every standing one of the configurations the report's
+//! events name ([`standing`]), used or not: capacity is paid for whether
+//! or not a request came, so a reserved block no request reached still
+//! shows its whole amortised cost, idle, under [`UNUSED`] (a reserved
+//! L40S block at USD 0.55 an hour: USD 13.20 a day), as its invoice
+//! charges it.
 
+use crate::configs::Registry;
 use crate::money::{self, Nano};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The tenant idle capacity of an unused pool is charged to.
 pub const UNUSED: &str = "(unused capacity)";
@@ -69,6 +77,52 @@ pub struct Chargeback {
     pub period_ms: i64,
     pub pools: Vec<Pool>,
     pub tenants: BTreeMap<String, Tenant>,
+}
+
+/// One standing pool as configured, before any request is counted on it.
+#[derive(Debug, Clone, Default)]
+pub struct Standing {
+    /// Utilisation where its latency penalty starts.
+    pub knee: f64,
+    /// Its use, with nothing used yet.
+    pub usage: PoolUse,
+}
+
+/// Every standing pool (a destination of tier `inhouse` or `reserved`) of
+/// the configurations in `last` (configuration id to its latest event's
+/// time), by destination. Where two define one destination, the
+/// definition of the configuration whose latest event is latest wins (as
+/// for budgets), so a price changed by a new configuration charges the
+/// new price.
+pub fn standing(registry: &Registry, last: &HashMap<String, i64>) -> BTreeMap<String, Standing> {
+    let mut configs: Vec<(&i64, &String)> = last.iter().map(|(c, t)| (t, c)).collect();
+    configs.sort();
+    let mut out = BTreeMap::new();
+    for (_, id) in configs {
+        let Some(setup) = registry.get(id) else {
+            continue;
+        };
+        let cfg = &setup.config;
+        for (d, m) in cfg.destinations.iter().zip(&cfg.models) {
+            if !m.tier.is_sunk() {
+                continue;
+            }
+            let usage = PoolUse {
+                tier: m.tier.as_str().to_string(),
+                usd_per_hour: m.usd_per_gpu_hour,
+                capacity: m.capacity,
+                ..PoolUse::default()
+            };
+            out.insert(
+                d.name.clone(),
+                Standing {
+                    knee: m.knee,
+                    usage,
+                },
+            );
+        }
+    }
+    out
 }
 
 /// Split `amount` by `weights` exactly (largest remainder; ties to the

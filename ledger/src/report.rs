@@ -362,6 +362,15 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
     let period = charged_period(r.cost_series.keys().copied(), w);
     let booked_usd = crate::money::usd_f64(r.booked);
     r.goodput_per_usd = (booked_usd > 0.0).then(|| r.goodput_tokens as f64 / booked_usd);
+    // Capacity is paid for used or not: every standing pool is charged.
+    for (name, s) in chargeback::standing(registry, &config_last) {
+        pools.entry(name).or_insert_with(|| PoolAcc {
+            knee: s.knee,
+            capacity: s.usage.capacity,
+            usage: s.usage,
+            ..PoolAcc::default()
+        });
+    }
     r.pools = pools
         .iter()
         .map(|(name, p)| PoolSeries {
@@ -718,6 +727,22 @@ impl Report {
                 usd(cb.used_capacity.saturating_add(cb.idle_capacity)),
                 usd(cb.total)
             );
+        }
+        // Capacity no tenant used: charged, with no event of its own.
+        for (name, cb) in &self.chargeback.tenants {
+            if !self.by_tenant.contains_key(name) {
+                let _ = writeln!(
+                    s,
+                    "{:<20} {:>8} {:>18} {:>18} {:>18} {:>18} {:>18}",
+                    terminal(name),
+                    0,
+                    usd(0),
+                    usd(0),
+                    usd(0),
+                    usd(cb.used_capacity.saturating_add(cb.idle_capacity)),
+                    usd(cb.total)
+                );
+            }
         }
         if !self.chargeback.pools.is_empty() {
             let _ = writeln!(

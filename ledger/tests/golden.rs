@@ -431,3 +431,58 @@ fn every_window_says_why_it_kept_or_forfeited_its_savings() {
         "{table}"
     );
 }
+
+/// Capacity is paid for used or not: a reserved L40S block at USD 0.55
+/// an hour that no request reached still charges its whole day, USD
+/// 13.20, as idle capacity under `(unused capacity)`, beside the owned
+/// pool that served. Two events 23 h 55 min apart, in 5-minute windows:
+/// a charged period of exactly one day.
+#[test]
+fn a_standing_pool_no_request_used_charges_its_whole_cost_as_idle() {
+    use ace_ledger::chargeback::UNUSED;
+    let (_dir, url) = common::sqlite_url();
+    let mut ledger = Ledger::open(&url).expect("open");
+    let config = br#"{"allow_no_policy": true, "destinations": [
+        {"name": "api", "cluster": "api", "tier": "payg",
+         "usd_per_input_token": 2e-6, "usd_per_output_token": 8e-6},
+        {"name": "l40s", "cluster": "l40s", "tier": "reserved", "capacity": 4,
+         "usd_per_gpu_hour": 0.55}]}"#;
+    let id = ledger.register(config, "standing").expect("register");
+    let day = 86_400_000_i64;
+    let start = 1_796_342_400_000_i64;
+    let line = |n: u32, time: i64| {
+        format!(
+            r#"{{"schema":"ace.event/2","event_id":"{n:032x}","config":"{id}","request_id":null,"time_ms":{time},"tenant":"acme","data_class":null,"latency_class":null,"model_requested":"m","model_served":"m","destination":"api","tier":"payg","tokens_in":1000,"tokens_out":100,"tokens_estimated":false,"status":200,"latency_ms":100,"slo_ms":null,"slo_met":null,"marginal_usd":0.0028,"counterfactual_usd":0.0028,"reason":"cheapest","warm":true,"overage":false,"usage_capped":false,"cached":false}}"#
+        )
+    };
+    let events = [line(1, start), line(2, start + day - 300_000)].join("\n") + "\n";
+    let s = ledger
+        .ingest_bytes("standing.ndjson", events.as_bytes(), &Options::default())
+        .expect("ingest");
+    assert_eq!((s.new, s.rejected.len()), (2, 0), "{:?}", s.rejected);
+    let r = ledger.report(&Rules::default()).expect("report");
+    assert_eq!(r.chargeback.period_ms, day);
+    let pool = r
+        .chargeback
+        .pools
+        .iter()
+        .find(|p| p.destination == "l40s")
+        .expect("the unused reserved block is charged");
+    let day_cost = 13_200_000_000;
+    assert_eq!(
+        (pool.cost, pool.used, pool.idle, pool.utilisation),
+        (day_cost, 0, day_cost, 0.0)
+    );
+    let unused = &r.chargeback.tenants[UNUSED];
+    assert_eq!((unused.idle_capacity, unused.total), (day_cost, day_cost));
+    // Every tenant's total adds up to the booked cost plus the pool's.
+    let totals: i64 = r.chargeback.tenants.values().map(|t| t.total).sum();
+    assert_eq!(totals, r.booked + day_cost);
+    let table = r.table();
+    let unused_line = table
+        .lines()
+        .find(|l| l.starts_with(UNUSED))
+        .unwrap_or_default();
+    assert!(unused_line.ends_with("13.200000000"), "{table}");
+    assert!(table.contains("l40s"), "{table}");
+}

@@ -165,7 +165,7 @@ fn migrate_upgrades_an_older_store_in_place() {
     let (ok, out, err) = ace(dir.path(), &["ledger", "migrate", "--store", store]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("migrated to ace.ledger/3")
+        out.contains("migrated to ace.ledger/4")
             && out.contains("ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT"),
         "{out}"
     );

@@ -22,6 +22,10 @@
 //! the control service publishes, read again and again by a
 //! [`spend::Reader`]) and their use is reported.
 //!
+//! What the providers say they charged ([`bill`]: their usage and cost
+//! records) is stored beside the events and reconciled with the books
+//! ([`bill::reconcile`]).
+//!
 //! [`book::Ledger`] ties a store and its configurations together.
 #![forbid(unsafe_code)]
 // The no-panic lints of product code (tests/tests/lints.rs checks them;
@@ -29,6 +33,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![deny(clippy::panic, clippy::indexing_slicing)]
 
+pub mod bill;
 pub mod book;
 pub mod budget;
 pub mod chargeback;

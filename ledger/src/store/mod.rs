@@ -22,6 +22,7 @@
 mod postgres;
 mod sqlite;
 
+use crate::bill::{BadRow, BillLine, Stored};
 use crate::money::Nano;
 use crate::row::{Row, COLUMNS};
 use anyhow::{bail, Context};
@@ -30,7 +31,7 @@ use anyhow::{bail, Context};
 /// is migrated ([`migrate_sql`]) or refused rather than misread. Adding an
 /// event column needs no new version: a store lacking it is given it, and
 /// a release that does not know a column refuses the store.
-pub const STORE_SCHEMA: &str = "ace.ledger/3";
+pub const STORE_SCHEMA: &str = "ace.ledger/4";
 
 /// The version whose rejected lines were keyed by source and line
 /// ([`migrate_sql`] rekeys them).
@@ -39,6 +40,10 @@ pub const STORE_SCHEMA_V1: &str = "ace.ledger/1";
 /// The version before event columns were added by migration (it lacks
 /// `upstream_ms`).
 pub const STORE_SCHEMA_V2: &str = "ace.ledger/2";
+
+/// The version before providers' bills were stored (it lacks the tables
+/// [`bill_tables_sql`] creates).
+pub const STORE_SCHEMA_V3: &str = "ace.ledger/3";
 
 /// The command that migrates a store (what a refusal names).
 pub fn migrate_command(url: &str) -> String {
@@ -82,6 +87,34 @@ pub trait Store: Send {
     fn put_rejects(&mut self, rejects: &[Reject]) -> anyhow::Result<()>;
     /// Every recorded malformed line.
     fn rejects(&mut self) -> anyhow::Result<Vec<Reject>>;
+    /// Store providers' bill lines in one transaction, keyed by
+    /// [`BillLine::key`]: a key not held is inserted, one held with the
+    /// same figures left, one held with others replaced (a restated
+    /// bill); returns, per line, which.
+    ///
+    /// Both stores keep bills; a store that does not (a test's stand-in)
+    /// refuses them and holds none.
+    fn put_bill_lines(&mut self, lines: &[BillLine]) -> anyhow::Result<Vec<Stored>> {
+        bail!(
+            "this store keeps no bills ({} lines not stored)",
+            lines.len()
+        )
+    }
+    /// Every stored bill line, by day, provider and key.
+    fn bill_lines(&mut self) -> anyhow::Result<Vec<BillLine>> {
+        Ok(Vec::new())
+    }
+    /// Record bill rows not imported (idempotent per [`BadRow::key`]).
+    fn put_bill_rejects(&mut self, rows: &[BadRow]) -> anyhow::Result<()> {
+        bail!(
+            "this store keeps no bills ({} rows not recorded)",
+            rows.len()
+        )
+    }
+    /// Every recorded bill row not imported, by file and place.
+    fn bill_rejects(&mut self) -> anyhow::Result<Vec<BadRow>> {
+        Ok(Vec::new())
+    }
     /// The statements the opening migration ran (empty when the store was
     /// current).
     fn migrated(&self) -> &[String] {
@@ -131,6 +164,10 @@ pub fn schema_sql() -> Vec<String> {
         META_TABLE.into(),
         "CREATE TABLE IF NOT EXISTS ace_configs (id TEXT PRIMARY KEY, json TEXT NOT NULL)".into(),
         REJECTS_TABLE.into(),
+    ]
+    .into_iter()
+    .chain(bill_tables_sql())
+    .chain([
         format!(
             "CREATE TABLE IF NOT EXISTS ace_events ({}, PRIMARY KEY (event_id))",
             cols.join(", ")
@@ -140,7 +177,89 @@ pub fn schema_sql() -> Vec<String> {
             "INSERT INTO ace_meta (key, value) VALUES ('schema', '{STORE_SCHEMA}') \
              ON CONFLICT (key) DO NOTHING"
         ),
+    ])
+    .collect()
+}
+
+/// The statements that create the tables of providers' bills: their
+/// lines ([`crate::bill::COLUMNS`]) and the rows not imported.
+pub fn bill_tables_sql() -> [String; 3] {
+    let cols: Vec<String> = crate::bill::COLUMNS
+        .iter()
+        .map(|(n, t)| format!("{n} {t}"))
+        .collect();
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS ace_bill_lines ({})",
+            cols.join(", ")
+        ),
+        "CREATE INDEX IF NOT EXISTS ace_bill_lines_day ON ace_bill_lines (day, provider, key)"
+            .into(),
+        "CREATE TABLE IF NOT EXISTS ace_bill_rejects (key TEXT PRIMARY KEY, source TEXT NOT NULL, \
+         line BIGINT NOT NULL, field TEXT NOT NULL, error TEXT NOT NULL)"
+            .into(),
     ]
+}
+
+fn bill_names() -> String {
+    let names: Vec<&str> = crate::bill::COLUMNS.iter().map(|c| c.0).collect();
+    names.join(", ")
+}
+
+/// `INSERT` of one bill line (`$n` placeholders, read by both engines).
+pub fn put_bill_line_sql() -> String {
+    let marks: Vec<String> = (1..=crate::bill::COLUMNS.len())
+        .map(|i| format!("${i}"))
+        .collect();
+    format!(
+        "INSERT INTO ace_bill_lines ({}) VALUES ({})",
+        bill_names(),
+        marks.join(", ")
+    )
+}
+
+/// `UPDATE` of the bill line keyed `$1` to the values `$2` ... (every
+/// column but the key, in [`crate::bill::COLUMNS`] order).
+pub fn restate_bill_line_sql() -> String {
+    let sets: Vec<String> = crate::bill::COLUMNS
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, (n, _))| format!("{n} = ${}", i + 1))
+        .collect();
+    format!(
+        "UPDATE ace_bill_lines SET {} WHERE key = $1",
+        sets.join(", ")
+    )
+}
+
+/// `SELECT` of the bill line keyed `$1`.
+pub fn get_bill_line_sql() -> String {
+    format!("SELECT {} FROM ace_bill_lines WHERE key = $1", bill_names())
+}
+
+/// `SELECT` of every bill line, in order.
+pub fn bill_lines_sql() -> String {
+    format!(
+        "SELECT {} FROM ace_bill_lines ORDER BY day, provider, key",
+        bill_names()
+    )
+}
+
+/// Record a bill row not imported.
+pub const PUT_BILL_REJECT: &str = "INSERT INTO ace_bill_rejects (key, source, line, field, error) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING";
+/// Every bill row not imported.
+pub const GET_BILL_REJECTS: &str =
+    "SELECT source, line, field, error FROM ace_bill_rejects ORDER BY source, line, key";
+
+/// What storing `line` does, given what the store holds under its key.
+pub fn bill_outcome(held: Option<&BillLine>, line: &BillLine) -> Stored {
+    match held {
+        None => Stored::New,
+        Some(h) if h.same_as(line) => Stored::Same,
+        Some(_) => Stored::Restated,
+    }
 }
 
 /// The table of lines not booked.
@@ -162,9 +281,15 @@ pub const META_TABLE: &str =
 /// line number: each keeps its source, line and error, keyed by those.
 /// From any earlier version: every column of [`COLUMNS`] the table lacks
 /// is added, rows stored before holding its empty value (null, 0,
-/// `false`).
+/// `false`), and the tables of providers' bills ([`bill_tables_sql`]) are
+/// created.
 pub fn migrate_sql(found: Option<&str>, columns: &[String]) -> Vec<String> {
-    let known = [STORE_SCHEMA_V1, STORE_SCHEMA_V2, STORE_SCHEMA];
+    let known = [
+        STORE_SCHEMA_V1,
+        STORE_SCHEMA_V2,
+        STORE_SCHEMA_V3,
+        STORE_SCHEMA,
+    ];
     let Some(found) = found.filter(|f| known.contains(f)) else {
         return Vec::new();
     };
@@ -195,6 +320,7 @@ pub fn migrate_sql(found: Option<&str>, columns: &[String]) -> Vec<String> {
         }
     }
     if found != STORE_SCHEMA {
+        sql.extend(bill_tables_sql());
         sql.push(format!(
             "UPDATE ace_meta SET value = '{STORE_SCHEMA}' WHERE key = 'schema'"
         ));
@@ -207,7 +333,7 @@ pub fn migrate_sql(found: Option<&str>, columns: &[String]) -> Vec<String> {
 pub fn check_schema(found: Option<String>, columns: &[String], url: &str) -> anyhow::Result<()> {
     match found.as_deref() {
         Some(STORE_SCHEMA) => {}
-        Some(STORE_SCHEMA_V1 | STORE_SCHEMA_V2) => bail!(
+        Some(STORE_SCHEMA_V1 | STORE_SCHEMA_V2 | STORE_SCHEMA_V3) => bail!(
             "the ledger store {url} holds schema {found:?}, older than this `ace` reads \
              ({STORE_SCHEMA:?}); migrate it in place with `{}`",
             migrate_command(url)

@@ -4,6 +4,7 @@
 //! held in memory.
 
 use super::{at, Reject, Store};
+use crate::bill::{BadRow, BillLine, Stored};
 use crate::kind::{Cols, Val};
 use crate::money::Nano;
 use crate::row::Row;
@@ -207,6 +208,76 @@ impl Store for Postgres {
             .iter()
             .map(|r| at(read(r), "cannot read a reject", &url))
             .collect()
+    }
+
+    fn put_bill_lines(&mut self, lines: &[BillLine]) -> anyhow::Result<Vec<Stored>> {
+        self.in_transaction(|tx, url| {
+            let what = "cannot store a bill line";
+            let get = at(tx.prepare(&super::get_bill_line_sql()), what, url)?;
+            let put = at(tx.prepare(&super::put_bill_line_sql()), what, url)?;
+            let restate = at(tx.prepare(&super::restate_bill_line_sql()), what, url)?;
+            let mut out = Vec::with_capacity(lines.len());
+            for l in lines {
+                let held = match at(tx.query_opt(&get, &[&l.key]), what, url)? {
+                    Some(r) => Some(BillLine::read(&r)?),
+                    None => None,
+                };
+                let outcome = super::bill_outcome(held.as_ref(), l);
+                let st = match outcome {
+                    Stored::New => &put,
+                    Stored::Restated => &restate,
+                    Stored::Same => {
+                        out.push(outcome);
+                        continue;
+                    }
+                };
+                let v = l.values();
+                let params: Vec<&(dyn ToSql + Sync)> =
+                    v.iter().map(|x| x as &(dyn ToSql + Sync)).collect();
+                at(tx.execute(st, &params), what, url)?;
+                out.push(outcome);
+            }
+            Ok(out)
+        })
+    }
+
+    fn bill_lines(&mut self) -> anyhow::Result<Vec<BillLine>> {
+        self.all(&super::bill_lines_sql(), "cannot read bill lines")?
+            .iter()
+            .map(|r| BillLine::read(r))
+            .collect()
+    }
+
+    fn put_bill_rejects(&mut self, rows: &[BadRow]) -> anyhow::Result<()> {
+        self.in_transaction(|tx, url| {
+            for r in rows {
+                let key = r.key();
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&key, &r.source, &r.line, &r.field, &r.error];
+                let res = tx.execute(super::PUT_BILL_REJECT, &params);
+                at(res, "cannot record a bill row not imported", url)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn bill_rejects(&mut self) -> anyhow::Result<Vec<BadRow>> {
+        let url = self.url.clone();
+        let read = |r: &postgres::Row| -> Result<BadRow, postgres::Error> {
+            Ok(BadRow {
+                source: r.try_get(0)?,
+                line: r.try_get(1)?,
+                field: r.try_get(2)?,
+                error: r.try_get(3)?,
+            })
+        };
+        self.all(
+            super::GET_BILL_REJECTS,
+            "cannot read bill rows not imported",
+        )?
+        .iter()
+        .map(|r| at(read(r), "cannot read a bill row not imported", &url))
+        .collect()
     }
 
     fn migrated(&self) -> &[String] {

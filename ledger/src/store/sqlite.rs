@@ -3,6 +3,7 @@
 //! transaction per batch, make ingest fast.
 
 use super::{at, Reject, Store};
+use crate::bill::{BadRow, BillLine, Stored};
 use crate::kind::{Cols, Val};
 use crate::money::Nano;
 use crate::row::Row;
@@ -204,6 +205,80 @@ impl Store for Sqlite {
         });
         let rows = at(rows, "cannot read rejects", &url)?;
         rows.map(|r| at(r, "cannot read a reject", &url)).collect()
+    }
+
+    fn put_bill_lines(&mut self, lines: &[BillLine]) -> anyhow::Result<Vec<Stored>> {
+        self.in_transaction(|tx, url| {
+            let what = "cannot store a bill line";
+            let get = super::get_bill_line_sql();
+            let mut out = Vec::with_capacity(lines.len());
+            for l in lines {
+                let held = {
+                    let mut st = at(tx.prepare_cached(&get), what, url)?;
+                    let mut rows = at(st.query([&l.key]), what, url)?;
+                    match at(rows.next(), what, url)? {
+                        Some(r) => Some(BillLine::read(r)?),
+                        None => None,
+                    }
+                };
+                let outcome = super::bill_outcome(held.as_ref(), l);
+                let sql = match outcome {
+                    Stored::New => super::put_bill_line_sql(),
+                    Stored::Restated => super::restate_bill_line_sql(),
+                    Stored::Same => {
+                        out.push(outcome);
+                        continue;
+                    }
+                };
+                let v = l.values();
+                at(
+                    tx.execute(&sql, rusqlite::params_from_iter(v.iter())),
+                    what,
+                    url,
+                )?;
+                out.push(outcome);
+            }
+            Ok(out)
+        })
+    }
+
+    fn bill_lines(&mut self) -> anyhow::Result<Vec<BillLine>> {
+        let url = self.url.clone();
+        let what = "cannot read bill lines";
+        let mut st = at(self.conn.prepare(&super::bill_lines_sql()), what, &url)?;
+        let mut rows = at(st.query([]), what, &url)?;
+        let mut out = Vec::new();
+        while let Some(r) = at(rows.next(), what, &url)? {
+            out.push(BillLine::read(r)?);
+        }
+        Ok(out)
+    }
+
+    fn put_bill_rejects(&mut self, rows: &[BadRow]) -> anyhow::Result<()> {
+        self.in_transaction(|tx, url| {
+            for r in rows {
+                let params = rusqlite::params![r.key(), r.source, r.line, r.field, r.error];
+                let res = tx.execute(super::PUT_BILL_REJECT, params);
+                at(res, "cannot record a bill row not imported", url)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn bill_rejects(&mut self) -> anyhow::Result<Vec<BadRow>> {
+        let url = self.url.clone();
+        let what = "cannot read bill rows not imported";
+        let mut st = at(self.conn.prepare(super::GET_BILL_REJECTS), what, &url)?;
+        let rows = st.query_map([], |r| {
+            Ok(BadRow {
+                source: r.get(0)?,
+                line: r.get(1)?,
+                field: r.get(2)?,
+                error: r.get(3)?,
+            })
+        });
+        let rows = at(rows, what, &url)?;
+        rows.map(|r| at(r, what, &url)).collect()
     }
 
     fn migrated(&self) -> &[String] {

@@ -178,23 +178,24 @@ pub fn ledger_v2_row() -> ace_ledger::row::Row {
 /// row back, books the golden events beside it, and reopens as it is.
 pub fn check_the_v2_store_migrates(url: &str) {
     let mut store = ace_ledger::store::open(url).expect("the older store opens");
-    assert_eq!(
-        store.migrated(),
-        [
-            "ALTER TABLE ace_events ADD COLUMN api TEXT",
-            "ALTER TABLE ace_events ADD COLUMN upstream_model TEXT",
-            "ALTER TABLE ace_events ADD COLUMN tokens_cache_read BIGINT NOT NULL DEFAULT 0",
-            "ALTER TABLE ace_events ADD COLUMN tokens_cache_write BIGINT NOT NULL DEFAULT 0",
-            "ALTER TABLE ace_events ADD COLUMN tokens_prefix_held BIGINT NOT NULL DEFAULT 0",
-            "ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT",
-            "ALTER TABLE ace_events ADD COLUMN live_usd_per_input_token BIGINT",
-            "ALTER TABLE ace_events ADD COLUMN live_usd_per_output_token BIGINT",
-            "ALTER TABLE ace_events ADD COLUMN live_usd_per_hour BIGINT",
-            "ALTER TABLE ace_events ADD COLUMN budget TEXT",
-            "ALTER TABLE ace_events ADD COLUMN budget_state TEXT",
-            "UPDATE ace_meta SET value = 'ace.ledger/3' WHERE key = 'schema'",
-        ]
-    );
+    let mut expected: Vec<String> = [
+        "ALTER TABLE ace_events ADD COLUMN api TEXT",
+        "ALTER TABLE ace_events ADD COLUMN upstream_model TEXT",
+        "ALTER TABLE ace_events ADD COLUMN tokens_cache_read BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE ace_events ADD COLUMN tokens_cache_write BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE ace_events ADD COLUMN tokens_prefix_held BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE ace_events ADD COLUMN upstream_ms BIGINT",
+        "ALTER TABLE ace_events ADD COLUMN live_usd_per_input_token BIGINT",
+        "ALTER TABLE ace_events ADD COLUMN live_usd_per_output_token BIGINT",
+        "ALTER TABLE ace_events ADD COLUMN live_usd_per_hour BIGINT",
+        "ALTER TABLE ace_events ADD COLUMN budget TEXT",
+        "ALTER TABLE ace_events ADD COLUMN budget_state TEXT",
+    ]
+    .map(String::from)
+    .to_vec();
+    expected.extend(ace_ledger::store::bill_tables_sql());
+    expected.push("UPDATE ace_meta SET value = 'ace.ledger/4' WHERE key = 'schema'".into());
+    assert_eq!(store.migrated(), expected);
     let old = ledger_v2_row();
     assert_eq!(store.get(&old.event_id).expect("get"), Some(old.clone()));
     assert_eq!(

@@ -95,10 +95,28 @@ pub enum Command {
     Export(ExportArgs),
     /// The requests behind a figure: their ids, costs and savings.
     Trace(TraceArgs),
+    /// Import what providers say they charged (OpenAI costs and
+    /// completions usage answers, Anthropic usage and cost reports, a
+    /// FOCUS CSV export): idempotent, each bad row named; `ace ledger
+    /// report` sets it against the books.
+    ImportBill(ImportBillArgs),
     /// Migrate a store an earlier `ace` wrote to this release's tables, in
     /// place, and say what was done (every subcommand also migrates the
     /// store it opens; this does it alone, e.g. before upgrading a fleet).
     Migrate(MigrateArgs),
+}
+
+/// Arguments of `ace ledger import-bill`.
+#[derive(Debug, clap::Args)]
+pub struct ImportBillArgs {
+    #[command(flatten)]
+    store: StoreArg,
+    /// `openai-costs`, `openai-usage`, `anthropic-usage`, `anthropic-cost`
+    /// or `focus-csv`; by default each file's is detected.
+    #[arg(long)]
+    format: Option<String>,
+    /// The bills: saved API answers (one page each) or FOCUS CSV exports.
+    files: Vec<PathBuf>,
 }
 
 /// Arguments of `ace ledger migrate`.
@@ -192,7 +210,47 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
         Command::Export(a) => export(a),
         Command::Trace(a) => trace(a),
         Command::Migrate(a) => migrate(a),
+        Command::ImportBill(a) => import_bill(a),
     }
+}
+
+fn import_bill(a: ImportBillArgs) -> anyhow::Result<ExitCode> {
+    if a.files.is_empty() {
+        return Err(anyhow!("no bill given; pass the files to import"));
+    }
+    let format = a
+        .format
+        .as_deref()
+        .map(ace_ledger::bill::Format::parse)
+        .transpose()?;
+    let mut store = ace_ledger::store::open(&a.store.store)?;
+    let mut bad = 0;
+    for f in &a.files {
+        let bytes =
+            std::fs::read(f).with_context(|| format!("cannot read the bill `{}`", f.display()))?;
+        let name = f.display().to_string();
+        let s = ace_ledger::bill::import(store.as_mut(), &name, &bytes, format)?;
+        outln!(
+            "{} ({}): {} lines, {} imported, {} already in the ledger, {} restated, {} not imported",
+            terminal(&s.source),
+            s.format,
+            s.lines,
+            s.new,
+            s.already,
+            s.restated,
+            s.rejected.len()
+        );
+        for r in &s.rejected {
+            outln!("  {}", terminal(&r.to_string()));
+        }
+        bad += s.rejected.len();
+    }
+    if bad > 0 {
+        return Err(anyhow!(
+            "{bad} bill rows not imported (named above); the rest are imported"
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn migrate(a: MigrateArgs) -> anyhow::Result<ExitCode> {

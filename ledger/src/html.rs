@@ -6,7 +6,8 @@
 //! forfeited), each owned or reserved pool's utilisation per window against
 //! its knee, and savings per window with forfeited windows marked. Tenant
 //! budgets, when the events' configurations define any or the events name
-//! one, are a table of their own.
+//! one, are a table of their own; so is the reconciliation with the
+//! providers' bills, when one is stored.
 //!
 //! A few lines of inline script measure what the browser drew (each
 //! chart's drawn shapes and their sizes) into `#drawn`, so a headless
@@ -299,11 +300,72 @@ fn budget_table(r: &Report) -> String {
             b.refused_soft.to_string(),
             b.other.to_string(),
         ];
-        html.push_str("<tr>");
-        for c in cells {
-            html.push_str(&format!("<td>{}</td>", escape(&c)));
+        row(&mut html, &cells);
+    }
+    html.push_str("</tbody></table>\n");
+    html
+}
+
+/// One table row of `cells`, each escaped (names come from the log, a
+/// configuration or a bill).
+fn row(html: &mut String, cells: &[String]) {
+    html.push_str("<tr>");
+    for c in cells {
+        html.push_str(&format!("<td>{}</td>", escape(c)));
+    }
+    html.push_str("</tr>\n");
+}
+
+/// The books against the bill as a table (empty when no bill is
+/// stored): one row per difference, each with its cause, and each
+/// proposed configuration change (never applied).
+fn bill_table(r: &Report) -> String {
+    let b = &r.bills;
+    if b.bill_lines == 0 {
+        return String::new();
+    }
+    let mut html = format!(
+        "<h2>Books against the bill</h2>\n<p>{} bill lines, {} rows not imported, {} \
+         comparisons, {} differing.</p>\n<table id=\"bills\"><thead><tr><th>provider</th>\
+         <th>day</th><th>model</th><th>tenant</th><th>billed</th><th>booked</th>\
+         <th>difference</th><th>cause</th></tr></thead><tbody>\n",
+        b.bill_lines,
+        b.rows_not_imported,
+        b.comparisons.len(),
+        b.differing
+    );
+    let money = |n: Option<i64>| -> String { n.map_or("-".into(), |n| format!("${}", usd(n))) };
+    for c in &b.comparisons {
+        let mut rows: Vec<(String, String)> = c
+            .differences
+            .iter()
+            .map(|d| (d.why.clone(), d.cause.as_str().to_string()))
+            .collect();
+        rows.extend(c.proposals.iter().map(|p| {
+            (
+                format!(
+                    "proposed (not applied): {} {} {:e} -> {:e} ({})",
+                    p.destination, p.field, p.current, p.proposed, p.from
+                ),
+                "price".to_string(),
+            )
+        }));
+        if rows.is_empty() {
+            rows.push(("agree".into(), "-".into()));
         }
-        html.push_str("</tr>\n");
+        for (what, cause) in rows {
+            let cells = [
+                c.provider.clone(),
+                c.day.clone(),
+                c.model.clone(),
+                c.tenant.clone().unwrap_or_else(|| "-".into()),
+                money(c.billed.cost),
+                money(c.booked.cost),
+                what,
+                cause,
+            ];
+            row(&mut html, &cells);
+        }
     }
     html.push_str("</tbody></table>\n");
     html
@@ -354,6 +416,7 @@ pub fn page(r: &Report) -> anyhow::Result<String> {
         ));
     }
     html.push_str(&budget_table(r));
+    html.push_str(&bill_table(r));
     html.push_str(&format!(
         "<h2>Figures</h2>\n<pre>{}</pre>\n",
         escape(&r.table())

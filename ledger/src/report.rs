@@ -192,6 +192,9 @@ pub struct Report {
     /// Every tenant budget the report's events' configurations define or
     /// its events name, by name ([`BudgetLine`]).
     pub budgets: Vec<BudgetLine>,
+    /// The books against the providers' bills stored
+    /// ([`crate::bill::reconcile`]; empty when none is).
+    pub bills: crate::bill::reconcile::Reconciliation,
 }
 
 /// Which windows [`Report::table_listing`] names.
@@ -387,6 +390,7 @@ pub fn build(store: &mut dyn Store, registry: &Registry, rules: &Rules) -> anyho
     let uses: BTreeMap<String, PoolUse> = pools.into_iter().map(|(k, p)| (k, p.usage)).collect();
     r.chargeback = chargeback::build(&direct, &uses, period);
     r.budgets = budgets(store, registry, &config_last, budget_counts, r.last_ms)?;
+    r.bills = crate::bill::reconcile::run(store, registry, &Default::default())?;
     Ok(r)
 }
 
@@ -807,6 +811,7 @@ impl Report {
                 }
             }
         }
+        self.bills.table(&mut s);
         if !self.conflicts.is_empty() {
             let _ = writeln!(
                 s,

@@ -4,6 +4,7 @@
 //! build. Run one subject with `cargo test -p ace-ledger --test ledger
 //! golden::`.
 
+mod bill;
 mod common;
 mod golden;
 mod hostile;

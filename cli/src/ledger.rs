@@ -91,7 +91,8 @@ pub enum Command {
     /// Costs, savings (split four ways, earned and forfeited), goodput and
     /// chargeback: a terminal table, JSON, or one HTML page with charts.
     Report(ReportArgs),
-    /// Export every booked request as FOCUS 1.2 CSV for FinOps tools.
+    /// Export every booked request, and each standing pool's commitment, as
+    /// FOCUS 1.3 CSV for FinOps tools.
     Export(ExportArgs),
     /// The requests behind a figure: their ids, costs and savings.
     Trace(TraceArgs),

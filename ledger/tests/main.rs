@@ -6,6 +6,7 @@
 
 mod bill;
 mod common;
+mod focus;
 mod golden;
 mod hostile;
 mod html_chromium;

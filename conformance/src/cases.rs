@@ -101,6 +101,16 @@ fn cached_prices() -> String {
     )
 }
 
+/// [`fleet`] whose EU GPUs serve a model with a 128,000-token context
+/// and 16,384 tokens of output (gpt-4o's, in LiteLLM's price file).
+fn windowed() -> String {
+    fleet("").replacen(
+        r#""slo_ms":1000}"#,
+        r#""slo_ms":1000,"max_input_tokens":128000,"max_output_tokens":16384}"#,
+        1,
+    )
+}
+
 /// [`fleet`] with upstream identities: the EU owned GPUs serve only
 /// embeddings; the US API (an Azure-OpenAI-like v1 surface) only chat
 /// completions, on its own path and authority.
@@ -252,6 +262,12 @@ pub const ALL: &[Case] = &[
         config: plain,
         skip: &[],
         run: a_slow_answer_derates,
+    },
+    Case {
+        name: "a_usage_claim_is_booked_within_its_models_window",
+        config: windowed,
+        skip: &[],
+        run: a_usage_claim_is_booked_within_its_models_window,
     },
     Case {
         name: "usage_from_json_and_sse_is_booked",
@@ -563,6 +579,24 @@ fn usage_from_json_and_sse_is_booked(h: &mut dyn Driver) {
     let cf = f64_of(&ev["counterfactual_usd"]);
     assert!((cf - (7.0 * 2e-6 + 9.0 * 8e-6)).abs() < 1e-12, "{ev}");
     counter(h, "ace.booked_nano_usd", 15_450 + 160);
+}
+
+/// An answer claiming more tokens than its model can take or give is
+/// booked at the model's own window (as the ledger books it), not at the
+/// configuration's global bound.
+fn a_usage_claim_is_booked_within_its_models_window(h: &mut dyn Driver) {
+    let huge = Answer::ok(r#"{"usage":{"prompt_tokens":1048576,"completion_tokens":1048576}}"#);
+    let e = h.send(&Req::class("public"), &huge);
+    let ev = &e.event;
+    assert_eq!(ev["destination"], "eu-owned", "{ev}");
+    assert_eq!(
+        (ev["tokens_in"].as_u64(), ev["tokens_out"].as_u64()),
+        (Some(128_000), Some(16_384)),
+        "{ev}"
+    );
+    assert_eq!(ev["usage_capped"], true, "{ev}");
+    let usd = f64_of(&ev["marginal_usd"]);
+    assert!((usd - (128_000.0 + 16_384.0) * 1e-8).abs() < 1e-12, "{ev}");
 }
 
 /// A held body names the model and the output budget; a header naming

@@ -49,6 +49,7 @@ cases!(
     a_429_moves_the_cap_left,
     a_providers_own_figures_spill_before_its_429,
     a_slow_answer_derates,
+    a_usage_claim_is_booked_within_its_models_window,
     usage_from_json_and_sse_is_booked,
     cached_input_is_booked_at_each_destinations_cached_price,
     a_conversation_stays_where_its_prefix_is_held,

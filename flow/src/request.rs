@@ -554,8 +554,16 @@ pub fn book_usage_scaled(
     max_output: Option<u32>,
     counterfactual_scale: f64,
 ) {
-    let out_bound = max_output.unwrap_or(u32::MAX).min(cfg.max_context_tokens);
-    let input = usage.input.min(cfg.max_context_tokens);
+    // A claim is bounded by the served model's own window (the ledger
+    // bounds it the same way: `ace_pricing::token_bounds`).
+    let (in_bound, out_own) = cfg
+        .destinations
+        .get(decision.index)
+        .map_or((cfg.max_context_tokens, cfg.max_context_tokens), |d| {
+            d.token_bounds(cfg.max_context_tokens)
+        });
+    let out_bound = max_output.unwrap_or(u32::MAX).min(out_own);
+    let input = usage.input.min(in_bound);
     let output = usage.output.min(out_bound);
     event.usage_capped = input != usage.input || output != usage.output;
     event.tokens_in = input;

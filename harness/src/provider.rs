@@ -41,6 +41,23 @@
 //!   `authorization: Bearer`, and serves each model under its
 //!   `--served-model-name`.
 //!
+//! Each answer reports the usage [`Provider::answer_usage`] sets (12 in,
+//! 3 out unless set), in the shape of the provider and API asked:
+//! OpenAI's chat completions (`usage.prompt_tokens`, its
+//! `prompt_tokens_details.cached_tokens`; streamed with
+//! `stream_options.include_usage`, a last chunk with no choices), OpenAI's
+//! Responses API (`usage.input_tokens`, `input_tokens_details.cached_tokens`;
+//! streamed, the API reference's "Streaming" example with the usage in
+//! `response.completed`'s `response.usage`), Anthropic's Messages
+//! (`usage.input_tokens` without the cache reads and writes, counted apart
+//! in `cache_read_input_tokens` and `cache_creation_input_tokens`;
+//! streamed, the "Streaming Messages" page's basic example: the input in
+//! `message_start`'s `message.usage`, the output in `message_delta`). The
+//! documented examples are the usage fixtures of `flow/tests/fixtures/usage/`,
+//! each citing its page; a streamed one is sent an event a chunk. What it
+//! answered is kept ([`Provider::served`]: time, model, usage), the record
+//! a provider bills from.
+//!
 //! A request a provider would refuse is answered as it would and kept in
 //! [`Provider::rejected`]; one it serves is kept in [`Provider::accepted`].
 //! A test that expects every request to arrive as its upstream wants it
@@ -191,6 +208,56 @@ pub struct Spec {
     pub limits: Limits,
 }
 
+/// The usage an answer reports: what the provider says it served, and
+/// what it bills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Input tokens, prompt-cache reads and writes included (OpenAI's
+    /// `prompt_tokens` or `input_tokens`; Anthropic's `input_tokens` plus
+    /// its two cache counts).
+    pub input: u64,
+    /// Of the input, tokens read from the prompt cache.
+    pub cached: u64,
+    /// Of the input, tokens written to the prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`).
+    pub cache_write: u64,
+    /// Output tokens.
+    pub output: u64,
+}
+
+impl Default for Usage {
+    /// 12 in, 3 out: what every answer said before usage could be set.
+    fn default() -> Usage {
+        Usage {
+            input: 12,
+            cached: 0,
+            cache_write: 0,
+            output: 3,
+        }
+    }
+}
+
+impl Usage {
+    /// The input neither read from nor written to the prompt cache
+    /// (Anthropic's `input_tokens`).
+    pub fn uncached(&self) -> u64 {
+        self.input
+            .saturating_sub(self.cached)
+            .saturating_sub(self.cache_write)
+    }
+}
+
+/// One answer a provider served (a 200), as its bill counts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// The model, as the request named it to the provider.
+    pub model: String,
+    /// The usage the answer reported.
+    pub usage: Usage,
+}
+
 struct State {
     spec: Spec,
     accepted: Mutex<Vec<Recorded>>,
@@ -198,6 +265,10 @@ struct State {
     served: AtomicU64,
     /// Requests still to answer 500 (an engine error).
     fail: AtomicU64,
+    /// The usage each answer reports.
+    usage: Mutex<Usage>,
+    /// The answers served.
+    answered: Mutex<Vec<Served>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -399,42 +470,89 @@ impl State {
             ));
         }
         self.served.fetch_add(1, Ordering::SeqCst);
+        let usage = *lock(&self.usage);
+        lock(&self.answered).push(Served {
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            model: model.clone(),
+            usage,
+        });
         let request: Value = serde_json::from_slice(&req.body).unwrap_or_default();
-        if request["stream"] == true {
+        let stream = request["stream"] == true;
+        let responses = req
+            .path
+            .split('?')
+            .next()
+            .is_some_and(|p| p.ends_with("/responses"));
+        if stream && self.spec.errors == Errors::Anthropic {
+            return Ok(self.events(headers, &anthropic_stream(&model, usage)));
+        }
+        if stream && responses {
+            return Ok(self.events(headers, &responses_stream(&model, usage)));
+        }
+        if stream {
             let include = request["stream_options"]["include_usage"] == true;
             return Ok(Behavior::RespondWithTrailers {
                 status: 200,
                 headers: vec![("content-type".into(), "text/event-stream".into())],
-                body: stream_events(&model, include).into_bytes(),
+                body: chat_stream(&model, include, usage).into_bytes(),
                 trailers: Vec::new(),
             });
         }
-        if self.spec.errors == Errors::Anthropic {
-            let body = json!({
+        let body = if self.spec.errors == Errors::Anthropic {
+            let mut u = json!({"input_tokens": usage.uncached(), "output_tokens": usage.output});
+            if usage.cached > 0 || usage.cache_write > 0 {
+                u["cache_creation_input_tokens"] = usage.cache_write.into();
+                u["cache_read_input_tokens"] = usage.cached.into();
+            }
+            json!({
                 "id": "msg_01", "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "text", "text": self.spec.name}],
                 "stop_reason": "end_turn", "stop_sequence": null,
-                "usage": {"input_tokens": 12, "output_tokens": 3}
-            });
-            headers.push(("x-upstream".into(), self.spec.name.clone()));
-            return Ok(Behavior::Respond {
-                status: 200,
-                headers,
-                body: body.to_string().into_bytes(),
-            });
-        }
-        let body = json!({
-            "id": "chatcmpl-1", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.spec.name},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
-        });
+                "usage": u
+            })
+        } else if responses {
+            responses_answer(&model, usage)
+        } else {
+            let mut u = json!({"prompt_tokens": usage.input, "completion_tokens": usage.output,
+                               "total_tokens": usage.input + usage.output});
+            if usage.cached > 0 {
+                u["prompt_tokens_details"] = json!({"cached_tokens": usage.cached});
+            }
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.spec.name},
+                             "finish_reason": "stop"}],
+                "usage": u
+            })
+        };
         headers.push(("x-upstream".into(), self.spec.name.clone()));
         Ok(Behavior::Respond {
             status: 200,
             headers,
             body: body.to_string().into_bytes(),
         })
+    }
+
+    /// 200 with `stream` as server-sent events, one event (up to its blank
+    /// line) a chunk, with `headers` (the rate-limit figures) as a
+    /// streaming answer carries them.
+    fn events(&self, mut headers: Vec<(String, String)>, stream: &str) -> Behavior {
+        headers.retain(|(k, _)| k != "content-type");
+        headers.push(("content-type".into(), "text/event-stream".into()));
+        headers.push(("x-upstream".into(), self.spec.name.clone()));
+        let mut chunks: Vec<Vec<u8>> = stream
+            .split_inclusive("\n\n")
+            .map(|e| e.as_bytes().to_vec())
+            .collect();
+        chunks.retain(|c| !c.is_empty());
+        Behavior::Chunks {
+            status: 200,
+            headers,
+            chunks,
+            gap: std::time::Duration::from_millis(1),
+        }
     }
 }
 
@@ -494,6 +612,8 @@ impl Provider {
             rejected: Mutex::new(Vec::new()),
             served: AtomicU64::new(0),
             fail: AtomicU64::new(0),
+            usage: Mutex::new(Usage::default()),
+            answered: Mutex::new(Vec::new()),
         });
         let name = state.spec.name.clone();
         let upstream = Upstream::start_with(&name, Some(state.clone()))
@@ -525,6 +645,17 @@ impl Provider {
     /// window turned).
     pub fn replenish(&self) {
         self.state.served.store(0, Ordering::SeqCst);
+    }
+
+    /// Report `usage` in every answer from now on.
+    pub fn answer_usage(&self, usage: Usage) {
+        *lock(&self.state.usage) = usage;
+    }
+
+    /// The answers it served (200s), in order: when, the model, the usage
+    /// each reported; what its bill charges (`ace_tests::bill` writes it).
+    pub fn served(&self) -> Vec<Served> {
+        lock(&self.state.answered).clone()
     }
 
     /// The requests it served, as they arrived.
@@ -617,8 +748,13 @@ impl Provider {
 /// A streamed chat completion as OpenAI sends it ("Create chat
 /// completion", streaming): two events and `[DONE]`; with
 /// `stream_options.include_usage`, `"usage":null` last in every event and
-/// an event with no choices and the usage before `[DONE]`.
+/// an event with no choices and the usage (12 in, 3 out) before `[DONE]`.
 pub fn stream_events(model: &str, include_usage: bool) -> String {
+    chat_stream(model, include_usage, Usage::default())
+}
+
+/// [`stream_events`] reporting `usage`.
+fn chat_stream(model: &str, include_usage: bool, usage: Usage) -> String {
     let null = if include_usage {
         r#","usage":null"#
     } else {
@@ -632,12 +768,112 @@ pub fn stream_events(model: &str, include_usage: bool) -> String {
          data: {{{head},\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]{null}}}\n\n"
     );
     if include_usage {
+        let cached = if usage.cached > 0 {
+            format!(
+                r#","prompt_tokens_details":{{"cached_tokens":{}}}"#,
+                usage.cached
+            )
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "data: {{{head},\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":3,\"total_tokens\":15}}}}\n\n"
+            "data: {{{head},\"choices\":[],\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}{cached}}}}}\n\n",
+            usage.input,
+            usage.output,
+            usage.input + usage.output
         ));
     }
     s.push_str("data: [DONE]\n\n");
     s
+}
+
+/// The answer after a usage fixture's `# ----` header line.
+fn payload(fixture: &'static str) -> &'static str {
+    match fixture.split_once("# ----\n") {
+        Some((_, answer)) => answer,
+        None => panic!("a usage fixture's header ends in a `# ----` line"),
+    }
+}
+
+/// `text` with `from`, which it holds, replaced by `to` everywhere.
+fn put(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "`{from}` in the documented example");
+    text.replace(from, to)
+}
+
+/// The Responses API's usage object for `usage`.
+fn responses_usage(usage: Usage) -> Value {
+    json!({
+        "input_tokens": usage.input,
+        "input_tokens_details": {"cached_tokens": usage.cached},
+        "output_tokens": usage.output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.input + usage.output
+    })
+}
+
+/// A streamed Responses API answer: the API reference's "Streaming"
+/// example (`flow/tests/fixtures/usage/openai-responses-stream.sse`, which
+/// cites it), its model `model` and its `response.completed` event's
+/// `response.usage` `usage`.
+fn responses_stream(model: &str, usage: Usage) -> String {
+    let documented = payload(include_str!(
+        "../../flow/tests/fixtures/usage/openai-responses-stream.sse"
+    ));
+    let s = put(
+        documented,
+        r#""usage":{"input_tokens":37,"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":48}"#,
+        &format!(r#""usage":{}"#, responses_usage(usage)),
+    );
+    put(
+        &s,
+        r#""model":"gpt-5.4""#,
+        &format!(r#""model":{}"#, json!(model)),
+    )
+}
+
+/// A Responses API answer: the API reference's "Text input" example
+/// (`flow/tests/fixtures/usage/openai-responses.json`), its model `model`
+/// and its usage `usage`.
+fn responses_answer(model: &str, usage: Usage) -> Value {
+    let mut v: Value = serde_json::from_str(payload(include_str!(
+        "../../flow/tests/fixtures/usage/openai-responses.json"
+    )))
+    .unwrap_or_else(|e| panic!("openai-responses.json: {e}"));
+    v["model"] = model.into();
+    v["usage"] = responses_usage(usage);
+    v
+}
+
+/// A streamed Anthropic Messages answer: the "Streaming Messages" page's
+/// basic example (`flow/tests/fixtures/usage/anthropic-stream-basic.sse`,
+/// which cites it), its model `model`, `message_start`'s `message.usage`
+/// the input (uncached, cache writes and reads apart, as Anthropic counts
+/// them) and `message_delta`'s cumulative `output_tokens` `usage.output`.
+fn anthropic_stream(model: &str, usage: Usage) -> String {
+    let documented = payload(include_str!(
+        "../../flow/tests/fixtures/usage/anthropic-stream-basic.sse"
+    ));
+    let s = put(
+        documented,
+        r#""usage": {"input_tokens": 25, "output_tokens": 1}"#,
+        &format!(
+            r#""usage": {{"input_tokens": {}, "cache_creation_input_tokens": {}, "cache_read_input_tokens": {}, "output_tokens": 1}}"#,
+            usage.uncached(),
+            usage.cache_write,
+            usage.cached
+        ),
+    );
+    let s = put(
+        &s,
+        r#""usage": {"output_tokens": 15}"#,
+        &format!(r#""usage": {{"output_tokens": {}}}"#, usage.output),
+    );
+    put(
+        &s,
+        r#""model": "claude-sonnet-4-5-20250929""#,
+        &format!(r#""model": {}"#, json!(model)),
+    )
 }
 
 /// A TLS listener on a free loopback port whose connections are carried,

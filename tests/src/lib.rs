@@ -4,6 +4,8 @@
 //! missing: the error names Envoy and `make setup`.
 #![forbid(unsafe_code)]
 
+pub mod bill;
+
 use ace_harness::envoy::{Envoy, EnvoyBuilder};
 use ace_harness::upstream::Upstream;
 use std::path::PathBuf;
@@ -154,6 +156,8 @@ pub struct ProviderFleet {
     /// In the order of the specs they were started from.
     pub providers: Vec<ace_harness::provider::Provider>,
     names: Vec<String>,
+    /// The plugin configuration, for the prices the providers bill at.
+    config: serde_json::Value,
     _ca: ace_harness::provider::Ca,
     _secrets: tempfile::TempDir,
 }
@@ -188,6 +192,7 @@ impl ProviderFleet {
             envoy: start(&b),
             providers,
             names,
+            config: config.clone(),
             _ca: ca,
             _secrets: secrets,
         }
@@ -200,6 +205,21 @@ impl ProviderFleet {
             Some(p) => p,
             None => panic!("no provider {name} in this fleet"),
         }
+    }
+
+    /// The bill, in `format`, of the provider started from the spec named
+    /// `name`: what it served ([`ace_harness::provider::Provider::served`])
+    /// at the prices of the configuration's destination of the same name
+    /// ([`bill`]).
+    pub fn bill(&self, name: &str, format: bill::Format) -> String {
+        let config = ace_config::Config::parse(self.config.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("the fleet's configuration: {e}"));
+        let dest = config
+            .destinations
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("no destination {name} prices provider {name}"));
+        bill::write(format, &self.provider(name).served(), dest)
     }
 
     /// `POST path` for `model` with a client's own (forged) credentials of

@@ -8,8 +8,6 @@
 use ace_harness::client::Request;
 use ace_harness::envoy::EnvoyBuilder;
 use ace_harness::upstream::Behavior;
-use ace_ledger::book::Ledger;
-use ace_ledger::ingest::Options;
 use ace_ledger::window::Rules;
 use ace_tests::{require_envoy, start, upstream, Filter};
 use serde_json::json;
@@ -49,20 +47,7 @@ fn a_streamed_response_is_booked_with_the_usage_it_reported(filter: Filter) {
     assert_eq!(lines.len(), 1, "{lines:?}");
 
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut ledger = Ledger::open(&dir.path().join("l.sqlite").display().to_string())
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let id = ledger
-        .register(config.as_bytes(), "config")
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let opts = Options {
-        v1_config: Some(id),
-        ..Options::default()
-    };
-    let log = lines.join("\n") + "\n";
-    let s = ledger
-        .ingest_bytes("access.log", log.as_bytes(), &opts)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!((s.new, s.rejected.len()), (1, 0), "{s:?}");
+    let mut ledger = crate::bills::ledger_of(&dir.path().join("l.sqlite"), &config, &lines);
     let report = ledger
         .report(&Rules::default())
         .unwrap_or_else(|e| panic!("{e:#}"));

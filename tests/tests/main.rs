@@ -4,6 +4,7 @@
 //! ledger was a good part of `make test`'s build. Run one subject with
 //! `cargo test -p ace-tests --test envoy hostile::` (the module's name).
 
+mod bills;
 mod body;
 mod budget_edges;
 mod budgets;

@@ -71,7 +71,7 @@ fn event(
 }
 
 /// A ledger at `url` that booked the requests the records charge for.
-fn booked(url: &str) -> Ledger {
+pub(crate) fn booked(url: &str) -> Ledger {
     let mut ledger = Ledger::open(url).expect("open");
     let config = fixture("config.json");
     let id = ledger.register(&config, "bills config").expect("register");
@@ -114,7 +114,7 @@ fn booked(url: &str) -> Ledger {
     ledger
 }
 
-fn import(ledger: &mut Ledger, changed: bool) -> Vec<bill::Summary> {
+pub(crate) fn import(ledger: &mut Ledger, changed: bool) -> Vec<bill::Summary> {
     BILLS
         .iter()
         .map(|(name, format)| {

@@ -25,6 +25,15 @@ fn event(n: u32, id: &str, dest: &str, tier: &str) -> String {
     .to_string()
 }
 
+/// Ingest `access.log` with its configuration `plugin-config.json`.
+const INGEST: [&str; 5] = [
+    "ledger",
+    "ingest",
+    "--config",
+    "plugin-config.json",
+    "access.log",
+];
+
 fn ace(dir: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ace"))
         .current_dir(dir)
@@ -62,16 +71,7 @@ fn ingest_report_export_and_trace() {
     );
     assert!(err.contains("ace ledger ingest --config"), "{err}");
 
-    let (ok, out, err) = ace(
-        d,
-        &[
-            "ledger",
-            "ingest",
-            "--config",
-            "plugin-config.json",
-            "access.log",
-        ],
-    );
+    let (ok, out, err) = ace(d, &INGEST);
     assert!(ok, "{err}");
     assert!(
         out.contains("access.log: 3 lines, 2 events booked, 0 already in the ledger, 1 malformed"),
@@ -171,4 +171,124 @@ fn migrate_upgrades_an_older_store_in_place() {
     );
     let (ok, out, _) = ace(dir.path(), &["ledger", "migrate", "--store", store]);
     assert!(ok && out.contains("nothing to do"), "{out}");
+}
+
+/// `ace ledger import-bill` and the report's reconciliation, text and
+/// JSON: OpenAI's documented usage and costs answers
+/// (`ledger/tests/golden/bills/`, cited in its README) with a price
+/// changed (day 1), a cached-token count halved (day 2) and a tier
+/// downgraded (day 3), against the requests they charge for (five a day,
+/// 1,000 input tokens with 400 cached and 500 output): each difference
+/// printed with its cause, the price change as a proposal never applied.
+/// Importing again adds nothing; a bad row is named and fails the command
+/// after the rest is imported.
+#[test]
+fn import_bill_and_the_report_shows_the_reconciliation() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let bills = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ledger/tests/golden/bills");
+    let config = std::fs::read(bills.join("config.json")).expect("config");
+    std::fs::write(d.join("plugin-config.json"), &config).expect("write");
+    let id = config_id(&config);
+    let mut log = String::new();
+    for n in 0..15u32 {
+        let mut e: serde_json::Value =
+            serde_json::from_str(&event(n + 1, &id, "openai", "payg")).expect("event");
+        e["time_ms"] = (1_730_419_200_000u64 + u64::from(n / 5) * 86_400_000).into();
+        e["model_requested"] = "gpt-4o".into();
+        e["model_served"] = "gpt-4o".into();
+        e["tokens_in"] = 200.into();
+        e["tokens_cache_read"] = 80.into();
+        e["tokens_cache_write"] = 20.into();
+        e["tokens_out"] = 100.into();
+        log += &format!("{e}\n");
+    }
+    std::fs::write(d.join("access.log"), log).expect("write");
+    let (ok, _, err) = ace(d, &INGEST);
+    assert!(ok, "{err}");
+    let usage = bills.join("openai-usage.changed.json");
+    let costs = bills.join("openai-costs.changed.json");
+    let files = [usage.to_str().expect("utf8"), costs.to_str().expect("utf8")];
+    let (ok, out, err) = ace(d, &["ledger", "import-bill", files[0], files[1]]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("(openai-usage): 3 lines, 3 imported, 0 already in the ledger")
+            && out.contains("(openai-costs): 3 lines, 3 imported, 0 already in the ledger"),
+        "{out}"
+    );
+    let (ok, out, _) = ace(d, &["ledger", "import-bill", files[0], files[1]]);
+    assert!(
+        ok && out.matches("0 imported, 3 already").count() == 2,
+        "{out}"
+    );
+
+    let (ok, out, err) = ace(d, &["ledger", "report"]);
+    assert!(ok, "{err}");
+    for says in [
+        "books against the bill: 6 bill lines, 0 rows not imported, 6 comparisons, 4 differing",
+        "openai 2024-11-01 *: billed $0.007700000 booked $0.007000000",
+        "cost [price]: billed $0.007700000, booked $0.007000000: the tokens agree, the money does not",
+        "proposed (not applied): destination openai usd_per_input_token: 2.5e-6 -> 2.75e-6",
+        "tokens_cached [cached tokens]: the bill counts 200 cached input tokens, the log 400",
+        "tier [tier]: billed at tier flex",
+    ] {
+        assert!(out.contains(says), "`{says}` in:\n{out}");
+    }
+    let (ok, out, err) = ace(d, &["ledger", "report", "--format", "json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let b = &r["bills"];
+    assert_eq!(
+        (&b["bill_lines"], &b["differing"]),
+        (&6.into(), &4.into()),
+        "{b:#}"
+    );
+    let causes: Vec<(String, String, String)> = b["comparisons"]
+        .as_array()
+        .expect("comparisons")
+        .iter()
+        .flat_map(|c| {
+            c["differences"].as_array().into_iter().flatten().map(|d| {
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+                (s(&c["day"]), s(&d["measure"]), s(&d["cause"]))
+            })
+        })
+        .collect();
+    for want in [
+        ("2024-11-01", "cost", "price"),
+        ("2024-11-02", "tokens_cached", "cached_tokens"),
+        ("2024-11-03", "tier", "tier"),
+    ] {
+        let want = (want.0.into(), want.1.into(), want.2.into());
+        assert!(causes.contains(&want), "{want:?} in {causes:?}");
+    }
+    assert_eq!(
+        b["comparisons"][0]["proposals"][0]["proposed"], 2.75e-6,
+        "{b:#}"
+    );
+
+    let (ok, html, err) = ace(d, &["ledger", "report", "--format", "html"]);
+    assert!(ok, "{err}");
+    assert!(
+        html.contains("<table id=\"bills\">") && html.contains("<td>cached tokens</td>"),
+        "the page's reconciliation (drawn in Chromium by ace-ledger's html_chromium test)"
+    );
+
+    // A row that cannot be read: named, the rest imported, exit 1.
+    let bad = std::fs::read_to_string(&usage).expect("usage").replacen(
+        "\"output_tokens\": 500",
+        "\"output_tokens\": -5",
+        1,
+    );
+    std::fs::write(d.join("bad.json"), bad).expect("write");
+    let (ok, out, err) = ace(d, &["ledger", "import-bill", "bad.json"]);
+    assert!(!ok);
+    assert!(
+        out.contains("bad.json:1: `data[0].results[0].output_tokens`: -5 is not a count"),
+        "{out}"
+    );
+    assert!(
+        err.contains("1 bill rows not imported (named above)"),
+        "{err}"
+    );
 }

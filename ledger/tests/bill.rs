@@ -329,3 +329,39 @@ fn bad_rows_are_named_and_the_rest_imported() {
     assert_eq!(ledger.store.bill_rejects().expect("rejects").len(), 3);
     assert_eq!(reconciliation(&mut ledger).rows_not_imported, 3);
 }
+
+/// A day's cost from a record naming no model (OpenAI's costs) that
+/// differs where the same day's usage record counts more tokens than the
+/// books is put down to the tokens, not to a price: no change proposed.
+#[test]
+fn a_day_total_follows_the_usage_record_not_a_price() {
+    let (_dir, url) = common::sqlite_url();
+    let mut ledger = booked(&url);
+    let usage = String::from_utf8(fixture("openai-usage.json"))
+        .expect("utf8")
+        .replacen("\"output_tokens\": 500", "\"output_tokens\": 570", 1);
+    let costs = fixture("openai-costs.changed.json");
+    for (name, bytes) in [("usage.json", usage.as_bytes()), ("costs.json", &costs)] {
+        bill::import(ledger.store.as_mut(), name, bytes, None).expect("import");
+    }
+    let r = reconciliation(&mut ledger);
+    let found = differences(&r);
+    let day1 = |model: &str, measure: &str, cause: Cause| {
+        found.contains(&(
+            "openai".into(),
+            "2024-11-01".into(),
+            model.into(),
+            measure.into(),
+            cause,
+        ))
+    };
+    assert!(
+        day1("gpt-4o", "tokens_out", Cause::MissingInLog),
+        "{found:#?}"
+    );
+    assert!(day1("*", "cost", Cause::MissingInLog), "{found:#?}");
+    assert!(
+        r.comparisons.iter().all(|c| c.proposals.is_empty()),
+        "{r:#?}"
+    );
+}

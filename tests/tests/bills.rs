@@ -395,6 +395,17 @@ fn misread_streams_and_a_changed_price_are_each_named(filter: Filter) {
         ),
         "{found:#?}"
     );
+    // OpenAI's costs name no model: the day's cost follows the tokens its
+    // usage record counts, and no price change is proposed for a misread.
+    assert!(
+        has("openai", "*", "cost", Cause::MissingInLog),
+        "{found:#?}"
+    );
+    assert!(
+        found.iter().all(|d| d.3 != Cause::Price)
+            && r.comparisons.iter().all(|c| c.proposals.is_empty()),
+        "a misread is no price drift: {r:#?}"
+    );
     let why = r
         .comparisons
         .iter()

@@ -23,8 +23,12 @@
 //! that does not (OpenAI's costs, a charge with no model) is compared per
 //! day (model `*`), against everything the day booked for that provider,
 //! the bill's side adding every line of the day that states the figure.
-//! A line for a resource with no model and no tokens (a GPU VM in a FOCUS
-//! export) is standing capacity, listed apart ([`Reconciliation::capacity`]).
+//! A day total's cost difference is put down to the tokens, not to a
+//! price, where a model's usage record of the same provider and day
+//! counts other tokens than the books (its cause theirs, no change
+//! proposed). A line for a resource with no model and no tokens (a GPU VM
+//! in a FOCUS export) is standing capacity, listed apart
+//! ([`Reconciliation::capacity`]).
 //!
 //! **Tier.** The ledger books a provider's request at the destination's
 //! configured price, its standard tier; a record at another service tier
@@ -379,7 +383,58 @@ pub fn run(
         rec.differing += u64::from(!c.differences.is_empty());
         rec.comparisons.push(c);
     }
+    follow_usage(&mut rec.comparisons);
     Ok(rec)
+}
+
+/// A day total's cost difference (from a record that names no model,
+/// such as OpenAI's costs) is no drift in price where a model's usage
+/// record for the same provider, day and tenant counts other tokens than
+/// the books: the cost follows those tokens, and no price is proposed
+/// (the configured prices may be right and the usage misread).
+fn follow_usage(comparisons: &mut [Comparison]) {
+    let tokens: Vec<(String, String, Option<String>, String, Cause)> = comparisons
+        .iter()
+        .filter(|c| c.model != "*")
+        .filter_map(|c| {
+            let d = c
+                .differences
+                .iter()
+                .find(|d| d.measure != "cost" && d.measure != "tier")?;
+            Some((
+                c.provider.clone(),
+                c.day.clone(),
+                c.tenant.clone(),
+                c.model.clone(),
+                d.cause,
+            ))
+        })
+        .collect();
+    for c in comparisons.iter_mut().filter(|c| c.model == "*") {
+        let Some((.., model, cause)) = tokens
+            .iter()
+            .find(|t| t.0 == c.provider && t.1 == c.day && t.2 == c.tenant)
+        else {
+            continue;
+        };
+        let mut followed = false;
+        for d in c.differences.iter_mut() {
+            if d.measure == "cost" && d.cause == Cause::Price {
+                d.cause = *cause;
+                d.why = format!(
+                    "billed ${}, booked ${}: the cost follows the tokens, which the usage record \
+                     for {model} counts otherwise ({})",
+                    usd(d.billed),
+                    usd(d.booked),
+                    cause.as_str()
+                );
+                followed = true;
+            }
+        }
+        if followed {
+            c.proposals.clear();
+        }
+    }
 }
 
 fn add_line(a: &mut BillAgg, l: &BillLine) {

@@ -62,6 +62,8 @@
 //! service can never publish what a filter would refuse.
 #![no_std]
 #![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::panic, clippy::indexing_slicing)]
 
 extern crate alloc;
 

@@ -216,7 +216,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
             },
         ));
     }
-    if bytes.len() < 4 || &bytes[..4] != MAGIC {
+    if bytes.get(..4) != Some(&MAGIC[..]) {
         return Err(top(0, "magic", Problem::NotASnapshot));
     }
     if bytes.len() < HEADER + TRAILER {
@@ -224,7 +224,9 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, Error> {
     }
     let body_len = bytes.len() - TRAILER;
     let (body, trailer) = bytes.split_at(body_len);
-    let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    let Some(stored) = trailer.first_chunk::<4>().map(|b| u32::from_le_bytes(*b)) else {
+        return Err(top(bytes.len(), "trailer", Problem::Truncated));
+    };
     let computed = crc32fast::hash(body);
     if stored != computed {
         return Err(top(

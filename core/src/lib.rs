@@ -19,6 +19,8 @@
 //!   drain, its load, a capacity or price change), folded into its price;
 //! - [`dispatch`]: the decision itself: price the fleet when it changes,
 //!   then per request take the cheapest feasible, open destination;
+//! - [`queue`]: waiting for a cheaper destination past its knee, priced
+//!   as one more rung against the one chosen now;
 //! - [`fleet`]: the live state a host keeps (health, load, the priced
 //!   slate) and what a claim, a release and an outcome do to it.
 #![cfg_attr(not(feature = "std"), no_std)]
@@ -37,5 +39,6 @@ pub mod dispatch;
 pub mod fleet;
 pub mod health;
 pub mod latency;
+pub mod queue;
 pub mod signal;
 pub mod tables;

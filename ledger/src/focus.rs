@@ -261,6 +261,21 @@ impl Line {
         self.set("CommitmentDiscountUnit", csv(SLOT_HOURS));
     }
 
+    /// A capacity row's money: what is billed, its effective cost, and
+    /// its contracted and list cost (`listed`) over `slot_hours`, each
+    /// unit price that cost per slot-hour.
+    fn capacity_costs(&mut self, billed: Nano, effective: Nano, listed: Nano, slot_hours: f64) {
+        self.set("BilledCost", csv(&usd(billed)));
+        self.set("EffectiveCost", csv(&usd(effective)));
+        for col in ["ContractedCost", "ListCost"] {
+            self.set(col, csv(&usd(listed)));
+        }
+        for col in ["ContractedUnitPrice", "ListUnitPrice"] {
+            self.set(col, csv(&unit_price(listed, slot_hours)));
+        }
+        self.set("PricingQuantity", csv(&decimal(slot_hours)));
+    }
+
     fn write(&self, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(out, "{}", self.0.join(","))
     }
@@ -439,9 +454,14 @@ fn capacity(
         );
         let bought = slot_hours(period as f64) * slots;
         let idle_hours = bought * (1.0 - p.utilisation).max(0.0);
-        let common = |l: &mut Line| {
+        // A recurring row of the pool's, of `category`.
+        let row = |category: &str, description: String| {
+            let mut l = Line::new(&bps, &bpe);
             l.set("ChargePeriodStart", csv(&moment(start, false)));
             l.set("ChargePeriodEnd", csv(&moment(end, true)));
+            l.set("ChargeCategory", csv(category));
+            l.set("ChargeFrequency", csv("Recurring"));
+            l.set("ChargeDescription", text(&description));
             l.set("ResourceId", text(&p.destination));
             l.set("ResourceName", text(&p.destination));
             l.set("SkuId", text(&p.destination));
@@ -449,29 +469,13 @@ fn capacity(
             l.set("PricingUnit", csv(SLOT_HOURS));
             l.set("x_AceDestination", text(&p.destination));
             l.set("x_AceTier", text(&p.tier));
+            l
         };
         if reserved {
-            let mut l = Line::new(&bps, &bpe);
-            common(&mut l);
-            l.set("ChargeCategory", csv("Purchase"));
-            l.set("ChargeFrequency", csv("Recurring"));
-            l.set(
-                "ChargeDescription",
-                text(&format!(
-                    "Reserved capacity {} for the period",
-                    p.destination
-                )),
-            );
+            let description = format!("Reserved capacity {} for the period", p.destination);
+            let mut l = row("Purchase", description);
             l.commitment(&p.destination, None, bought);
-            l.set("BilledCost", csv(&usd(p.cost)));
-            l.set("EffectiveCost", csv(&usd(0)));
-            for col in ["ContractedCost", "ListCost"] {
-                l.set(col, csv(&usd(p.cost)));
-            }
-            for col in ["ContractedUnitPrice", "ListUnitPrice"] {
-                l.set(col, csv(&unit_price(p.cost, bought)));
-            }
-            l.set("PricingQuantity", csv(&decimal(bought)));
+            l.capacity_costs(p.cost, 0, p.cost, bought);
             l.set("PricingCategory", csv("Standard"));
             l.set("x_AceCapacity", csv("purchase"));
             l.write(out)?;
@@ -480,14 +484,8 @@ fn capacity(
         let idle = p
             .idle
             .saturating_add(left.get(&p.destination).copied().unwrap_or(0));
-        let mut l = Line::new(&bps, &bpe);
-        common(&mut l);
-        l.set("ChargeCategory", csv("Usage"));
-        l.set("ChargeFrequency", csv("Recurring"));
-        l.set(
-            "ChargeDescription",
-            text(&format!("Idle capacity of {} ({})", p.destination, p.tier)),
-        );
+        let description = format!("Idle capacity of {} ({})", p.destination, p.tier);
+        let mut l = row("Usage", description);
         if reserved {
             l.commitment(&p.destination, Some("Unused"), idle_hours);
             l.set("PricingCategory", csv("Committed"));
@@ -497,15 +495,7 @@ fn capacity(
             l.set("ConsumedQuantity", csv(&decimal(0.0)));
             l.set("ConsumedUnit", csv(SLOT_HOURS));
         }
-        l.set("BilledCost", csv(&usd(0)));
-        l.set("EffectiveCost", csv(&usd(idle)));
-        for col in ["ContractedCost", "ListCost"] {
-            l.set(col, csv(&usd(idle)));
-        }
-        for col in ["ContractedUnitPrice", "ListUnitPrice"] {
-            l.set(col, csv(&unit_price(idle, idle_hours)));
-        }
-        l.set("PricingQuantity", csv(&decimal(idle_hours)));
+        l.capacity_costs(0, idle, idle, idle_hours);
         l.set("x_AceCapacity", csv("idle"));
         l.write(out)?;
         n += 1;

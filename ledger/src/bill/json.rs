@@ -31,6 +31,32 @@ pub(crate) enum Start {
     Rfc3339,
 }
 
+impl Start {
+    /// The bucket's field that says when it starts.
+    fn field(self) -> &'static str {
+        match self {
+            Start::UnixSeconds => "start_time",
+            Start::Rfc3339 => "starting_at",
+        }
+    }
+
+    /// What that field holds, in words.
+    fn what(self) -> &'static str {
+        match self {
+            Start::UnixSeconds => "Unix seconds",
+            Start::Rfc3339 => "an RFC 3339 time in UTC",
+        }
+    }
+
+    /// The UTC day the field's value `v` falls on.
+    fn day(self, v: &Value) -> Option<String> {
+        match self {
+            Start::UnixSeconds => v.as_i64().map(super::day_of_secs),
+            Start::Rfc3339 => v.as_str().and_then(super::utc_day),
+        }
+    }
+}
+
 /// Every result of the answer in `bytes`, bucket by bucket, calling
 /// `read` on each; what it refuses (and every bucket or result that is
 /// not an object with what the answer documents) goes to `bad`.
@@ -42,16 +68,17 @@ pub(crate) fn each(
 ) -> anyhow::Result<Parsed> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| anyhow::anyhow!("{source}: not valid JSON: {e}"))?;
-    let whole = |field: &str, error: String| BadRow {
+    let refuse = |line: i64, field: String, error: String| BadRow {
         source: source.to_string(),
-        line: 0,
-        field: field.to_string(),
+        line,
+        field,
         error,
     };
     let mut out = Parsed::default();
     let Some(data) = v.get("data").and_then(Value::as_array) else {
-        out.bad.push(whole(
-            "data",
+        out.bad.push(refuse(
+            0,
+            "data".into(),
             "missing or not an array; a usage or cost answer is a page whose `data` lists time \
              buckets"
                 .into(),
@@ -59,8 +86,9 @@ pub(crate) fn each(
         return Ok(out);
     };
     if v.get("has_more").and_then(Value::as_bool) == Some(true) {
-        out.bad.push(whole(
-            "has_more",
+        out.bad.push(refuse(
+            0,
+            "has_more".into(),
             "true: this page is not the whole answer; fetch the next pages (`next_page`) and \
              import each, or the bill is incomplete"
                 .into(),
@@ -69,51 +97,30 @@ pub(crate) fn each(
     let mut keys = Keys::default();
     let mut ordinal = 0i64;
     for (i, bucket) in data.iter().enumerate() {
-        let (field, day) = match start {
-            Start::UnixSeconds => (
-                "start_time",
-                bucket
-                    .get("start_time")
-                    .and_then(Value::as_i64)
-                    .map(super::day_of_secs),
-            ),
-            Start::Rfc3339 => (
-                "starting_at",
-                bucket
-                    .get("starting_at")
-                    .and_then(Value::as_str)
-                    .and_then(super::utc_day),
-            ),
-        };
-        let start_text = bucket.get(field).map(Value::to_string).unwrap_or_default();
+        let field = start.field();
+        let at = bucket.get(field);
+        let day = at.and_then(|v| start.day(v));
+        let start_text = at.map(Value::to_string).unwrap_or_default();
         let results = bucket.get("results").and_then(Value::as_array);
         let (Some(day), Some(results)) = (day, results) else {
             ordinal += 1;
-            let what = match start {
-                Start::UnixSeconds => "Unix seconds",
-                Start::Rfc3339 => "an RFC 3339 time in UTC",
-            };
-            out.bad.push(BadRow {
-                source: source.to_string(),
-                line: ordinal,
-                field: format!("data[{i}]"),
-                error: format!(
-                    "a bucket needs `{field}` ({what}) and `results` (an array); its results are \
-                     not imported"
+            out.bad.push(refuse(
+                ordinal,
+                format!("data[{i}]"),
+                format!(
+                    "a bucket needs `{field}` ({}) and `results` (an array); its results are not \
+                     imported",
+                    start.what()
                 ),
-            });
+            ));
             continue;
         };
         for (j, r) in results.iter().enumerate() {
             ordinal += 1;
             let path = format!("data[{i}].results[{j}]");
             let Some(fields) = r.as_object() else {
-                out.bad.push(BadRow {
-                    source: source.to_string(),
-                    line: ordinal,
-                    field: path,
-                    error: "a result is an object".into(),
-                });
+                out.bad
+                    .push(refuse(ordinal, path, "a result is an object".into()));
                 continue;
             };
             let res = Result {

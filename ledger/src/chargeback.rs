@@ -79,6 +79,13 @@ pub struct Chargeback {
     pub tenants: BTreeMap<String, Tenant>,
 }
 
+impl Chargeback {
+    /// The pool of `destination`, if it is charged.
+    pub fn pool(&self, destination: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.destination == destination)
+    }
+}
+
 /// One standing pool as configured, before any request is counted on it.
 #[derive(Debug, Clone, Default)]
 pub struct Standing {

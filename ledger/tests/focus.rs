@@ -1,9 +1,9 @@
 //! The FOCUS 1.3 export checked column by column against the
 //! specification's rules (`FinOps-Open-Cost-and-Usage-Spec/FOCUS_Spec`,
-//! `specification/datasets/cost_and_usage/columns/<column>.md`, each
-//! rule's section named in its row below): each column's type, whether it
-//! may be null, its allowed values, and the conditional rules that tie the
-//! commitment columns to one another and to the charge.
+//! `specification/datasets/cost_and_usage/columns/<column>.md`, the
+//! column's name in lower case, each failure naming it): each column's
+//! type, whether it may be null, its allowed values, and the conditional
+//! rules that tie the commitment columns to one another and to the charge.
 //!
 //! The ledger holds a day of traffic on a payg destination and a reserved
 //! block (`l40s`), an owned pool no request used, and a reserved block no
@@ -75,196 +75,75 @@ const AI_SUBCATEGORIES: &[&str] = &[
     "Other (AI and Machine Learning)",
 ];
 
-/// Column, type, nulls, allowed values (empty: any), the section of the
-/// FOCUS 1.3 specification (`specification/datasets/cost_and_usage/columns/`).
-const RULES: &[(&str, Type, Nulls, &[&str], &str)] = &[
-    ("BilledCost", Decimal, Never, &[], "billedcost.md"),
-    ("BillingAccountId", Str, Never, &[], "billingaccountid.md"),
-    (
-        "BillingAccountName",
-        Str,
-        Allowed,
-        &[],
-        "billingaccountname.md",
-    ),
-    (
-        "BillingCurrency",
-        Str,
-        Never,
-        &["USD"],
-        "billingcurrency.md (ISO 4217)",
-    ),
-    (
-        "BillingPeriodEnd",
-        DateTime,
-        Never,
-        &[],
-        "billingperiodend.md",
-    ),
-    (
-        "BillingPeriodStart",
-        DateTime,
-        Never,
-        &[],
-        "billingperiodstart.md",
-    ),
-    (
-        "ChargeCategory",
-        Str,
-        Never,
-        &["Usage", "Purchase", "Tax", "Credit", "Adjustment"],
-        "chargecategory.md",
-    ),
-    (
-        "ChargeClass",
-        Str,
-        Allowed,
-        &["Correction"],
-        "chargeclass.md",
-    ),
-    (
-        "ChargeDescription",
-        Str,
-        Allowed,
-        &[],
-        "chargedescription.md",
-    ),
-    (
-        "ChargeFrequency",
-        Str,
-        Never,
-        &["One-Time", "Recurring", "Usage-Based"],
-        "chargefrequency.md",
-    ),
-    (
-        "ChargePeriodEnd",
-        DateTime,
-        Never,
-        &[],
-        "chargeperiodend.md",
-    ),
-    (
-        "ChargePeriodStart",
-        DateTime,
-        Never,
-        &[],
-        "chargeperiodstart.md",
-    ),
+/// The charge categories (`chargecategory.md`).
+const CHARGE_CATEGORIES: &[&str] = &["Usage", "Purchase", "Tax", "Credit", "Adjustment"];
+
+/// The charge frequencies (`chargefrequency.md`).
+const FREQUENCIES: &[&str] = &["One-Time", "Recurring", "Usage-Based"];
+
+/// The commitment discount categories (`commitmentdiscountcategory.md`).
+const COMMITMENT_CATEGORIES: &[&str] = &["Spend", "Usage"];
+
+/// The commitment discount statuses (`commitmentdiscountstatus.md`).
+const STATUSES: &[&str] = &["Used", "Unused"];
+
+/// The pricing categories (`pricingcategory.md`).
+const PRICING_CATEGORIES: &[&str] = &["Standard", "Dynamic", "Committed", "Other"];
+
+/// Column, type, nulls, allowed values (empty: any); its section of the
+/// FOCUS 1.3 specification is `specification/datasets/cost_and_usage/columns/`
+/// and the column's name in lower case, `.md`.
+const RULES: &[(&str, Type, Nulls, &[&str])] = &[
+    ("BilledCost", Decimal, Never, &[]),
+    ("BillingAccountId", Str, Never, &[]),
+    ("BillingAccountName", Str, Allowed, &[]),
+    // An ISO 4217 code; the ledger books USD only.
+    ("BillingCurrency", Str, Never, &["USD"]),
+    ("BillingPeriodEnd", DateTime, Never, &[]),
+    ("BillingPeriodStart", DateTime, Never, &[]),
+    ("ChargeCategory", Str, Never, CHARGE_CATEGORIES),
+    ("ChargeClass", Str, Allowed, &["Correction"]),
+    ("ChargeDescription", Str, Allowed, &[]),
+    ("ChargeFrequency", Str, Never, FREQUENCIES),
+    ("ChargePeriodEnd", DateTime, Never, &[]),
+    ("ChargePeriodStart", DateTime, Never, &[]),
     (
         "CommitmentDiscountCategory",
         Str,
         Allowed,
-        &["Spend", "Usage"],
-        "commitmentdiscountcategory.md",
+        COMMITMENT_CATEGORIES,
     ),
-    (
-        "CommitmentDiscountId",
-        Str,
-        Allowed,
-        &[],
-        "commitmentdiscountid.md",
-    ),
-    (
-        "CommitmentDiscountName",
-        Str,
-        Allowed,
-        &[],
-        "commitmentdiscountname.md",
-    ),
-    (
-        "CommitmentDiscountQuantity",
-        Decimal,
-        Allowed,
-        &[],
-        "commitmentdiscountquantity.md",
-    ),
-    (
-        "CommitmentDiscountStatus",
-        Str,
-        Allowed,
-        &["Used", "Unused"],
-        "commitmentdiscountstatus.md",
-    ),
-    (
-        "CommitmentDiscountType",
-        Str,
-        Allowed,
-        &[],
-        "commitmentdiscounttype.md",
-    ),
-    (
-        "CommitmentDiscountUnit",
-        Str,
-        Allowed,
-        &[],
-        "commitmentdiscountunit.md",
-    ),
-    (
-        "ConsumedQuantity",
-        Decimal,
-        Allowed,
-        &[],
-        "consumedquantity.md",
-    ),
-    ("ConsumedUnit", Str, Allowed, &[], "consumedunit.md"),
-    ("ContractApplied", Json, Allowed, &[], "contractapplied.md"),
-    ("ContractedCost", Decimal, Never, &[], "contractedcost.md"),
-    (
-        "ContractedUnitPrice",
-        Decimal,
-        Allowed,
-        &[],
-        "contractedunitprice.md",
-    ),
-    ("EffectiveCost", Decimal, Never, &[], "effectivecost.md"),
-    ("InvoiceIssuerName", Str, Never, &[], "invoiceissuername.md"),
-    ("ListCost", Decimal, Never, &[], "listcost.md"),
-    ("ListUnitPrice", Decimal, Allowed, &[], "listunitprice.md"),
-    (
-        "PricingCategory",
-        Str,
-        Allowed,
-        &["Standard", "Dynamic", "Committed", "Other"],
-        "pricingcategory.md",
-    ),
-    (
-        "PricingQuantity",
-        Decimal,
-        Allowed,
-        &[],
-        "pricingquantity.md",
-    ),
-    ("PricingUnit", Str, Allowed, &[], "pricingunit.md"),
-    ("RegionId", Str, Allowed, &[], "regionid.md"),
-    ("ResourceId", Str, Allowed, &[], "resourceid.md"),
-    ("ResourceName", Str, Allowed, &[], "resourcename.md"),
-    (
-        "ServiceCategory",
-        Str,
-        Never,
-        CATEGORIES,
-        "servicecategory.md",
-    ),
-    ("ServiceName", Str, Never, &[], "servicename.md"),
-    (
-        "ServiceProviderName",
-        Str,
-        Never,
-        &[],
-        "serviceprovidername.md (1.3)",
-    ),
-    (
-        "ServiceSubcategory",
-        Str,
-        Never,
-        AI_SUBCATEGORIES,
-        "servicesubcategory.md",
-    ),
-    ("SkuId", Str, Allowed, &[], "skuid.md"),
-    ("SkuPriceId", Str, Allowed, &[], "skupriceid.md"),
-    ("SubAccountId", Str, Allowed, &[], "subaccountid.md"),
-    ("SubAccountName", Str, Allowed, &[], "subaccountname.md"),
-    ("Tags", Json, Allowed, &[], "tags.md"),
+    ("CommitmentDiscountId", Str, Allowed, &[]),
+    ("CommitmentDiscountName", Str, Allowed, &[]),
+    ("CommitmentDiscountQuantity", Decimal, Allowed, &[]),
+    ("CommitmentDiscountStatus", Str, Allowed, STATUSES),
+    ("CommitmentDiscountType", Str, Allowed, &[]),
+    ("CommitmentDiscountUnit", Str, Allowed, &[]),
+    ("ConsumedQuantity", Decimal, Allowed, &[]),
+    ("ConsumedUnit", Str, Allowed, &[]),
+    ("ContractApplied", Json, Allowed, &[]),
+    ("ContractedCost", Decimal, Never, &[]),
+    ("ContractedUnitPrice", Decimal, Allowed, &[]),
+    ("EffectiveCost", Decimal, Never, &[]),
+    ("InvoiceIssuerName", Str, Never, &[]),
+    ("ListCost", Decimal, Never, &[]),
+    ("ListUnitPrice", Decimal, Allowed, &[]),
+    ("PricingCategory", Str, Allowed, PRICING_CATEGORIES),
+    ("PricingQuantity", Decimal, Allowed, &[]),
+    ("PricingUnit", Str, Allowed, &[]),
+    ("RegionId", Str, Allowed, &[]),
+    ("ResourceId", Str, Allowed, &[]),
+    ("ResourceName", Str, Allowed, &[]),
+    ("ServiceCategory", Str, Never, CATEGORIES),
+    ("ServiceName", Str, Never, &[]),
+    // New in 1.3.
+    ("ServiceProviderName", Str, Never, &[]),
+    ("ServiceSubcategory", Str, Never, AI_SUBCATEGORIES),
+    ("SkuId", Str, Allowed, &[]),
+    ("SkuPriceId", Str, Allowed, &[]),
+    ("SubAccountId", Str, Allowed, &[]),
+    ("SubAccountName", Str, Allowed, &[]),
+    ("Tags", Json, Allowed, &[]),
 ];
 
 /// One exported row, by column; an empty cell is null.
@@ -401,7 +280,8 @@ fn cells(line: &str) -> Vec<String> {
 /// Every way `r` breaks a rule of the table or a condition.
 fn violations(r: &Rec) -> Vec<String> {
     let mut bad = Vec::new();
-    for (col, ty, nulls, allowed, section) in RULES {
+    for (col, ty, nulls, allowed) in RULES {
+        let section = format!("{}.md", col.to_ascii_lowercase());
         let Some(v) = get(r, col) else {
             if *nulls == Never {
                 bad.push(format!("{col} is null ({section})"));

@@ -105,20 +105,12 @@ fn golden_events_give_the_hand_checked_figures() {
     // $1/h = 166_666_667; 200 ms of 600_000 × 2 => used 27_778.
     let cb = &r.chargeback;
     assert_eq!(cb.period_ms, 600_000);
-    let owned = cb
-        .pools
-        .iter()
-        .find(|p| p.destination == "owned")
-        .expect("owned pool");
+    let owned = cb.pool("owned").expect("owned pool");
     assert_eq!(
         (owned.cost, owned.used, owned.idle),
         (333_333_333, 111_111, 333_222_222)
     );
-    let reserved = cb
-        .pools
-        .iter()
-        .find(|p| p.destination == "reserved")
-        .expect("reserved");
+    let reserved = cb.pool("reserved").expect("reserved");
     assert_eq!((reserved.cost, reserved.used), (166_666_667, 27_778));
     let billed: i64 = cb.tenants.values().map(|t| t.total).sum();
     assert_eq!(
@@ -464,9 +456,7 @@ fn a_standing_pool_no_request_used_charges_its_whole_cost_as_idle() {
     assert_eq!(r.chargeback.period_ms, day);
     let pool = r
         .chargeback
-        .pools
-        .iter()
-        .find(|p| p.destination == "l40s")
+        .pool("l40s")
         .expect("the unused reserved block is charged");
     let day_cost = 13_200_000_000;
     assert_eq!(

@@ -261,12 +261,7 @@ fn a_stray_time_cannot_stretch_the_chargeback_period() {
     let r = ledger.report(&Rules::default()).expect("report");
     // The golden events' two 5-minute windows, and the stray one's.
     assert_eq!(r.chargeback.period_ms, 900_000);
-    let owned = r
-        .chargeback
-        .pools
-        .iter()
-        .find(|p| p.destination == "owned")
-        .expect("owned");
+    let owned = r.chargeback.pool("owned").expect("owned");
     // $2/h for a quarter hour.
     assert_eq!(owned.cost, 500_000_000);
 }
@@ -292,64 +287,67 @@ fn the_charged_period_skips_long_silences_only() {
     assert_eq!(charged_period(std::iter::empty(), w), 0);
 }
 
-/// Finding 4: counts past the configuration's `max_context_tokens` are
-/// cut to it, as the filter cuts an upstream's claim, and marked
-/// `usage_capped`.
-#[test]
-fn token_counts_are_bounded_by_the_configurations_context_window() {
-    let config = String::from_utf8(common::golden_config())
-        .expect("utf8")
-        .replace(
-            "\"body\": {\"read\": true}",
-            "\"body\": {\"read\": true}, \"max_context_tokens\": 1000",
-        );
-    let (_dir, mut ledger, id) = ledger_with(config.as_bytes());
-    let bytes = lines(&[event(
-        &id,
-        1,
-        json!({"destination": "payg-a", "tier": "payg", "model_requested": "small",
-               "model_served": "small", "tokens_in": u32::MAX, "tokens_out": u32::MAX}),
-    )]);
-    let s = ingest(&mut ledger, "tokens.log", &bytes);
+/// The row booked for one answer of `model` on payg destination `dest`
+/// that claims `tokens` in and as many out, under `config`.
+fn booked_claim(config: &[u8], dest: &str, model: &str, tokens: u64) -> Row {
+    let (_dir, mut ledger, id) = ledger_with(config);
+    let patch = json!({"destination": dest, "tier": "payg", "model_requested": model,
+                       "model_served": model, "tokens_in": tokens, "tokens_out": tokens});
+    let s = ingest(&mut ledger, "claim.log", &lines(&[event(&id, 1, patch)]));
     assert_eq!(s.new, 1, "{:?}", s.rejected);
-    let r = &rows(ledger.store.as_mut())[0];
-    assert_eq!(
-        (r.tokens_in, r.tokens_out, r.usage_capped),
-        (1000, 1000, true)
-    );
-    // 1000 × 2e-6 + 1000 × 8e-6 = $0.01, not $42,949.67.
-    assert_eq!(r.booked, 10_000_000);
+    rows(ledger.store.as_mut()).swap_remove(0)
 }
 
-/// Finding 4 again, as a bill sees it: gpt-4o takes 128,000 tokens in and
-/// gives 16,384 out (LiteLLM's price file, `gpt-4o`: `max_input_tokens`
-/// 128000, `max_output_tokens` 16384, `input_cost_per_token` 2.5e-06,
+/// Finding 4: counts past the configuration's `max_context_tokens` are
+/// cut to it, as the filter cuts an upstream's claim, and marked
+/// `usage_capped`; an answer claiming more than its model's own window
+/// books that window. gpt-4o takes 128,000 tokens in and gives 16,384 out
+/// (LiteLLM's price file, `gpt-4o`: `max_input_tokens` 128000,
+/// `max_output_tokens` 16384, `input_cost_per_token` 2.5e-06,
 /// `output_cost_per_token` 1e-05; `litellm/model_prices_and_context_window_backup.json`
 /// in litellm 1.110.2), so an answer claiming 1,048,576 of each (the
 /// configuration's default bound) books the model's real maximum, USD
 /// 0.48384, not the USD 13.11 the global bound allowed.
 #[test]
-fn a_usage_claim_past_the_models_own_window_books_that_window() {
-    let config = br#"{"allow_no_policy": true, "destinations": [
+fn a_usage_claim_is_bounded_by_the_context_and_the_models_own_window() {
+    let bounded = String::from_utf8(common::golden_config())
+        .expect("utf8")
+        .replace(
+            "\"body\": {\"read\": true}",
+            "\"body\": {\"read\": true}, \"max_context_tokens\": 1000",
+        );
+    let gpt_4o = br#"{"allow_no_policy": true, "destinations": [
         {"name": "openai-gpt-4o", "cluster": "openai", "tier": "payg",
          "usd_per_input_token": 2.5e-6, "usd_per_output_token": 1e-5,
          "max_input_tokens": 128000, "max_output_tokens": 16384}]}"#;
-    let (_dir, mut ledger, id) = ledger_with(config);
-    let bytes = lines(&[event(
-        &id,
-        1,
-        json!({"destination": "openai-gpt-4o", "tier": "payg", "model_requested": "gpt-4o",
-               "model_served": "gpt-4o", "tokens_in": 1_048_576, "tokens_out": 1_048_576}),
-    )]);
-    let s = ingest(&mut ledger, "gpt-4o.log", &bytes);
-    assert_eq!(s.new, 1, "{:?}", s.rejected);
-    let r = &rows(ledger.store.as_mut())[0];
-    assert_eq!(
-        (r.tokens_in, r.tokens_out, r.usage_capped),
-        (128_000, 16_384, true)
-    );
-    // 128,000 × 2.5e-6 + 16,384 × 1e-5 = 0.32 + 0.16384.
-    assert_eq!(r.booked, 483_840_000);
+    let cases = [
+        // 1000 × 2e-6 + 1000 × 8e-6 = $0.01, not $42,949.67.
+        (
+            bounded.as_bytes(),
+            "payg-a",
+            "small",
+            u64::from(u32::MAX),
+            (1000, 1000),
+            10_000_000,
+        ),
+        // 128,000 × 2.5e-6 + 16,384 × 1e-5 = 0.32 + 0.16384.
+        (
+            gpt_4o.as_slice(),
+            "openai-gpt-4o",
+            "gpt-4o",
+            1_048_576,
+            (128_000, 16_384),
+            483_840_000,
+        ),
+    ];
+    for (config, dest, model, claimed, tokens, booked) in cases {
+        let r = booked_claim(config, dest, model, claimed);
+        assert_eq!(
+            (r.tokens_in, r.tokens_out, r.usage_capped, r.booked),
+            (tokens.0, tokens.1, true, booked),
+            "{model}"
+        );
+    }
 }
 
 /// Finding 5: a forged line that takes a real event's id first cannot hide

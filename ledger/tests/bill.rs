@@ -178,7 +178,7 @@ fn documented_records_reconcile_with_the_same_requests_booked() {
     }
     // The GPU VM is standing capacity, listed apart: 3 days.
     assert_eq!(r.capacity.len(), 3);
-    assert_eq!(r.capacity[0].cost, 88_128_000_000);
+    assert_eq!(r.capacity[0].figures.cost, Some(88_128_000_000));
     let table = ledger.report(&Rules::default()).expect("report").table();
     assert!(
         table.contains("books against the bill: 33 bill lines, 0 rows not imported"),

@@ -22,7 +22,7 @@
 //!   costs are not in it (Anthropic bills them otherwise).
 
 use super::json::{self, Start};
-use super::{BillLine, Format, Parsed, TokenKind};
+use super::{BillLine, Figures, Format, Parsed, TokenKind};
 
 /// The provider's name in the ledger.
 pub const PROVIDER: &str = "anthropic";
@@ -45,9 +45,12 @@ pub fn usage(source: &str, bytes: &[u8]) -> anyhow::Result<Parsed> {
             model: r.text("model")?,
             scope: r.text("workspace_id")?,
             tier: r.text("service_tier")?,
-            tokens_in: Some(uncached.saturating_add(read).saturating_add(write)),
-            tokens_out: Some(r.need_count("output_tokens")?),
-            tokens_cached: Some(read),
+            figures: Figures {
+                tokens_in: Some(uncached.saturating_add(read).saturating_add(write)),
+                tokens_out: Some(r.need_count("output_tokens")?),
+                tokens_cached: Some(read),
+                ..Figures::default()
+            },
             ..BillLine::default()
         })
     })
@@ -97,7 +100,7 @@ pub fn cost(source: &str, bytes: &[u8]) -> anyhow::Result<Parsed> {
             kind: kind.transpose()?,
             tier: r.text("service_tier")?,
             description: r.text("description")?.or(r.text("cost_type")?),
-            cost: Some(cost),
+            figures: Figures::of_cost(cost),
             ..BillLine::default()
         })
     })

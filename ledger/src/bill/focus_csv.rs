@@ -22,7 +22,7 @@
 //! and tags. A row whose cost, currency, period or token count cannot be
 //! read is refused, naming its line and column.
 
-use super::{BadRow, BillLine, Format, Keys, Parsed, TokenKind};
+use super::{BadRow, BillLine, Figures, Format, Keys, Parsed, TokenKind};
 
 /// Columns that identify a row (not its figures).
 const IDENTITY: [&str; 16] = [
@@ -181,7 +181,7 @@ fn read(r: &Row<'_>) -> Result<BillLine, BadRow> {
         tier: r.get("PricingCategory").map(str::to_string),
         resource: r.get("ResourceId").map(str::to_string),
         description: meter.or(r.get("ChargeDescription")).map(str::to_string),
-        cost: Some(cost),
+        figures: Figures::of_cost(cost),
         ..BillLine::default()
     };
     if unit.to_ascii_lowercase().contains("token") {

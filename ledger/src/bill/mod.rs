@@ -159,6 +159,15 @@ pub struct BillLine {
     pub resource: Option<String>,
     /// The record's own words for the charge (a line item, a meter).
     pub description: Option<String>,
+    /// What it cost and counts.
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+/// What a bill line, or a group of lines or of booked requests, costs and
+/// counts; `None` where it does not state the figure.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Figures {
     /// What it cost, nano-dollars (none: a usage record, no money).
     pub cost: Option<Nano>,
     /// Input tokens, cached and cache writes included.
@@ -169,6 +178,71 @@ pub struct BillLine {
     pub tokens_cached: Option<i64>,
     /// Requests.
     pub requests: Option<i64>,
+}
+
+impl Figures {
+    /// The names of the figures, in [`Figures::all`] order (a stored
+    /// column's name, and a difference's measure).
+    pub const NAMES: [&'static str; 5] = [
+        "cost",
+        "tokens_in",
+        "tokens_out",
+        "tokens_cached",
+        "requests",
+    ];
+
+    /// Every figure, in [`Figures::NAMES`] order.
+    pub fn all(&self) -> [Option<i64>; 5] {
+        [
+            self.cost,
+            self.tokens_in,
+            self.tokens_out,
+            self.tokens_cached,
+            self.requests,
+        ]
+    }
+
+    /// A cost alone, nano-dollars.
+    pub fn of_cost(cost: Nano) -> Figures {
+        Figures {
+            cost: Some(cost),
+            ..Figures::default()
+        }
+    }
+
+    /// The figures `all` holds, in [`Figures::NAMES`] order.
+    pub fn from_all(all: [Option<i64>; 5]) -> Figures {
+        let [cost, tokens_in, tokens_out, tokens_cached, requests] = all;
+        Figures {
+            cost,
+            tokens_in,
+            tokens_out,
+            tokens_cached,
+            requests,
+        }
+    }
+
+    /// Adds `other`'s figures to these (saturating); a figure either
+    /// states is stated.
+    pub fn add(&mut self, other: &Figures) {
+        let mut sum = self.all();
+        for (a, b) in sum.iter_mut().zip(other.all()) {
+            if let Some(b) = b {
+                *a = Some(a.unwrap_or(0).saturating_add(b));
+            }
+        }
+        *self = Figures::from_all(sum);
+    }
+
+    /// These figures where `other` states one (0 where these do not),
+    /// none where it does not: one side stating what the other states.
+    pub fn as_stated_by(&self, other: &Figures) -> Figures {
+        let mut out = other.all();
+        for (o, v) in out.iter_mut().zip(self.all()) {
+            *o = o.map(|_| v.unwrap_or(0));
+        }
+        Figures::from_all(out)
+    }
 }
 
 /// A row of a bill that was not imported, and why.
@@ -194,6 +268,30 @@ impl BadRow {
             self.field.as_bytes(),
             self.error.as_bytes(),
         ])
+    }
+
+    /// The values of [`crate::store::PUT_BILL_REJECT`]'s parameters.
+    pub fn values(&self) -> Vec<crate::kind::Val> {
+        use crate::kind::Val;
+        vec![
+            Val::Text(Some(self.key())),
+            Val::Text(Some(self.source.clone())),
+            Val::Int(Some(self.line)),
+            Val::Text(Some(self.field.clone())),
+            Val::Text(Some(self.error.clone())),
+        ]
+    }
+
+    /// A row read back from the columns
+    /// [`crate::store::GET_BILL_REJECTS`] selects.
+    pub fn read(c: &dyn crate::kind::Cols) -> anyhow::Result<BadRow> {
+        use crate::kind::need;
+        Ok(BadRow {
+            source: need(c.text(0)?, "source")?,
+            line: need(c.int(1)?, "line")?,
+            field: need(c.text(2)?, "field")?,
+            error: need(c.text(3)?, "error")?,
+        })
     }
 }
 
@@ -376,12 +474,10 @@ impl BillLine {
             opt(&self.tier),
             opt(&self.resource),
             opt(&self.description),
-            Val::Int(self.cost),
-            Val::Int(self.tokens_in),
-            Val::Int(self.tokens_out),
-            Val::Int(self.tokens_cached),
-            Val::Int(self.requests),
         ]
+        .into_iter()
+        .chain(self.figures.all().map(Val::Int))
+        .collect()
     }
 
     /// A stored line read back from its columns.
@@ -404,11 +500,13 @@ impl BillLine {
             tier: c.text(10)?,
             resource: c.text(11)?,
             description: c.text(12)?,
-            cost: c.int(13)?,
-            tokens_in: c.int(14)?,
-            tokens_out: c.int(15)?,
-            tokens_cached: c.int(16)?,
-            requests: c.int(17)?,
+            figures: Figures::from_all([
+                c.int(13)?,
+                c.int(14)?,
+                c.int(15)?,
+                c.int(16)?,
+                c.int(17)?,
+            ]),
         })
     }
 

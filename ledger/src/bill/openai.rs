@@ -21,7 +21,7 @@
 //!   `batch`.
 
 use super::json::{self, Start};
-use super::{BadRow, BillLine, Format, Parsed, TokenKind};
+use super::{BadRow, BillLine, Figures, Format, Parsed, TokenKind};
 
 /// The provider's name in the ledger.
 pub const PROVIDER: &str = "openai";
@@ -64,7 +64,7 @@ pub fn costs(source: &str, bytes: &[u8]) -> anyhow::Result<Parsed> {
             kind,
             quantity,
             description: line_item,
-            cost: Some(cost),
+            figures: Figures::of_cost(cost),
             ..BillLine::default()
         })
     })
@@ -94,10 +94,13 @@ pub fn usage(source: &str, bytes: &[u8]) -> anyhow::Result<Parsed> {
             model: r.text("model")?,
             scope: r.text("project_id")?,
             tier,
-            tokens_in: Some(r.need_count("input_tokens")?),
-            tokens_out: Some(r.need_count("output_tokens")?),
-            tokens_cached: Some(r.count("input_cached_tokens")?.unwrap_or(0)),
-            requests: Some(r.need_count("num_model_requests")?),
+            figures: Figures {
+                tokens_in: Some(r.need_count("input_tokens")?),
+                tokens_out: Some(r.need_count("output_tokens")?),
+                tokens_cached: Some(r.count("input_cached_tokens")?.unwrap_or(0)),
+                requests: Some(r.need_count("num_model_requests")?),
+                ..Figures::default()
+            },
             ..BillLine::default()
         })
     })

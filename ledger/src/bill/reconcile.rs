@@ -43,6 +43,7 @@
 //! printed, never applied; with a model routing `cost_factors` entry for
 //! the model on the destination, divide the proposed price by it.
 
+pub use super::Figures;
 use super::{BillLine, TokenKind};
 use crate::configs::Registry;
 use crate::money::{usd, Nano};
@@ -112,16 +113,6 @@ impl Cause {
     }
 }
 
-/// One side's figures; `None` where that side does not state it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Figures {
-    pub cost: Option<Nano>,
-    pub tokens_in: Option<i64>,
-    pub tokens_out: Option<i64>,
-    pub tokens_cached: Option<i64>,
-    pub requests: Option<i64>,
-}
-
 /// One figure that differs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Difference {
@@ -167,18 +158,6 @@ pub struct Comparison {
     pub proposals: Vec<Proposal>,
 }
 
-/// A standing-capacity line of a bill (a resource with no model or
-/// tokens: a GPU VM, a reservation).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CapacityLine {
-    pub provider: String,
-    pub day: String,
-    pub resource: String,
-    pub description: Option<String>,
-    pub tier: Option<String>,
-    pub cost: Nano,
-}
-
 /// The reconciliation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Reconciliation {
@@ -190,14 +169,36 @@ pub struct Reconciliation {
     pub comparisons: Vec<Comparison>,
     /// How many comparisons differ.
     pub differing: u64,
-    /// Standing capacity the bill charges.
-    pub capacity: Vec<CapacityLine>,
+    /// Standing capacity the bill charges: its lines for a resource with
+    /// no model and no tokens (a GPU VM, a reservation), as stored.
+    pub capacity: Vec<BillLine>,
     /// Destinations whose provider is unknown (no authority a provider
     /// is known by, none given): their events are not reconciled.
     pub unmatched_destinations: Vec<String>,
 }
 
-type Key = (String, String, String, Option<String>);
+/// What a comparison is of: a provider's day, model and tenant.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    provider: String,
+    day: String,
+    /// The model (compared form); `*` for the day's total.
+    model: String,
+    /// The tenant a mapped scope is billed for.
+    tenant: Option<String>,
+}
+
+impl Key {
+    /// Whether `other` is of the same provider, day and tenant.
+    fn same_day(&self, other: &Key) -> bool {
+        self.provider == other.provider && self.day == other.day && self.tenant == other.tenant
+    }
+
+    /// Whether it is a day's total (model `*`).
+    fn day_total(&self) -> bool {
+        self.model == "*"
+    }
+}
 
 #[derive(Default)]
 struct BillAgg {
@@ -214,12 +215,6 @@ struct BillAgg {
 struct BookAgg {
     fig: Figures,
     destinations: BTreeSet<(String, String)>,
-}
-
-fn add(a: &mut Option<i64>, b: Option<i64>) {
-    if let Some(b) = b {
-        *a = Some(a.unwrap_or(0).saturating_add(b));
-    }
 }
 
 /// Whether `tier` is a provider's standard tier (what the ledger books).
@@ -287,18 +282,10 @@ pub fn run(
     // with model-less ones.
     let mut covered: BTreeSet<(String, String, Option<String>, bool)> = BTreeSet::new();
     for l in &lines {
-        if l.model.is_none() && l.kind.is_none() && l.tokens_in.is_none() {
-            if let (Some(resource), Some(cost)) = (&l.resource, l.cost) {
-                rec.capacity.push(CapacityLine {
-                    provider: l.provider.clone(),
-                    day: l.day.clone(),
-                    resource: resource.clone(),
-                    description: l.description.clone(),
-                    tier: l.tier.clone(),
-                    cost,
-                });
-                continue;
-            }
+        let standing = l.model.is_none() && l.kind.is_none() && l.figures.tokens_in.is_none();
+        if standing && l.resource.is_some() && l.figures.cost.is_some() {
+            rec.capacity.push(l.clone());
+            continue;
         }
         let scope = l.scope.as_ref().and_then(|s| opts.scopes.get(s)).cloned();
         let model = l.model.as_deref().map_or("*".to_string(), model_key);
@@ -308,22 +295,23 @@ pub fn run(
             scope.clone(),
             l.model.is_some(),
         ));
-        let a = bill
-            .entry((l.provider.clone(), l.day.clone(), model, scope))
-            .or_default();
-        add_line(a, l);
+        let key = Key {
+            provider: l.provider.clone(),
+            day: l.day.clone(),
+            model,
+            tenant: scope,
+        };
+        add_line(bill.entry(key).or_default(), l);
     }
     bill.values_mut().for_each(finish);
     // The day's totals: every line of the day where a model-less line is.
-    let day_keys: Vec<Key> = bill.keys().filter(|k| k.2 == "*").cloned().collect();
+    let day_keys: Vec<Key> = bill.keys().filter(|k| k.day_total()).cloned().collect();
     for k in &day_keys {
         let mut total = Figures::default();
         let mut tiers = BTreeSet::new();
-        for (kk, a) in &bill {
-            if kk.0 == k.0 && kk.1 == k.1 && kk.3 == k.3 {
-                add(&mut total.cost, a.fig.cost);
-                tiers.extend(a.tiers.iter().cloned());
-            }
+        for (_, a) in bill.iter().filter(|(kk, _)| kk.same_day(k)) {
+            total.add(&a.fig);
+            tiers.extend(a.tiers.iter().cloned());
         }
         if let Some(a) = bill.get_mut(k) {
             a.fig.cost = total.cost.filter(|_| a.modelless_cost);
@@ -351,15 +339,25 @@ pub fn run(
             .map_or("*".to_string(), model_key);
         let day = super::day_of_ms(row.time_ms);
         let scope = row.tenant.clone().filter(|t| tenants.contains(t));
+        let fig = Figures::from_all(
+            [
+                row.booked,
+                row.tokens_in,
+                row.tokens_out,
+                row.tokens_cache_read,
+                1,
+            ]
+            .map(Some),
+        );
         for m in [model.clone(), "*".to_string()] {
-            let b = book
-                .entry((provider.clone(), day.clone(), m, scope.clone()))
-                .or_default();
-            add(&mut b.fig.cost, Some(row.booked));
-            add(&mut b.fig.tokens_in, Some(row.tokens_in));
-            add(&mut b.fig.tokens_out, Some(row.tokens_out));
-            add(&mut b.fig.tokens_cached, Some(row.tokens_cache_read));
-            add(&mut b.fig.requests, Some(1));
+            let key = Key {
+                provider: provider.clone(),
+                day: day.clone(),
+                model: m,
+                tenant: scope.clone(),
+            };
+            let b = book.entry(key).or_default();
+            b.fig.add(&fig);
             b.destinations
                 .insert((row.config.clone(), dest.to_string()));
         }
@@ -368,7 +366,12 @@ pub fn run(
     rec.unmatched_destinations = unmatched.into_iter().collect();
     // The books' groups the bill covers but has no line for.
     for k in book.keys() {
-        let cover = (k.0.clone(), k.1.clone(), k.3.clone(), k.2 != "*");
+        let cover = (
+            k.provider.clone(),
+            k.day.clone(),
+            k.tenant.clone(),
+            !k.day_total(),
+        );
         if covered.contains(&cover) && !bill.contains_key(k) {
             bill.insert(k.clone(), BillAgg::default());
         }
@@ -377,7 +380,7 @@ pub fn run(
     for (k, a) in &bill {
         let b = book.get(k).unwrap_or(&empty);
         let mut c = compare(k, a, b, opts, registry);
-        if k.2 == "*" {
+        if k.day_total() {
             unattributed(&mut c, a, &bill, k);
         }
         rec.differing += u64::from(!c.differences.is_empty());
@@ -393,28 +396,20 @@ pub fn run(
 /// the books: the cost follows those tokens, and no price is proposed
 /// (the configured prices may be right and the usage misread).
 fn follow_usage(comparisons: &mut [Comparison]) {
-    let tokens: Vec<(String, String, Option<String>, String, Cause)> = comparisons
+    let tokens: Vec<(Key, Cause)> = comparisons
         .iter()
-        .filter(|c| c.model != "*")
+        .filter(|c| !c.key().day_total())
         .filter_map(|c| {
             let d = c
                 .differences
                 .iter()
                 .find(|d| d.measure != "cost" && d.measure != "tier")?;
-            Some((
-                c.provider.clone(),
-                c.day.clone(),
-                c.tenant.clone(),
-                c.model.clone(),
-                d.cause,
-            ))
+            Some((c.key(), d.cause))
         })
         .collect();
-    for c in comparisons.iter_mut().filter(|c| c.model == "*") {
-        let Some((.., model, cause)) = tokens
-            .iter()
-            .find(|t| t.0 == c.provider && t.1 == c.day && t.2 == c.tenant)
-        else {
+    for c in comparisons.iter_mut().filter(|c| c.key().day_total()) {
+        let key = c.key();
+        let Some((Key { model, .. }, cause)) = tokens.iter().find(|t| t.0.same_day(&key)) else {
             continue;
         };
         let mut followed = false;
@@ -438,12 +433,8 @@ fn follow_usage(comparisons: &mut [Comparison]) {
 }
 
 fn add_line(a: &mut BillAgg, l: &BillLine) {
-    add(&mut a.fig.cost, l.cost);
-    add(&mut a.fig.tokens_in, l.tokens_in);
-    add(&mut a.fig.tokens_out, l.tokens_out);
-    add(&mut a.fig.tokens_cached, l.tokens_cached);
-    add(&mut a.fig.requests, l.requests);
-    if let (Some(k), Some(c)) = (l.kind, l.cost) {
+    a.fig.add(&l.figures);
+    if let (Some(k), Some(c)) = (l.kind, l.figures.cost) {
         let e = a.kind_cost.entry(k).or_default();
         *e = e.saturating_add(c);
     }
@@ -455,12 +446,12 @@ fn add_line(a: &mut BillAgg, l: &BillLine) {
         a.tiers.insert(t.to_string());
     }
     if l.model.is_none() {
-        a.modelless_cost |= l.cost.is_some();
+        a.modelless_cost |= l.figures.cost.is_some();
         if let Some(d) = &l.description {
             a.no_model.insert(d.clone());
         }
     }
-    a.usage |= l.tokens_in.is_some() || l.tokens_out.is_some();
+    a.usage |= l.figures.tokens_in.is_some() || l.figures.tokens_out.is_some();
 }
 
 /// A record that counts tokens only by the quantity of its cost lines (a
@@ -497,26 +488,25 @@ fn off(a: i64, b: i64, opts: &Options, nano: bool) -> bool {
 }
 
 fn compare(k: &Key, a: &BillAgg, b: &BookAgg, opts: &Options, registry: &Registry) -> Comparison {
+    let Key {
+        provider,
+        day,
+        model,
+        tenant,
+    } = k.clone();
     let mut c = Comparison {
-        provider: k.0.clone(),
-        day: k.1.clone(),
-        model: k.2.clone(),
-        tenant: k.3.clone(),
+        provider,
+        day,
+        model,
+        tenant,
         billed: a.fig.clone(),
-        booked: Figures::default(),
+        // The books state what the bill states.
+        booked: b.fig.as_stated_by(&a.fig),
         tiers: a.tiers.iter().cloned().collect(),
         differences: Vec::new(),
         proposals: Vec::new(),
     };
     let booked = |v: Option<i64>| v.unwrap_or(0);
-    // The books state what the bill states.
-    c.booked = Figures {
-        cost: a.fig.cost.map(|_| booked(b.fig.cost)),
-        tokens_in: a.fig.tokens_in.map(|_| booked(b.fig.tokens_in)),
-        tokens_out: a.fig.tokens_out.map(|_| booked(b.fig.tokens_out)),
-        tokens_cached: a.fig.tokens_cached.map(|_| booked(b.fig.tokens_cached)),
-        requests: a.fig.requests.map(|_| booked(b.fig.requests)),
-    };
     if !c.tiers.is_empty() {
         c.differences.push(Difference {
             measure: "tier".into(),
@@ -530,12 +520,13 @@ fn compare(k: &Key, a: &BillAgg, b: &BookAgg, opts: &Options, registry: &Registr
             ),
         });
     }
-    let pairs = [
-        ("tokens_in", a.fig.tokens_in, b.fig.tokens_in),
-        ("tokens_out", a.fig.tokens_out, b.fig.tokens_out),
-        ("tokens_cached", a.fig.tokens_cached, b.fig.tokens_cached),
-        ("requests", a.fig.requests, b.fig.requests),
-    ];
+    // Every count (all but the cost): its name, the bill's, the books'.
+    let pairs: Vec<(&str, Option<i64>, Option<i64>)> = Figures::NAMES
+        .into_iter()
+        .zip(a.fig.all().into_iter().zip(b.fig.all()))
+        .skip(1)
+        .map(|(name, (x, y))| (name, x, y))
+        .collect();
     let d = |name: &str| {
         pairs
             .iter()
@@ -554,7 +545,7 @@ fn compare(k: &Key, a: &BillAgg, b: &BookAgg, opts: &Options, registry: &Registr
         && d("tokens_out").unwrap_or(0) == 0
         && (in_d == 0 || in_d == cached_d);
     let mut token_cause = None;
-    for (name, billed, book) in pairs {
+    for &(name, billed, book) in &pairs {
         let Some(billed) = billed else { continue };
         let book = booked(book);
         if !off(billed, book, opts, false) {
@@ -629,9 +620,9 @@ fn compare(k: &Key, a: &BillAgg, b: &BookAgg, opts: &Options, registry: &Registr
 /// A day total's cost difference that the models' own comparisons
 /// account for is charges with no model.
 fn unattributed(c: &mut Comparison, a: &BillAgg, bill: &BTreeMap<Key, BillAgg>, k: &Key) {
-    let models_cost = bill.iter().any(|(kk, x)| {
-        kk.0 == k.0 && kk.1 == k.1 && kk.3 == k.3 && kk.2 != "*" && x.fig.cost.is_some()
-    });
+    let models_cost = bill
+        .iter()
+        .any(|(kk, x)| kk.same_day(k) && !kk.day_total() && x.fig.cost.is_some());
     if !models_cost || a.no_model.is_empty() {
         return;
     }
@@ -727,6 +718,18 @@ fn proposals(a: &BillAgg, b: &BookAgg, registry: &Registry, opts: &Options) -> V
     out
 }
 
+impl Comparison {
+    /// What it compares.
+    fn key(&self) -> Key {
+        Key {
+            provider: self.provider.clone(),
+            day: self.day.clone(),
+            model: self.model.clone(),
+            tenant: self.tenant.clone(),
+        }
+    }
+}
+
 impl Reconciliation {
     /// The report's section (nothing when no bill is stored).
     pub fn table(&self, s: &mut String) {
@@ -791,8 +794,8 @@ impl Reconciliation {
                 "  capacity {} {} {}: ${}{}",
                 terminal(&l.provider),
                 l.day,
-                terminal(&l.resource),
-                usd(l.cost),
+                terminal(l.resource.as_deref().unwrap_or_default()),
+                usd(l.figures.cost.unwrap_or(0)),
                 l.description
                     .as_deref()
                     .map(|d| format!(" ({})", terminal(d)))

@@ -3,9 +3,10 @@
 //! existing engine").
 //!
 //! Both hold the same tables, created by the same SQL ([`schema_sql`]), and
-//! answer the same few questions; everything a report computes is computed
-//! in Rust from [`Store::scan`], so the two stores cannot give different
-//! reports for the same events. Idempotence is the primary key: an event id
+//! answer the same few questions, asked once for both (module `engine`:
+//! each engine only runs transactions of statements); everything a report
+//! computes is computed in Rust from [`Store::scan`], so the two stores
+//! cannot give different reports for the same events. Idempotence is the primary key: an event id
 //! already stored is skipped (`ON CONFLICT DO NOTHING`), and the ingest
 //! compares the stored row with the skipped one, so a different event
 //! under a known id is booked apart and reported, never dropped (see
@@ -19,10 +20,12 @@
 //! (`ace_event::event_fields!`, see [`crate::row`]): a column the store
 //! lacks is added to it, so a new event field needs no migration code.
 
+mod engine;
 mod postgres;
 mod sqlite;
 
 use crate::bill::{BadRow, BillLine, Stored};
+use crate::kind::{need, Cols, Val};
 use crate::money::Nano;
 use crate::row::{Row, COLUMNS};
 use anyhow::{bail, Context};
@@ -70,6 +73,39 @@ pub struct Reject {
     /// configuration not registered): once an ingest books that id, the
     /// report no longer counts the line.
     pub event_id: Option<String>,
+}
+
+impl Reject {
+    /// The values of [`PUT_REJECT`]'s parameters.
+    pub fn values(&self) -> Vec<Val> {
+        vec![
+            Val::Text(Some(self.key.clone())),
+            Val::Text(Some(self.source.clone())),
+            Val::Int(Some(self.line)),
+            Val::Text(Some(self.error.clone())),
+            Val::Text(self.event_id.clone()),
+        ]
+    }
+
+    /// A reject read back from the columns [`GET_REJECTS`] selects.
+    pub fn read(c: &dyn Cols) -> anyhow::Result<Reject> {
+        Ok(Reject {
+            key: need(c.text(0)?, "key")?,
+            source: need(c.text(1)?, "source")?,
+            line: need(c.int(2)?, "line")?,
+            error: need(c.text(3)?, "error")?,
+            event_id: c.text(4)?,
+        })
+    }
+}
+
+/// A configuration's id and JSON read back from the columns
+/// [`GET_CONFIGS`] selects.
+pub fn read_config(c: &dyn Cols) -> anyhow::Result<(String, Vec<u8>)> {
+    Ok((
+        need(c.text(0)?, "id")?,
+        need(c.text(1)?, "json")?.into_bytes(),
+    ))
 }
 
 /// What the ledger needs from a store.
@@ -451,6 +487,27 @@ pub fn spend_parts(tenants: &[&str]) -> Vec<Vec<String>> {
     held.chunks(SPEND_TENANTS_PER_QUERY)
         .map(<[String]>::to_vec)
         .collect()
+}
+
+/// Each [`spend_sql`] query [`Store::spend`] runs for `tenants` from
+/// `since_ms` until `until_ms`, with its parameters.
+pub fn spend_queries(since_ms: u64, until_ms: u64, tenants: &[&str]) -> Vec<(String, Vec<Val>)> {
+    let bounds = [since_ms, until_ms].map(|ms| Val::Int(Some(spend_time(ms))));
+    spend_parts(tenants)
+        .into_iter()
+        .map(|part| {
+            let sql = spend_sql(part.len());
+            let tenants = part.into_iter().map(|t| Val::Text(Some(t)));
+            (sql, bounds.iter().cloned().chain(tenants).collect())
+        })
+        .collect()
+}
+
+/// A tenant's spend read from the columns of a [`spend_sql`] row.
+pub fn read_spend(c: &dyn Cols) -> anyhow::Result<(String, Nano)> {
+    let whole = need(c.int(1)?, "whole dollars")?;
+    let nano = need(c.int(2)?, "nano-dollars")?;
+    Ok((need(c.text(0)?, "tenant")?, spend_total(whole, nano)))
 }
 
 /// The statements shared by both engines for configurations and rejects.

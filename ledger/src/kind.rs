@@ -63,7 +63,7 @@ pub trait Kind {
     /// As read from the line.
     type Read: serde::de::DeserializeOwned + Debug + Clone + PartialEq;
     /// As stored in a row.
-    type Stored: Debug + Clone + PartialEq + Eq + Default + serde::Serialize;
+    type Stored: Column + Debug + Clone + PartialEq + Eq + Default + serde::Serialize;
     /// The column's SQL type (valid in SQLite and PostgreSQL alike).
     const SQL: &'static str;
     /// The value an added `NOT NULL` column takes in rows stored before
@@ -79,9 +79,69 @@ pub trait Kind {
     /// The stored value.
     fn stored(v: Self::Read) -> Self::Stored;
     /// As a column value.
-    fn val(v: &Self::Stored) -> Val;
+    fn val(v: &Self::Stored) -> Val {
+        v.val()
+    }
     /// Read column `i`, named `column`, back.
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<Self::Stored>;
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<Self::Stored> {
+        Self::Stored::get(c, i, column)
+    }
+}
+
+/// A value as a column holds it: `None` is NULL, and a column of a type
+/// that is not an `Option` is NOT NULL.
+pub trait Column: Sized {
+    /// As a column value.
+    fn val(&self) -> Val;
+    /// Read column `i`, named `column`, back.
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<Self>;
+}
+
+impl Column for Option<String> {
+    fn val(&self) -> Val {
+        Val::Text(self.clone())
+    }
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
+        c.text(i)
+    }
+}
+
+impl Column for Option<i64> {
+    fn val(&self) -> Val {
+        Val::Int(*self)
+    }
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
+        c.int(i)
+    }
+}
+
+impl Column for Option<bool> {
+    fn val(&self) -> Val {
+        Val::Bool(*self)
+    }
+    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
+        c.boolean(i)
+    }
+}
+
+/// A type whose column is NOT NULL: read as its `Option`, which must
+/// hold a value.
+pub trait NotNull: Clone {}
+
+impl NotNull for String {}
+impl NotNull for i64 {}
+impl NotNull for bool {}
+
+impl<T: NotNull> Column for T
+where
+    Option<T>: Column,
+{
+    fn val(&self) -> Val {
+        Some(self.clone()).val()
+    }
+    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<Self> {
+        need(Option::<T>::get(c, i, column)?, column)
+    }
 }
 
 /// A string, never null.
@@ -129,14 +189,6 @@ fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-fn int_val(v: &i64) -> Val {
-    Val::Int(Some(*v))
-}
-
-fn int_get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
-    need(c.int(i)?, column)
-}
-
 fn within_a_day(name: &str, v: u64) -> Result<(), String> {
     if v > MAX_LATENCY_MS {
         return Err(format!(
@@ -158,12 +210,6 @@ impl Kind for Str {
     fn stored(v: String) -> String {
         v
     }
-    fn val(v: &String) -> Val {
-        Val::Text(Some(v.clone()))
-    }
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<String> {
-        need(c.text(i)?, column)
-    }
 }
 
 impl Kind for Id {
@@ -177,12 +223,6 @@ impl Kind for Id {
     fn stored(v: Option<String>) -> String {
         v.unwrap_or_default()
     }
-    fn val(v: &String) -> Val {
-        Val::Text(Some(v.clone()))
-    }
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<String> {
-        need(c.text(i)?, column)
-    }
 }
 
 impl Kind for StrOrNull {
@@ -195,12 +235,6 @@ impl Kind for StrOrNull {
     fn stored(v: Option<String>) -> Option<String> {
         v
     }
-    fn val(v: &Option<String>) -> Val {
-        Val::Text(v.clone())
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<String>> {
-        c.text(i)
-    }
 }
 
 impl Kind for U32 {
@@ -210,12 +244,6 @@ impl Kind for U32 {
     const EMPTY: &'static str = "0";
     fn stored(v: u32) -> i64 {
         i64::from(v)
-    }
-    fn val(v: &i64) -> Val {
-        int_val(v)
-    }
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
-        int_get(c, i, column)
     }
 }
 
@@ -237,12 +265,6 @@ impl Kind for EpochMs {
     fn stored(v: u64) -> i64 {
         clamp(v)
     }
-    fn val(v: &i64) -> Val {
-        int_val(v)
-    }
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
-        int_get(c, i, column)
-    }
 }
 
 impl Kind for Ms {
@@ -256,12 +278,6 @@ impl Kind for Ms {
     fn stored(v: u64) -> i64 {
         clamp(v)
     }
-    fn val(v: &i64) -> Val {
-        int_val(v)
-    }
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<i64> {
-        int_get(c, i, column)
-    }
 }
 
 impl Kind for MsOrNull {
@@ -274,12 +290,6 @@ impl Kind for MsOrNull {
     fn stored(v: Option<u64>) -> Option<i64> {
         v.map(clamp)
     }
-    fn val(v: &Option<i64>) -> Val {
-        Val::Int(*v)
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<i64>> {
-        c.int(i)
-    }
 }
 
 impl Kind for Bool {
@@ -290,12 +300,6 @@ impl Kind for Bool {
     fn stored(v: bool) -> bool {
         v
     }
-    fn val(v: &bool) -> Val {
-        Val::Bool(Some(*v))
-    }
-    fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<bool> {
-        need(c.boolean(i)?, column)
-    }
 }
 
 impl Kind for BoolOrNull {
@@ -304,12 +308,6 @@ impl Kind for BoolOrNull {
     const SQL: &'static str = "BOOLEAN";
     fn stored(v: Option<bool>) -> Option<bool> {
         v
-    }
-    fn val(v: &Option<bool>) -> Val {
-        Val::Bool(*v)
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<bool>> {
-        c.boolean(i)
     }
 }
 
@@ -322,12 +320,6 @@ impl Kind for Rate {
             .filter(|p| p.is_finite() && p.abs() < 9.0e18)
             .map(|p| p as i64)
     }
-    fn val(v: &Option<i64>) -> Val {
-        Val::Int(*v)
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<i64>> {
-        c.int(i)
-    }
 }
 
 impl Kind for Usd {
@@ -336,11 +328,5 @@ impl Kind for Usd {
     const SQL: &'static str = "BIGINT";
     fn stored(v: Option<f64>) -> Option<Nano> {
         filter_nano(v)
-    }
-    fn val(v: &Option<Nano>) -> Val {
-        Val::Int(*v)
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Option<Nano>> {
-        c.int(i)
     }
 }

@@ -65,10 +65,10 @@ pub trait Kind {
     /// As stored in a row.
     type Stored: Column + Debug + Clone + PartialEq + Eq + Default + serde::Serialize;
     /// The column's SQL type (valid in SQLite and PostgreSQL alike).
-    const SQL: &'static str;
+    const SQL: &'static str = <Self::Stored as Column>::SQL;
     /// The value an added `NOT NULL` column takes in rows stored before
     /// it existed (SQL).
-    const EMPTY: &'static str = "NULL";
+    const EMPTY: &'static str = <Self::Stored as Column>::EMPTY;
     /// Refuse a value outside what the ledger books, naming the field (the
     /// line is then [`crate::event::LineError::Invalid`]).
     fn check(_name: &str, _v: &Self::Read) -> Result<(), String> {
@@ -91,51 +91,58 @@ pub trait Kind {
 /// A value as a column holds it: `None` is NULL, and a column of a type
 /// that is not an `Option` is NOT NULL.
 pub trait Column: Sized {
+    /// Its SQL type (valid in SQLite and PostgreSQL alike).
+    const SQL: &'static str;
+    /// The value an added column takes in rows stored before it existed
+    /// (SQL).
+    const EMPTY: &'static str = "NULL";
     /// As a column value.
     fn val(&self) -> Val;
     /// Read column `i`, named `column`, back.
     fn get(c: &dyn Cols, i: usize, column: &str) -> anyhow::Result<Self>;
 }
 
-impl Column for Option<String> {
-    fn val(&self) -> Val {
-        Val::Text(self.clone())
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
-        c.text(i)
-    }
-}
-
-impl Column for Option<i64> {
-    fn val(&self) -> Val {
-        Val::Int(*self)
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
-        c.int(i)
-    }
-}
-
-impl Column for Option<bool> {
-    fn val(&self) -> Val {
-        Val::Bool(*self)
-    }
-    fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
-        c.boolean(i)
-    }
-}
-
 /// A type whose column is NOT NULL: read as its `Option`, which must
 /// hold a value.
-pub trait NotNull: Clone {}
+pub trait NotNull: Clone {
+    /// Its SQL type.
+    const SQL: &'static str;
+    /// Its empty value (SQL).
+    const EMPTY: &'static str;
+}
 
-impl NotNull for String {}
-impl NotNull for i64 {}
-impl NotNull for bool {}
+/// `$t` as a column of SQL type `$sql` NOT NULL, empty `$empty`, and
+/// `Option<$t>` as one that may be NULL: bound as `Val::$val`, read by
+/// `Cols::$read`.
+macro_rules! column {
+    ($t:ty, $sql:literal, $empty:literal, $val:ident, $read:ident) => {
+        impl Column for Option<$t> {
+            const SQL: &'static str = $sql;
+            fn val(&self) -> Val {
+                Val::$val(Clone::clone(self))
+            }
+            fn get(c: &dyn Cols, i: usize, _: &str) -> anyhow::Result<Self> {
+                c.$read(i)
+            }
+        }
+
+        impl NotNull for $t {
+            const SQL: &'static str = concat!($sql, " NOT NULL");
+            const EMPTY: &'static str = $empty;
+        }
+    };
+}
+
+column!(String, "TEXT", "''", Text, text);
+column!(i64, "BIGINT", "0", Int, int);
+column!(bool, "BOOLEAN", "FALSE", Bool, boolean);
 
 impl<T: NotNull> Column for T
 where
     Option<T>: Column,
 {
+    const SQL: &'static str = <T as NotNull>::SQL;
+    const EMPTY: &'static str = <T as NotNull>::EMPTY;
     fn val(&self) -> Val {
         Some(self.clone()).val()
     }
@@ -202,8 +209,6 @@ fn within_a_day(name: &str, v: u64) -> Result<(), String> {
 impl Kind for Str {
     type Read = String;
     type Stored = String;
-    const SQL: &'static str = "TEXT NOT NULL";
-    const EMPTY: &'static str = "''";
     fn storable(v: &mut String) {
         storable(v);
     }
@@ -215,8 +220,6 @@ impl Kind for Str {
 impl Kind for Id {
     type Read = Option<String>;
     type Stored = String;
-    const SQL: &'static str = "TEXT NOT NULL";
-    const EMPTY: &'static str = "''";
     fn storable(v: &mut Option<String>) {
         v.iter_mut().for_each(storable);
     }
@@ -228,7 +231,6 @@ impl Kind for Id {
 impl Kind for StrOrNull {
     type Read = Option<String>;
     type Stored = Option<String>;
-    const SQL: &'static str = "TEXT";
     fn storable(v: &mut Option<String>) {
         v.iter_mut().for_each(storable);
     }
@@ -240,8 +242,6 @@ impl Kind for StrOrNull {
 impl Kind for U32 {
     type Read = u32;
     type Stored = i64;
-    const SQL: &'static str = "BIGINT NOT NULL";
-    const EMPTY: &'static str = "0";
     fn stored(v: u32) -> i64 {
         i64::from(v)
     }
@@ -250,8 +250,6 @@ impl Kind for U32 {
 impl Kind for EpochMs {
     type Read = u64;
     type Stored = i64;
-    const SQL: &'static str = "BIGINT NOT NULL";
-    const EMPTY: &'static str = "0";
     fn check(name: &str, v: &u64) -> Result<(), String> {
         if !(MIN_TIME_MS..MAX_TIME_MS).contains(v) {
             return Err(format!(
@@ -270,8 +268,6 @@ impl Kind for EpochMs {
 impl Kind for Ms {
     type Read = u64;
     type Stored = i64;
-    const SQL: &'static str = "BIGINT NOT NULL";
-    const EMPTY: &'static str = "0";
     fn check(name: &str, v: &u64) -> Result<(), String> {
         within_a_day(name, *v)
     }
@@ -283,7 +279,6 @@ impl Kind for Ms {
 impl Kind for MsOrNull {
     type Read = Option<u64>;
     type Stored = Option<i64>;
-    const SQL: &'static str = "BIGINT";
     fn check(name: &str, v: &Option<u64>) -> Result<(), String> {
         v.map_or(Ok(()), |v| within_a_day(name, v))
     }
@@ -295,8 +290,6 @@ impl Kind for MsOrNull {
 impl Kind for Bool {
     type Read = bool;
     type Stored = bool;
-    const SQL: &'static str = "BOOLEAN NOT NULL";
-    const EMPTY: &'static str = "FALSE";
     fn stored(v: bool) -> bool {
         v
     }
@@ -305,7 +298,6 @@ impl Kind for Bool {
 impl Kind for BoolOrNull {
     type Read = Option<bool>;
     type Stored = Option<bool>;
-    const SQL: &'static str = "BOOLEAN";
     fn stored(v: Option<bool>) -> Option<bool> {
         v
     }
@@ -314,7 +306,6 @@ impl Kind for BoolOrNull {
 impl Kind for Rate {
     type Read = Option<f64>;
     type Stored = Option<i64>;
-    const SQL: &'static str = "BIGINT";
     fn stored(v: Option<f64>) -> Option<i64> {
         v.map(|usd| (usd * PICO_PER_USD).round())
             .filter(|p| p.is_finite() && p.abs() < 9.0e18)
@@ -325,7 +316,6 @@ impl Kind for Rate {
 impl Kind for Usd {
     type Read = Option<f64>;
     type Stored = Option<Nano>;
-    const SQL: &'static str = "BIGINT";
     fn stored(v: Option<f64>) -> Option<Nano> {
         filter_nano(v)
     }

@@ -20,6 +20,23 @@
 //! (`ace_event::event_fields!`, see [`crate::row`]): a column the store
 //! lacks is added to it, so a new event field needs no migration code.
 
+/// `impl Cols for $row`, each column read by the engine's `$row::$get`.
+macro_rules! cols {
+    ($row:ty, $get:ident) => {
+        impl crate::kind::Cols for $row {
+            fn text(&self, i: usize) -> anyhow::Result<Option<String>> {
+                Ok(self.$get(i)?)
+            }
+            fn int(&self, i: usize) -> anyhow::Result<Option<i64>> {
+                Ok(self.$get(i)?)
+            }
+            fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>> {
+                Ok(self.$get(i)?)
+            }
+        }
+    };
+}
+
 mod engine;
 mod postgres;
 mod sqlite;

@@ -32,17 +32,7 @@ impl ToSql for Val {
     to_sql_checked!();
 }
 
-impl Cols for postgres::Row {
-    fn text(&self, i: usize) -> anyhow::Result<Option<String>> {
-        Ok(self.try_get(i)?)
-    }
-    fn int(&self, i: usize) -> anyhow::Result<Option<i64>> {
-        Ok(self.try_get(i)?)
-    }
-    fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>> {
-        Ok(self.try_get(i)?)
-    }
-}
+cols!(postgres::Row, try_get);
 
 /// A PostgreSQL ledger.
 pub struct Postgres {

@@ -19,17 +19,7 @@ impl ToSql for Val {
     }
 }
 
-impl Cols for rusqlite::Row<'_> {
-    fn text(&self, i: usize) -> anyhow::Result<Option<String>> {
-        Ok(self.get(i)?)
-    }
-    fn int(&self, i: usize) -> anyhow::Result<Option<i64>> {
-        Ok(self.get(i)?)
-    }
-    fn boolean(&self, i: usize) -> anyhow::Result<Option<bool>> {
-        Ok(self.get(i)?)
-    }
-}
+cols!(rusqlite::Row<'_>, get);
 
 /// A SQLite ledger.
 #[derive(Debug)]

@@ -199,29 +199,24 @@ fn a_changed_price_halved_cached_tokens_and_a_downgraded_tier_are_each_named() {
             .iter()
             .any(|d| d.0 == provider && d.1 == day && d.3 == measure && d.4 == cause)
     };
+    // Each change on its day, as the figure it changes.
+    let changed = [
+        (Cause::Price, "2024-11-01", "cost"),
+        (Cause::CachedTokens, "2024-11-02", "tokens_cached"),
+        (Cause::Tier, "2024-11-03", "tier"),
+    ];
     for provider in ["openai", "anthropic", "azure"] {
-        assert!(
-            has(provider, "2024-11-01", "cost", Cause::Price),
-            "{provider} price: {found:#?}"
-        );
-        assert!(
-            has(provider, "2024-11-02", "tokens_cached", Cause::CachedTokens),
-            "{provider} cached: {found:#?}"
-        );
-        assert!(
-            has(provider, "2024-11-03", "tier", Cause::Tier),
-            "{provider} tier: {found:#?}"
-        );
+        for (cause, day, measure) in changed {
+            assert!(
+                has(provider, day, measure, cause),
+                "{provider} {cause:?}: {found:#?}"
+            );
+        }
     }
     // Nothing else: every difference is one of the three, on its day.
     for d in &found {
-        let day = match d.4 {
-            Cause::Price => "2024-11-01",
-            Cause::CachedTokens => "2024-11-02",
-            Cause::Tier => "2024-11-03",
-            other => panic!("unexpected cause {other:?}: {d:?}"),
-        };
-        assert_eq!(d.1, day, "{d:?}");
+        let day = changed.iter().find(|c| c.0 == d.4).map(|c| c.1);
+        assert_eq!(Some(d.1.as_str()), day, "unexpected: {d:?}");
     }
     // The price drift is a proposal, never applied: +10 % on OpenAI (its
     // costs are not split by kind, so both prices scale), Anthropic's and
@@ -240,22 +235,14 @@ fn a_changed_price_halved_cached_tokens_and_a_downgraded_tier_are_each_named() {
             .iter()
             .any(|p| p.0 == dest && p.1 == field && (p.2 - want).abs() < want * 1e-6)
     };
-    assert!(
-        near("openai", "usd_per_input_token", 2.75e-6),
-        "{proposals:?}"
-    );
-    assert!(
-        near("openai", "usd_per_output_token", 1.1e-5),
-        "{proposals:?}"
-    );
-    assert!(
-        near("anthropic", "usd_per_output_token", 1.65e-5),
-        "{proposals:?}"
-    );
-    assert!(
-        near("azure", "usd_per_output_token", 7.26e-7),
-        "{proposals:?}"
-    );
+    for (dest, field, want) in [
+        ("openai", "usd_per_input_token", 2.75e-6),
+        ("openai", "usd_per_output_token", 1.1e-5),
+        ("anthropic", "usd_per_output_token", 1.65e-5),
+        ("azure", "usd_per_output_token", 7.26e-7),
+    ] {
+        assert!(near(dest, field, want), "{dest} {field}: {proposals:?}");
+    }
     let config = ledger.registry.ids();
     assert_eq!(config.len(), 1, "no configuration was changed or added");
     let html =

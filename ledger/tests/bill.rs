@@ -126,6 +126,25 @@ pub(crate) fn import(ledger: &mut Ledger, changed: bool) -> Vec<bill::Summary> {
         .collect()
 }
 
+/// [`booked`] in a new SQLite file (removed with the directory).
+fn booked_sqlite() -> (tempfile::TempDir, Ledger) {
+    let (dir, url) = common::sqlite_url();
+    (dir, booked(&url))
+}
+
+/// Fixture `name` with its first `from` replaced by `to`.
+fn edited(name: &str, from: &str, to: &str) -> String {
+    String::from_utf8(fixture(name))
+        .expect("utf8")
+        .replacen(from, to, 1)
+}
+
+/// OpenAI's usage answer with its first result's output tokens `n`.
+fn usage_with_output(n: &str) -> String {
+    let to = format!("\"output_tokens\": {n}");
+    edited("openai-usage.json", "\"output_tokens\": 500", &to)
+}
+
 fn reconciliation(ledger: &mut Ledger) -> Reconciliation {
     ledger.report(&Rules::default()).expect("report").bills
 }
@@ -150,8 +169,7 @@ fn differences(r: &Reconciliation) -> Vec<(String, String, String, String, Cause
 
 #[test]
 fn documented_records_reconcile_with_the_same_requests_booked() {
-    let (_dir, url) = common::sqlite_url();
-    let mut ledger = booked(&url);
+    let (_dir, mut ledger) = booked_sqlite();
     let s = import(&mut ledger, false);
     let lines: Vec<(u64, usize)> = s.iter().map(|s| (s.new, s.rejected.len())).collect();
     assert_eq!(lines, [(3, 0), (3, 0), (3, 0), (12, 0), (12, 0)]);
@@ -189,8 +207,7 @@ fn documented_records_reconcile_with_the_same_requests_booked() {
 
 #[test]
 fn a_changed_price_halved_cached_tokens_and_a_downgraded_tier_are_each_named() {
-    let (_dir, url) = common::sqlite_url();
-    let mut ledger = booked(&url);
+    let (_dir, mut ledger) = booked_sqlite();
     import(&mut ledger, true);
     let r = reconciliation(&mut ledger);
     let found = differences(&r);
@@ -283,11 +300,8 @@ fn bills_are_stored_idempotently_in_sqlite_and_postgres() {
 /// never stop the rest.
 #[test]
 fn bad_rows_are_named_and_the_rest_imported() {
-    let (_dir, url) = common::sqlite_url();
-    let mut ledger = booked(&url);
-    let usage = String::from_utf8(fixture("openai-usage.json"))
-        .expect("utf8")
-        .replacen("\"output_tokens\": 500", "\"output_tokens\": -5", 1);
+    let (_dir, mut ledger) = booked_sqlite();
+    let usage = usage_with_output("-5");
     let s =
         bill::import(ledger.store.as_mut(), "bad.json", usage.as_bytes(), None).expect("import");
     assert_eq!((s.new, s.rejected.len()), (2, 1));
@@ -295,14 +309,11 @@ fn bad_rows_are_named_and_the_rest_imported() {
         s.rejected[0].to_string(),
         "bad.json:1: `data[0].results[0].output_tokens`: -5 is not a count; a whole number >= 0 is accepted"
     );
-    let csv = String::from_utf8(fixture("azure-focus.csv"))
-        .expect("utf8")
-        .replacen("0.000099,USD", "0.000099,EUR", 1)
-        .replacen(
-            "0.00033,USD,Usage,2024-11-02",
-            "abc,USD,Usage,2024-11-02",
-            1,
-        );
+    let csv = edited("azure-focus.csv", "0.000099,USD", "0.000099,EUR").replacen(
+        "0.00033,USD,Usage,2024-11-02",
+        "abc,USD,Usage,2024-11-02",
+        1,
+    );
     let s = bill::import(ledger.store.as_mut(), "bad.csv", csv.as_bytes(), None).expect("import");
     let named: Vec<String> = s.rejected.iter().map(ToString::to_string).collect();
     assert_eq!(
@@ -322,11 +333,8 @@ fn bad_rows_are_named_and_the_rest_imported() {
 /// books is put down to the tokens, not to a price: no change proposed.
 #[test]
 fn a_day_total_follows_the_usage_record_not_a_price() {
-    let (_dir, url) = common::sqlite_url();
-    let mut ledger = booked(&url);
-    let usage = String::from_utf8(fixture("openai-usage.json"))
-        .expect("utf8")
-        .replacen("\"output_tokens\": 500", "\"output_tokens\": 570", 1);
+    let (_dir, mut ledger) = booked_sqlite();
+    let usage = usage_with_output("570");
     let costs = fixture("openai-costs.changed.json");
     for (name, bytes) in [("usage.json", usage.as_bytes()), ("costs.json", &costs)] {
         bill::import(ledger.store.as_mut(), name, bytes, None).expect("import");

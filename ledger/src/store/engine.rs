@@ -12,16 +12,14 @@ use crate::kind::{need, Cols, Val};
 use crate::money::Nano;
 use crate::row::Row;
 
+/// What is done with each row a statement selects.
+pub type Visit<'a> = dyn FnMut(&dyn Cols) -> anyhow::Result<()> + 'a;
+
 /// Statements run in one transaction; an error of theirs names what the
 /// transaction does and the store.
 pub trait Tx {
     /// Call `f` on every row `sql` selects with `params`, as they come.
-    fn each(
-        &mut self,
-        sql: &str,
-        params: &[Val],
-        f: &mut dyn FnMut(&dyn Cols) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()>;
+    fn each(&mut self, sql: &str, params: &[Val], f: &mut Visit<'_>) -> anyhow::Result<()>;
     /// Run `sql` with `params`; how many rows it changed.
     fn execute(&mut self, sql: &str, params: &[Val]) -> anyhow::Result<u64>;
 }

@@ -4,8 +4,8 @@
 //! without being held in memory.
 
 use super::at;
-use super::engine::{Engine, Tx};
-use crate::kind::{Cols, Val};
+use super::engine::{Engine, Tx, Visit};
+use crate::kind::Val;
 use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use postgres::{Client, NoTls, Statement};
 use std::collections::HashMap;
@@ -101,12 +101,7 @@ fn bound(params: &[Val]) -> impl ExactSizeIterator<Item = &(dyn ToSql + Sync)> {
 }
 
 impl Tx for PgTx<'_> {
-    fn each(
-        &mut self,
-        sql: &str,
-        params: &[Val],
-        f: &mut dyn FnMut(&dyn Cols) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
+    fn each(&mut self, sql: &str, params: &[Val], f: &mut Visit<'_>) -> anyhow::Result<()> {
         use postgres::fallible_iterator::FallibleIterator;
         let st = self.prepare(sql)?;
         let (what, url) = (self.what, self.url);

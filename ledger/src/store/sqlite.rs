@@ -3,8 +3,8 @@
 //! transaction per batch, make ingest fast.
 
 use super::at;
-use super::engine::{Engine, Tx};
-use crate::kind::{Cols, Val};
+use super::engine::{Engine, Tx, Visit};
+use crate::kind::Val;
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{Connection, ToSql};
 
@@ -58,12 +58,7 @@ struct SqliteTx<'a> {
 }
 
 impl Tx for SqliteTx<'_> {
-    fn each(
-        &mut self,
-        sql: &str,
-        params: &[Val],
-        f: &mut dyn FnMut(&dyn Cols) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
+    fn each(&mut self, sql: &str, params: &[Val], f: &mut Visit<'_>) -> anyhow::Result<()> {
         let (what, url) = (self.what, self.url);
         let mut st = at(self.tx.prepare_cached(sql), what, url)?;
         let params = rusqlite::params_from_iter(params.iter());

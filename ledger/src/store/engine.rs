@@ -22,17 +22,26 @@ pub trait Tx {
     fn each(&mut self, sql: &str, params: &[Val], f: &mut Visit<'_>) -> anyhow::Result<()>;
     /// Run `sql` with `params`; how many rows it changed.
     fn execute(&mut self, sql: &str, params: &[Val]) -> anyhow::Result<u64>;
+    /// Commit what it did.
+    fn commit(self: Box<Self>) -> anyhow::Result<()>;
 }
 
 /// A SQL engine a ledger is kept in.
 pub trait Engine: Send {
+    /// Begin a transaction doing `what`.
+    fn begin<'a>(&'a mut self, what: &'a str) -> anyhow::Result<Box<dyn Tx + 'a>>;
     /// Run `f` in one transaction doing `what`, committed when it
     /// succeeds.
     fn transaction<T>(
         &mut self,
         what: &str,
         f: impl FnOnce(&mut dyn Tx) -> anyhow::Result<T>,
-    ) -> anyhow::Result<T>;
+    ) -> anyhow::Result<T> {
+        let mut tx = self.begin(what)?;
+        let out = f(tx.as_mut())?;
+        tx.commit()?;
+        Ok(out)
+    }
     /// The statements the opening migration ran.
     fn migrations(&self) -> &[String];
 }

@@ -117,25 +117,23 @@ impl Tx for PgTx<'_> {
         let params: Vec<&(dyn ToSql + Sync)> = bound(params).collect();
         at(self.tx.execute(&st, &params), self.what, self.url)
     }
+
+    fn commit(self: Box<Self>) -> anyhow::Result<()> {
+        at(self.tx.commit(), "cannot commit", self.url)
+    }
 }
 
 impl Engine for Postgres {
-    fn transaction<T>(
-        &mut self,
-        what: &str,
-        f: impl FnOnce(&mut dyn Tx) -> anyhow::Result<T>,
-    ) -> anyhow::Result<T> {
+    fn begin<'a>(&'a mut self, what: &'a str) -> anyhow::Result<Box<dyn Tx + 'a>> {
         let url = self.url.as_str();
         let tx = at(self.client.transaction(), "cannot begin a transaction", url)?;
-        let mut tx = PgTx {
+        let prepared = HashMap::new();
+        Ok(Box::new(PgTx {
             tx,
-            prepared: HashMap::new(),
+            prepared,
             what,
             url,
-        };
-        let out = f(&mut tx)?;
-        at(tx.tx.commit(), "cannot commit", url)?;
-        Ok(out)
+        }))
     }
 
     fn migrations(&self) -> &[String] {

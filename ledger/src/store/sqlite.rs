@@ -79,20 +79,17 @@ impl Tx for SqliteTx<'_> {
         )?;
         Ok(n as u64)
     }
+
+    fn commit(self: Box<Self>) -> anyhow::Result<()> {
+        at(self.tx.commit(), "cannot commit", self.url)
+    }
 }
 
 impl Engine for Sqlite {
-    fn transaction<T>(
-        &mut self,
-        what: &str,
-        f: impl FnOnce(&mut dyn Tx) -> anyhow::Result<T>,
-    ) -> anyhow::Result<T> {
+    fn begin<'a>(&'a mut self, what: &'a str) -> anyhow::Result<Box<dyn Tx + 'a>> {
         let url = self.url.as_str();
         let tx = at(self.conn.transaction(), "cannot begin a transaction", url)?;
-        let mut tx = SqliteTx { tx, what, url };
-        let out = f(&mut tx)?;
-        at(tx.tx.commit(), "cannot commit", url)?;
-        Ok(out)
+        Ok(Box::new(SqliteTx { tx, what, url }))
     }
 
     fn migrations(&self) -> &[String] {

@@ -355,10 +355,10 @@ fn bill_table(r: &Report) -> String {
         }
         for (what, cause) in rows {
             let cells = [
-                c.provider.clone(),
-                c.day.clone(),
-                c.model.clone(),
-                c.tenant.clone().unwrap_or_else(|| "-".into()),
+                c.key.provider.clone(),
+                c.key.day.clone(),
+                c.key.model.clone(),
+                c.key.tenant.clone().unwrap_or_else(|| "-".into()),
                 money(c.billed.cost),
                 money(c.booked.cost),
                 what,

@@ -149,24 +149,6 @@ fn reconciliation(ledger: &mut Ledger) -> Reconciliation {
     ledger.report(&Rules::default()).expect("report").bills
 }
 
-/// The (provider, day, model, measure, cause) of every difference.
-fn differences(r: &Reconciliation) -> Vec<(String, String, String, String, Cause)> {
-    r.comparisons
-        .iter()
-        .flat_map(|c| {
-            c.differences.iter().map(|d| {
-                (
-                    c.provider.clone(),
-                    c.day.clone(),
-                    c.model.clone(),
-                    d.measure.clone(),
-                    d.cause,
-                )
-            })
-        })
-        .collect()
-}
-
 #[test]
 fn documented_records_reconcile_with_the_same_requests_booked() {
     let (_dir, mut ledger) = booked_sqlite();
@@ -174,13 +156,13 @@ fn documented_records_reconcile_with_the_same_requests_booked() {
     let lines: Vec<(u64, usize)> = s.iter().map(|s| (s.new, s.rejected.len())).collect();
     assert_eq!(lines, [(3, 0), (3, 0), (3, 0), (12, 0), (12, 0)]);
     let r = reconciliation(&mut ledger);
-    assert_eq!(differences(&r), [], "{r:#?}");
+    assert_eq!(r.differences().count(), 0, "{r:#?}");
     assert_eq!(r.unmatched_destinations, Vec::<String>::new());
     // Every provider's days are compared, each figure the record states.
     let compared: Vec<(&str, &str)> = r
         .comparisons
         .iter()
-        .map(|c| (c.provider.as_str(), c.model.as_str()))
+        .map(|c| (c.key.provider.as_str(), c.key.model.as_str()))
         .collect();
     for want in [
         ("openai", "gpt-4o"),
@@ -210,11 +192,11 @@ fn a_changed_price_halved_cached_tokens_and_a_downgraded_tier_are_each_named() {
     let (_dir, mut ledger) = booked_sqlite();
     import(&mut ledger, true);
     let r = reconciliation(&mut ledger);
-    let found = differences(&r);
+    let found: Vec<_> = r.differences().collect();
     let has = |provider: &str, day: &str, measure: &str, cause: Cause| {
-        found
-            .iter()
-            .any(|d| d.0 == provider && d.1 == day && d.3 == measure && d.4 == cause)
+        found.iter().any(|(k, d)| {
+            k.provider == provider && k.day == day && d.measure == measure && d.cause == cause
+        })
     };
     // Each change on its day, as the figure it changes.
     let changed = [
@@ -231,9 +213,9 @@ fn a_changed_price_halved_cached_tokens_and_a_downgraded_tier_are_each_named() {
         }
     }
     // Nothing else: every difference is one of the three, on its day.
-    for d in &found {
-        let day = changed.iter().find(|c| c.0 == d.4).map(|c| c.1);
-        assert_eq!(Some(d.1.as_str()), day, "unexpected: {d:?}");
+    for (k, d) in &found {
+        let day = changed.iter().find(|c| c.0 == d.cause).map(|c| c.1);
+        assert_eq!(Some(k.day.as_str()), day, "unexpected: {k:?} {d:?}");
     }
     // The price drift is a proposal, never applied: +10 % on OpenAI (its
     // costs are not split by kind, so both prices scale), Anthropic's and
@@ -340,15 +322,14 @@ fn a_day_total_follows_the_usage_record_not_a_price() {
         bill::import(ledger.store.as_mut(), name, bytes, None).expect("import");
     }
     let r = reconciliation(&mut ledger);
-    let found = differences(&r);
+    let found: Vec<_> = r.differences().collect();
     let day1 = |model: &str, measure: &str, cause: Cause| {
-        found.contains(&(
-            "openai".into(),
-            "2024-11-01".into(),
-            model.into(),
-            measure.into(),
-            cause,
-        ))
+        found.iter().any(|(k, d)| {
+            (k.provider.as_str(), k.day.as_str(), k.model.as_str())
+                == ("openai", "2024-11-01", model)
+                && d.measure == measure
+                && d.cause == cause
+        })
     };
     assert!(
         day1("gpt-4o", "tokens_out", Cause::MissingInLog),

@@ -242,18 +242,15 @@ fn reconcile(ledger: &mut Ledger, bills: &[(&str, Format, String)]) -> Reconcili
 }
 
 /// Every difference: (provider, model, measure, cause).
-fn differences(r: &Reconciliation) -> Vec<(String, String, String, Cause)> {
-    r.comparisons
-        .iter()
-        .flat_map(|c| {
-            c.differences.iter().map(|d| {
-                (
-                    c.provider.clone(),
-                    c.model.clone(),
-                    d.measure.clone(),
-                    d.cause,
-                )
-            })
+fn differences(r: &Reconciliation) -> Vec<(&str, &str, &str, Cause)> {
+    r.differences()
+        .map(|(k, d)| {
+            (
+                k.provider.as_str(),
+                k.model.as_str(),
+                d.measure.as_str(),
+                d.cause,
+            )
         })
         .collect()
 }
@@ -264,7 +261,7 @@ fn figures(r: &Reconciliation, provider: &str, model: &str) -> [(i64, i64, i64, 
     let c = r
         .comparisons
         .iter()
-        .find(|c| c.provider == provider && c.model == model)
+        .find(|c| c.key.provider == provider && c.key.model == model)
         .unwrap_or_else(|| panic!("no comparison of {provider} {model}: {r:#?}"));
     let f = |x: &ace_ledger::bill::reconcile::Figures| {
         (
@@ -312,7 +309,7 @@ fn the_books_of_a_real_envoy_run_meet_the_providers_bills(filter: Filter) {
     let day_total = r
         .comparisons
         .iter()
-        .find(|c| c.provider == "openai" && c.model == "*")
+        .find(|c| c.key.provider == "openai" && c.key.model == "*")
         .unwrap_or_else(|| panic!("OpenAI's costs compared per day: {r:#?}"));
     assert!(
         day_total.billed.cost.is_some_and(|c| c > 0),
@@ -409,7 +406,7 @@ fn misread_streams_and_a_changed_price_are_each_named(filter: Filter) {
     let why = r
         .comparisons
         .iter()
-        .filter(|c| c.provider == "anthropic")
+        .filter(|c| c.key.provider == "anthropic")
         .flat_map(|c| &c.differences)
         .find(|d| d.measure == "tokens_in")
         .map(|d| d.why.clone());
@@ -435,12 +432,7 @@ fn misread_streams_and_a_changed_price_are_each_named(filter: Filter) {
     let r = reconcile(&mut ledger, &bills);
     assert_eq!(
         differences(&r),
-        [(
-            "anthropic".to_string(),
-            "claude-sonnet-4-5".to_string(),
-            "cost".to_string(),
-            Cause::Price
-        )],
+        [("anthropic", "claude-sonnet-4-5", "cost", Cause::Price)],
         "{r:#?}"
     );
     let proposed: Vec<(String, String, f64)> = r

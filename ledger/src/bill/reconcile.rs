@@ -144,12 +144,9 @@ pub struct Proposal {
 /// One comparison: a provider's day, model and scope.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Comparison {
-    pub provider: String,
-    pub day: String,
-    /// The model (compared form); `*` for the day's total.
-    pub model: String,
-    /// The tenant a mapped scope is billed for.
-    pub tenant: Option<String>,
+    /// What it compares (in JSON, its fields at the comparison's top level).
+    #[serde(flatten)]
+    pub key: Key,
     pub billed: Figures,
     pub booked: Figures,
     /// The service tiers billed other than the standard one.
@@ -178,14 +175,14 @@ pub struct Reconciliation {
 }
 
 /// What a comparison is of: a provider's day, model and tenant.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Key {
-    provider: String,
-    day: String,
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Key {
+    pub provider: String,
+    pub day: String,
     /// The model (compared form); `*` for the day's total.
-    model: String,
+    pub model: String,
     /// The tenant a mapped scope is billed for.
-    tenant: Option<String>,
+    pub tenant: Option<String>,
 }
 
 impl Key {
@@ -398,18 +395,17 @@ pub fn run(
 fn follow_usage(comparisons: &mut [Comparison]) {
     let tokens: Vec<(Key, Cause)> = comparisons
         .iter()
-        .filter(|c| !c.key().day_total())
+        .filter(|c| !c.key.day_total())
         .filter_map(|c| {
             let d = c
                 .differences
                 .iter()
                 .find(|d| d.measure != "cost" && d.measure != "tier")?;
-            Some((c.key(), d.cause))
+            Some((c.key.clone(), d.cause))
         })
         .collect();
-    for c in comparisons.iter_mut().filter(|c| c.key().day_total()) {
-        let key = c.key();
-        let Some((Key { model, .. }, cause)) = tokens.iter().find(|t| t.0.same_day(&key)) else {
+    for c in comparisons.iter_mut().filter(|c| c.key.day_total()) {
+        let Some((Key { model, .. }, cause)) = tokens.iter().find(|t| t.0.same_day(&c.key)) else {
             continue;
         };
         let mut followed = false;
@@ -488,17 +484,8 @@ fn off(a: i64, b: i64, opts: &Options, nano: bool) -> bool {
 }
 
 fn compare(k: &Key, a: &BillAgg, b: &BookAgg, opts: &Options, registry: &Registry) -> Comparison {
-    let Key {
-        provider,
-        day,
-        model,
-        tenant,
-    } = k.clone();
     let mut c = Comparison {
-        provider,
-        day,
-        model,
-        tenant,
+        key: k.clone(),
         billed: a.fig.clone(),
         // The books state what the bill states.
         booked: b.fig.as_stated_by(&a.fig),
@@ -718,19 +705,14 @@ fn proposals(a: &BillAgg, b: &BookAgg, registry: &Registry, opts: &Options) -> V
     out
 }
 
-impl Comparison {
-    /// What it compares.
-    fn key(&self) -> Key {
-        Key {
-            provider: self.provider.clone(),
-            day: self.day.clone(),
-            model: self.model.clone(),
-            tenant: self.tenant.clone(),
-        }
-    }
-}
-
 impl Reconciliation {
+    /// Every difference, with what its comparison compares.
+    pub fn differences(&self) -> impl Iterator<Item = (&Key, &Difference)> {
+        self.comparisons
+            .iter()
+            .flat_map(|c| c.differences.iter().map(move |d| (&c.key, d)))
+    }
+
     /// The report's section (nothing when no bill is stored).
     pub fn table(&self, s: &mut String) {
         use crate::report::terminal;
@@ -748,6 +730,7 @@ impl Reconciliation {
         );
         for c in &self.comparisons {
             let tenant = c
+                .key
                 .tenant
                 .as_deref()
                 .map(|t| format!(" tenant {}", terminal(t)))
@@ -756,9 +739,9 @@ impl Reconciliation {
             let _ = writeln!(
                 s,
                 "  {} {} {}{tenant}: billed {} booked {}{}",
-                terminal(&c.provider),
-                c.day,
-                terminal(&c.model),
+                terminal(&c.key.provider),
+                c.key.day,
+                terminal(&c.key.model),
                 money(&c.billed),
                 money(&c.booked),
                 if c.differences.is_empty() {

@@ -127,7 +127,7 @@ pub trait Policy {
     /// Where request `r`'s first attempt goes.
     fn route(&mut self, w: &World<'_>, r: u32) -> Route;
 
-    /// An attempt was answered ([`Attempt`]): what now.
+    /// An attempt was answered ([`Answered`]): what now.
     fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
         let _ = (w, at);
         Next::Deliver

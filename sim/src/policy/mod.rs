@@ -42,6 +42,20 @@ pub struct Rules {
     pub phi_needs_baa: bool,
 }
 
+impl Rules {
+    /// Both rules: a gateway whose routes match the data-class header.
+    pub const ALL: Rules = Rules {
+        eu_personal_data: true,
+        phi_needs_baa: true,
+    };
+    /// Residency only: a gateway with no place to say that `phi` needs a
+    /// BAA.
+    pub const RESIDENCY: Rules = Rules {
+        eu_personal_data: true,
+        phi_needs_baa: false,
+    };
+}
+
 /// The candidate destinations a gateway has for each profile: those that
 /// serve the model, are listed, and pass its rules. Computed once per
 /// profile.

@@ -32,13 +32,7 @@ impl OwnedFirst {
     pub fn new(listed: Vec<bool>) -> OwnedFirst {
         let n = listed.len();
         OwnedFirst {
-            candidates: Candidates::new(
-                Rules {
-                    eu_personal_data: true,
-                    phi_needs_baa: false,
-                },
-                listed,
-            ),
+            candidates: Candidates::new(Rules::RESIDENCY, listed),
             in_flight: vec![0; n],
         }
     }

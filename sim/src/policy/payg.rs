@@ -24,13 +24,7 @@ impl AllPayg {
     /// Over the destinations in `listed`.
     pub fn new(listed: Vec<bool>) -> AllPayg {
         AllPayg {
-            candidates: Candidates::new(
-                Rules {
-                    eu_personal_data: true,
-                    phi_needs_baa: false,
-                },
-                listed,
-            ),
+            candidates: Candidates::new(Rules::RESIDENCY, listed),
         }
     }
 }

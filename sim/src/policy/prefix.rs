@@ -77,13 +77,7 @@ impl CacheAware {
     pub fn new(listed: Vec<bool>) -> CacheAware {
         let n = listed.len();
         CacheAware {
-            candidates: Candidates::new(
-                Rules {
-                    eu_personal_data: true,
-                    phi_needs_baa: true,
-                },
-                listed,
-            ),
+            candidates: Candidates::new(Rules::ALL, listed),
             in_flight: vec![0; n],
             trees: (0..n)
                 .map(|_| PromptCache::of(Tier::InHouse, TREE_BLOCKS))

@@ -134,13 +134,7 @@ impl PriorityGateway {
     pub fn new(listed: Vec<bool>, seed: u64) -> PriorityGateway {
         let n = listed.len();
         PriorityGateway {
-            candidates: Candidates::new(
-                Rules {
-                    eu_personal_data: true,
-                    phi_needs_baa: true,
-                },
-                listed,
-            ),
+            candidates: Candidates::new(Rules::ALL, listed),
             in_flight: vec![0; n],
             outliers: vec![Outlier::default(); n],
             clusters: HashMap::new(),

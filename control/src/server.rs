@@ -161,9 +161,7 @@ async fn notice(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes
         let p = svc.current();
         let carried = p
             .snapshot
-            .reports
-            .iter()
-            .find(|r| r.name == n.destination)
+            .report(&n.destination)
             .and_then(|r| r.drain)
             .is_some_and(|x| x.until_ms >= until_ms);
         if lifted || carried {
@@ -246,9 +244,7 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
     for dest in svc.dests.iter().filter(|d| d.metrics.is_some()) {
         let fresh = p
             .snapshot
-            .reports
-            .iter()
-            .find(|r| r.name == dest.name)
+            .report(&dest.name)
             .and_then(|r| r.load)
             .is_some_and(|l| !l.stale);
         let _ = writeln!(

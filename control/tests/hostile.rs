@@ -7,7 +7,7 @@
 //! its standard error are its own.
 
 use ace_control::{fetch, Config, FeedSource, Fetched, Running};
-use ace_snapshot::{Report, Snapshot};
+use ace_snapshot::Snapshot;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, put};
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::common::{idle_from, now_ms, rfc3339, serve_on, TOKEN};
+use crate::common::{idle_from, metrics_with, now_ms, rfc3339, serve_on, TOKEN};
 
 const CHILD: &str = "ACE_HOSTILE_CHILD";
 
@@ -60,21 +60,6 @@ async fn snapshot(r: &Running) -> Snapshot {
     }
 }
 
-fn report<'a>(s: &'a Snapshot, name: &str) -> Option<&'a Report> {
-    s.reports.iter().find(|r| r.name == name)
-}
-
-async fn metrics(r: &Running) -> String {
-    client()
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The value of the `/metrics` line that starts with `key` (0 if none).
 fn metric(text: &str, key: &str) -> u64 {
     text.lines()
@@ -87,7 +72,7 @@ fn metric(text: &str, key: &str) -> u64 {
 async fn wait_metrics(r: &Running, what: &str, ok: impl Fn(&str) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let m = metrics(r).await;
+        let m = metrics_with(&client(), r).await;
         if ok(&m) {
             return;
         }
@@ -228,10 +213,10 @@ async fn child_huge_answers() {
     })
     .await;
     let s = wait_snapshot(&r, "the near-cap scrape's load", |s| {
-        report(s, "big").and_then(|r| r.load).is_some()
+        s.report("big").and_then(|r| r.load).is_some()
     })
     .await;
-    assert!(report(&s, "flooded").is_none(), "{s:?}");
+    assert!(s.report("flooded").is_none(), "{s:?}");
     r.stop().await;
     println!("peak_rss_kib {before} {}", peak_rss_kib());
 }
@@ -309,15 +294,15 @@ async fn redirects_leave_the_origin_never() {
     );
     let r = ace_control::start(config(m)).await.unwrap();
     let s = wait_snapshot(&r, "the same-origin redirect's load", |s| {
-        report(s, "near").and_then(|r| r.load).is_some()
+        s.report("near").and_then(|r| r.load).is_some()
     })
     .await;
-    assert_eq!(report(&s, "near").unwrap().load.unwrap().running, 3);
+    assert_eq!(s.report("near").unwrap().load.unwrap().running, 3);
     wait_metrics(&r, "refused redirects", |m| {
         metric(m, "ace_control_scrape_failures_total{destination=\"far\"} ") >= 3
     })
     .await;
-    assert!(report(&snapshot(&r).await, "far").is_none());
+    assert!(snapshot(&r).await.report("far").is_none());
     assert_eq!(
         hits.load(Ordering::Relaxed),
         0,
@@ -375,7 +360,7 @@ async fn child_forged_log() {
     );
     let r = ace_control::start(config(m)).await.unwrap();
     wait_snapshot(&r, "the drain", |s| {
-        report(s, "spot").and_then(|r| r.drain).is_some()
+        s.report("spot").and_then(|r| r.drain).is_some()
     })
     .await;
     wait_metrics(&r, "ten noisy answers", |m| {
@@ -479,7 +464,7 @@ async fn warm_lists_give_way_to_drains() {
     assert!(text.contains("\"drained\":true"), "{text}");
     // Answered after the publish: the very next fetch carries it.
     let s = snapshot(&r).await;
-    assert_eq!(report(&s, "d07").unwrap().drain.unwrap().until_ms, until);
+    assert_eq!(s.report("d07").unwrap().drain.unwrap().until_ms, until);
     for rep in &s.reports {
         let w = rep.warm.as_ref().unwrap();
         let bytes: usize = 2 + w.iter().map(|n| 2 + n.len()).sum::<usize>();
@@ -490,7 +475,7 @@ async fn warm_lists_give_way_to_drains() {
         );
         assert!(!w.is_empty());
     }
-    let m = metrics(&r).await;
+    let m = metrics_with(&client(), &r).await;
     assert_eq!(metric(&m, "ace_control_publish_failures_total "), 0, "{m}");
     r.stop().await;
 }
@@ -509,7 +494,7 @@ async fn the_webhook_never_claims_an_unpublished_drain() {
     assert_eq!(code, 503, "{text}");
     assert!(text.contains("\"drained\":false"), "{text}");
     assert!(text.contains("not published"), "{text}");
-    let m = metrics(&r).await;
+    let m = metrics_with(&client(), &r).await;
     assert!(
         metric(&m, "ace_control_publish_failures_total ") >= 1,
         "{m}"
@@ -523,18 +508,6 @@ fn client_from(last: u8) -> reqwest::Client {
         .local_address(std::net::IpAddr::from([127, 0, 0, last]))
         .timeout(Duration::from_secs(5))
         .build()
-        .unwrap()
-}
-
-async fn metrics_from(r: &Running, last: u8) -> String {
-    let url = format!("http://{}/metrics", r.addr);
-    client_from(last)
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
         .unwrap()
 }
 
@@ -560,7 +533,7 @@ async fn idle_connections_are_capped_and_closed() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let resp = client_from(2).get(&url).bearer_auth(TOKEN).send().await;
     assert_eq!(resp.unwrap().status(), 200, "the poller is starved");
-    let m = metrics_from(&r, 7).await;
+    let m = metrics_with(&client_from(7), &r).await;
     let open = metric(&m, "ace_control_connections_open ");
     assert!(open <= 16 + 2, "{open} connections open:\n{m}");
     let per_ip = metric(&m, "ace_control_connections_refused_total{why=\"per_ip\"} ");
@@ -582,7 +555,7 @@ async fn idle_connections_are_capped_and_closed() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let resp = client_from(2).get(&url).bearer_auth(TOKEN).send().await;
     assert_eq!(resp.unwrap().status(), 200);
-    let m = metrics_from(&r, 7).await;
+    let m = metrics_with(&client_from(7), &r).await;
     let closed = metric(&m, "ace_control_connections_closed_idle_total ");
     assert!(
         closed >= 16,

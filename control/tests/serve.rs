@@ -4,7 +4,7 @@
 //! snapshots (or the service's own /metrics).
 
 use ace_control::{fetch, Config, FeedSource, Fetched, PlanSource, Running};
-use ace_snapshot::{DrainReason, Report, Snapshot};
+use ace_snapshot::{DrainReason, Snapshot};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, put};
 use axum::Router;
@@ -107,10 +107,6 @@ async fn snapshot(r: &Running) -> (Snapshot, String) {
     snapshot_and_etag(r).await
 }
 
-fn report<'a>(s: &'a Snapshot, name: &str) -> Option<&'a Report> {
-    s.reports.iter().find(|r| r.name == name)
-}
-
 #[tokio::test]
 async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
     let engine = Arc::new(Mutex::new(Engine {
@@ -137,26 +133,23 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
     let r = ace_control::start(config(m)).await.unwrap();
 
     let s = wait_for(&r, 5, "the first load", |s| {
-        report(s, "gpu")
+        s.report("gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.running == 3 && !l.stale)
     })
     .await;
-    let g = report(&s, "gpu").unwrap();
+    let g = s.report("gpu").unwrap();
     let l = g.load.unwrap();
     assert_eq!((l.waiting, l.kv_permille, l.stale), (1, 250, false));
     assert_eq!(
         g.warm.as_deref(),
         Some(&["chat-lora".to_string(), "llama".into(), "sql-lora".into()][..])
     );
-    assert!(
-        report(&s, "gone").is_none(),
-        "never scraped: no load figure"
-    );
+    assert!(s.report("gone").is_none(), "never scraped: no load figure");
 
     engine.lock().unwrap().running = 7;
     wait_for(&r, 5, "the load to follow", |s| {
-        report(s, "gpu")
+        s.report("gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.running == 7 && !l.stale)
     })
@@ -164,12 +157,12 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
 
     engine.lock().unwrap().fail = true;
     let s = wait_for(&r, 5, "a stale load", |s| {
-        report(s, "gpu")
+        s.report("gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.stale)
     })
     .await;
-    let l = report(&s, "gpu").unwrap().load.unwrap();
+    let l = s.report("gpu").unwrap().load.unwrap();
     assert_eq!(
         (l.running, l.waiting),
         (7, 1),
@@ -195,7 +188,7 @@ async fn load_follows_the_server_and_a_failing_scrape_is_held_stale() {
         e.running = 0;
     }
     wait_for(&r, 5, "a fresh load again", |s| {
-        report(s, "gpu")
+        s.report("gpu")
             .and_then(|r| r.load)
             .is_some_and(|l| l.running == 0 && !l.stale)
     })
@@ -241,7 +234,7 @@ async fn aws_notice_drains_and_404_lifts() {
     // A few polls of 404: nothing to say.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (s, _) = snapshot(&r).await;
-    assert!(report(&s, "spot").is_none(), "{s:?}");
+    assert!(s.report("spot").is_none(), "{s:?}");
 
     let at = now_ms() + 120_000;
     *notice.lock().unwrap() = Some(format!(
@@ -249,10 +242,10 @@ async fn aws_notice_drains_and_404_lifts() {
         rfc3339(at)
     ));
     let s = wait_for(&r, 5, "the drain", |s| {
-        report(s, "spot").is_some_and(|r| r.drain.is_some())
+        s.report("spot").is_some_and(|r| r.drain.is_some())
     })
     .await;
-    let d = report(&s, "spot").unwrap().drain.unwrap();
+    let d = s.report("spot").unwrap().drain.unwrap();
     assert_eq!(d.reason, DrainReason::Eviction);
     assert_eq!(d.until_ms, at + HOLD_MS, "drained past the eviction");
     let m = metrics(&r).await;
@@ -263,7 +256,7 @@ async fn aws_notice_drains_and_404_lifts() {
     assert!(m.contains("ace_control_eviction_notices_total 1"), "{m}");
 
     *notice.lock().unwrap() = None;
-    wait_for(&r, 5, "the drain to lift", |s| report(s, "spot").is_none()).await;
+    wait_for(&r, 5, "the drain to lift", |s| s.report("spot").is_none()).await;
     r.stop().await;
 }
 
@@ -330,15 +323,15 @@ async fn gcp_true_and_azure_preempt_drain() {
         r#"{{"DocumentIncarnation":2,"Events":[{{"EventId":"e1","EventType":"Preempt","ResourceType":"VirtualMachine","Resources":["vm1"],"EventStatus":"Scheduled","NotBefore":"{not_before}"}}]}}"#
     );
     let s = wait_for(&r, 5, "both drains", |s| {
-        report(s, "g").is_some_and(|r| r.drain.is_some())
-            && report(s, "a").is_some_and(|r| r.drain.is_some())
+        s.report("g").is_some_and(|r| r.drain.is_some())
+            && s.report("a").is_some_and(|r| r.drain.is_some())
     })
     .await;
-    let g = report(&s, "g").unwrap().drain.unwrap();
+    let g = s.report("g").unwrap().drain.unwrap();
     assert_eq!(g.reason, DrainReason::Eviction);
     // First seen TRUE, plus GCP's 30 s, plus the hold.
     assert!(g.until_ms >= before + 30_000 + HOLD_MS && g.until_ms <= now_ms() + 30_000 + HOLD_MS);
-    let a = report(&s, "a").unwrap().drain.unwrap();
+    let a = s.report("a").unwrap().drain.unwrap();
     let nb = chrono::DateTime::parse_from_rfc2822(not_before)
         .unwrap()
         .timestamp_millis() as u64;
@@ -377,8 +370,8 @@ async fn the_webhook_drains_and_lifts_and_needs_the_token() {
     assert_eq!(post_notice(&r, Some("wrong"), body.clone()).await.0, 401);
     let (code, text) = post_notice(&r, Some(TOKEN), body).await;
     assert_eq!(code, 200, "{text}");
-    let s = wait_for(&r, 5, "the pushed drain", |s| report(s, "spot").is_some()).await;
-    let d = report(&s, "spot").unwrap().drain.unwrap();
+    let s = wait_for(&r, 5, "the pushed drain", |s| s.report("spot").is_some()).await;
+    let d = s.report("spot").unwrap().drain.unwrap();
     assert_eq!((d.until_ms, d.reason), (until, DrainReason::Eviction));
 
     let (code, text) = post_notice(
@@ -452,12 +445,12 @@ async fn prices_version_etag_304_and_401() {
     let r = ace_control::start(c).await.unwrap();
 
     let s = wait_for(&r, 5, "prices", |s| s.reports.len() == 2).await;
-    let p = report(&s, "api").unwrap().price.unwrap();
+    let p = s.report("api").unwrap().price.unwrap();
     assert_eq!(
         (p.usd_per_input_token, p.usd_per_output_token),
         (2.5e-6, 1e-5)
     );
-    assert_eq!(report(&s, "spot").unwrap().usd_per_hour, Some(24.0));
+    assert_eq!(s.report("spot").unwrap().usd_per_hour, Some(24.0));
 
     // Unchanged: 304 with the same ETag, and the same version.
     let (s1, etag) = snapshot(&r).await;
@@ -469,7 +462,7 @@ async fn prices_version_etag_304_and_401() {
     }
     // The feed's scheduled change takes effect at its time, as a new version.
     let s2 = wait_for(&r, 5, "the scheduled GPU price", |s| {
-        report(s, "spot").unwrap().usd_per_hour == Some(20.0)
+        s.report("spot").unwrap().usd_per_hour == Some(20.0)
     })
     .await;
     assert!(s2.version > s1.version);
@@ -481,7 +474,7 @@ async fn prices_version_etag_304_and_401() {
     )
     .unwrap();
     let s3 = wait_for(&r, 5, "the new price", |s| {
-        report(s, "api").unwrap().price.unwrap().usd_per_input_token == 1e-6
+        s.report("api").unwrap().price.unwrap().usd_per_input_token == 1e-6
     })
     .await;
     assert!(s3.version > s2.version);
@@ -564,7 +557,7 @@ async fn the_plan_step_sets_capacity() {
         step: Duration::from_millis(1000),
     });
     let r = ace_control::start(c).await.unwrap();
-    let cap = |s: &Snapshot| report(s, "owned").and_then(|r| r.capacity);
+    let cap = |s: &Snapshot| s.report("owned").and_then(|r| r.capacity);
     wait_for(&r, 5, "step 1: the GPUs went to batch work", |s| {
         cap(s) == Some(0)
     })
@@ -650,7 +643,7 @@ async fn a_gpu_price_feed_over_http_is_fetched_every_interval() {
     c.gpu_prices = Some(FeedSource::parse(&format!("{base}/gpu.json")));
     // The feed is down at start: the service starts, and picks it up.
     let r = ace_control::start(c).await.unwrap();
-    let hourly = |s: &Snapshot| report(s, "spot").and_then(|r| r.usd_per_hour);
+    let hourly = |s: &Snapshot| s.report("spot").and_then(|r| r.usd_per_hour);
     assert_eq!(hourly(&snapshot(&r).await.0), None);
     *feed.lock().unwrap() = change(0.5);
     wait_for(&r, 5, "the feed's price", |s| hourly(s) == Some(1.0)).await;
@@ -718,7 +711,7 @@ async fn restarted_and_fresh_engines_report_no_phantom_load() {
         ],
     );
     let r = ace_control::start(config(m)).await.unwrap();
-    let load = |s: &Snapshot, name: &str| report(s, name).and_then(|r| r.load);
+    let load = |s: &Snapshot, name: &str| s.report(name).and_then(|r| r.load);
     let s = wait_for(&r, 5, "busy figures", |s| {
         load(s, "tgi").is_some_and(|l| l.running == 3 && !l.stale)
             && load(s, "trt").is_some_and(|l| l.running == 5 && !l.stale)
@@ -804,11 +797,11 @@ async fn a_keyed_model_server_is_read_with_the_key_from_its_file() {
     );
     let r = ace_control::start(config(m)).await.unwrap();
     let s = wait_for(&r, 5, "the keyed server's warm list", |s| {
-        report(s, "keyed").is_some_and(|r| r.warm.is_some())
+        s.report("keyed").is_some_and(|r| r.warm.is_some())
     })
     .await;
     assert_eq!(
-        report(&s, "keyed").unwrap().warm.as_deref(),
+        s.report("keyed").unwrap().warm.as_deref(),
         Some(
             &[
                 "chat-lora".to_string(),
@@ -819,7 +812,7 @@ async fn a_keyed_model_server_is_read_with_the_key_from_its_file() {
     );
     // Without the key the list is never read (load still is: vLLM does not
     // guard /metrics).
-    let keyless = report(&s, "keyless").unwrap();
+    let keyless = s.report("keyless").unwrap();
     assert!(keyless.warm.is_none() && keyless.load.is_some());
     r.stop().await;
 

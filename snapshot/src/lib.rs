@@ -117,6 +117,13 @@ pub struct Snapshot {
     pub budgets: Vec<Budget>,
 }
 
+impl Snapshot {
+    /// The report on destination `name`, if it has one.
+    pub fn report(&self, name: &str) -> Option<&Report> {
+        self.reports.iter().find(|r| r.name == name)
+    }
+}
+
 /// What the books say of one tenant budget in its current period.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

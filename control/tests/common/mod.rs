@@ -44,7 +44,14 @@ pub async fn idle_from(
 
 /// The service's `/metrics` page.
 pub async fn metrics(r: &Running) -> String {
-    reqwest::get(format!("http://{}/metrics", r.addr))
+    metrics_with(&reqwest::Client::new(), r).await
+}
+
+/// The service's `/metrics` page, asked with `client`.
+pub async fn metrics_with(client: &reqwest::Client, r: &Running) -> String {
+    client
+        .get(format!("http://{}/metrics", r.addr))
+        .send()
         .await
         .unwrap()
         .text()

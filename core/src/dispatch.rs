@@ -1022,7 +1022,7 @@ fn decision(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cost::Tier;
     use crate::health::Outcome;
@@ -1055,14 +1055,16 @@ mod tests {
     }
     const REQ: Request = Request::untimed(1000, 200, 0.001);
 
-    struct World {
-        models: Vec<CostModel>,
-        health: Vec<Health>,
-        in_flight: Vec<u32>,
-        policy: HealthPolicy,
+    /// A fleet of `models`, healthy and idle until a test says otherwise
+    /// (the queue's tests use it too).
+    pub(crate) struct World {
+        pub(crate) models: Vec<CostModel>,
+        pub(crate) health: Vec<Health>,
+        pub(crate) in_flight: Vec<u32>,
+        pub(crate) policy: HealthPolicy,
     }
     impl World {
-        fn new(models: Vec<CostModel>) -> World {
+        pub(crate) fn new(models: Vec<CostModel>) -> World {
             let n = models.len();
             World {
                 models,
@@ -1071,17 +1073,20 @@ mod tests {
                 policy: HealthPolicy::default(),
             }
         }
-        fn slate(&self, now_ms: u64) -> Slate {
-            let fleet = Fleet {
+        /// The fleet as pricing sees it.
+        pub(crate) fn fleet(&self) -> Fleet<'_> {
+            Fleet {
                 models: &self.models,
                 health: &self.health,
                 in_flight: &self.in_flight,
                 live: &[],
                 learned: &[],
                 policy: &self.policy,
-            };
+            }
+        }
+        pub(crate) fn slate(&self, now_ms: u64) -> Slate {
             let mut slate = Slate::new(self.models.len());
-            slate.refresh(&fleet, now_ms);
+            slate.refresh(&self.fleet(), now_ms);
             slate
         }
         fn decide(&self, feasible: u64) -> Result<Decision, Refusal> {

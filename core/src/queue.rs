@@ -159,7 +159,7 @@ mod tests {
     use super::*;
     use crate::cost::{CostModel, Tier};
     use crate::dispatch::decide;
-    use crate::health::{Health, HealthPolicy};
+    use crate::dispatch::tests::World;
     use alloc::vec;
     use alloc::vec::Vec;
 
@@ -197,54 +197,33 @@ mod tests {
         }
     }
 
-    struct World {
-        models: Vec<CostModel>,
-        health: Vec<Health>,
-        in_flight: Vec<u32>,
-        policy: HealthPolicy,
+    /// The owned server with `owned_in_flight` requests, and the API.
+    fn loaded(owned_in_flight: u32) -> World {
+        let mut w = World::new(models());
+        w.in_flight[0] = owned_in_flight;
+        w
     }
 
-    impl World {
-        fn loaded(owned_in_flight: u32) -> World {
-            World {
-                models: models(),
-                health: vec![Health::default(); 2],
-                in_flight: vec![owned_in_flight, 0],
-                policy: HealthPolicy::default(),
-            }
-        }
-
-        /// The merit order's choice now and the wait, if any, for
-        /// `feasible` with `ahead` waiting and a bound of `max_wait_s`.
-        fn ask(
-            &self,
-            req: &Request,
-            feasible: u64,
-            ahead: u32,
-            max_wait_s: f64,
-        ) -> (usize, Option<Wait>) {
-            let fleet = Fleet {
-                models: &self.models,
-                health: &self.health,
-                in_flight: &self.in_flight,
-                live: &[],
-                learned: &[],
-                policy: &self.policy,
-            };
-            let mut slate = Slate::new(2);
-            slate.refresh(&fleet, 0);
-            let chosen = decide(&slate, &[feasible], &[u64::MAX], req).unwrap();
-            let options = Options {
-                feasible: &[feasible],
-                warm: &[u64::MAX],
-                ahead: &[ahead],
-                chosen_usd: chosen.effective_usd,
-                max_wait_s,
-                now_ms: 0,
-            };
-            let wait = wait_for(&fleet, &slate, req, &options);
-            (chosen.index, wait)
-        }
+    /// The merit order's choice now on `w` and the wait, if any, for
+    /// `feasible` with `ahead` waiting and a bound of `max_wait_s`.
+    fn ask(
+        w: &World,
+        req: &Request,
+        feasible: u64,
+        ahead: u32,
+        max_wait_s: f64,
+    ) -> (usize, Option<Wait>) {
+        let slate = w.slate(0);
+        let chosen = decide(&slate, &[feasible], &[u64::MAX], req).unwrap();
+        let options = Options {
+            feasible: &[feasible],
+            warm: &[u64::MAX],
+            ahead: &[ahead],
+            chosen_usd: chosen.effective_usd,
+            max_wait_s,
+            now_ms: 0,
+        };
+        (chosen.index, wait_for(&w.fleet(), &slate, req, &options))
     }
 
     #[test]
@@ -252,7 +231,7 @@ mod tests {
         // Full: the merit order spills to the API; three past the knee,
         // a slot a tenth of a second: 0.3 s, worth USD 0.003, against the
         // API's USD 0.012.
-        let (chosen, wait) = World::loaded(10).ask(&interactive(), 0b11, 0, 5.0);
+        let (chosen, wait) = ask(&loaded(10), &interactive(), 0b11, 0, 5.0);
         assert_eq!(chosen, 1);
         let wait = wait.unwrap();
         assert_eq!(wait.index, 0);
@@ -263,35 +242,32 @@ mod tests {
     #[test]
     fn no_wait_below_the_knee_past_the_bound_or_the_target_or_dearer_than_now() {
         // Below its knee: the merit order takes it now.
-        let (chosen, wait) = World::loaded(3).ask(&interactive(), 0b11, 0, 5.0);
+        let (chosen, wait) = ask(&loaded(3), &interactive(), 0b11, 0, 5.0);
         assert_eq!((chosen, wait), (0, None));
         // Past the class's bound on waiting.
-        assert_eq!(World::loaded(10).ask(&interactive(), 0b11, 0, 0.2).1, None);
+        assert_eq!(ask(&loaded(10), &interactive(), 0b11, 0, 0.2).1, None);
         // Forty waiting ahead: 4.3 s plus 0.3 s misses the 2 s target.
-        assert_eq!(
-            World::loaded(10).ask(&interactive(), 0b11, 40, 60.0).1,
-            None
-        );
+        assert_eq!(ask(&loaded(10), &interactive(), 0b11, 40, 60.0).1, None);
         // A class that values a second at a dollar pays more to wait than
         // the API costs.
         let dear = Request {
             latency_usd_per_s: 1.0,
             ..interactive()
         };
-        assert_eq!(World::loaded(10).ask(&dear, 0b11, 0, 5.0).1, None);
+        assert_eq!(ask(&loaded(10), &dear, 0b11, 0, 5.0).1, None);
     }
 
     #[test]
     fn waiting_never_widens_the_feasible_set() {
         // The owned GPUs are not feasible for this request: never waited for.
-        let (chosen, wait) = World::loaded(10).ask(&interactive(), 0b10, 0, 5.0);
+        let (chosen, wait) = ask(&loaded(10), &interactive(), 0b10, 0, 5.0);
         assert_eq!((chosen, wait), (1, None));
         // Tripped: not waited for either.
-        let mut w = World::loaded(10);
+        let mut w = loaded(10);
         let policy = w.policy;
         for t in 0..10 {
             w.health[0].observe(crate::health::Outcome::Failure { tenant: 1 }, t, &policy);
         }
-        assert_eq!(w.ask(&interactive(), 0b11, 0, 5.0).1, None);
+        assert_eq!(ask(&w, &interactive(), 0b11, 0, 5.0).1, None);
     }
 }

@@ -436,13 +436,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn load_capacity_and_price_signals_move_the_merit_order() {
+    /// Owned GPUs with four slots and an API, priced at 0.
+    fn owned_then_api() -> (Vec<CostModel>, HealthPolicy, FleetState) {
         let (mut m, p) = (models(2), HealthPolicy::default());
         m[0].tier = Tier::InHouse;
         m[0].capacity = 4;
         let mut s = FleetState::new(2);
         s.reprice_all(&m, &p, 0);
+        (m, p, s)
+    }
+
+    #[test]
+    fn load_capacity_and_price_signals_move_the_merit_order() {
+        let (mut m, p, mut s) = owned_then_api();
         let all = [0b11u64];
         // The server reports itself full: the owned destination is skipped.
         assert_eq!(
@@ -498,11 +504,7 @@ mod tests {
 
     #[test]
     fn held_load_is_priced_until_its_end_then_only_our_own_count() {
-        let (mut m, p) = (models(2), HealthPolicy::default());
-        m[0].tier = Tier::InHouse;
-        m[0].capacity = 4;
-        let mut s = FleetState::new(2);
-        s.reprice_all(&m, &p, 0);
+        let (m, p, mut s) = owned_then_api();
         let all = [0b11u64];
         // Held figures (the server stopped answering): full until 1,000.
         let held = Signal::Load {

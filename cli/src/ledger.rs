@@ -230,7 +230,7 @@ fn import_bill(a: ImportBillArgs) -> anyhow::Result<ExitCode> {
         let bytes =
             std::fs::read(f).with_context(|| format!("cannot read the bill `{}`", f.display()))?;
         let name = f.display().to_string();
-        let s = ace_ledger::bill::import(store.as_mut(), &name, &bytes, format)?;
+        let s = ace_ledger::bill::import::file(store.as_mut(), &name, &bytes, format)?;
         outln!(
             "{} ({}): {} lines, {} imported, {} already in the ledger, {} restated, {} not imported",
             terminal(&s.source),

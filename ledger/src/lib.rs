@@ -16,7 +16,8 @@
 //! look like saving money. Reports ([`report`], [`chargeback`], [`html`],
 //! [`focus`]) are computed from the stored rows by the same code whatever
 //! the store ([`store`]: SQLite on one machine, PostgreSQL for a mesh of
-//! Envoys), and every figure traces back to its request ids ([`trace`]).
+//! Envoys), and every figure traces back to its request ids ([`trace`]);
+//! text from the log is printed escaped ([`text`]).
 //!
 //! Tenant budgets are read from the same books ([`budget::readings`], what
 //! the control service publishes, read again and again by a
@@ -50,6 +51,7 @@ pub mod row;
 pub mod spend;
 pub mod split;
 pub mod store;
+pub mod text;
 pub mod time;
 pub mod trace;
 pub mod window;

@@ -5,13 +5,14 @@
 //! one's ids and figures, so a figure can be re-added by hand.
 //!
 //! [`table`] prints them for a terminal, with every name from the log
-//! escaped ([`crate::report::terminal`]).
+//! escaped ([`crate::text::terminal`]).
 
 use crate::money::usd;
-use crate::report::{terminal, Report};
+use crate::report::Report;
 use crate::row::Row;
 use crate::split::Split;
 use crate::store::Store;
+use crate::text::terminal;
 use crate::window::{self, Rules};
 
 /// Which rows to trace (all fields optional; all given must match).

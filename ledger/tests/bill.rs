@@ -121,7 +121,7 @@ pub(crate) fn import(ledger: &mut Ledger, changed: bool) -> Vec<bill::Summary> {
             let f = file(name, changed);
             let bytes = fixture(&f);
             assert_eq!(bill::detect(&f, &bytes).expect("detect"), *format, "{f}");
-            bill::import(ledger.store.as_mut(), &f, &bytes, None).expect("import")
+            bill::import::file(ledger.store.as_mut(), &f, &bytes, None).expect("import")
         })
         .collect()
 }
@@ -273,7 +273,7 @@ fn bills_are_stored_idempotently_in_sqlite_and_postgres() {
     assert_eq!(reconciliation(&mut a), reconciliation(&mut b));
     // A restated bill replaces the lines whose figures changed.
     let f = file("openai-costs", true);
-    let s = bill::import(b.store.as_mut(), &f, &fixture(&f), None).expect("restated");
+    let s = bill::import::file(b.store.as_mut(), &f, &fixture(&f), None).expect("restated");
     assert_eq!((s.new, s.already, s.restated), (0, 2, 1));
 }
 
@@ -283,8 +283,8 @@ fn bills_are_stored_idempotently_in_sqlite_and_postgres() {
 fn bad_rows_are_named_and_the_rest_imported() {
     let (_dir, mut ledger) = booked_sqlite();
     let usage = usage_with_output("-5");
-    let s =
-        bill::import(ledger.store.as_mut(), "bad.json", usage.as_bytes(), None).expect("import");
+    let s = bill::import::file(ledger.store.as_mut(), "bad.json", usage.as_bytes(), None)
+        .expect("import");
     assert_eq!((s.new, s.rejected.len()), (2, 1));
     assert_eq!(
         s.rejected[0].to_string(),
@@ -295,7 +295,8 @@ fn bad_rows_are_named_and_the_rest_imported() {
         "abc,USD,Usage,2024-11-02",
         1,
     );
-    let s = bill::import(ledger.store.as_mut(), "bad.csv", csv.as_bytes(), None).expect("import");
+    let s =
+        bill::import::file(ledger.store.as_mut(), "bad.csv", csv.as_bytes(), None).expect("import");
     let named: Vec<String> = s.rejected.iter().map(ToString::to_string).collect();
     assert_eq!(
         named,
@@ -318,7 +319,7 @@ fn a_day_total_follows_the_usage_record_not_a_price() {
     let usage = usage_with_output("570");
     let costs = fixture("openai-costs.changed.json");
     for (name, bytes) in [("usage.json", usage.as_bytes()), ("costs.json", &costs)] {
-        bill::import(ledger.store.as_mut(), name, bytes, None).expect("import");
+        bill::import::file(ledger.store.as_mut(), name, bytes, None).expect("import");
     }
     let r = reconciliation(&mut ledger);
     let day1 = |model: &str, measure: &str, cause: Cause| {

@@ -231,7 +231,7 @@ fn reconcile(ledger: &mut Ledger, bills: &[(&str, Format, String)]) -> Reconcili
             *format,
             "{name}: {bytes}"
         );
-        let s = bill::import(ledger.store.as_mut(), name, bytes.as_bytes(), None)
+        let s = bill::import::file(ledger.store.as_mut(), name, bytes.as_bytes(), None)
             .unwrap_or_else(|e| panic!("{name}: {e:#}"));
         assert!(s.new > 0 && s.rejected.is_empty(), "{name}: {s:?}\n{bytes}");
     }

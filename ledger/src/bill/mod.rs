@@ -27,12 +27,12 @@
 
 pub mod anthropic;
 pub mod focus_csv;
+pub mod import;
 mod json;
 pub mod openai;
 pub mod reconcile;
 
 use crate::money::Nano;
-use crate::store::Store;
 use anyhow::Context;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -393,37 +393,6 @@ pub fn parse(format: Format, source: &str, bytes: &[u8]) -> anyhow::Result<Parse
         l.source = source.to_string();
     }
     Ok(p)
-}
-
-/// Import `bytes` (the file `source`) into `store`: `format`, or the one
-/// [`detect`] finds.
-pub fn import(
-    store: &mut dyn Store,
-    source: &str,
-    bytes: &[u8],
-    format: Option<Format>,
-) -> anyhow::Result<Summary> {
-    let format = match format {
-        Some(f) => f,
-        None => detect(source, bytes)?,
-    };
-    let Parsed { lines, bad } = parse(format, source, bytes)?;
-    let mut s = Summary {
-        source: source.to_string(),
-        format: format.as_str().to_string(),
-        lines: (lines.len() + bad.len()) as u64,
-        ..Summary::default()
-    };
-    for outcome in store.put_bill_lines(&lines)? {
-        match outcome {
-            Stored::New => s.new += 1,
-            Stored::Same => s.already += 1,
-            Stored::Restated => s.restated += 1,
-        }
-    }
-    store.put_bill_rejects(&bad)?;
-    s.rejected = bad;
-    Ok(s)
 }
 
 /// The columns of a stored bill line, in [`BillLine::values`] order

@@ -715,7 +715,7 @@ impl Reconciliation {
 
     /// The report's section (nothing when no bill is stored).
     pub fn table(&self, s: &mut String) {
-        use crate::report::terminal;
+        use crate::text::terminal;
         use std::fmt::Write as _;
         if self.bill_lines == 0 && self.rows_not_imported == 0 {
             return;

@@ -1,4 +1,4 @@
-//! A bill file into the ledger's store ([`file`]): parsed whole, its
+//! A bill file into the ledger's store ([`file()`]): parsed whole, its
 //! lines kept by their keys (again: nothing new), its bad rows kept and
 //! named. Apart from the parsers, which know no store.
 

@@ -551,12 +551,7 @@ impl Policy for Ace {
     }
 
     fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
-        let Answered {
-            r,
-            dest: d,
-            answer: a,
-            ..
-        } = *at;
+        let (r, d, a) = (at.r, at.dest, at.answer);
         let Some(mut f) = self.flows.remove(&r) else {
             return Next::Deliver;
         };

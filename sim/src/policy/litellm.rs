@@ -1476,7 +1476,7 @@ impl Policy for LiteLlm {
     }
 
     fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
-        let Answered { r, answer: a, .. } = *at;
+        let (r, a) = (at.r, at.answer);
         let now = w.now;
         let Some(fl) = self.flights.get_mut(&r) else {
             return Next::Deliver;

@@ -71,9 +71,7 @@ impl Policy for OwnedFirst {
     }
 
     fn answered(&mut self, _w: &World<'_>, at: &Answered<'_>) -> crate::engine::Next {
-        let Answered {
-            dest: d, answer: a, ..
-        } = *at;
+        let (d, a) = (at.dest, at.answer);
         if !(200..300).contains(&a.status) {
             if let Some(n) = self.in_flight.get_mut(d) {
                 *n = n.saturating_sub(1);

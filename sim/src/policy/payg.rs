@@ -40,13 +40,7 @@ impl Policy for AllPayg {
     }
 
     fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
-        let Answered {
-            r,
-            answer: a,
-            n,
-            tried,
-            ..
-        } = *at;
+        let (r, a, n, tried) = (at.r, at.answer, at.n, at.tried);
         if n >= 1 || !retryable(a.status) {
             return Next::Deliver;
         }

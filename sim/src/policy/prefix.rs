@@ -174,13 +174,7 @@ impl Policy for CacheAware {
     }
 
     fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
-        let Answered {
-            r,
-            dest: d,
-            answer: a,
-            n,
-            tried,
-        } = *at;
+        let (r, d, a, n, tried) = (at.r, at.dest, at.answer, at.n, at.tried);
         if (200..300).contains(&a.status) {
             return Next::Deliver;
         }

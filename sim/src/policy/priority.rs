@@ -355,13 +355,7 @@ impl Policy for PriorityGateway {
     }
 
     fn answered(&mut self, w: &World<'_>, at: &Answered<'_>) -> Next {
-        let Answered {
-            r,
-            dest: d,
-            answer: a,
-            n,
-            tried,
-        } = *at;
+        let (r, d, a, n, tried) = (at.r, at.dest, at.answer, at.n, at.tried);
         let ok = (200..300).contains(&a.status);
         if let Some(o) = self.outliers.get_mut(d) {
             o.record(w.now, a.status >= 500);
